@@ -1,0 +1,74 @@
+"""The `seq2trt` command: thin click verbs over the library.
+
+Errors a user can cause are `Seq2TrtError`s: printed as one line, exit code 2 (bad input) or 1 (a failed
+check); a traceback only with `--debug`. Ctrl-C exits 130 and, thanks to atomic writes, leaves no partial file.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from importlib.metadata import PackageNotFoundError, version
+
+import click
+from rich.console import Console
+from rich.logging import RichHandler
+
+from seq2trt.reference_model.errors import Seq2TrtError
+
+err_console = Console(stderr=True)
+
+
+def _version() -> str:
+    try:
+        return version("seq2trt")
+    except PackageNotFoundError:  # running from a source tree that is not installed
+        return "unknown"
+
+
+class Seq2TrtGroup(click.Group):
+    """Turns library errors into one clear line and an exit code."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except Seq2TrtError as exc:
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            err_console.print("[bold red]interrupted[/]: nothing was left half-written")
+            sys.exit(130)
+
+
+@click.group(cls=Seq2TrtGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(_version(), "--version", prog_name="seq2trt")
+@click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """seq2trt: ship a trained encoder-decoder Transformer as fast, validated TensorRT engines.
+
+    Pipeline: train (demo) -> export -> fuse -> build -> validate -> bench -> report.
+    """
+    ctx.ensure_object(dict)["debug"] = debug
+    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, format="%(message)s",
+                        handlers=[RichHandler(console=err_console, show_path=False, show_time=False)])
+
+
+def _register() -> None:
+    from . import model_commands
+
+    for command in model_commands.COMMANDS:
+        cli.add_command(command)
+
+
+_register()
+
+
+def main() -> None:
+    cli(prog_name="seq2trt")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+"""Progress bars for long steps (the CLI owns the terminal; libraries only call back)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from .main import err_console
+
+
+@contextlib.contextmanager
+def progress_bar(description: str, total: int) -> Iterator[Callable[..., None]]:
+    """Yield `update(completed, **fields)`; the bar shows `fields['status']` when given."""
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[status]}")]
+    with Progress(*columns, console=err_console, transient=False) as bar:
+        task = bar.add_task(description, total=total, status="")
+
+        def update(completed: int, status: str = "") -> None:
+            bar.update(task, completed=completed, status=status)
+
+        yield update

@@ -1,0 +1,137 @@
+"""Checkpoints: `model.safetensors` + `config.json` (+ `vocab.json`), or a plain PyTorch state dict `.pt`.
+
+`.pt` files are read with `torch.load(weights_only=True)`: a file that needs code to unpickle is refused.
+Every mismatch between the weights and the config (missing or unexpected keys, wrong shapes) is collected
+and raised as one `CheckpointError` that lists them all.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import torch
+
+from .config import Seq2SeqConfig
+from .errors import CheckpointError
+from .io import staged_directory
+from .model import Seq2SeqTransformer
+from .vocab import Vocab, load_vocabs, save_vocabs
+
+WEIGHTS, LEGACY_WEIGHTS, CONFIG, VOCAB = "model.safetensors", "model.pt", "config.json", "vocab.json"
+
+
+def _aliases(cfg: Seq2SeqConfig) -> dict[str, str]:
+    """Keys that name the same tensor as another key (tied / shared embeddings): alias -> canonical."""
+    aliases = {}
+    if cfg.tie_embeddings:
+        aliases["lm_head.weight"] = "tgt_embed.weight"
+    if cfg.share_vocab:
+        aliases["src_embed.weight"] = "tgt_embed.weight"
+    return aliases
+
+
+def canonical_state_dict(model: Seq2SeqTransformer) -> dict[str, torch.Tensor]:
+    aliases = _aliases(model.cfg)
+    return {k: v.detach().contiguous() for k, v in model.state_dict().items() if k not in aliases}
+
+
+def save_checkpoint(out: Path, model: Seq2SeqTransformer, vocabs: tuple[Vocab, Vocab] | None = None,
+                    force: bool = False, extra_files: dict[str, str] | None = None) -> Path:
+    """Write a checkpoint directory atomically (refusing to replace an existing one without `force`)."""
+    from safetensors.torch import save_file
+
+    with staged_directory(out, force, "checkpoint") as tmp:
+        save_file(canonical_state_dict(model), str(tmp / WEIGHTS), metadata={"format": "pt"})
+        model.cfg.save(tmp / CONFIG)
+        if vocabs is not None:
+            save_vocabs(tmp / VOCAB, *vocabs)
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
+    return Path(out)
+
+
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"cannot read {path}: {exc} (truncated or not a safetensors file); "
+                              "re-save or re-download the checkpoint") from None
+
+
+def _read_pt(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"refusing {path}: it holds pickled code or objects, not plain tensors "
+                              f"({first}); save a state dict with torch.save(model.state_dict(), ...)") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as exc:
+        raise CheckpointError(f"cannot read {path}: {exc}; re-save the checkpoint") from None
+    if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
+        obj = obj["state_dict"]
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise CheckpointError(f"{path} does not hold a state dict of tensors; "
+                              "save one with torch.save(model.state_dict(), ...)")
+    return obj
+
+
+def load_state_dict_checked(model: Seq2SeqTransformer, state: dict[str, torch.Tensor], source: str) -> None:
+    """Load `state` into `model`, or raise one error listing every missing, unexpected or misshapen key."""
+    aliases = _aliases(model.cfg)
+    expected = {k: v for k, v in model.state_dict().items() if k not in aliases}
+    problems = []
+    for alias, canonical in aliases.items():
+        if alias in state and canonical in state and not torch.equal(state[alias], state[canonical]):
+            problems.append(f"{alias} must equal {canonical} (tied in the config) but differs")
+    state = {k: v for k, v in state.items() if k not in aliases}
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing:
+        problems.append(f"missing keys {missing}")
+    if unexpected:
+        problems.append(f"unexpected keys {unexpected}")
+    for key in sorted(set(expected) & set(state)):
+        if tuple(state[key].shape) != tuple(expected[key].shape):
+            problems.append(f"{key}: weights have shape {tuple(state[key].shape)}, "
+                            f"config expects {tuple(expected[key].shape)}")
+        elif not state[key].is_floating_point():
+            problems.append(f"{key}: expected a floating-point tensor, got {state[key].dtype}")
+    if problems:
+        raise CheckpointError(f"checkpoint {source} does not match its config: " + "; ".join(problems))
+    with torch.no_grad():
+        for key, param in expected.items():
+            param.copy_(state[key])
+
+
+def load_checkpoint(path: Path) -> tuple[Seq2SeqTransformer, tuple[Vocab, Vocab] | None]:
+    """Load a checkpoint directory (or a `.safetensors` / `.pt` file with `config.json` beside it)."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} not found; train one with `seq2trt train -o {path}`")
+    if path.is_dir():
+        weights = next((path / n for n in (WEIGHTS, LEGACY_WEIGHTS) if (path / n).exists()), None)
+        if weights is None:
+            raise CheckpointError(f"checkpoint directory {path} holds neither {WEIGHTS} nor {LEGACY_WEIGHTS}")
+        folder = path
+    else:
+        weights, folder = path, path.parent
+    if not (folder / CONFIG).exists():
+        raise CheckpointError(f"{folder / CONFIG} not found; a checkpoint needs its config beside the weights")
+    try:
+        cfg = Seq2SeqConfig.load(folder / CONFIG)
+    except CheckpointError:
+        raise
+    except Exception as exc:  # ConfigError and friends: re-raise as a checkpoint problem with the same text
+        raise CheckpointError(f"{folder / CONFIG}: {exc}") from None
+    state = _read_pt(weights) if weights.suffix in (".pt", ".pth", ".bin") else _read_safetensors(weights)
+    model = Seq2SeqTransformer(cfg)
+    load_state_dict_checked(model, state, str(weights))
+    vocabs = load_vocabs(folder / VOCAB) if (folder / VOCAB).exists() else None
+    if vocabs is not None and (len(vocabs[0]) != cfg.src_vocab_size or len(vocabs[1]) != cfg.tgt_vocab_size):
+        raise CheckpointError(f"{folder / VOCAB} has {len(vocabs[0])}/{len(vocabs[1])} source/target tokens, "
+                              f"the config {cfg.src_vocab_size}/{cfg.tgt_vocab_size}")
+    return model.eval(), vocabs

@@ -1,0 +1,235 @@
+"""The reference encoder-decoder Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
+
+Sinusoidal positions (3.5), multi-head attention (3.2.2), position-wise FFN (3.3), residual + LayerNorm
+(post-LN as in the paper, or pre-LN). The decoder step is a pure function of its inputs:
+`(input_ids, encoder_attention_mask, cross_kv, past_kv) -> (logits, present_kv)` — the KV cache is a value
+passed in and returned, never state hidden in a module, so the same code is traced for export.
+
+Shapes: B batch, S source length, T new target tokens, P past length, D d_model, H heads, Dh head_dim.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import Seq2SeqConfig
+
+KV = tuple[torch.Tensor, torch.Tensor]  # (key, value), each (B, H, L, Dh)
+
+
+def sinusoid_table(num_positions: int, d_model: int) -> torch.Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...), interleaved as in the paper."""
+    pos = torch.arange(num_positions, dtype=torch.float64)[:, None]  # (L, 1)
+    inv_freq = torch.exp(-math.log(10000.0) * torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    table = torch.zeros(num_positions, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(pos * inv_freq)
+    table[:, 1::2] = torch.cos(pos * inv_freq)[:, : d_model // 2]
+    return table
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float) -> torch.Tensor:
+    """softmax(q k^T * scale, masked where not `allowed`) v.  q (B,H,T,Dh), k/v (B,H,L,Dh), allowed (B|1,1,T|1,L)."""
+    scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, T, L)
+    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    # Softmax in at least fp32: fp16 exponent sums overflow on long sources.
+    probs = torch.softmax(scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores, dim=-1)
+    return probs.to(v.dtype) @ v  # (B, H, T, Dh)
+
+
+def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float,
+                   past: KV | None = None) -> tuple[torch.Tensor, KV]:
+    """The part of an attention block between the projections: append the new K/V to the past, attend.
+
+    q (B,H,T,Dh); k, v (B,H,T|S,Dh) new keys/values; past (B,H,P,Dh) or None. Returns the attention output
+    (B,H,T,Dh) and the keys/values attended to (B,H,P+T,Dh). This is the unit the fused op replaces.
+    """
+    if past is not None:
+        k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)  # (B, H, P + T, Dh)
+    return attend(q, k, v, allowed, scale), (k, v)
+
+
+def padding_allowed(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Key padding mask (B, L) of 1/0 -> boolean (B, 1, 1, L)."""
+    return (attention_mask != 0)[:, None, None, :]
+
+
+def causal_allowed(past_len: int | torch.Tensor, tgt_len: int, device: torch.device) -> torch.Tensor:
+    """Query i (absolute position past_len + i) sees keys 0 .. past_len + i.  Returns (1, 1, T, P + T)."""
+    q_pos = past_len + torch.arange(tgt_len, device=device)  # (T,)
+    k_pos = torch.arange(past_len + tgt_len, device=device)  # (P + T,)
+    return (k_pos[None, :] <= q_pos[:, None])[None, None]
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(self, cfg: Seq2SeqConfig):
+        super().__init__()
+        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self.scale = 1.0 / math.sqrt(cfg.head_dim)
+        self.q_proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.k_proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.v_proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.out_proj = nn.Linear(cfg.d_model, cfg.d_model)
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        B, L, _ = x.shape
+        return x.view(B, L, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
+
+    def merge_heads(self, x: torch.Tensor) -> torch.Tensor:
+        B, _, L, _ = x.shape
+        return x.transpose(1, 2).reshape(B, L, self.num_heads * self.head_dim)  # (B, L, D)
+
+    def project_kv(self, x: torch.Tensor) -> KV:
+        return self.split_heads(self.k_proj(x)), self.split_heads(self.v_proj(x))
+
+    def forward(self, x: torch.Tensor, kv: KV, allowed: torch.Tensor, past: KV | None = None) -> tuple[torch.Tensor, KV]:
+        """x (B,T,D) queries; kv the new (B,H,T,Dh) or precomputed cross keys/values; past as in attention_core."""
+        q = self.split_heads(self.q_proj(x))  # (B, H, T, Dh)
+        out, present = self.core(q, kv[0], kv[1], allowed, self.scale, past)
+        return self.out_proj(self.merge_heads(out)), present
+
+    # Exporters swap this (on the class, inside a context manager) to mark each attention block in the graph.
+    core = staticmethod(attention_core)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: Seq2SeqConfig):
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff)
+        self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.act = nn.ReLU() if cfg.activation == "relu" else nn.GELU()
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.dropout(self.act(self.fc1(x))))
+
+
+class Residual(nn.Module):
+    """x + Sublayer(x) with the LayerNorm after (post-LN, the paper) or before (pre-LN)."""
+
+    def __init__(self, cfg: Seq2SeqConfig):
+        super().__init__()
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.pre_norm = cfg.pre_norm
+
+    def forward(self, x: torch.Tensor, sublayer) -> torch.Tensor:
+        if self.pre_norm:
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: Seq2SeqConfig):
+        super().__init__()
+        self.self_attn, self.ffn = MultiHeadAttention(cfg), FeedForward(cfg)
+        self.attn_block, self.ffn_block = Residual(cfg), Residual(cfg)
+
+    def forward(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        x = self.attn_block(x, lambda h: self.self_attn(h, self.self_attn.project_kv(h), allowed)[0])
+        return self.ffn_block(x, self.ffn)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: Seq2SeqConfig):
+        super().__init__()
+        self.self_attn, self.cross_attn, self.ffn = MultiHeadAttention(cfg), MultiHeadAttention(cfg), FeedForward(cfg)
+        self.self_block, self.cross_block, self.ffn_block = Residual(cfg), Residual(cfg), Residual(cfg)
+
+    def forward(self, x: torch.Tensor, self_allowed: torch.Tensor, past: KV, cross: KV,
+                cross_allowed: torch.Tensor) -> tuple[torch.Tensor, KV]:
+        present: list[KV] = []
+
+        def self_attention(h: torch.Tensor) -> torch.Tensor:
+            out, kv = self.self_attn(h, self.self_attn.project_kv(h), self_allowed, past)
+            present.append(kv)  # (B, H, P + T, Dh)
+            return out
+
+        x = self.self_block(x, self_attention)
+        x = self.cross_block(x, lambda h: self.cross_attn(h, cross, cross_allowed)[0])
+        return self.ffn_block(x, self.ffn), present[0]
+
+
+class Seq2SeqTransformer(nn.Module):
+    def __init__(self, cfg: Seq2SeqConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tgt_embed = nn.Embedding(cfg.tgt_vocab_size, cfg.d_model)
+        self.src_embed = self.tgt_embed if cfg.share_vocab else nn.Embedding(cfg.src_vocab_size, cfg.d_model)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.num_encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers))
+        # Pre-LN stacks end with a LayerNorm; post-LN outputs are already normalised.
+        self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.pre_norm else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.pre_norm else nn.Identity()
+        self.lm_head = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.tgt_embed.weight
+        self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
+        self.dropout = nn.Dropout(cfg.dropout)
+        max_len = max(cfg.max_src_len, cfg.max_tgt_len)
+        self.register_buffer("positions", sinusoid_table(max_len, cfg.d_model).float(), persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for p in self.parameters():
+            if p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+        nn.init.normal_(self.tgt_embed.weight, std=self.cfg.d_model ** -0.5)
+        if not self.cfg.share_vocab:
+            nn.init.normal_(self.src_embed.weight, std=self.cfg.d_model ** -0.5)
+
+    def _apply(self, fn, recurse=True):
+        # Rebuild the table from float64, so .double() gives exact positions rather than widened float32 ones.
+        super()._apply(fn, recurse)
+        self.positions = sinusoid_table(*self.positions.shape).to(self.positions)
+        return self
+
+    def embed(self, table: nn.Embedding, ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        pos = self.positions[offset: offset + ids.shape[1]]  # (T, D)
+        return self.dropout(table(ids) * self.embed_scale + pos)  # (B, T, D)
+
+    # -- encoder side -------------------------------------------------------------------------------------
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """(B, S) ids and 1/0 mask -> encoder hidden states (B, S, D)."""
+        x = self.embed(self.src_embed, input_ids)
+        allowed = padding_allowed(attention_mask)
+        for layer in self.encoder_layers:
+            x = layer(x, allowed)
+        return self.encoder_norm(x)
+
+    def cross_kv(self, encoder_hidden_states: torch.Tensor) -> list[KV]:
+        """Cross-attention K/V of every decoder layer, computed once per source: each (B, H, S, Dh)."""
+        return [layer.cross_attn.project_kv(encoder_hidden_states) for layer in self.decoder_layers]
+
+    def empty_past(self, batch: int) -> list[KV]:
+        p = self.tgt_embed.weight
+        empty = p.new_zeros(batch, self.cfg.num_heads, 0, self.cfg.head_dim)  # (B, H, 0, Dh)
+        return [(empty, empty) for _ in self.decoder_layers]
+
+    # -- decoder side -------------------------------------------------------------------------------------
+    def decode_step(self, input_ids: torch.Tensor, encoder_attention_mask: torch.Tensor, cross_kv: list[KV],
+                    past_kv: list[KV]) -> tuple[torch.Tensor, list[KV]]:
+        """One decoder call: (B, T) new tokens -> logits (B, T, V) and the present K/V (B, H, P + T, Dh).
+
+        T = 1 for a decoding step, T > 1 for a prefill; positions are P + arange(T), P from the past's shape.
+        """
+        past_len = past_kv[0][0].shape[2]
+        x = self.embed(self.tgt_embed, input_ids, past_len)
+        self_allowed = causal_allowed(past_len, input_ids.shape[1], input_ids.device)
+        cross_allowed = padding_allowed(encoder_attention_mask)
+        present = []
+        for layer, past, cross in zip(self.decoder_layers, past_kv, cross_kv):
+            x, kv = layer(x, self_allowed, past, cross, cross_allowed)
+            present.append(kv)
+        return self.lm_head(self.decoder_norm(x)), present
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                decoder_input_ids: torch.Tensor) -> torch.Tensor:
+        """Teacher forcing over the whole target: logits (B, T, V)."""
+        enc = self.encode(input_ids, attention_mask)
+        logits, _ = self.decode_step(decoder_input_ids, attention_mask, self.cross_kv(enc),
+                                     self.empty_past(input_ids.shape[0]))
+        return logits

@@ -1,0 +1,113 @@
+"""Training on a built-in task, on CPU, and the held-out exact-match metric.
+
+Adam with linear warm-up and cosine decay, label smoothing 0.1 (the paper's 5.4), teacher forcing.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .config import preset
+from .decoding import DecodeSettings, greedy_decode
+from .eager import EagerStepModel
+from .errors import ConfigError
+from .model import Seq2SeqTransformer
+from .tasks import Task, get_task
+from .vocab import BOS_ID, EOS_ID, PAD_ID, pad_batch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    task: str = "numbers"
+    preset: str = "demo"
+    steps: int = 1200  # reaches >= 0.95 held-out exact match on the demo task
+    batch_size: int = 96
+    lr: float = 1e-3
+    warmup: int = 100
+    label_smoothing: float = 0.1
+    seed: int = 0
+    eval_examples: int = 1000
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "eval_examples"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ConfigError(f"lr must be > 0, got {self.lr}")
+
+
+def encode_pairs(task: Task, pairs: list[tuple[str, str]]) -> tuple[np.ndarray, ...]:
+    """Pairs -> padded (source ids, source mask, decoder input ids, labels); labels are -100 on padding."""
+    src = [task.source_vocab.encode(s) + [EOS_ID] for s, _ in pairs]
+    tgt = [task.target_vocab.encode(t) for _, t in pairs]
+    src_ids, src_mask = pad_batch(src)
+    dec_in, _ = pad_batch([[BOS_ID] + t for t in tgt])
+    labels, label_mask = pad_batch([t + [EOS_ID] for t in tgt])
+    labels[label_mask == 0] = -100
+    return src_ids, src_mask, dec_in, labels
+
+
+def lr_at(step: int, s: TrainSettings) -> float:
+    if step < s.warmup:
+        return s.lr * (step + 1) / s.warmup
+    progress = (step - s.warmup) / max(1, s.steps - s.warmup)
+    return s.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def train(s: TrainSettings, progress: Callable[[int, float], None] | None = None) -> tuple[Seq2SeqTransformer, dict]:
+    """Train a model of preset `s.preset` on task `s.task`; returns the model and its training metrics."""
+    task = get_task(s.task)
+    torch.manual_seed(s.seed)
+    rng = random.Random(s.seed)
+    cfg = preset(s.preset, src_vocab_size=len(task.source_vocab), tgt_vocab_size=len(task.target_vocab),
+                 pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID)
+    model = Seq2SeqTransformer(cfg).train()
+    opt = torch.optim.Adam(model.parameters(), lr=s.lr, betas=(0.9, 0.98), eps=1e-9)
+    start, loss_value = time.perf_counter(), float("nan")
+    for step in range(s.steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, s)
+        batch = [torch.as_tensor(a) for a in encode_pairs(task, [task.sample(rng) for _ in range(s.batch_size)])]
+        src_ids, src_mask, dec_in, labels = batch
+        logits = model(src_ids, src_mask, dec_in)
+        loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100,
+                               label_smoothing=s.label_smoothing)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        loss_value = loss.item()
+        if progress is not None:
+            progress(step + 1, loss_value)
+    train_seconds = time.perf_counter() - start
+    model.eval()
+    exact = heldout_exact_match(model, task, s.eval_examples)
+    metrics = {"task": s.task, "preset": s.preset, "heldout_exact_match": exact, "heldout_examples": s.eval_examples,
+               "final_loss": loss_value, "train_seconds": round(train_seconds, 2), "settings": asdict(s)}
+    logger.info("trained %s in %.1f s: held-out exact match %.4f", s.preset, train_seconds, exact)
+    return model, metrics
+
+
+def heldout_exact_match(model: Seq2SeqTransformer, task: Task, count: int, batch_size: int = 250) -> float:
+    """Fraction of the first `count` held-out examples that greedy decoding gets exactly right."""
+    pairs = task.heldout(count)
+    step_model = EagerStepModel(model)
+    settings = DecodeSettings(BOS_ID, EOS_ID, PAD_ID, model.cfg.max_tgt_len - 1)
+    correct = 0
+    for i in range(0, len(pairs), batch_size):
+        chunk = pairs[i: i + batch_size]
+        src_ids, src_mask = pad_batch([task.source_vocab.encode(s) + [EOS_ID] for s, _ in chunk])
+        outputs = greedy_decode(step_model, src_ids, src_mask, settings)
+        correct += sum(task.target_vocab.decode(out) == ref for out, (_, ref) in zip(outputs, chunk))
+    return correct / len(pairs)

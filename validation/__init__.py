@@ -1,0 +1,1 @@
+"""seq2trt.validation."""
