@@ -40,16 +40,27 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Ten
     return probs.to(v.dtype) @ v  # (B, H, T, Dh)
 
 
-def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float,
-                   past: KV | None = None) -> tuple[torch.Tensor, KV]:
-    """The part of an attention block between the projections: append the new K/V to the past, attend.
+def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int, scale: float,
+                   key_padding_mask: torch.Tensor | None = None, past: KV | None = None) -> tuple[torch.Tensor, KV]:
+    """Everything in an attention block between the projections: the unit the fused op replaces.
 
-    q (B,H,T,Dh); k, v (B,H,T|S,Dh) new keys/values; past (B,H,P,Dh) or None. Returns the attention output
-    (B,H,T,Dh) and the keys/values attended to (B,H,P+T,Dh). This is the unit the fused op replaces.
+    q (B,T,D) projected queries. k, v: new keys/values (B,T,D) straight from the projections (self-attention)
+    or the precomputed cross-attention K/V (B,H,S,Dh). With `past` (B,H,P,Dh) the new K/V are appended and the
+    attention is causal (decoder self-attention); without it `key_padding_mask` (B,S) of 1/0 masks the keys.
+    Returns the output (B,T,D) and the K/V attended to (B,H,L,Dh) — the present, for decoder self-attention.
     """
+    B, T, D = q.shape
+    q = q.view(B, T, num_heads, D // num_heads).transpose(1, 2)  # (B, H, T, Dh)
+    if k.dim() == 3:
+        k = k.view(B, -1, num_heads, D // num_heads).transpose(1, 2)  # (B, H, T, Dh)
+        v = v.view(B, -1, num_heads, D // num_heads).transpose(1, 2)
     if past is not None:
         k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)  # (B, H, P + T, Dh)
-    return attend(q, k, v, allowed, scale), (k, v)
+        allowed = causal_allowed(past[0].shape[2], T, q.device)
+    else:
+        allowed = padding_allowed(key_padding_mask)
+    out = attend(q, k, v, allowed, scale)  # (B, H, T, Dh)
+    return out.transpose(1, 2).reshape(B, T, D), (k, v)
 
 
 def padding_allowed(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -57,7 +68,7 @@ def padding_allowed(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask != 0)[:, None, None, :]
 
 
-def causal_allowed(past_len: int | torch.Tensor, tgt_len: int, device: torch.device) -> torch.Tensor:
+def causal_allowed(past_len: int, tgt_len: int, device: torch.device) -> torch.Tensor:
     """Query i (absolute position past_len + i) sees keys 0 .. past_len + i.  Returns (1, 1, T, P + T)."""
     q_pos = past_len + torch.arange(tgt_len, device=device)  # (T,)
     k_pos = torch.arange(past_len + tgt_len, device=device)  # (P + T,)
@@ -74,22 +85,19 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.out_proj = nn.Linear(cfg.d_model, cfg.d_model)
 
-    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
-        B, L, _ = x.shape
-        return x.view(B, L, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
+    def project_cross(self, h: torch.Tensor) -> KV:
+        """Encoder output (B,S,D) -> this block's cross-attention K/V, each (B,H,S,Dh)."""
+        B, S, _ = h.shape
+        k = self.k_proj(h).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, S, Dh)
+        v = self.v_proj(h).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
+        return k, v
 
-    def merge_heads(self, x: torch.Tensor) -> torch.Tensor:
-        B, _, L, _ = x.shape
-        return x.transpose(1, 2).reshape(B, L, self.num_heads * self.head_dim)  # (B, L, D)
-
-    def project_kv(self, x: torch.Tensor) -> KV:
-        return self.split_heads(self.k_proj(x)), self.split_heads(self.v_proj(x))
-
-    def forward(self, x: torch.Tensor, kv: KV, allowed: torch.Tensor, past: KV | None = None) -> tuple[torch.Tensor, KV]:
-        """x (B,T,D) queries; kv the new (B,H,T,Dh) or precomputed cross keys/values; past as in attention_core."""
-        q = self.split_heads(self.q_proj(x))  # (B, H, T, Dh)
-        out, present = self.core(q, kv[0], kv[1], allowed, self.scale, past)
-        return self.out_proj(self.merge_heads(out)), present
+    def forward(self, x: torch.Tensor, kv: KV | None = None, key_padding_mask: torch.Tensor | None = None,
+                past: KV | None = None) -> tuple[torch.Tensor, KV]:
+        """x (B,T,D). Self-attention when `kv` is None (K/V projected from x), else cross-attention on `kv`."""
+        k, v = (self.k_proj(x), self.v_proj(x)) if kv is None else kv  # (B, T, D) or (B, H, S, Dh)
+        out, present = self.core(self.q_proj(x), k, v, self.num_heads, self.scale, key_padding_mask, past)
+        return self.out_proj(out), present
 
     # Exporters swap this (on the class, inside a context manager) to mark each attention block in the graph.
     core = staticmethod(attention_core)
@@ -128,8 +136,8 @@ class EncoderLayer(nn.Module):
         self.self_attn, self.ffn = MultiHeadAttention(cfg), FeedForward(cfg)
         self.attn_block, self.ffn_block = Residual(cfg), Residual(cfg)
 
-    def forward(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-        x = self.attn_block(x, lambda h: self.self_attn(h, self.self_attn.project_kv(h), allowed)[0])
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        x = self.attn_block(x, lambda h: self.self_attn(h, key_padding_mask=attention_mask)[0])
         return self.ffn_block(x, self.ffn)
 
 
@@ -139,17 +147,17 @@ class DecoderLayer(nn.Module):
         self.self_attn, self.cross_attn, self.ffn = MultiHeadAttention(cfg), MultiHeadAttention(cfg), FeedForward(cfg)
         self.self_block, self.cross_block, self.ffn_block = Residual(cfg), Residual(cfg), Residual(cfg)
 
-    def forward(self, x: torch.Tensor, self_allowed: torch.Tensor, past: KV, cross: KV,
-                cross_allowed: torch.Tensor) -> tuple[torch.Tensor, KV]:
+    def forward(self, x: torch.Tensor, past: KV, cross: KV, encoder_attention_mask: torch.Tensor
+                ) -> tuple[torch.Tensor, KV]:
         present: list[KV] = []
 
         def self_attention(h: torch.Tensor) -> torch.Tensor:
-            out, kv = self.self_attn(h, self.self_attn.project_kv(h), self_allowed, past)
+            out, kv = self.self_attn(h, past=past)
             present.append(kv)  # (B, H, P + T, Dh)
             return out
 
         x = self.self_block(x, self_attention)
-        x = self.cross_block(x, lambda h: self.cross_attn(h, cross, cross_allowed)[0])
+        x = self.cross_block(x, lambda h: self.cross_attn(h, cross, key_padding_mask=encoder_attention_mask)[0])
         return self.ffn_block(x, self.ffn), present[0]
 
 
@@ -195,14 +203,13 @@ class Seq2SeqTransformer(nn.Module):
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """(B, S) ids and 1/0 mask -> encoder hidden states (B, S, D)."""
         x = self.embed(self.src_embed, input_ids)
-        allowed = padding_allowed(attention_mask)
         for layer in self.encoder_layers:
-            x = layer(x, allowed)
+            x = layer(x, attention_mask)
         return self.encoder_norm(x)
 
     def cross_kv(self, encoder_hidden_states: torch.Tensor) -> list[KV]:
         """Cross-attention K/V of every decoder layer, computed once per source: each (B, H, S, Dh)."""
-        return [layer.cross_attn.project_kv(encoder_hidden_states) for layer in self.decoder_layers]
+        return [layer.cross_attn.project_cross(encoder_hidden_states) for layer in self.decoder_layers]
 
     def empty_past(self, batch: int) -> list[KV]:
         p = self.tgt_embed.weight
@@ -216,13 +223,10 @@ class Seq2SeqTransformer(nn.Module):
 
         T = 1 for a decoding step, T > 1 for a prefill; positions are P + arange(T), P from the past's shape.
         """
-        past_len = past_kv[0][0].shape[2]
-        x = self.embed(self.tgt_embed, input_ids, past_len)
-        self_allowed = causal_allowed(past_len, input_ids.shape[1], input_ids.device)
-        cross_allowed = padding_allowed(encoder_attention_mask)
+        x = self.embed(self.tgt_embed, input_ids, past_kv[0][0].shape[2])
         present = []
         for layer, past, cross in zip(self.decoder_layers, past_kv, cross_kv):
-            x, kv = layer(x, self_allowed, past, cross, cross_allowed)
+            x, kv = layer(x, past, cross, encoder_attention_mask)
             present.append(kv)
         return self.lm_head(self.decoder_norm(x)), present
 
