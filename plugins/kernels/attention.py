@@ -1,0 +1,208 @@
+"""Triton kernels for the fused attention op (`plugins.op.reference_attention` is their definition of correct).
+
+- `attn_fwd`: flash attention (Dao et al. 2022, FlashAttention-2 loop order): one program per (block of queries,
+  batch x head), keys streamed in blocks with an online softmax, so memory is linear in the length. Covers the
+  padded encoder self-attention and cross-attention (key padding mask) and the causal decoder prefill over
+  past ++ new keys (query t at absolute position past_len + t sees keys 0 .. past_len + t).
+- `attn_decode_split` + `attn_decode_reduce`: flash-decoding (Dao et al. 2023) for one query token: the keys are
+  split across programs, each writes a partial (max, sum, unnormalised output) in fp32, and the reduction merges
+  them — so a single new token over a long past still fills the GPU.
+- `kv_append`: present = past ++ new for decoder self-attention, past (B,H,P,Dh) and new (B,T,H*Dh) token-major.
+
+Every kernel addresses K/V through (batch, head, token) strides with a contiguous head dimension, so the
+token-major (B,T,H*Dh) and head-major (B,H,L,Dh) layouts of the op share one compiled kernel. Scores use exp2 with
+log2(e) folded into the scale; accumulation is fp32 for fp32/fp16/bf16 inputs; fp32 dots use IEEE precision (no
+TF32) so fp32 stays fp32. A query row with no allowed key returns zeros, as the reference does.
+
+Block sizes live in `block_config`, shared by the launchers and the ahead-of-time compiler.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = tl.constexpr(1.4426950408889634)
+MAX_SPLITS = 64  # flash-decoding partials per (batch, head): the reduction loads them as one block
+HEAD_DIMS = (32, 64, 128)
+DTYPES = ("fp32", "fp16", "bf16")
+
+
+def block_config(kernel: str, dtype: str, head_dim: int) -> dict:
+    """Block sizes and launch options of one kernel for one dtype and head_dim.
+
+    Tiles are sized for ~100 KB of shared memory (the sm_86/sm_89 limit), fp32 tiles being twice as large.
+    """
+    wide = 4 if dtype == "fp32" else 2
+    if kernel == "attn_fwd":
+        block_n = 32 if head_dim * wide >= 512 else 64
+        return {"BLOCK_M": 64, "BLOCK_N": block_n, "num_warps": 4 if head_dim <= 64 else 8, "num_stages": 2}
+    if kernel == "attn_decode_split":
+        return {"BLOCK_N": 64 if head_dim * wide <= 256 else 32, "num_warps": 4, "num_stages": 2}
+    if kernel == "attn_decode_reduce":
+        return {"MAX_SPLITS": MAX_SPLITS, "num_warps": 4, "num_stages": 1}
+    if kernel == "kv_append":
+        return {"BLOCK_L": 32, "num_warps": 4, "num_stages": 1}
+    raise ValueError(f"unknown kernel {kernel!r}; expected one of {sorted(KERNELS)}")
+
+
+@triton.jit
+def attn_fwd(Q, K, V, Mask, Out,
+             stride_qb, stride_qt, stride_qh,
+             stride_kb, stride_kh, stride_kl,
+             stride_vb, stride_vh, stride_vl,
+             stride_mb,
+             stride_ob, stride_ot, stride_oh,
+             H, T, L, past_len, sm_scale,
+             HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             HAS_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr):
+    """Grid (cdiv(T, BLOCK_M), B * H). Q/Out (B, T, H, Dh) by strides; K/V (B, H, L, Dh) by strides; Mask (B, L)."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < T
+
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)  # (BLOCK_M, Dh)
+    k_base = K + b * stride_kb + h * stride_kh
+    v_base = V + b * stride_vb + h * stride_vh
+    qk_scale = sm_scale * LOG2E
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    hi = L
+    if IS_CAUSAL:  # keys beyond the last query of this block are never allowed
+        hi = tl.minimum(L, past_len + (pid_m + 1) * BLOCK_M)
+    for start_n in range(0, hi, BLOCK_N):
+        cols = start_n + offs_n
+        col_ok = cols < L
+        k = tl.load(k_base + cols[None, :] * stride_kl + offs_d[:, None], mask=col_ok[None, :], other=0.0)  # (Dh, N)
+        qk = tl.dot(q, k, input_precision="ieee") * qk_scale  # (BLOCK_M, BLOCK_N) fp32
+        allowed = col_ok[None, :]
+        if HAS_MASK:
+            keep = tl.load(Mask + b * stride_mb + cols, mask=col_ok, other=0)
+            allowed = allowed & (keep[None, :] != 0)
+        if IS_CAUSAL:
+            allowed = allowed & (cols[None, :] <= past_len + offs_m[:, None])
+        qk = tl.where(allowed, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all masked so far: keep exp2 finite
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(qk - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + cols[:, None] * stride_vl + offs_d[None, :], mask=col_ok[:, None], other=0.0)  # (N, Dh)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        m_i = m_new
+    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    tl.store(Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :],
+             out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def attn_decode_split(Q, K, V, Mask, MidO, MidM, MidL,
+                      stride_qb, stride_qh,
+                      stride_kb, stride_kh, stride_kl,
+                      stride_vb, stride_vh, stride_vl,
+                      stride_mb,
+                      H, L, keys_per_split, num_splits, sm_scale,
+                      HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr):
+    """Grid (num_splits, B * H). One query token; split s covers keys [s * keys_per_split, ...).
+
+    Writes, per (b*h, s): MidO (Dh,) the unnormalised output, MidM the running max (log2 units), MidL the sum.
+    """
+    pid_s = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_d).to(tl.float32) * (sm_scale * LOG2E)
+    k_base = K + b * stride_kb + h * stride_kh
+    v_base = V + b * stride_vb + h * stride_vh
+    start = pid_s * keys_per_split
+    end = tl.minimum(L, start + keys_per_split)
+
+    m_i = tl.full([], float("-inf"), tl.float32)
+    l_i = tl.zeros([], tl.float32)
+    acc = tl.zeros([HEAD_DIM], tl.float32)
+    for start_n in range(start, end, BLOCK_N):
+        cols = start_n + offs_n
+        col_ok = cols < end
+        k = tl.load(k_base + cols[:, None] * stride_kl + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        s = tl.sum(k.to(tl.float32) * q[None, :], 1)  # (BLOCK_N,)
+        allowed = col_ok
+        if HAS_MASK:
+            keep = tl.load(Mask + b * stride_mb + cols, mask=col_ok, other=0)
+            allowed = allowed & (keep != 0)
+        s = tl.where(allowed, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 0)
+        v = tl.load(v_base + cols[:, None] * stride_vl + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), 0)
+        m_i = m_new
+    mid = pid_bh.to(tl.int64) * num_splits + pid_s
+    tl.store(MidO + mid * HEAD_DIM + offs_d, acc)
+    tl.store(MidM + mid, m_i)
+    tl.store(MidL + mid, l_i)
+
+
+@triton.jit
+def attn_decode_reduce(MidO, MidM, MidL, Out,
+                       stride_ob, stride_oh,
+                       H, num_splits,
+                       HEAD_DIM: tl.constexpr, MAX_SPLITS: tl.constexpr):
+    """Grid (B * H,). Merges the num_splits (<= MAX_SPLITS) partials of one (batch, head) into Out (B, 1, H, Dh)."""
+    pid_bh = tl.program_id(0)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    offs_s = tl.arange(0, MAX_SPLITS)
+    offs_d = tl.arange(0, HEAD_DIM)
+    valid = offs_s < num_splits
+    mid = pid_bh.to(tl.int64) * num_splits + offs_s
+    m = tl.load(MidM + mid, mask=valid, other=float("-inf"))
+    l = tl.load(MidL + mid, mask=valid, other=0.0)
+    o = tl.load(MidO + mid[:, None] * HEAD_DIM + offs_d[None, :], mask=valid[:, None], other=0.0)  # (S, Dh)
+    g = tl.max(m, 0)
+    w = tl.exp2(m - tl.where(g == float("-inf"), 0.0, g))  # empty or fully masked splits weigh 0
+    num = tl.sum(w[:, None] * o, 0)
+    den = tl.sum(w * l, 0)
+    out = num / tl.where(den > 0.0, den, 1.0)
+    tl.store(Out + b * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty))
+
+
+@triton.jit
+def kv_append(PastK, PastV, NewK, NewV, PresK, PresV,
+              stride_pb, stride_ph, stride_pl,
+              stride_nb, stride_nh, stride_nt,
+              stride_rb, stride_rh, stride_rl,
+              H, P, T,
+              HEAD_DIM: tl.constexpr, BLOCK_L: tl.constexpr):
+    """Grid (cdiv(P + T, BLOCK_L), B * H). Present rows < P come from the past, rows P .. P+T-1 from the new K/V."""
+    pid_l = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    rows = pid_l * BLOCK_L + tl.arange(0, BLOCK_L)
+    offs_d = tl.arange(0, HEAD_DIM)
+    in_past = (rows < P)[:, None]
+    in_new = ((rows >= P) & (rows < P + T))[:, None]
+    past_off = b * stride_pb + h * stride_ph + rows[:, None] * stride_pl + offs_d[None, :]
+    new_off = b * stride_nb + h * stride_nh + (rows - P)[:, None] * stride_nt + offs_d[None, :]
+    pres_off = b * stride_rb + h * stride_rh + rows[:, None] * stride_rl + offs_d[None, :]
+    k = tl.where(in_past, tl.load(PastK + past_off, mask=in_past, other=0.0), tl.load(NewK + new_off, mask=in_new, other=0.0))
+    v = tl.where(in_past, tl.load(PastV + past_off, mask=in_past, other=0.0), tl.load(NewV + new_off, mask=in_new, other=0.0))
+    tl.store(PresK + pres_off, k, mask=in_past | in_new)
+    tl.store(PresV + pres_off, v, mask=in_past | in_new)
+
+
+KERNELS = {"attn_fwd": attn_fwd, "attn_decode_split": attn_decode_split,
+           "attn_decode_reduce": attn_decode_reduce, "kv_append": kv_append}

@@ -1,0 +1,174 @@
+"""The Triton attention kernels on CPU (TRITON_INTERPRET=1) against `plugins.op.reference_attention` in float64.
+
+The interpreter must be switched on before triton is first imported, and the ahead-of-time tests import triton
+without it, so the sweep runs in a child process: this file run as a script. The parent lists the cases, the child
+runs them all once and prints one JSON line of errors, and each case is its own test.
+
+Also here: `reference_attention` itself against the reference model's `attention_core` in float64.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from seq2trt.plugins.op import AttentionAttrs, AttentionKind, reference_attention
+from seq2trt.reference_model.model import attention_core
+
+# |kernel - reference| <= atol + rtol * |reference|, reference in float64 from the same rounded inputs.
+TOLERANCES = {"fp32": (2e-5, 2e-5), "fp16": (2e-3, 2e-3), "bf16": (1.6e-2, 1.6e-2)}
+LENGTHS = {  # (tgt_len, kv_len): kv_len is the source length (CROSS) or the past length (DECODER_SELF)
+    AttentionKind.ENCODER_SELF: [(1, 1), (7, 7), (17, 17), (65, 65)],
+    AttentionKind.CROSS: [(1, 65), (7, 17), (17, 1), (65, 7)],
+    AttentionKind.DECODER_SELF: [(1, 0), (1, 65), (7, 0), (17, 9), (65, 3)],
+}
+
+
+def _case(kind, dtype, head_dim, tgt_len, kv_len, empty_row=False, num_splits=None, seed=0):
+    return {"kind": kind.name, "dtype": dtype, "head_dim": head_dim, "tgt_len": tgt_len, "kv_len": kv_len,
+            "empty_row": empty_row, "num_splits": num_splits, "seed": seed}
+
+
+def _cases() -> list[dict]:
+    cases = [_case(kind, dtype, head_dim, t, s, seed=i)
+             for i, (kind, dtype, head_dim) in enumerate(
+                 (k, d, h) for k in AttentionKind for d in TOLERANCES for h in (32, 64, 128))
+             for t, s in LENGTHS[kind]]
+    for dtype in TOLERANCES:
+        cases += [  # boundaries: a fully padded row, forced split counts, blocks crossing the causal diagonal
+            _case(AttentionKind.ENCODER_SELF, dtype, 64, 17, 17, empty_row=True),
+            _case(AttentionKind.CROSS, dtype, 64, 1, 33, empty_row=True, num_splits=2),
+            _case(AttentionKind.CROSS, dtype, 32, 1, 300, num_splits=64),
+            _case(AttentionKind.DECODER_SELF, dtype, 64, 1, 200, num_splits=1),
+            _case(AttentionKind.DECODER_SELF, dtype, 64, 1, 200, num_splits=3),
+            _case(AttentionKind.DECODER_SELF, dtype, 32, 130, 129),
+        ]
+    return cases
+
+
+CASES = _cases()
+
+
+def _case_id(c: dict) -> str:
+    extra = ("-empty_row" if c["empty_row"] else "") + (f"-splits{c['num_splits']}" if c["num_splits"] else "")
+    return f"{c['kind']}-{c['dtype']}-d{c['head_dim']}-t{c['tgt_len']}-kv{c['kv_len']}{extra}"
+
+
+@pytest.fixture(scope="module")
+def interpreter_results() -> dict:
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, __file__], input=json.dumps(CASES), env=env, capture_output=True,
+                          text=True, timeout=600)
+    if proc.returncode != 0:
+        pytest.fail(f"interpreter sweep exited with {proc.returncode}:\n{proc.stderr[-4000:]}")
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {r["id"]: r for r in results}
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_kernel_matches_reference(case, interpreter_results):
+    r = interpreter_results[_case_id(case)]
+    assert r["error"] is None, r["error"]
+    atol, rtol = TOLERANCES[case["dtype"]]
+    assert r["output_excess"] <= 0.0, (f"output off by {r['output_max_abs']:.3g} "
+                                       f"(allowed {atol} + {rtol} * |ref|)")
+    assert r["present_exact"], "present K/V differ from past ++ new"
+
+
+def _inputs(kind: AttentionKind, B=2, H=3, Dh=8, T=5, S=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    attrs = AttentionAttrs(kind, H, Dh, 1.0 / math.sqrt(Dh))
+    rand = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)  # noqa: E731
+    q = rand(B, T, H * Dh)
+    if kind is AttentionKind.DECODER_SELF:
+        return attrs, (q, rand(B, T, H * Dh), rand(B, T, H * Dh), rand(B, H, S, Dh), rand(B, H, S, Dh))
+    L = T if kind is AttentionKind.ENCODER_SELF else S
+    mask = (torch.arange(L)[None, :] < torch.tensor([L, max(1, L - 3)])[:B, None]).to(torch.int32)
+    if kind is AttentionKind.ENCODER_SELF:
+        return attrs, (q, rand(B, T, H * Dh), rand(B, T, H * Dh), mask)
+    return attrs, (q, rand(B, H, S, Dh), rand(B, H, S, Dh), mask)
+
+
+@pytest.mark.parametrize("kind", list(AttentionKind), ids=lambda k: k.name)
+@pytest.mark.parametrize("past_len", [0, 6])
+def test_reference_matches_model_attention_core(kind, past_len):
+    attrs, inputs = _inputs(kind, S=past_len if kind is AttentionKind.DECODER_SELF else 6)
+    expected = reference_attention(attrs, *inputs)
+    q, k, v = inputs[:3]
+    if kind is AttentionKind.DECODER_SELF:
+        out, present = attention_core(q, k, v, attrs.num_heads, attrs.scale, past=(inputs[3], inputs[4]))
+        got = (out, *present)
+    else:
+        out, _ = attention_core(q, k, v, attrs.num_heads, attrs.scale, key_padding_mask=inputs[3])
+        got = (out,)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, atol=1e-12, rtol=1e-12)
+
+
+def test_reference_fully_padded_row_attends_to_nothing():
+    attrs, (q, k, v, mask) = _inputs(AttentionKind.CROSS)
+    mask[1] = 0
+    (out,) = reference_attention(attrs, q, k, v, mask)
+    assert torch.count_nonzero(out[1]) == 0 and torch.count_nonzero(out[0]) == out[0].numel()
+
+
+def _run_sweep(cases: list[dict]) -> list[dict]:
+    """In the child: run each case through the kernels and measure it against the float64 reference."""
+    from seq2trt.plugins.kernels.launch import attention, random_inputs
+
+    dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+    results = []
+    for c in cases:
+        r = {"id": _case_id(c), "error": None, "output_excess": math.inf, "output_max_abs": math.inf,
+             "present_exact": False}
+        try:
+            attrs, inputs = random_inputs(AttentionKind[c["kind"]], batch=2, heads=2, head_dim=c["head_dim"],
+                                          tgt_len=c["tgt_len"], kv_len=c["kv_len"], dtype=dtypes[c["dtype"]],
+                                          seed=c["seed"], empty_row=c["empty_row"])
+            got = attention(attrs, *inputs, num_splits=c["num_splits"])
+            ref = reference_attention(attrs, *(x.double() if x.is_floating_point() else x for x in inputs))
+            atol, rtol = TOLERANCES[c["dtype"]]
+            diff = (got[0].double() - ref[0]).abs()
+            r["output_max_abs"] = diff.max().item()
+            r["output_excess"] = (diff - atol - rtol * ref[0].abs()).max().item()
+            r["present_exact"] = all(torch.equal(g, e.to(g.dtype)) for g, e in zip(got[1:], ref[1:]))
+        except Exception as e:  # reported per case by the parent
+            r["error"] = f"{type(e).__name__}: {e}"
+        results.append(r)
+    return results
+
+
+def _patch_interpreter_bf16_dot() -> None:
+    """The interpreter stores bf16 as uint16 and its tl.dot multiplies those bit patterns (triton-lang/triton#11584,
+    unsupported upstream). Emulate the GPU instead: bf16 operands are exact in fp32, products accumulate in fp32."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    create_dot = interpreter.InterpreterBuilder.create_dot
+
+    def to_fp32(x):
+        if x.dtype.scalar != tl.bfloat16:
+            return x
+        data = interpreter._convert_float(x.data, tl.bfloat16, tl.float32, None).view(np.float32)
+        return interpreter.TensorHandle(data, tl.float32)
+
+    def patched(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return create_dot(self, to_fp32(a), to_fp32(b), d, input_precision, max_num_imprecise_acc)
+
+    interpreter.InterpreterBuilder.create_dot = patched
+
+
+if __name__ == "__main__":
+    if os.environ.get("TRITON_INTERPRET") != "1" or "triton" in sys.modules:
+        raise SystemExit("run with TRITON_INTERPRET=1 and triton not yet imported")
+    torch.set_num_threads(1)
+    _patch_interpreter_bf16_dot()
+    print(json.dumps(_run_sweep(json.load(sys.stdin))))
