@@ -91,8 +91,9 @@ class _Finished:
     alpha: float
     hyps: list[tuple[float, list[int]]] = field(default_factory=list)
 
-    def add(self, tokens: list[int], logprob: float) -> None:
-        self.hyps.append((logprob / length_penalty(len(tokens) + 1, self.alpha), tokens))  # + 1 for eos
+    def add(self, tokens: list[int], logprob: float, ended: bool) -> None:
+        """Keep a hypothesis; `ended` when it closed with eos (which then counts in its length)."""
+        self.hyps.append((logprob / length_penalty(len(tokens) + ended, self.alpha), tokens))
         self.hyps.sort(key=lambda h: -h[0])
         del self.hyps[self.capacity:]
 
@@ -137,7 +138,7 @@ def beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndar
                     break
                 if token == settings.eos_id:
                     if rank < K:
-                        finished[b].add(beams[b * K + beam], score)
+                        finished[b].add(beams[b * K + beam], score, ended=True)
                     continue
                 new_scores[b, slot], origin[b, slot], new_tokens[b, slot] = score, b * K + beam, token
                 slot += 1
@@ -155,5 +156,5 @@ def beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndar
         if not done[b]:
             for k in range(K):
                 if np.isfinite(scores[b, k]):
-                    finished[b].add(beams[b * K + k], scores[b, k])
+                    finished[b].add(beams[b * K + k], scores[b, k], ended=False)
     return [finished[b].hyps[0][1] if finished[b].hyps else [] for b in range(B)]
