@@ -1,0 +1,237 @@
+"""The attention plugin's TensorRT registration (TensorRT-RTX on CPU) and the flavour compatibility module.
+
+References are independent of the plugin code: field values come from `AttentionAttrs.onnx_attributes()` as the
+ONNX parser passes them, and output shapes from `op.output_shapes` on concrete sizes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from seq2trt.plugins import trt_compat
+from seq2trt.plugins.op import (DOMAIN, INPUTS, OUTPUTS, PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION,
+                                AttentionAttrs, AttentionKind, output_shapes)
+from seq2trt.reference_model.errors import ArtifactError, DependencyError, InputError
+
+HAS_RTX = importlib.util.find_spec("tensorrt_rtx") is not None
+needs_rtx = pytest.mark.skipif(not HAS_RTX, reason="tensorrt_rtx is not installed (pip install 'seq2trt[rtx]')")
+
+ONNX_TYPES = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
+
+
+@pytest.fixture(scope="module")
+def trt():
+    import tensorrt_rtx
+
+    from seq2trt.plugins import tensorrt_plugin
+
+    trt_compat.ensure_rtx_parser_library()
+    tensorrt_plugin.register(tensorrt_rtx)
+    return tensorrt_rtx
+
+
+def parser_fields(trt, attrs: AttentionAttrs):
+    """Fields as TensorRT's ONNX parser builds them from node attributes (ints int32, floats float32,
+    strings NUL-terminated chars)."""
+    fields = []
+    for name, value in attrs.onnx_attributes().items():
+        if isinstance(value, str):
+            data, ftype = np.array(list(value.encode() + b"\0"), dtype=np.int8), trt.PluginFieldType.CHAR
+        elif isinstance(value, float):
+            data, ftype = np.array([value], dtype=np.float32), trt.PluginFieldType.FLOAT32
+        else:
+            data, ftype = np.array([value], dtype=np.int32), trt.PluginFieldType.INT32
+        fields.append(trt.PluginField(name, data, ftype))
+    return trt.PluginFieldCollection(fields), fields  # the collection does not keep its fields alive
+
+
+# --- registration ----------------------------------------------------------------------------------------------
+
+@needs_rtx
+def test_creator_is_found_by_name_version_namespace(trt):
+    creator = trt.get_plugin_registry().get_creator(PLUGIN_NAME, PLUGIN_VERSION, PLUGIN_NAMESPACE)
+    assert creator is not None
+    assert (creator.name, creator.plugin_version, creator.plugin_namespace) == \
+        (PLUGIN_NAME, PLUGIN_VERSION, PLUGIN_NAMESPACE)
+    assert {f.name for f in creator.field_names} >= {"kind", "num_heads", "head_dim", "scale"}
+
+
+@needs_rtx
+def test_register_is_idempotent(trt):
+    from seq2trt.plugins import tensorrt_plugin
+
+    tensorrt_plugin.register(trt)
+    matches = [c for c in trt.get_plugin_registry().all_creators
+               if (c.name, c.plugin_version, c.plugin_namespace) == (PLUGIN_NAME, PLUGIN_VERSION, PLUGIN_NAMESPACE)]
+    assert len(matches) == 1
+
+
+@needs_rtx
+@pytest.mark.parametrize("kind", list(AttentionKind))
+def test_fields_round_trip(trt, kind):
+    from seq2trt.plugins import tensorrt_plugin
+
+    attrs = AttentionAttrs(kind, 8, 64, 0.125)
+    creator = tensorrt_plugin.plugin_classes(trt)[1]()
+    fields, _alive = parser_fields(trt, attrs)
+    plugin = creator.create_plugin("attn", fields, trt.TensorRTPhase.BUILD)
+    assert plugin.attrs == attrs
+    assert plugin.num_outputs == len(OUTPUTS[kind])
+    assert (plugin.plugin_name, plugin.plugin_version, plugin.plugin_namespace) == \
+        (PLUGIN_NAME, PLUGIN_VERSION, PLUGIN_NAMESPACE)
+    serialized = {f.name: np.asarray(f.data).reshape(-1)[0].item() for f in plugin.get_fields_to_serialize()}
+    assert AttentionAttrs.from_onnx(serialized) == attrs
+    runtime = creator.create_plugin("attn", plugin.get_fields_to_serialize(), trt.TensorRTPhase.RUNTIME)
+    assert runtime.attrs == attrs and runtime.clone().attrs == attrs
+
+
+@needs_rtx
+def test_fields_refuse_wrong_version_and_missing_attributes(trt):
+    from seq2trt.plugins import tensorrt_plugin
+
+    wrong = [trt.PluginField("plugin_version", np.array(list(b"2\0"), dtype=np.int8), trt.PluginFieldType.CHAR)]
+    with pytest.raises(ValueError, match="plugin_version"):
+        tensorrt_plugin.attrs_from_fields(wrong)
+    partial = [trt.PluginField("kind", np.array([0], dtype=np.int32), trt.PluginFieldType.INT32)]
+    with pytest.raises(ValueError, match="num_heads"):
+        tensorrt_plugin.attrs_from_fields(partial)
+
+
+# --- shapes and types through TensorRT's parser --------------------------------------------------------------
+
+def concrete_graph(kind: AttentionKind, dtype: str, B: int, T: int, S: int, P: int, mask_type=TensorProto.INT32):
+    H, Dh = 2, 32
+    new = [B, S if kind is AttentionKind.ENCODER_SELF else T, H * Dh]
+    shapes = {"query": new, "key": new, "value": new, "key_padding_mask": [B, S],
+              "past_key": [B, H, P, Dh], "past_value": [B, H, P, Dh],
+              "cross_key": [B, H, S, Dh], "cross_value": [B, H, S, Dh]}
+    attrs = AttentionAttrs(kind, H, Dh, Dh ** -0.5)
+    inputs = [helper.make_tensor_value_info(n, mask_type if n == "key_padding_mask" else ONNX_TYPES[dtype], shapes[n])
+              for n in INPUTS[kind]]
+    outputs = [helper.make_tensor_value_info(n, ONNX_TYPES[dtype], None) for n in OUTPUTS[kind]]
+    node = helper.make_node(PLUGIN_NAME, list(INPUTS[kind]), list(OUTPUTS[kind]), domain=DOMAIN,
+                            **attrs.onnx_attributes())
+    model = helper.make_model(helper.make_graph([node], "g", inputs, outputs),
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)])
+    return model, attrs, [tuple(shapes[n]) for n in INPUTS[kind]]
+
+
+def parse_network(trt, model):
+    builder = trt.Builder(trt.Logger(trt.Logger.ERROR))
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    parser = trt.OnnxParser(network, builder.logger)
+    ok = parser.parse(model.SerializeToString())
+    return ok, network, [str(parser.get_error(i).desc()) for i in range(parser.num_errors)], (builder, parser)
+
+
+@needs_rtx
+@pytest.mark.parametrize("kind", list(AttentionKind))
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("past_len", [0, 5])
+def test_output_shapes_and_types(trt, kind, dtype, past_len):
+    model, attrs, in_shapes = concrete_graph(kind, dtype, B=3, T=4, S=7, P=past_len)
+    ok, network, errors, _keep = parse_network(trt, model)
+    assert ok, errors
+    expected = output_shapes(attrs, in_shapes)
+    got = [tuple(network.get_output(i).shape) for i in range(network.num_outputs)]
+    assert got == [tuple(s) for s in expected]
+    wanted_type = {"fp32": trt.DataType.FLOAT, "fp16": trt.DataType.HALF, "bf16": trt.DataType.BF16}[dtype]
+    assert [network.get_output(i).dtype for i in range(network.num_outputs)] == [wanted_type] * len(expected)
+
+
+@needs_rtx
+def test_int64_mask_is_not_a_supported_format(trt):
+    """supports_format_combination takes an int32 mask only: an int64 mask cannot build."""
+    model, _, _ = concrete_graph(AttentionKind.CROSS, "fp16", 2, 3, 5, 0, mask_type=TensorProto.INT64)
+    ok, network, errors, (builder, _parser) = parse_network(trt, model)
+    assert ok, errors
+    config = builder.create_builder_config()
+    trt_compat.set_targets(trt, "tensorrt-rtx", config, (86,))
+    assert builder.build_serialized_network(network, config) is None
+
+
+# --- trt_compat --------------------------------------------------------------------------------------------------
+
+def test_parse_targets():
+    assert trt_compat.parse_targets("tensorrt-rtx", "sm_89, sm_86,sm_86") == (86, 89)
+    assert trt_compat.parse_targets("tensorrt-rtx", "current") == ("current",)
+    assert trt_compat.parse_targets("tensorrt", "current") == ("current",)
+    assert trt_compat.target_tag((86, 89)) == "sm_86+sm_89"
+    with pytest.raises(InputError, match="sm_90.*--backend tensorrt"):
+        trt_compat.parse_targets("tensorrt-rtx", "sm_90")
+    with pytest.raises(InputError, match="current"):
+        trt_compat.parse_targets("tensorrt", "sm_86")
+    with pytest.raises(InputError, match="form sm_86"):
+        trt_compat.parse_targets("tensorrt-rtx", "ampere")
+    with pytest.raises(InputError, match="unknown TensorRT backend"):
+        trt_compat.flavour_of("tensorrt-lite")
+
+
+def test_missing_flavour_names_the_extra(monkeypatch):
+    monkeypatch.setitem(trt_compat.FLAVOURS, trt_compat.Flavour.TENSORRT, trt_compat.FlavourInfo(
+        "seq2trt_no_such_module", "trt", "tensorrt-cu13", (), True, (), False))
+    with pytest.raises(DependencyError, match=r"pip install 'seq2trt\[trt\]'"):
+        trt_compat.load("tensorrt")
+
+
+def test_parser_library_link_is_created_once(tmp_path, monkeypatch):
+    monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
+    (tmp_path / "libtensorrt_rtx.so.1").write_bytes(b"\x7fELF")
+    link = trt_compat.ensure_rtx_parser_library(tmp_path)
+    assert link.is_symlink() and os.readlink(link) == "libtensorrt_rtx.so.1"
+    assert trt_compat.ensure_rtx_parser_library(tmp_path) == link  # idempotent
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["libtensorrt_rtx.so", "libtensorrt_rtx.so.1"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only directories")
+def test_parser_library_read_only_dir_says_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
+    (tmp_path / "libtensorrt_rtx.so.1").write_bytes(b"\x7fELF")
+    tmp_path.chmod(0o555)
+    try:
+        with pytest.raises(DependencyError, match="ln -s libtensorrt_rtx.so.1"):
+            trt_compat.ensure_rtx_parser_library(tmp_path)
+    finally:
+        tmp_path.chmod(0o755)
+
+
+def test_parser_library_read_only_dir_message_without_root(tmp_path, monkeypatch):
+    """The same failure, simulated so it also runs as root."""
+    monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
+    (tmp_path / "libtensorrt_rtx.so.1").write_bytes(b"\x7fELF")
+
+    def refuse(self, target):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(type(tmp_path), "symlink_to", refuse)
+    with pytest.raises(DependencyError, match="could not create it.*LD_LIBRARY_PATH"):
+        trt_compat.ensure_rtx_parser_library(tmp_path)
+    assert not (tmp_path / "libtensorrt_rtx.so").exists()
+
+
+def test_parser_library_on_ld_library_path_is_honoured(tmp_path, monkeypatch):
+    lib, elsewhere = tmp_path / "wheel", tmp_path / "mine"
+    lib.mkdir(), elsewhere.mkdir()
+    (lib / "libtensorrt_rtx.so.1").write_bytes(b"")
+    (elsewhere / "libtensorrt_rtx.so").write_bytes(b"")
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(elsewhere))
+    assert trt_compat.ensure_rtx_parser_library(lib) == elsewhere / "libtensorrt_rtx.so"
+    assert not (lib / "libtensorrt_rtx.so").exists()
+
+
+def test_check_engine():
+    info = {"flavour": "tensorrt-rtx", "tensorrt_version": "1.7.1.116", "targets": [86, 89]}
+    trt_compat.check_engine(info, "tensorrt-rtx", "1.7.0.5", 89)
+    with pytest.raises(ArtifactError, match="sm_80.*--target sm_80"):
+        trt_compat.check_engine(info, "tensorrt-rtx", "1.7.1.116", 80)
+    with pytest.raises(ArtifactError, match="1.8.0"):
+        trt_compat.check_engine(info, "tensorrt-rtx", "1.8.0", 86)
+    with pytest.raises(ArtifactError, match="built by tensorrt-rtx"):
+        trt_compat.check_engine(info, "tensorrt", "1.7.1.116", 86)
+    with pytest.raises(ArtifactError, match="--target current"):
+        trt_compat.check_engine(info, "tensorrt-rtx", "1.7.1.116", 90)
