@@ -1,0 +1,226 @@
+"""Build one TensorRT engine from one ONNX graph: `build(onnx_path, profiles, targets, dtype) -> BuildResult`.
+
+Load -> validate -> transform -> save, CTranslate2-converter style: register the attention plugin, parse the graph
+into a strongly typed network (precision comes from the graph's own types, as TensorRT 11 requires), set one
+optimization profile from `profiles` ({input name: (min, opt, max) shape}, from `exporters.spec`), the compute
+capability targets, workspace and builder optimization level, then serialize. The plan bytes come back with a
+description of the network (layer types, how many plugin layers) for build.json and the tests.
+
+Flavour differences (targets, timing cache, the RTX parser's library) are `plugins.trt_compat`'s business.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from seq2trt.plugins import trt_compat
+from seq2trt.plugins.op import DOMAIN, PLUGIN_NAME
+from seq2trt.reference_model.errors import ArtifactError, InputError
+
+logger = logging.getLogger(__name__)
+
+Shape = tuple[int, ...]
+Profiles = Mapping[str, tuple[Shape, Shape, Shape]]
+Progress = Callable[[str, int, int], None]  # (phase name, steps done, steps in phase)
+
+FLOAT_DTYPES = {"fp32": "FLOAT", "fp16": "HALF", "bf16": "BF16"}
+
+
+@dataclass(frozen=True)
+class BuildSettings:
+    flavour: trt_compat.Flavour = trt_compat.Flavour.TENSORRT_RTX
+    workspace_bytes: int | None = None  # None: TensorRT's default (the device's memory)
+    optimization_level: int = 3  # TensorRT's default; 0-5, higher searches longer for faster tactics
+    timing_cache: Path | None = None  # enterprise TensorRT only; ignored by TensorRT-RTX
+    plugin: bool = True  # register the attention plugin before parsing
+
+
+@dataclass
+class NetworkInfo:
+    inputs: dict[str, dict]  # name -> {"dtype", "shape"} (-1 for a dynamic axis)
+    outputs: dict[str, dict]
+    layer_types: dict[str, int]  # TensorRT LayerType name -> count
+    plugin_layers: int  # IPluginV3 layers of our attention plugin
+    attention_layers: int  # TensorRT's own IAttention (standard ONNX `Attention` op)
+
+    def to_json(self) -> dict:
+        return {"inputs": self.inputs, "outputs": self.outputs, "layer_types": self.layer_types,
+                "plugin_layers": self.plugin_layers, "attention_layers": self.attention_layers}
+
+
+@dataclass
+class BuildResult:
+    plan: bytes
+    network: NetworkInfo
+    seconds: float
+    tensorrt_version: str
+    targets: tuple = field(default_factory=tuple)
+
+
+def _logger(trt):
+    return trt.Logger(trt.Logger.WARNING if logger.getEffectiveLevel() > logging.DEBUG else trt.Logger.INFO)
+
+
+def _progress_monitor(trt, progress: Progress):
+    class Monitor(trt.IProgressMonitor):
+        def __init__(self):
+            trt.IProgressMonitor.__init__(self)
+            self.totals: dict[str, int] = {}
+
+        def phase_start(self, phase_name, parent_phase, num_steps):
+            self.totals[phase_name] = num_steps
+            progress(phase_name, 0, num_steps)
+
+        def step_complete(self, phase_name, step):
+            progress(phase_name, step + 1, self.totals.get(phase_name, 0))
+            return True  # keep building
+
+        def phase_finish(self, phase_name):
+            progress(phase_name, self.totals.get(phase_name, 0), self.totals.get(phase_name, 0))
+
+    return Monitor()
+
+
+def graph_has_plugin(model) -> bool:
+    return any(n.op_type == PLUGIN_NAME and n.domain == DOMAIN for n in model.graph.node)
+
+
+def parse(trt, builder, onnx_path: Path, settings: BuildSettings, model=None):
+    """A strongly typed network from the ONNX file; the parser's errors become one InputError."""
+    import onnx
+
+    model = model if model is not None else onnx.load(str(onnx_path), load_external_data=False)
+    if graph_has_plugin(model):
+        if not settings.plugin:
+            raise InputError(f"{onnx_path} holds {PLUGIN_NAME} plugin nodes but the plugin is disabled; build the "
+                             "unfused graph for --no-plugin")
+        from seq2trt.plugins import tensorrt_plugin
+
+        trt_compat.ensure_plugin_loading(trt, settings.flavour)
+        tensorrt_plugin.register(trt)
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    parser = trt.OnnxParser(network, builder.logger)
+    if not parser.parse_from_file(str(onnx_path)):
+        errors = "; ".join(str(parser.get_error(i).desc()) for i in range(parser.num_errors))
+        raise InputError(f"TensorRT's ONNX parser rejected {onnx_path}: {errors}")
+    return network, parser
+
+
+def mark_attention_decomposable(trt, network) -> int:
+    """Let TensorRT decompose its IAttention layers where it has no fused kernel (fp32 has none); returns how many.
+
+    Each IAttention ends in one ATTENTION_OUTPUT layer, which reaches it through `.attention`.
+    """
+    count = 0
+    for i in range(network.num_layers):
+        layer = network.get_layer(i)
+        if layer.type == trt.LayerType.ATTENTION_OUTPUT:
+            layer.__class__ = trt.IAttentionOutputLayer  # the bindings' documented downcast
+            layer.attention.decomposable = True
+            count += 1
+    return count
+
+
+def describe(trt, network) -> NetworkInfo:
+    def tensors(get, count):
+        return {get(i).name: {"dtype": get(i).dtype.name, "shape": list(get(i).shape)} for i in range(count)}
+
+    types = Counter(network.get_layer(i).type.name for i in range(network.num_layers))
+    plugins = 0
+    for i in range(network.num_layers):
+        layer = network.get_layer(i)
+        if layer.type == trt.LayerType.PLUGIN_V3:
+            layer.__class__ = trt.IPluginV3Layer
+            core = layer.plugin.get_capability_interface(trt.PluginCapabilityType.CORE)
+            plugins += getattr(core, "plugin_name", None) == PLUGIN_NAME
+    return NetworkInfo(tensors(network.get_input, network.num_inputs), tensors(network.get_output, network.num_outputs),
+                       dict(sorted(types.items())), int(plugins), types.get("ATTENTION_OUTPUT", 0))
+
+
+def graph_dtype(trt, network) -> str:
+    """The float type of the network's first float input (our graphs carry one float dtype throughout)."""
+    names = {getattr(trt.DataType, v): k for k, v in FLOAT_DTYPES.items()}
+    for tensors in ((network.get_input(i) for i in range(network.num_inputs)),
+                    (network.get_output(i) for i in range(network.num_outputs))):
+        for t in tensors:
+            if t.dtype in names:
+                return names[t.dtype]
+    return "fp32"
+
+
+def set_profile(builder, network, config, profiles: Profiles, onnx_path: Path) -> None:
+    profile = builder.create_optimization_profile()
+    inputs = {network.get_input(i).name: network.get_input(i) for i in range(network.num_inputs)}
+    unknown = sorted(set(profiles) - set(inputs))
+    if unknown:
+        raise InputError(f"profiles name {unknown}, which {onnx_path.name} does not have; its inputs: {sorted(inputs)}")
+    missing = [n for n, t in inputs.items() if -1 in tuple(t.shape) and n not in profiles]
+    if missing:
+        raise InputError(f"{onnx_path.name} has dynamic inputs {missing} without an optimization profile")
+    for name, (lo, opt, hi) in profiles.items():
+        rank = len(inputs[name].shape)
+        if not (len(lo) == len(opt) == len(hi) == rank) or any(not a <= b <= c for a, b, c in zip(lo, opt, hi)):
+            raise InputError(f"profile of {name} must be three rank-{rank} shapes with min <= opt <= max, got "
+                             f"{lo}, {opt}, {hi}")
+        profile.set_shape(name, tuple(lo), tuple(opt), tuple(hi))
+    config.add_optimization_profile(profile)
+
+
+def build(onnx_path: Path, profiles: Profiles, targets: Sequence[int | str] | str, dtype: str | None = None,
+          settings: BuildSettings | None = None, progress: Progress | None = None) -> BuildResult:
+    """Build a serialized engine of `onnx_path` for `targets` ((86, 89), "sm_86,sm_89" or "current").
+
+    `dtype`, when given, must be the graph's own float type (strongly typed networks take precision from the
+    graph; re-export for another dtype).
+    """
+    settings = settings or BuildSettings()
+    onnx_path = Path(onnx_path)
+    if not onnx_path.is_file():
+        raise ArtifactError(f"ONNX graph {onnx_path} does not exist; run `seq2trt export` (and `seq2trt fuse`) first")
+    trt = trt_compat.load(settings.flavour)
+    if isinstance(targets, str):
+        targets = trt_compat.parse_targets(settings.flavour, targets)
+    builder = builder_for(trt)
+    network, _parser = parse(trt, builder, onnx_path, settings)
+    found = graph_dtype(trt, network)
+    if dtype is not None and dtype != found:
+        raise InputError(f"{onnx_path.name} is a {found} graph, not {dtype}: TensorRT networks are strongly typed, "
+                         f"so precision comes from the export; re-export with --dtype {dtype}")
+    mark_attention_decomposable(trt, network)
+    config = builder.create_builder_config()
+    trt_compat.set_targets(trt, settings.flavour, config, targets)
+    set_profile(builder, network, config, profiles, onnx_path)
+    config.builder_optimization_level = settings.optimization_level
+    if settings.workspace_bytes is not None:
+        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, settings.workspace_bytes)
+    trt_compat.attach_timing_cache(settings.flavour, config, settings.timing_cache)
+    if progress is not None:
+        config.progress_monitor = _progress_monitor(trt, progress)
+    info = describe(trt, network)
+    start = time.perf_counter()
+    plan = builder.build_serialized_network(network, config)
+    seconds = time.perf_counter() - start
+    if plan is None:
+        raise ArtifactError(f"TensorRT could not build {onnx_path} for {trt_compat.target_tag(targets)} (see the "
+                            "TensorRT errors logged above)")
+    trt_compat.save_timing_cache(settings.flavour, config, settings.timing_cache)
+    logger.info("built %s in %.2f s: %d bytes, %d plugin layer(s)", onnx_path.name, seconds, plan.nbytes,
+                info.plugin_layers)
+    return BuildResult(bytes(plan), info, seconds, trt.__version__, tuple(targets))
+
+
+_builders: dict = {}
+
+
+def builder_for(trt):
+    """One Builder per TensorRT module and process: creating one loads the builder resources (seconds)."""
+    if trt.__name__ not in _builders:
+        trt_logger = _logger(trt)
+        builder = trt.Builder(trt_logger)
+        _builders[trt.__name__] = (builder, trt_logger)  # the logger must outlive the builder
+    return _builders[trt.__name__][0]
