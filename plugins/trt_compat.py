@@ -138,6 +138,11 @@ def set_targets(trt: ModuleType, flavour: str | Flavour, config, targets: Sequen
         config.set_compute_capability(cc, i)
 
 
+def has_gpu() -> bool:
+    """Whether an NVIDIA GPU is visible (its driver's device nodes), without importing any CUDA library."""
+    return Path("/dev/nvidiactl").exists() or Path("/dev/dxg").exists()  # /dev/dxg: WSL2
+
+
 def builds_without_gpu(flavour: str | Flavour, targets: Sequence[int | str]) -> bool:
     return FLAVOURS[flavour_of(flavour)].builds_without_gpu and CURRENT not in targets
 

@@ -123,3 +123,110 @@ def test_refusals(tmp_path, build):
         build(path, profiles, "sm_90")
     with pytest.raises(InputError, match="plugin is disabled"):
         build(path, profiles, "sm_86", settings=BuildSettings(plugin=False))
+
+
+# --- the build stage on a real export of a tiny model ------------------------------------------------------------
+
+def fuse_marked(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A stand-in for the fuser (tests only): the export marks each attention block as one node with the fused op's
+    inputs, outputs and attributes (exporters/spec.py), so fusing is renaming it to the plugin node."""
+    from seq2trt.exporters import spec
+
+    fused = onnx.ModelProto()
+    fused.CopyFrom(model)
+    for node in fused.graph.node:
+        if node.domain == spec.MARKED_DOMAIN:
+            attrs = AttentionAttrs.from_onnx({a.name: helper.get_attribute_value(a) for a in node.attribute})
+            node.op_type, node.domain = PLUGIN_NAME, DOMAIN
+            del node.attribute[:]
+            node.attribute.extend(helper.make_attribute(k, v) for k, v in attrs.onnx_attributes().items())
+    del fused.functions[:]
+    fused.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    return fused
+
+
+@pytest.fixture(scope="module", params=["fp32", "fp16"])
+def export_dir(request, tmp_path_factory):
+    import json
+
+    import torch
+
+    from seq2trt.exporters.onnx_export import export
+    from seq2trt.exporters import spec
+    from seq2trt.reference_model.config import preset
+    from seq2trt.reference_model.io import sha256_file
+    from seq2trt.reference_model.model import Seq2SeqTransformer
+
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(preset("tiny", src_vocab_size=24, tgt_vocab_size=24)).eval()
+    out = export(model, tmp_path_factory.mktemp("export") / "art", dtype=request.param,
+                 limits=spec.Limits(4, 32, 32))
+    fused_dir = out / "fused" / "trt"
+    fused_dir.mkdir(parents=True)
+    files = {}
+    for kind in spec.GraphKind:
+        onnx.save(fuse_marked(onnx.load(out / kind.filename)), fused_dir / kind.filename)
+        files[kind.filename] = {"sha256": sha256_file(fused_dir / kind.filename)}
+    (fused_dir / "fusion.json").write_text(json.dumps({"files": files}))
+    return out, request.param, model.cfg
+
+
+@pytest.mark.parametrize("plugin", [True, False])
+def test_build_stage_writes_engines_and_build_json(export_dir, plugin):
+    import json
+
+    from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines, read_build
+
+    out, dtype, cfg = export_dir
+    engine_dir = build_engines(out, EngineRequest("tensorrt-rtx", (86,), plugin=plugin, force=True))
+    suffix = "" if plugin else "-noplugin"
+    assert engine_dir == out / "engines" / f"tensorrt-rtx-sm_86-{dtype}{suffix}"
+    assert sorted(p.name for p in engine_dir.iterdir()) == ["build.json", "decoder.plan", "encoder.plan"]
+    info = read_build(engine_dir)
+    assert info == json.loads((engine_dir / "build.json").read_text())
+    assert info["flavour"] == "tensorrt-rtx" and info["targets"] == [86] and info["dtype"] == dtype
+    expected_plugins = {"encoder": cfg.num_encoder_layers, "decoder": 2 * cfg.num_decoder_layers} if plugin \
+        else {"encoder": 0, "decoder": 0}
+    assert info["plugin"]["layers"] == expected_plugins  # every attention block is one plugin layer
+    decoder = info["graphs"]["decoder"]
+    assert decoder["profiles"]["past_key_values.0.decoder.key"][0][2] == 0  # past_len 0 ...
+    assert decoder["profiles"]["past_key_values.0.decoder.key"][2][2] == 31  # ... to max_tgt_len - 1
+    for graph in info["graphs"].values():
+        assert graph["plan_bytes"] == (engine_dir / graph["plan"]).stat().st_size > 10_000
+        assert graph["build_seconds"] > 0
+        if plugin:
+            assert graph["source"].startswith("fused/trt/")
+
+
+def test_build_stage_refuses_tampering_overwrite_and_dtype(export_dir):
+    from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines
+    from seq2trt.reference_model.errors import ArtifactError
+
+    out, dtype, _ = export_dir
+    other = "fp16" if dtype == "fp32" else "fp32"
+    with pytest.raises(InputError, match=f"exported as {dtype}"):
+        build_engines(out, EngineRequest("tensorrt-rtx", (89,), dtype=other))
+    build_engines(out, EngineRequest("tensorrt-rtx", (89,), plugin=False, force=True))
+    with pytest.raises(ArtifactError, match="already exists; pass --force"):
+        build_engines(out, EngineRequest("tensorrt-rtx", (89,), plugin=False))
+    fused = out / "fused" / "trt" / "decoder.onnx"
+    original = fused.read_bytes()
+    fused.write_bytes(original + b"\0")
+    try:
+        with pytest.raises(ArtifactError, match="decoder.onnx does not match its recorded sha256"):
+            build_engines(out, EngineRequest("tensorrt-rtx", (89,), force=True))
+    finally:
+        fused.write_bytes(original)
+
+
+def test_cli_build(export_dir):
+    from click.testing import CliRunner
+
+    from seq2trt.cli.main import cli
+
+    out, dtype, _ = export_dir
+    result = CliRunner().invoke(cli, ["build", str(out), "--target", "sm_80", "--max-batch", "2", "--force"])
+    assert result.exit_code == 0, result.output
+    assert (out / "engines" / f"tensorrt-rtx-sm_80-{dtype}" / "decoder.plan").exists()
+    bad = CliRunner().invoke(cli, ["build", str(out), "--target", "sm_90"])
+    assert bad.exit_code == 2 and "cannot target sm_90" in bad.output

@@ -1,0 +1,58 @@
+"""`seq2trt build`: TensorRT engines of an export (exporters.tensorrt_engines does the work)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from seq2trt.plugins import trt_compat
+
+
+@click.command()
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--backend", type=click.Choice([f.value for f in trt_compat.Flavour]), default="tensorrt-rtx",
+              show_default=True, help="TensorRT flavour; tensorrt-rtx builds without a GPU.")
+@click.option("--target", "target", default=None,
+              help="Comma-separated compute capabilities (sm_86,sm_89) or 'current' (the GPU here). "
+                   "Default: current when a GPU is present, else sm_86.")
+@click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default=None,
+              help="Engine precision; must match the export's (networks are strongly typed). Default: the export's.")
+@click.option("--max-batch", type=int, default=None, help="Profile maximum batch. Default: the export's limit.")
+@click.option("--max-src-len", type=int, default=None, help="Profile maximum source length. Default: the export's.")
+@click.option("--max-tgt-len", type=int, default=None, help="Profile maximum target length. Default: the export's.")
+@click.option("--no-plugin", is_flag=True, help="Build the unfused graphs (TensorRT's own fusion) for comparison.")
+@click.option("--opt-level", type=click.IntRange(0, 5), default=3, show_default=True,
+              help="Builder optimization level.")
+@click.option("--workspace-mib", type=click.IntRange(min=1), default=None, help="Workspace limit in MiB.")
+@click.option("--force", is_flag=True, help="Replace an existing engine directory.")
+def build(out: Path, backend: str, target: str | None, dtype: str | None, max_batch: int | None,
+          max_src_len: int | None, max_tgt_len: int | None, no_plugin: bool, opt_level: int,
+          workspace_mib: int | None, force: bool) -> None:
+    """Build encoder and decoder engines of the export in OUT into OUT/engines/<backend>-<target>-<dtype>/."""
+    from seq2trt.exporters import manifest, spec
+    from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines
+
+    from .progress import progress_bar
+
+    targets = trt_compat.parse_targets(backend, target or ("current" if trt_compat.has_gpu() else "sm_86"))
+    exported = manifest.read_manifest(out)
+    limits = None
+    if any(v is not None for v in (max_batch, max_src_len, max_tgt_len)):
+        base = exported.limits
+        limits = spec.Limits.for_model(exported.config, max_batch or base.max_batch, max_src_len or base.max_src_len,
+                                       max_tgt_len or base.max_tgt_len)
+    request = EngineRequest(backend, targets, dtype, limits, not no_plugin, opt_level,
+                            workspace_mib * (1 << 20) if workspace_mib else None, force)
+    with progress_bar(f"building {backend} engines ({trt_compat.target_tag(targets)})", len(spec.GraphKind)) as update:
+        engine_dir = build_engines(out, request, lambda graph, phase, done: update(done, f"{graph} {phase}".strip()))
+    from seq2trt.exporters.tensorrt_engines import read_build
+
+    info = read_build(engine_dir, verify=False)
+    for name, graph in info["graphs"].items():
+        click.echo(f"{name}: {graph['plan_bytes'] / 1e6:.2f} MB in {graph['build_seconds']:.1f} s, "
+                   f"{graph['plugin_layers']} plugin layer(s)")
+    click.echo(f"engines in {engine_dir}")
+
+
+COMMANDS = [build]

@@ -1,0 +1,166 @@
+"""The build stage: an artifact directory's graphs -> `engines/<backend>-<target>-<dtype>/` (DESIGN.md, "The
+artifact directory").
+
+`build_engines(out, backend, targets, ...)` verifies the sha256 of every graph it reads (manifest.json for the
+exported graphs; the manifest or `fused/trt/fusion.json` for the fused ones), builds the encoder and the decoder
+with `tensorrt_build.build` under profiles from `spec.profiles`, and writes `encoder.plan`, `decoder.plan` and
+`build.json` into a staged directory renamed into place at the end (nothing half-written; `force` to replace).
+`--no-plugin` engines (unfused graphs, TensorRT's own fusion) go to the same name with `-noplugin` appended, so
+both can sit side by side for comparison.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Callable
+
+from seq2trt.plugins import trt_compat
+from seq2trt.plugins.op import PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION
+from seq2trt.reference_model.errors import ArtifactError, InputError
+from seq2trt.reference_model.io import atomic_write_bytes, atomic_write_text, sha256_file, staged_directory
+
+from . import manifest as manifest_mod
+from . import spec
+from .tensorrt_build import BuildSettings, build
+
+logger = logging.getLogger(__name__)
+
+FUSED_DIR = Path("fused") / "trt"
+BUILD_JSON = "build.json"
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    backend: str  # "tensorrt" | "tensorrt-rtx"
+    targets: tuple  # parse_targets output
+    dtype: str | None = None  # None: the export's dtype
+    limits: spec.Limits | None = None  # None: the export's limits
+    plugin: bool = True
+    optimization_level: int = 3
+    workspace_bytes: int | None = None
+    force: bool = False
+
+
+def engine_dir_name(backend: str, targets, dtype: str, plugin: bool = True) -> str:
+    return f"{backend}-{trt_compat.target_tag(targets)}-{dtype}" + ("" if plugin else "-noplugin")
+
+
+def _fused_hashes(out: Path, manifest: manifest_mod.Manifest) -> dict[str, str]:
+    """sha256 of the fused graphs, from the manifest or, failing that, the fuser's fusion.json."""
+    listed = {name: entry["sha256"] for name, entry in manifest.data["files"].items()}
+    fusion = out / FUSED_DIR / "fusion.json"
+    if fusion.exists():
+        try:
+            recorded = json.loads(fusion.read_text()).get("files", {})
+        except json.JSONDecodeError as exc:
+            raise ArtifactError(f"{fusion} is not valid JSON ({exc}); re-run `seq2trt fuse {out} --target trt`")
+        for name, entry in recorded.items():
+            listed.setdefault(str(FUSED_DIR / name), entry["sha256"] if isinstance(entry, dict) else entry)
+    return listed
+
+
+def source_graphs(out: Path, plugin: bool) -> dict[spec.GraphKind, tuple[Path, str]]:
+    """Graph kind -> (ONNX path, its verified sha256); one error lists every problem."""
+    out = Path(out)
+    manifest = manifest_mod.verify(out, [k.filename for k in spec.GraphKind])  # the export, always
+    if not plugin:
+        return {k: (out / k.filename, manifest.data["files"][k.filename]["sha256"]) for k in spec.GraphKind}
+    hashes = _fused_hashes(out, manifest)
+    graphs, problems = {}, []
+    for kind in spec.GraphKind:
+        name = str(FUSED_DIR / kind.filename)
+        path = out / name
+        if not path.exists():
+            problems.append(f"{name} is missing (run `seq2trt fuse {out} --target trt`, or build with --no-plugin)")
+        elif name not in hashes:
+            problems.append(f"{name} has no recorded sha256 in manifest.json or fusion.json; re-run the fuser")
+        else:
+            digest = sha256_file(path)
+            if digest != hashes[name]:
+                problems.append(f"{name} does not match its recorded sha256 (modified since fusion)")
+            graphs[kind] = (path, digest)
+    if problems:
+        raise ArtifactError(f"{out}: " + "; ".join(problems))
+    return graphs
+
+
+def _seq2trt_version() -> str | None:
+    try:
+        return version("seq2trt")
+    except PackageNotFoundError:
+        return None
+
+
+def build_engines(out: Path, request: EngineRequest,
+                  progress: Callable[[str, str, int], None] | None = None) -> Path:
+    """Build and write the engines of `out`; return the engine directory. `progress(graph, phase, graphs_done)`."""
+    out = Path(out)
+    manifest = manifest_mod.read_manifest(out)
+    dtype = request.dtype or manifest.dtype
+    if dtype != manifest.dtype:
+        raise InputError(f"{out} was exported as {manifest.dtype}; TensorRT networks are strongly typed, so a "
+                         f"{dtype} engine needs a {dtype} export (`seq2trt export ... --dtype {dtype}`)")
+    cfg = manifest.config
+    limits = request.limits or manifest.limits
+    flavour = trt_compat.flavour_of(request.backend)
+    engine_dir = out / "engines" / engine_dir_name(flavour.value, request.targets, dtype, request.plugin)
+    with staged_directory(engine_dir, request.force, "engine"):  # refuse before any work
+        pass
+    graphs = source_graphs(out, request.plugin)
+    profiles = spec.profiles(cfg, limits)
+    settings = BuildSettings(flavour, request.workspace_bytes, request.optimization_level, plugin=request.plugin)
+    record = {"graphs": {}}
+    with staged_directory(engine_dir, request.force, "engine") as tmp:
+        for done, (kind, (path, digest)) in enumerate(graphs.items()):
+            report = (lambda phase, _d, _t, k=kind, n=done: progress(k.value, phase, n)) if progress else None
+            result = build(path, profiles[kind], request.targets, dtype, settings, report)
+            atomic_write_bytes(tmp / f"{kind.value}.plan", result.plan)
+            record["graphs"][kind.value] = {
+                "source": str(path.relative_to(out)), "source_sha256": digest,
+                "plan": f"{kind.value}.plan", "plan_bytes": len(result.plan),
+                "plan_sha256": hashlib.sha256(result.plan).hexdigest(),
+                "build_seconds": round(result.seconds, 3), "profiles": {n: [list(s) for s in p]
+                                                                        for n, p in profiles[kind].items()},
+                **result.network.to_json()}
+            record["tensorrt_version"] = result.tensorrt_version
+        if progress:
+            progress("", "done", len(graphs))
+        record.update({
+            "flavour": flavour.value, "targets": list(request.targets),
+            "compute_capabilities": [t for t in request.targets if isinstance(t, int)],
+            "dtype": dtype, "limits": vars(limits),
+            "plugin": {"name": PLUGIN_NAME, "version": PLUGIN_VERSION, "namespace": PLUGIN_NAMESPACE,
+                       "used": request.plugin,
+                       "layers": {k: g["plugin_layers"] for k, g in record["graphs"].items()}},
+            "builder_optimization_level": request.optimization_level, "workspace_bytes": request.workspace_bytes,
+            "seq2trt_version": _seq2trt_version(), "spec_revision": spec.SPEC_REVISION,
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        })
+        atomic_write_text(tmp / BUILD_JSON, json.dumps(record, indent=2) + "\n")
+    logger.info("engines in %s", engine_dir)
+    return engine_dir
+
+
+def read_build(engine_dir: Path, verify: bool = True) -> dict:
+    """build.json of an engine directory; with `verify`, every plan's sha256 is checked."""
+    path = Path(engine_dir) / BUILD_JSON
+    if not path.exists():
+        raise ArtifactError(f"{path} not found; build engines with `seq2trt build` first")
+    try:
+        info = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ArtifactError(f"{path} is not valid JSON ({exc}); rebuild with `seq2trt build --force`") from None
+    if verify:
+        bad = [g["plan"] for g in info["graphs"].values()
+               if not (Path(engine_dir) / g["plan"]).exists() or
+               sha256_file(Path(engine_dir) / g["plan"]) != g["plan_sha256"]]
+        if bad:
+            raise ArtifactError(f"{engine_dir}: {bad} missing or modified since the build; rebuild with "
+                                "`seq2trt build --force`")
+    return info
