@@ -38,6 +38,7 @@ class BuildSettings:
     optimization_level: int = 3  # TensorRT's default; 0-5, higher searches longer for faster tactics
     timing_cache: Path | None = None  # enterprise TensorRT only; ignored by TensorRT-RTX
     plugin: bool = True  # register the attention plugin before parsing
+    allow_tf32: bool = False  # fp32 graphs stay fp32 (TensorRT would otherwise run their matmuls in TF32)
 
 
 @dataclass
@@ -196,6 +197,8 @@ def build(onnx_path: Path, profiles: Profiles, targets: Sequence[int | str] | st
     trt_compat.set_targets(trt, settings.flavour, config, targets)
     set_profile(builder, network, config, profiles, onnx_path)
     config.builder_optimization_level = settings.optimization_level
+    if found == "fp32" and not settings.allow_tf32:
+        config.clear_flag(trt.BuilderFlag.TF32)
     if settings.workspace_bytes is not None:
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, settings.workspace_bytes)
     trt_compat.attach_timing_cache(settings.flavour, config, settings.timing_cache)
