@@ -3,10 +3,10 @@
 The TensorRT plugin (`tensorrt_plugin`) knows only `KernelLauncher`: given one `AttentionCall` (the op's
 attributes, dtype, concrete shapes, device pointers, workspace and TensorRT's stream) it enqueues the kernels.
 `CudaDriverLauncher` is the implementation: it loads the kernels compiled ahead of time by
-`seq2trt.plugins.kernels` (PTX/cubin plus a JSON index) with the CUDA driver API (cuda-python
+`seq2trt.plugins.kernels.aot` (PTX/cubin plus index.json) with the CUDA driver API (cuda-python
 `cuModuleLoadData`, once per kernel and process; PTX is JIT-compiled by the driver at that load, never per call)
 and launches them with `cuLaunchKernel` on the given stream. Which kernels a call needs, in what order, with what
-grid and arguments, is the kernels package's `launch_plan` — it owns the kernels' signatures, so this module never
+grid and arguments, is `kernels.launch.launch_plan` — it owns the kernels' signatures, so this module never
 spells them.
 
 Nothing here runs without a GPU; `workspace_size` is pure Python because the builder asks for it on CPU.
@@ -24,7 +24,7 @@ from typing import Protocol, Sequence
 
 from seq2trt.reference_model.errors import DependencyError
 
-from .op import AttentionAttrs, AttentionKind
+from .op import AttentionAttrs
 
 logger = logging.getLogger(__name__)
 
@@ -52,29 +52,20 @@ class KernelLauncher(Protocol):
     def launch(self, call: AttentionCall) -> None: ...
 
 
-def _kernels():
+def _launch_module():
+    """`seq2trt.plugins.kernels.launch`: the kernels' launch plans (imports torch, not triton)."""
     try:
-        from seq2trt.plugins import kernels
+        from seq2trt.plugins.kernels import launch
     except ImportError as exc:
-        raise DependencyError(f"the attention kernels (seq2trt.plugins.kernels) are not importable ({exc}); "
-                              "the TensorRT plugin cannot run without them") from exc
-    return kernels
+        raise DependencyError(f"the attention kernels' launch plans (seq2trt.plugins.kernels.launch) are not "
+                              f"importable ({exc}); the TensorRT plugin cannot size or run them") from exc
+    return launch
 
 
 def workspace_size(attrs: AttentionAttrs, dtype: str, max_shapes: Sequence[tuple[int, ...]]) -> int:
-    """Scratch bytes at the largest shapes: the flash-decoding partials of decoder self-attention, else 0.
-
-    Sized for the kernels' most splits, so any shape of the profile fits (kernels.launch owns the formula).
-    """
-    if attrs.kind is not AttentionKind.DECODER_SELF:
-        return 0
-    try:
-        from seq2trt.plugins.kernels import attention, launch
-    except ImportError as exc:
-        raise DependencyError(f"sizing the plugin's workspace needs seq2trt.plugins.kernels ({exc}); install "
-                              "triton (pip install triton)") from exc
-    batch = max_shapes[0][0]
-    return int(launch.decode_workspace_bytes(batch * attrs.num_heads, attrs.head_dim, attention.MAX_SPLITS))
+    """Scratch bytes for any call up to the profile's largest batch (flash-decoding partials; the kernels' own
+    formula, `kernels.launch.workspace_bytes`, since one query token takes flash-decoding in every kind)."""
+    return int(_launch_module().workspace_bytes(attrs, max_shapes[0][0]))
 
 
 @dataclass(frozen=True)
@@ -88,20 +79,28 @@ class KernelImage:
 
 
 def read_index(index_path: Path, compute_capability: int) -> dict[str, KernelImage]:
-    """Kernels for one GPU from the AOT index: the cubin of this compute capability if present, else the PTX.
+    """Kernels for one GPU from the AOT index: the cubin built for this compute capability, else the PTX of the
+    newest target not above it (the driver JIT-compiles PTX forward, never backward).
 
-    Index format (written by `seq2trt.plugins.kernels`' aot module): {"kernels": [{"key", "name", "target":
-    "sm_86", "cubin", "ptx", "num_warps", "shared"}, ...]}, paths relative to the index.
+    Index (`seq2trt.plugins.kernels.aot`): {"kernels": [{"key", "name", "target": "sm_86", "cubin", "ptx",
+    "num_warps", "shared", "global_scratch_size"}, ...]}, paths relative to the index's directory.
     """
-    entries = json.loads(Path(index_path).read_text())["kernels"]
-    chosen: dict[str, KernelImage] = {}
-    for e in entries:
-        exact = e.get("target") == f"sm_{compute_capability}" and e.get("cubin")
-        if not exact and (e["key"] in chosen or not e.get("ptx")):
+    root = Path(index_path).parent
+    best: dict[str, tuple[int, KernelImage]] = {}
+    for e in json.loads(Path(index_path).read_text())["kernels"]:
+        cc = int(e["target"].removeprefix("sm_"))
+        if cc > compute_capability:
             continue
-        image = Path(index_path).parent / (e["cubin"] if exact else e["ptx"])
-        chosen[e["key"]] = KernelImage(e["key"], e["name"], image, int(e["num_warps"]), int(e.get("shared", 0)))
-    return chosen
+        exact = cc == compute_capability
+        rank = 1000 if exact else cc
+        if e["key"] in best and best[e["key"]][0] >= rank:
+            continue
+        if e.get("global_scratch_size", 0):
+            raise RuntimeError(f"kernel {e['key']} needs {e['global_scratch_size']} B of global scratch, which this "
+                               "launcher does not allocate; recompile it without")
+        image = root / (e["cubin"] if exact else e["ptx"])
+        best[e["key"]] = (rank, KernelImage(e["key"], e["name"], image, int(e["num_warps"]), int(e.get("shared", 0))))
+    return {key: image for key, (_, image) in best.items()}
 
 
 def _driver():
@@ -128,17 +127,26 @@ class CudaDriverLauncher:
 
     def __init__(self, index_path: Path, compute_capability: int, plan=None):
         self.images = read_index(index_path, compute_capability)
-        self.plan = plan or _kernels().launch_plan
+        self.plan = plan or _launch_module().launch_plan
         self.cuda = _driver()
         self._functions: dict[str, object] = {}
+        self._modules: list = []  # loaded once, kept for the process's life
 
     def _function(self, key: str):
         if key not in self._functions:
             if key not in self.images:
                 raise KeyError(f"no compiled kernel {key!r} in the AOT index; recompile the kernels for this GPU")
             img = self.images[key]
-            module = _check(self.cuda.cuModuleLoadData(img.image.read_bytes()))
-            self._functions[key] = _check(self.cuda.cuModuleGetFunction(module, img.function.encode()))
+            data = img.image.read_bytes()
+            if img.image.suffix == ".ptx":
+                data += b"\0"  # cuModuleLoadData reads PTX as a NUL-terminated string
+            module = _check(self.cuda.cuModuleLoadData(data))
+            function = _check(self.cuda.cuModuleGetFunction(module, img.function.encode()))
+            if img.shared > 48 * 1024:  # above 48 KiB a kernel must opt in, as triton's own launcher does
+                attribute = self.cuda.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+                _check(self.cuda.cuFuncSetAttribute(function, attribute, img.shared))
+            self._modules.append(module)
+            self._functions[key] = function
         return self._functions[key]
 
     def launch(self, call: AttentionCall) -> None:
@@ -158,4 +166,10 @@ def default_launcher(device: int = 0) -> KernelLauncher:
     dev = _check(cuda.cuDeviceGet(device))
     major = _check(cuda.cuDeviceGetAttribute(cuda.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
     minor = _check(cuda.cuDeviceGetAttribute(cuda.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
-    return CudaDriverLauncher(_kernels().index_path(), 10 * major + minor)
+    from seq2trt.plugins.kernels import aot
+
+    index = aot.default_dir() / "index.json"  # SEQ2TRT_KERNEL_DIR, else ~/.cache/seq2trt/kernels
+    if not index.exists():
+        raise DependencyError(f"no compiled attention kernels at {index}; run `python -m seq2trt.plugins.kernels.aot "
+                              f"--targets sm_{10 * major + minor}` (or set SEQ2TRT_KERNEL_DIR)")
+    return CudaDriverLauncher(index, 10 * major + minor)

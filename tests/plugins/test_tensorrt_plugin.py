@@ -235,3 +235,115 @@ def test_check_engine():
         trt_compat.check_engine(info, "tensorrt", "1.7.1.116", 86)
     with pytest.raises(ArtifactError, match="--target current"):
         trt_compat.check_engine(info, "tensorrt-rtx", "1.7.1.116", 90)
+
+
+# --- enqueue: the plugin -> launcher -> CUDA driver path, with the driver faked (no GPU here) --------------------
+
+class FakeDriver:
+    """Records cuLaunchKernel calls; reads the kernel parameters back through the pointer array."""
+
+    class CUfunction_attribute:
+        CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
+    def __init__(self, param_types):
+        self.loaded, self.launches, self.attributes = [], [], []
+        self.param_types = list(param_types)  # ctypes types of each launch's parameters, in launch order
+
+    def CUstream(self, handle):
+        return ("stream", handle)
+
+    def cuModuleLoadData(self, data):
+        self.loaded.append(data)
+        return 0, f"module{len(self.loaded)}"
+
+    def cuModuleGetFunction(self, module, name):
+        return 0, (module, name)
+
+    def cuFuncSetAttribute(self, function, attribute, value):
+        self.attributes.append((function, attribute, value))
+        return (0,)
+
+    def cuLaunchKernel(self, function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        import ctypes
+
+        pointers = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
+        types = self.param_types[len(self.launches)]
+        values = [ctypes.cast(pointers[i], ctypes.POINTER(t)).contents.value for i, t in enumerate(types)]
+        self.launches.append({"function": function, "grid": (gx, gy, gz), "block": (bx, by, bz), "shared": shared,
+                              "stream": stream, "values": values})
+        return (0,)
+
+
+def fake_index(tmp_path, keys, shared=1024):
+    import json
+
+    entries = []
+    for key in keys:
+        for target in ("sm_80", "sm_86", "sm_90"):
+            (tmp_path / target).mkdir(exist_ok=True)
+            (tmp_path / target / f"{key}.ptx").write_text(f"// {key} {target}")
+            (tmp_path / target / f"{key}.cubin").write_bytes(f"CUBIN {key} {target}".encode())
+            entries.append({"key": key, "name": f"{key.split('-')[0]}_entry", "target": target,
+                            "ptx": f"{target}/{key}.ptx", "cubin": f"{target}/{key}.cubin", "num_warps": 4,
+                            "shared": shared, "global_scratch_size": 0})
+    (tmp_path / "index.json").write_text(json.dumps({"kernels": entries}))
+    return tmp_path / "index.json"
+
+
+def test_read_index_prefers_exact_cubin_then_older_ptx(tmp_path):
+    from seq2trt.plugins.kernel_launch import read_index
+
+    index = fake_index(tmp_path, ["k1"])
+    assert read_index(index, 86)["k1"].image == tmp_path / "sm_86" / "k1.cubin"
+    assert read_index(index, 89)["k1"].image == tmp_path / "sm_86" / "k1.ptx"  # never sm_90's PTX on sm_89
+    assert read_index(index, 75) == {}
+
+
+@needs_rtx
+@pytest.mark.parametrize("kind", list(AttentionKind))
+def test_enqueue_launches_the_planned_kernels(trt, tmp_path, kind):
+    """enqueue -> AttentionCall -> kernels.launch.launch_plan -> cuLaunchKernel with the packed arguments."""
+    from seq2trt.plugins import kernel_launch, tensorrt_plugin
+    from seq2trt.plugins.kernels import launch
+
+    attrs = AttentionAttrs(kind, 2, 32, 32 ** -0.5)
+    B, T, S, P = 2, 1, 5, 3
+    shapes = {"query": (B, T, 64), "key": (B, T, 64), "value": (B, T, 64), "key_padding_mask": (B, S),
+              "past_key": (B, 2, P, 32), "past_value": (B, 2, P, 32),
+              "cross_key": (B, 2, S, 32), "cross_value": (B, 2, S, 32)}
+    if kind is AttentionKind.ENCODER_SELF:
+        shapes.update(query=(B, S, 64), key=(B, S, 64), value=(B, S, 64))
+    in_shapes = [shapes[n] for n in INPUTS[kind]]
+    inputs = [0x10000 * (i + 1) for i in range(len(in_shapes))]
+    outputs = [0x100000 * (i + 1) for i in range(len(OUTPUTS[kind]))]
+    workspace, stream = 0x7000000, 0x1234
+    expected = launch.launch_plan(kernel_launch.AttentionCall(attrs, "fp16", tuple(in_shapes), tuple(inputs),
+                                                              tuple(outputs), workspace, stream))
+
+    driver = FakeDriver([[type(a) for a in e.args] for e in expected])
+    launcher = kernel_launch.CudaDriverLauncher.__new__(kernel_launch.CudaDriverLauncher)
+    launcher.images = kernel_launch.read_index(fake_index(tmp_path, {e.kernel for e in expected}, 64 * 1024), 86)
+    launcher.plan, launcher.cuda, launcher._functions, launcher._modules = launch.launch_plan, driver, {}, []
+
+    def desc(shape, dtype):
+        d = trt.PluginTensorDesc()
+        d.dims, d.type = trt.Dims(shape), dtype
+        return d
+
+    plugin = tensorrt_plugin.plugin_classes(trt)[0](attrs)
+    plugin.launcher = launcher
+    in_desc = [desc(s, trt.int32 if n == "key_padding_mask" else trt.float16) for n, s in zip(INPUTS[kind], in_shapes)]
+    out_desc = [desc(s, trt.float16) for s in output_shapes(attrs, in_shapes)]
+    plugin.enqueue(in_desc, out_desc, inputs, outputs, workspace, stream)
+
+    assert len(driver.launches) == len(expected) > 0
+    for got, want in zip(driver.launches, expected):
+        assert got["function"][1] == launcher.images[want.kernel].function.encode()
+        assert got["grid"] == want.grid and got["block"] == (128, 1, 1) and got["shared"] == 64 * 1024
+        assert got["stream"] == ("stream", stream)
+        assert got["values"] == [a.value for a in want.args]
+    touched = {v for got in driver.launches for v in got["values"]}
+    assert set(inputs) - touched == set() and set(outputs) - touched == set()  # every tensor reaches a kernel
+    assert (workspace in touched) == (in_shapes[0][1] == 1)  # one query token: flash-decoding uses the workspace
+    assert {a[2] for a in driver.attributes} == {64 * 1024}  # > 48 KiB shared memory was opted into
+    assert len(driver.loaded) == len({e.kernel for e in expected})  # each module loaded once
