@@ -14,7 +14,8 @@ token-major (B,T,H*Dh) and head-major (B,H,L,Dh) layouts of the op share one com
 log2(e) folded into the scale; accumulation is fp32 for fp32/fp16/bf16 inputs; fp32 dots use IEEE precision (no
 TF32) so fp32 stays fp32. A query row with no allowed key returns zeros, as the reference does.
 
-Block sizes live in `block_config`, shared by the launchers and the ahead-of-time compiler.
+Parameter order, block sizes and grids live in `launch` (`SIGNATURES`, `block_config`, `plan`), shared by the
+launchers, the ahead-of-time compiler and the TensorRT plugin.
 """
 
 from __future__ import annotations
@@ -23,27 +24,6 @@ import triton
 import triton.language as tl
 
 LOG2E = tl.constexpr(1.4426950408889634)
-MAX_SPLITS = 64  # flash-decoding partials per (batch, head): the reduction loads them as one block
-HEAD_DIMS = (32, 64, 128)
-DTYPES = ("fp32", "fp16", "bf16")
-
-
-def block_config(kernel: str, dtype: str, head_dim: int) -> dict:
-    """Block sizes and launch options of one kernel for one dtype and head_dim.
-
-    Tiles are sized for ~100 KB of shared memory (the sm_86/sm_89 limit), fp32 tiles being twice as large.
-    """
-    wide = 4 if dtype == "fp32" else 2
-    if kernel == "attn_fwd":
-        block_n = 32 if head_dim * wide >= 512 else 64
-        return {"BLOCK_M": 64, "BLOCK_N": block_n, "num_warps": 4 if head_dim <= 64 else 8, "num_stages": 2}
-    if kernel == "attn_decode_split":
-        return {"BLOCK_N": 64 if head_dim * wide <= 256 else 32, "num_warps": 4, "num_stages": 2}
-    if kernel == "attn_decode_reduce":
-        return {"MAX_SPLITS": MAX_SPLITS, "num_warps": 4, "num_stages": 1}
-    if kernel == "kv_append":
-        return {"BLOCK_L": 32, "num_warps": 4, "num_stages": 1}
-    raise ValueError(f"unknown kernel {kernel!r}; expected one of {sorted(KERNELS)}")
 
 
 @triton.jit

@@ -1,158 +1,247 @@
-"""Launchers: the fused attention op (`plugins.op`) on torch tensors through the Triton kernels of `attention`.
+"""Launch plans for the attention kernels, and launchers on torch tensors.
 
-`attention(attrs, *inputs)` takes the op's inputs in the op's order and returns its outputs, like
-`plugins.op.reference_attention`. It runs wherever triton does: on a GPU, or on CPU tensors with TRITON_INTERPRET=1
-set before triton is first imported. The grids and the flash-decoding split count computed here are the ones the
-TensorRT plugin must reproduce (`decode_splits`, `decode_workspace_bytes`).
+`plan` is the one place that says which kernels an op call runs, in what order, with which grid, arguments and
+block sizes. Two callers share it, so the interpreter tests check exactly what the TensorRT plugin launches:
+- `attention(attrs, *inputs)`: the op on torch tensors through triton's launcher (a GPU, or CPU tensors under
+  TRITON_INTERPRET=1 set before triton is first imported); returns what `plugins.op.reference_attention` returns;
+- `launch_plan(call)`: the same plan on raw device pointers, arguments packed as ctypes in each compiled kernel's
+  parameter order (`SIGNATURES`, plus the two scratch pointers every Triton 3.9 kernel takes), for cuLaunchKernel.
 
-`random_inputs` builds seeded inputs of the op for the interpreter tests and the GPU check.
+This module imports triton only to launch (`attention`), so the plugin can plan without it. Inputs are contiguous
+in the op's layouts (`plugins.op`); strides are derived from the shapes.
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
-from seq2trt.plugins.kernels import attention as K
 from seq2trt.plugins.op import AttentionAttrs, AttentionKind
 from seq2trt.reference_model.errors import InputError
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+HEAD_DIMS = (32, 64, 128)
+MAX_SPLITS = 64  # flash-decoding partials per (batch, head): the reduction loads them as one block
 TARGET_PROGRAMS = 264  # flash-decoding aims for ~2 programs per SM of a 132-SM H100/H200
 
+# Runtime parameters of each kernel in order ("{t}" = the op's dtype); constexprs are not parameters.
+_STRIDES3 = ("i32", "i32", "i32")
+SIGNATURES: dict[str, tuple[tuple[str, str], ...]] = {
+    "attn_fwd": tuple(zip(
+        ("Q", "K", "V", "Mask", "Out", "stride_qb", "stride_qt", "stride_qh", "stride_kb", "stride_kh", "stride_kl",
+         "stride_vb", "stride_vh", "stride_vl", "stride_mb", "stride_ob", "stride_ot", "stride_oh",
+         "H", "T", "L", "past_len", "sm_scale"),
+        ("*{t}", "*{t}", "*{t}", "*i32", "*{t}") + _STRIDES3 * 4 + ("i32",) + ("i32",) * 4 + ("fp32",))),
+    "attn_decode_split": tuple(zip(
+        ("Q", "K", "V", "Mask", "MidO", "MidM", "MidL", "stride_qb", "stride_qh", "stride_kb", "stride_kh",
+         "stride_kl", "stride_vb", "stride_vh", "stride_vl", "stride_mb", "H", "L", "keys_per_split", "num_splits",
+         "sm_scale"),
+        ("*{t}", "*{t}", "*{t}", "*i32", "*fp32", "*fp32", "*fp32", "i32", "i32") + _STRIDES3 * 2
+        + ("i32",) * 5 + ("fp32",))),
+    "attn_decode_reduce": tuple(zip(
+        ("MidO", "MidM", "MidL", "Out", "stride_ob", "stride_oh", "H", "num_splits"),
+        ("*fp32", "*fp32", "*fp32", "*{t}", "i32", "i32", "i32", "i32"))),
+    "kv_append": tuple(zip(
+        ("PastK", "PastV", "NewK", "NewV", "PresK", "PresV", "stride_pb", "stride_ph", "stride_pl",
+         "stride_nb", "stride_nh", "stride_nt", "stride_rb", "stride_rh", "stride_rl", "H", "P", "T"),
+        ("*{t}",) * 6 + _STRIDES3 * 3 + ("i32",) * 3)),
+}
+SCRATCH_PARAMS = ("global_scratch", "profile_scratch")  # appended by Triton 3.9 to every compiled kernel
+# Compiled code assumes these are multiples of 16 (pointers: addresses in bytes), as triton's JIT would specialise:
+# head_dim >= 32 makes every token/head/batch stride a multiple of 16. `pack` checks them before any launch.
+DIVISIBLE_BY_16: dict[str, tuple[str, ...]] = {
+    kernel: tuple(n for n, ty in sig if (ty.startswith("*") and n not in ("MidL", "Mask"))
+                  or (n.startswith("stride_") and n != "stride_mb") or n == "keys_per_split")
+    for kernel, sig in SIGNATURES.items()}
 
-def _check(attrs: AttentionAttrs, query: torch.Tensor) -> str:
-    if query.dtype not in DTYPE_NAMES:
-        raise InputError(f"attention kernels take {sorted(DTYPE_NAMES.values())} queries, got {query.dtype}; "
-                         "cast the inputs or use plugins.op.reference_attention")
-    if attrs.head_dim not in K.HEAD_DIMS:
-        raise InputError(f"attention kernels take head_dim in {K.HEAD_DIMS}, got {attrs.head_dim}")
-    if query.shape[-1] != attrs.num_heads * attrs.head_dim:
-        raise InputError(f"query last dim {query.shape[-1]} != num_heads * head_dim = "
-                         f"{attrs.num_heads} * {attrs.head_dim}")
-    return DTYPE_NAMES[query.dtype]
+
+def block_config(kernel: str, dtype: str, head_dim: int) -> dict:
+    """Block sizes (constexprs) and launch options of one kernel for one dtype and head_dim.
+
+    Tiles are sized for ~100 KB of shared memory (the sm_86/sm_89 limit); fp32 tiles are twice as large.
+    """
+    wide = 4 if dtype == "fp32" else 2
+    if kernel == "attn_fwd":
+        block_n = 32 if head_dim * wide >= 512 else 64
+        return {"BLOCK_M": 64, "BLOCK_N": block_n, "num_warps": 4 if head_dim <= 64 else 8, "num_stages": 2}
+    if kernel == "attn_decode_split":
+        return {"BLOCK_N": 64 if head_dim * wide <= 256 else 32, "num_warps": 4, "num_stages": 2}
+    if kernel == "attn_decode_reduce":
+        return {"MAX_SPLITS": MAX_SPLITS, "num_warps": 4, "num_stages": 1}
+    if kernel == "kv_append":
+        return {"BLOCK_L": 32, "num_warps": 4, "num_stages": 1}
+    raise ValueError(f"unknown kernel {kernel!r}; expected one of {sorted(SIGNATURES)}")
+
+
+def variant_key(kernel: str, dtype: str, constexprs: dict, num_warps: int, num_stages: int) -> str:
+    """Name of one compiled variant, e.g. attn_fwd-fp16-BLOCK_M64-BLOCK_N64-HAS_MASK1-HEAD_DIM64-IS_CAUSAL0-w4-s2."""
+    parts = [f"{k}{int(v)}" for k, v in sorted(constexprs.items())]
+    return "-".join([kernel, dtype, *parts, f"w{num_warps}", f"s{num_stages}"])
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch: runtime arguments by name (tensors or pointers), constexprs and options."""
+    kernel: str
+    dtype: str
+    grid: tuple[int, int, int]
+    args: dict[str, Any]
+    constexprs: dict[str, int]
+    num_warps: int
+    num_stages: int
+
+    @property
+    def key(self) -> str:
+        return variant_key(self.kernel, self.dtype, self.constexprs, self.num_warps, self.num_stages)
+
+
+def _launch(kernel, dtype, head_dim, grid, args, **flags) -> Launch:
+    cfg = block_config(kernel, dtype, head_dim)
+    constexprs = {"HEAD_DIM": head_dim, **{k: v for k, v in cfg.items() if k.isupper()}, **flags}
+    return Launch(kernel, dtype, tuple(grid) + (1,) * (3 - len(grid)), args, constexprs,
+                  cfg["num_warps"], cfg["num_stages"])
 
 
 def decode_splits(batch_heads: int, num_keys: int, block_n: int, num_splits: int | None = None) -> tuple[int, int]:
     """(num_splits, keys_per_split) for one query token over num_keys keys; every split is non-empty."""
     blocks = max(1, math.ceil(num_keys / block_n))
     wanted = num_splits if num_splits is not None else math.ceil(TARGET_PROGRAMS / max(1, batch_heads))
-    splits = max(1, min(K.MAX_SPLITS, blocks, wanted))
+    splits = max(1, min(MAX_SPLITS, blocks, wanted))
     blocks_per_split = math.ceil(blocks / splits)
     return math.ceil(blocks / blocks_per_split), blocks_per_split * block_n
 
 
-def decode_workspace_bytes(batch_heads: int, head_dim: int, num_splits: int) -> int:
+def decode_workspace_bytes(batch_heads: int, head_dim: int, num_splits: int = MAX_SPLITS) -> int:
     """fp32 partials of flash-decoding: output (Dh), max and sum per (batch*head, split)."""
     return 4 * batch_heads * num_splits * (head_dim + 2)
 
 
-def _fwd(q, k, v, k_strides, v_strides, mask, attrs, past_len, causal, dtype_name):
-    """q/out (B, T, H*Dh); k/v addressed by (batch, head, token) strides over L keys."""
-    B, T, D = q.shape
-    H, L = attrs.num_heads, k.shape[2] if k.dim() == 4 else k.shape[1]
-    out = torch.empty_like(q)
-    cfg = K.block_config("attn_fwd", dtype_name, attrs.head_dim)
-    grid = (math.ceil(T / cfg["BLOCK_M"]), B * H)
-    mask_arg = mask if mask is not None else q  # never read when HAS_MASK is off
-    K.attn_fwd[grid](q, k, v, mask_arg, out,
-                     q.stride(0), q.stride(1), attrs.head_dim,
-                     *k_strides, *v_strides,
-                     mask.stride(0) if mask is not None else 0,
-                     out.stride(0), out.stride(1), attrs.head_dim,
-                     H, T, L, past_len, attrs.scale,
-                     HEAD_DIM=attrs.head_dim, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-                     HAS_MASK=mask is not None, IS_CAUSAL=causal,
-                     num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    return out
+def workspace_bytes(attrs: AttentionAttrs, max_batch: int) -> int:
+    """Scratch for any call of this op up to max_batch: one query token takes flash-decoding, for every kind."""
+    return decode_workspace_bytes(max_batch * attrs.num_heads, attrs.head_dim)
 
 
-def _decode(q, k, v, k_strides, v_strides, mask, attrs, num_keys, dtype_name, num_splits):
-    """One query token (B, 1, H*Dh) over num_keys keys: split, then reduce."""
-    B, H, Dh = q.shape[0], attrs.num_heads, attrs.head_dim
-    cfg = K.block_config("attn_decode_split", dtype_name, Dh)
-    splits, keys_per_split = decode_splits(B * H, num_keys, cfg["BLOCK_N"], num_splits)
-    mid_o = torch.empty((B * H, splits, Dh), dtype=torch.float32, device=q.device)
-    mid_m = torch.empty((B * H, splits), dtype=torch.float32, device=q.device)
-    mid_l = torch.empty((B * H, splits), dtype=torch.float32, device=q.device)
-    K.attn_decode_split[(splits, B * H)](
-        q, k, v, mask if mask is not None else q, mid_o, mid_m, mid_l,
-        q.stride(0), Dh, *k_strides, *v_strides, mask.stride(0) if mask is not None else 0,
-        H, num_keys, keys_per_split, splits, attrs.scale,
-        HEAD_DIM=Dh, BLOCK_N=cfg["BLOCK_N"], HAS_MASK=mask is not None,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    out = torch.empty_like(q)
-    rcfg = K.block_config("attn_decode_reduce", dtype_name, Dh)
-    K.attn_decode_reduce[(B * H,)](mid_o, mid_m, mid_l, out, out.stride(0), Dh, H, splits,
-                                   HEAD_DIM=Dh, MAX_SPLITS=rcfg["MAX_SPLITS"],
-                                   num_warps=rcfg["num_warps"], num_stages=rcfg["num_stages"])
-    return out
+def _check(attrs: AttentionAttrs, dtype: str, query_shape) -> None:
+    if dtype not in DTYPE_NAMES.values():
+        raise InputError(f"attention kernels take {sorted(DTYPE_NAMES.values())}, got {dtype}; "
+                         "cast the inputs or use plugins.op.reference_attention")
+    if attrs.head_dim not in HEAD_DIMS:
+        raise InputError(f"attention kernels take head_dim in {HEAD_DIMS}, got {attrs.head_dim}")
+    if query_shape[-1] != attrs.num_heads * attrs.head_dim:
+        raise InputError(f"query last dim {query_shape[-1]} != num_heads * head_dim = "
+                         f"{attrs.num_heads} * {attrs.head_dim}")
 
 
-def kv_append(attrs: AttentionAttrs, key, value, past_key, past_value, dtype_name: str):
-    """present = past ++ new: past (B, H, P, Dh), new (B, T, H*Dh) -> present (B, H, P + T, Dh) each."""
-    B, H, P, Dh = past_key.shape
-    T = key.shape[1]
-    present_key = torch.empty((B, H, P + T, Dh), dtype=key.dtype, device=key.device)
-    present_value = torch.empty_like(present_key)
-    cfg = K.block_config("kv_append", dtype_name, Dh)
-    grid = (math.ceil((P + T) / cfg["BLOCK_L"]), B * H)
-    K.kv_append[grid](past_key, past_value, key, value, present_key, present_value,
-                      past_key.stride(0), past_key.stride(1), past_key.stride(2),
-                      key.stride(0), Dh, key.stride(1),
-                      present_key.stride(0), present_key.stride(1), present_key.stride(2),
-                      H, P, T, HEAD_DIM=Dh, BLOCK_L=cfg["BLOCK_L"],
-                      num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    return present_key, present_value
-
-
-def _token_major(x: torch.Tensor, head_dim: int) -> tuple[int, int, int]:
-    """(batch, head, token) strides of a (B, T, H*Dh) tensor."""
-    return x.stride(0), head_dim, x.stride(1)
-
-
-def _head_major(x: torch.Tensor) -> tuple[int, int, int]:
-    """(batch, head, token) strides of a (B, H, L, Dh) tensor."""
-    return x.stride(0), x.stride(1), x.stride(2)
+def plan(attrs: AttentionAttrs, dtype: str, shapes, inputs, outputs, workspace=None,
+         at: Callable[[Any, int], Any] = lambda ptr, offset: ptr + offset, num_splits: int | None = None) -> list[Launch]:
+    """The launches of one op call. shapes: the inputs' shapes in `op.INPUTS[kind]` order; inputs/outputs: handles
+    (tensors or device pointers) in op order; workspace: `workspace_bytes` of scratch, `at(workspace, byte_offset)`
+    addressing into it. One query token takes flash-decoding when a workspace is given, else flash attention."""
+    _check(attrs, dtype, shapes[0])
+    B, T, D = shapes[0]
+    H, Dh = attrs.num_heads, attrs.head_dim
+    q_args = {"Q": inputs[0], "stride_qb": T * D, "stride_qh": Dh}
+    launches, mask = [], None
+    if attrs.kind is AttentionKind.DECODER_SELF:
+        P = shapes[3][2]
+        L = P + T
+        launches.append(_launch("kv_append", dtype, Dh, (math.ceil(L / block_config("kv_append", dtype, Dh)["BLOCK_L"]),
+                                                          B * H), {
+            "PastK": inputs[3], "PastV": inputs[4], "NewK": inputs[1], "NewV": inputs[2],
+            "PresK": outputs[1], "PresV": outputs[2], "stride_pb": H * P * Dh, "stride_ph": P * Dh, "stride_pl": Dh,
+            "stride_nb": T * D, "stride_nh": Dh, "stride_nt": D, "stride_rb": H * L * Dh, "stride_rh": L * Dh,
+            "stride_rl": Dh, "H": H, "P": P, "T": T}))
+        K, V, kv_strides = outputs[1], outputs[2], (H * L * Dh, L * Dh, Dh)
+    elif attrs.kind is AttentionKind.ENCODER_SELF:
+        P, L, mask = 0, shapes[1][1], inputs[3]
+        K, V, kv_strides = inputs[1], inputs[2], (L * D, Dh, D)  # token-major (B, L, H, Dh)
+    else:
+        P, L, mask = 0, shapes[1][2], inputs[3]
+        K, V, kv_strides = inputs[1], inputs[2], (H * L * Dh, L * Dh, Dh)  # head-major (B, H, L, Dh)
+    kv_args = {"K": K, "V": V, "Mask": mask if mask is not None else inputs[0], "stride_mb": L if mask is not None else 0,
+               **dict(zip(("stride_kb", "stride_kh", "stride_kl"), kv_strides)),
+               **dict(zip(("stride_vb", "stride_vh", "stride_vl"), kv_strides))}
+    has_mask = int(mask is not None)
+    if T == 1 and workspace is not None:  # the one query (position P) sees every key: no causal mask needed
+        block_n = block_config("attn_decode_split", dtype, Dh)["BLOCK_N"]
+        splits, keys_per_split = decode_splits(B * H, L, block_n, num_splits)
+        mid = {"MidO": at(workspace, 0), "MidM": at(workspace, 4 * B * H * splits * Dh),
+               "MidL": at(workspace, 4 * B * H * splits * (Dh + 1))}
+        launches.append(_launch("attn_decode_split", dtype, Dh, (splits, B * H), {
+            **q_args, **kv_args, **mid, "H": H, "L": L, "keys_per_split": keys_per_split, "num_splits": splits,
+            "sm_scale": attrs.scale}, HAS_MASK=has_mask))
+        launches.append(_launch("attn_decode_reduce", dtype, Dh, (B * H,), {
+            **mid, "Out": outputs[0], "stride_ob": D, "stride_oh": Dh, "H": H, "num_splits": splits}))
+    else:
+        block_m = block_config("attn_fwd", dtype, Dh)["BLOCK_M"]
+        launches.append(_launch("attn_fwd", dtype, Dh, (math.ceil(T / block_m), B * H), {
+            **q_args, "stride_qt": D, **kv_args, "Out": outputs[0], "stride_ob": T * D, "stride_ot": D,
+            "stride_oh": Dh, "H": H, "T": T, "L": L, "past_len": P, "sm_scale": attrs.scale},
+            HAS_MASK=has_mask, IS_CAUSAL=int(attrs.kind is AttentionKind.DECODER_SELF)))
+    return launches
 
 
 def attention(attrs: AttentionAttrs, *inputs: torch.Tensor, num_splits: int | None = None) -> tuple[torch.Tensor, ...]:
-    """The op through the Triton kernels; inputs and outputs as in `plugins.op.reference_attention`.
+    """The op through the Triton kernels; inputs and outputs as in `plugins.op.reference_attention`."""
+    from seq2trt.plugins.kernels.attention import KERNELS
 
-    One query token takes the flash-decoding path (`num_splits` overrides its split count), more take flash attention.
-    """
     inputs = tuple(x.contiguous() for x in inputs)
     query = inputs[0]
-    dtype_name = _check(attrs, query)
-    T = query.shape[1]
+    if query.dtype not in DTYPE_NAMES:
+        raise InputError(f"attention kernels take {sorted(DTYPE_NAMES.values())} queries, got {query.dtype}")
+    if attrs.kind is not AttentionKind.DECODER_SELF:
+        inputs = inputs[:3] + (inputs[3].to(torch.int32),)
+    outputs = [torch.empty_like(query)]
     if attrs.kind is AttentionKind.DECODER_SELF:
-        key, value, past_key, past_value = inputs[1:5]
-        present_key, present_value = kv_append(attrs, key, value, past_key, past_value, dtype_name)
-        P, L = past_key.shape[2], present_key.shape[2]
-        kv = (present_key, present_value, _head_major(present_key), _head_major(present_value), None)
-        if T == 1:  # the one query sits at position P and sees every key: no causal mask needed
-            out = _decode(query, *kv, attrs, L, dtype_name, num_splits)
-        else:
-            out = _fwd(query, *kv, attrs, P, True, dtype_name)
-        return out, present_key, present_value
-    key, value, mask = inputs[1:4]
-    mask = mask.to(torch.int32)
-    if attrs.kind is AttentionKind.ENCODER_SELF:
-        kv = (key, value, _token_major(key, attrs.head_dim), _token_major(value, attrs.head_dim), mask)
-        L = key.shape[1]
-    else:
-        kv = (key, value, _head_major(key), _head_major(value), mask)
-        L = key.shape[2]
-    if T == 1:
-        return (_decode(query, *kv, attrs, L, dtype_name, num_splits),)
-    return (_fwd(query, *kv, attrs, 0, False, dtype_name),)
+        B, H, P, Dh = inputs[3].shape
+        outputs += [query.new_empty((B, H, P + query.shape[1], Dh)) for _ in range(2)]
+    workspace = torch.empty(workspace_bytes(attrs, query.shape[0]) // 4, dtype=torch.float32, device=query.device)
+    for launch in plan(attrs, DTYPE_NAMES[query.dtype], [tuple(x.shape) for x in inputs], inputs, outputs, workspace,
+                       at=lambda ws, offset: ws[offset // 4:], num_splits=num_splits):
+        KERNELS[launch.kernel][launch.grid](**launch.args, **launch.constexprs,
+                                            num_warps=launch.num_warps, num_stages=launch.num_stages)
+    return tuple(outputs)
+
+
+_CTYPES = {"i32": ctypes.c_int32, "fp32": ctypes.c_float}
+
+
+@dataclass(frozen=True)
+class PackedLaunch:
+    """One cuLaunchKernel: the compiled variant's index key, grid, and its parameters as ctypes values."""
+    kernel: str
+    grid: tuple[int, int, int]
+    args: tuple[ctypes._SimpleCData, ...]
+
+
+def pack(launch: Launch) -> PackedLaunch:
+    """Arguments in the compiled kernel's parameter order; pointers as c_void_p; null scratch pointers last."""
+    values = []
+    for name, ty in SIGNATURES[launch.kernel]:
+        value = launch.args[name]
+        if name in DIVISIBLE_BY_16[launch.kernel] and int(value) % 16:
+            raise InputError(f"{launch.kernel}: {name}={int(value)} is not a multiple of 16, which the compiled "
+                             "kernels assume; pass 16-byte aligned buffers")
+        values.append(ctypes.c_void_p(int(value)) if ty.startswith("*") else _CTYPES[ty](value))
+    values += [ctypes.c_void_p(0) for _ in SCRATCH_PARAMS]
+    return PackedLaunch(launch.key, launch.grid, tuple(values))
+
+
+def launch_plan(call) -> list[PackedLaunch]:
+    """The plan of one TensorRT enqueue (`plugins.kernel_launch.AttentionCall`: attrs, dtype, input_shapes,
+    inputs/outputs device pointers, workspace pointer of `workspace_bytes`, or 0 for none)."""
+    return [pack(launch) for launch in plan(call.attrs, call.dtype, call.input_shapes, call.inputs, call.outputs,
+                                            call.workspace or None)]
 
 
 def random_inputs(kind: AttentionKind, *, batch: int, heads: int, head_dim: int, tgt_len: int, kv_len: int,
                   dtype: torch.dtype, seed: int, device: str | torch.device = "cpu",
                   empty_row: bool = False) -> tuple[AttentionAttrs, tuple[torch.Tensor, ...]]:
-    """Seeded op inputs. kv_len is the source length (ENCODER_SELF: = tgt_len is forced, CROSS) or the past length
+    """Seeded op inputs. kv_len is the source length (CROSS; ENCODER_SELF uses tgt_len) or the past length
     (DECODER_SELF, may be 0). Key padding masks keep 1..S tokens per row; `empty_row` pads the last row entirely."""
     g = torch.Generator().manual_seed(seed)
     attrs = AttentionAttrs(kind, heads, head_dim, 1.0 / math.sqrt(head_dim))

@@ -1,0 +1,297 @@
+"""Ahead-of-time compilation of the attention kernels to PTX and cubin, with no GPU.
+
+Each variant (kernel x dtype x head_dim x block config x mask/causal flags, enumerated by `all_variants` from
+`launch.block_config`) is compiled with `triton.compile(ASTSource(...), target=GPUTarget("cuda", cc, 32))` for each
+target (sm_80, sm_86, sm_89, sm_90). PTX versions stay loadable by a CUDA 13.0 driver (<= 9.0; sm_8x goes through
+triton's CUDA 12.9 ptxas, whose limit is 8.8).
+
+Layout of the output directory (also the cache):
+    <out>/index.json                  every artifact of the last call: what the TensorRT plugin reads
+    <out>/<target>/<key>.ptx|.cubin   the code; <key> is `launch.variant_key`
+    <out>/<target>/<key>.json         its manifest: entry point, shared memory, warps, parameters, constexprs,
+                                      pointer/stride divisibility assumptions, sha256 of both files, cache key
+An artifact is reused when its manifest's cache key — sha256 of the kernel source, the variant, the target, the
+PTX version and the triton version — matches and its files hash as recorded.
+
+Run as `python -m seq2trt.plugins.kernels.aot --out DIR --targets sm_80,sm_90`. Do not import triton with
+TRITON_INTERPRET=1 in the same process: the interpreter replaces the compiler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import re
+import struct
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Callable, Iterable
+
+from seq2trt.plugins.kernels import launch
+from seq2trt.reference_model.errors import DependencyError, InputError
+
+logger = logging.getLogger(__name__)
+
+TARGETS = {"sm_80": 80, "sm_86": 86, "sm_89": 89, "sm_90": 90}
+# Most shared memory one block may opt into (bytes), per compute capability.
+MAX_SHARED = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
+MAX_PTX_VERSION = 90  # PTX ISA 9.0 = CUDA 13.0, the newest driver we deploy to
+SOURCE = Path(__file__).with_name("attention.py")
+
+
+def default_dir() -> Path:
+    return Path(os.environ.get("SEQ2TRT_KERNEL_DIR", Path.home() / ".cache" / "seq2trt" / "kernels"))
+
+
+@dataclass(frozen=True)
+class Variant:
+    kernel: str
+    dtype: str
+    constexprs: tuple[tuple[str, int], ...]
+    num_warps: int
+    num_stages: int
+
+    @property
+    def key(self) -> str:
+        return launch.variant_key(self.kernel, self.dtype, dict(self.constexprs), self.num_warps, self.num_stages)
+
+
+def _variant(kernel: str, dtype: str, head_dim: int, **flags) -> Variant:
+    cfg = launch.block_config(kernel, dtype, head_dim)
+    constexprs = {"HEAD_DIM": head_dim, **{k: v for k, v in cfg.items() if k.isupper()}, **flags}
+    return Variant(kernel, dtype, tuple(sorted(constexprs.items())), cfg["num_warps"], cfg["num_stages"])
+
+
+def all_variants() -> list[Variant]:
+    """Every variant `launch.plan` can ask for: 3 dtypes x 3 head_dims x 6 kernel modes."""
+    out = []
+    for dtype in launch.DTYPE_NAMES.values():
+        for head_dim in launch.HEAD_DIMS:
+            out += [_variant("attn_fwd", dtype, head_dim, HAS_MASK=1, IS_CAUSAL=0),  # encoder self, cross
+                    _variant("attn_fwd", dtype, head_dim, HAS_MASK=0, IS_CAUSAL=1),  # decoder prefill
+                    _variant("attn_decode_split", dtype, head_dim, HAS_MASK=1),
+                    _variant("attn_decode_split", dtype, head_dim, HAS_MASK=0),
+                    _variant("attn_decode_reduce", dtype, head_dim),
+                    _variant("kv_append", dtype, head_dim)]
+    return out
+
+
+def parse_targets(text: str | Iterable[str]) -> list[str]:
+    names = [t.strip() for t in (text.split(",") if isinstance(text, str) else text) if t.strip()]
+    bad = [t for t in names if t not in TARGETS]
+    if bad or not names:
+        raise InputError(f"unknown target(s) {bad or text!r}; expected a comma-separated subset of {list(TARGETS)}")
+    return names
+
+
+def _triton():
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise DependencyError("TRITON_INTERPRET=1 is set: the interpreter cannot compile; run the ahead-of-time "
+                              "compiler in a process without it")
+    try:
+        import triton
+    except ImportError as exc:
+        raise DependencyError("compiling the attention kernels needs triton: pip install 'triton>=3.9'") from exc
+    return triton
+
+
+def ptx_version(cc: int) -> int:
+    """The PTX ISA version for a target: what triton's ptxas for that target emits, capped at MAX_PTX_VERSION."""
+    from triton.backends.nvidia.compiler import get_ptxas, ptx_get_version
+
+    return min(MAX_PTX_VERSION, ptx_get_version(get_ptxas(cc).version))
+
+
+def cache_key(variant: Variant, target: str, ptx: int, triton_version: str) -> str:
+    blob = json.dumps({"source": hashlib.sha256(SOURCE.read_bytes()).hexdigest(), "variant": asdict(variant),
+                       "signature": launch.SIGNATURES[variant.kernel], "target": target, "ptx_version": ptx,
+                       "triton": triton_version, "divisible": launch.DIVISIBLE_BY_16[variant.kernel]},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def cubin_arch(cubin: bytes) -> int:
+    """The SM number an ELF cubin is built for (e_flags: bits 0-7 up to ELF ABI v7, bits 8-15 from v8)."""
+    if cubin[:4] != b"\x7fELF":
+        raise ValueError("not an ELF cubin")
+    e_flags = struct.unpack_from("<I", cubin, 48)[0]
+    return (e_flags >> 8) & 0xFF if cubin[8] >= 8 else e_flags & 0xFF
+
+
+def ptx_entry(ptx: str) -> tuple[str, str, int]:
+    """(PTX .target, entry point name, parameter count) of a PTX module with one entry."""
+    target = re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1)
+    m = re.search(r"\.visible \.entry (\w+)\((.*?)\)", ptx, re.S)
+    return target, m.group(1), m.group(2).count(".param")
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+def _cached(manifest_path: Path, key: str) -> dict | None:
+    try:
+        entry = json.loads(manifest_path.read_text())
+    except (OSError, ValueError):
+        return None
+    if entry.get("cache_key") != key:
+        return None
+    for kind in ("ptx", "cubin"):
+        path = manifest_path.parent.parent / entry[kind]
+        if not path.is_file() or _sha(path.read_bytes()) != entry[f"{kind}_sha256"]:
+            return None
+    return entry
+
+
+def _lookup(variant: Variant, target: str, out_dir: Path) -> tuple[str, Path, dict | None]:
+    """(cache key, manifest path, the cached manifest or None)."""
+    ptx = ptx_version(TARGETS[target])
+    key = cache_key(variant, target, ptx, _triton().__version__)
+    manifest_path = out_dir / target / f"{variant.key}.json"
+    return key, manifest_path, _cached(manifest_path, key)
+
+
+def compile_variant(variant: Variant, target: str, out_dir: str | Path) -> dict:
+    """Compile one variant for one target into out_dir (or reuse it); returns its manifest plus 'cached'."""
+    triton = _triton()
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from seq2trt.plugins.kernels.attention import KERNELS
+
+    cc, out_dir = TARGETS[target], Path(out_dir)
+    key, manifest_path, entry = _lookup(variant, target, out_dir)
+    if entry is not None:
+        return {**entry, "cached": True}
+    ptx = ptx_version(cc)
+
+    fn = KERNELS[variant.kernel]
+    params = [(name, ty.format(t=variant.dtype)) for name, ty in launch.SIGNATURES[variant.kernel]]
+    constexprs = dict(variant.constexprs)
+    if [n for n, _ in params] != [n for n in fn.arg_names if n not in constexprs] or \
+            set(constexprs) != set(fn.arg_names) - {n for n, _ in params}:
+        raise RuntimeError(f"launch.SIGNATURES[{variant.kernel!r}] and the variant's constexprs do not match the "
+                           f"kernel's arguments {fn.arg_names}")
+    signature = {name: "constexpr" if name in constexprs else dict(params)[name] for name in fn.arg_names}
+    divisible = launch.DIVISIBLE_BY_16[variant.kernel]
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible}
+    start = time.perf_counter()
+    compiled = triton.compile(ASTSource(fn, signature, constexprs=constexprs, attrs=attrs),
+                              target=GPUTarget("cuda", cc, 32),
+                              options={"num_warps": variant.num_warps, "num_stages": variant.num_stages,
+                                       "ptx_version": ptx, "enable_fp_fusion": True})
+    seconds = time.perf_counter() - start
+    md = compiled.metadata
+    ptx_text, cubin = compiled.asm["ptx"], compiled.asm["cubin"]
+    ptx_target, entry_name, n_params = ptx_entry(ptx_text)
+    if n_params != len(params) + len(launch.SCRATCH_PARAMS):
+        raise RuntimeError(f"{variant.key}: PTX entry has {n_params} parameters, expected {len(params)} + scratch "
+                           f"{launch.SCRATCH_PARAMS}; triton's calling convention changed")
+    if md.shared > MAX_SHARED[cc]:
+        raise RuntimeError(f"{variant.key} needs {md.shared} B of shared memory, {target} allows {MAX_SHARED[cc]}: "
+                           "shrink its blocks in launch.block_config")
+    (out_dir / target).mkdir(parents=True, exist_ok=True)
+    _write(manifest_path.with_suffix(".ptx"), ptx_text.encode())
+    _write(manifest_path.with_suffix(".cubin"), cubin)
+    entry = {
+        "key": variant.key, "name": entry_name, "kernel": variant.kernel, "dtype": variant.dtype,
+        "target": target, "ptx_target": ptx_target, "cubin_arch": f"sm_{cubin_arch(cubin)}", "ptx_version": ptx,
+        "ptx": f"{target}/{variant.key}.ptx", "cubin": f"{target}/{variant.key}.cubin",
+        "ptx_sha256": _sha(ptx_text.encode()), "cubin_sha256": _sha(cubin), "cubin_bytes": len(cubin),
+        "num_warps": md.num_warps, "num_stages": md.num_stages, "shared": md.shared, "max_shared": MAX_SHARED[cc],
+        "global_scratch_size": md.global_scratch_size, "profile_scratch_size": md.profile_scratch_size,
+        "params": params + [(n, "*i8") for n in launch.SCRATCH_PARAMS], "constexprs": dict(variant.constexprs),
+        "divisible_by_16": list(divisible), "triton_version": triton.__version__, "cache_key": key,
+        "compile_seconds": round(seconds, 3),
+    }
+    _write(manifest_path, json.dumps(entry, indent=1).encode())
+    return {**entry, "cached": False}
+
+
+def compile_all(out_dir: str | Path, targets: Iterable[str] = tuple(TARGETS), variants: Iterable[Variant] | None = None,
+                progress: Callable[[int, int, dict], None] | None = None, jobs: int | None = None) -> dict:
+    """Compile (or reuse) every variant for every target; writes and returns `<out_dir>/index.json`'s content.
+
+    progress(done, total, entry) is called after each artifact. jobs: worker processes (default: CPU count).
+    """
+    _triton()
+    out_dir, targets = Path(out_dir), parse_targets(targets)
+    wanted = [(v, t) for t in targets for v in (all_variants() if variants is None else variants)]
+    entries, todo, start = {}, [], time.perf_counter()
+
+    def done(i, entry):
+        entries[i] = entry
+        if progress is not None:
+            progress(len(entries), len(wanted), entry)
+
+    for i, (v, t) in enumerate(wanted):  # cache hits without starting workers
+        cached = _lookup(v, t, out_dir)[2]
+        if cached is not None:
+            done(i, {**cached, "cached": True})
+        else:
+            todo.append(i)
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo)))
+    if jobs == 1:
+        for i in todo:
+            done(i, compile_variant(*wanted[i], out_dir))
+    else:  # spawn: workers must not inherit an initialised triton or torch from the caller
+        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
+            futures = {pool.submit(compile_variant, *wanted[i], str(out_dir)): i for i in todo}
+            for future in as_completed(futures):
+                done(futures[future], future.result())
+    entries = [entries[i] for i in range(len(wanted))]
+    index = {"triton_version": _triton().__version__, "targets": targets, "created": time.time(),
+             "seconds": round(time.perf_counter() - start, 3), "kernels": entries}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _write(out_dir / "index.json", json.dumps(index, indent=1).encode())
+    return index
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m seq2trt.plugins.kernels.aot", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=default_dir(), help="output and cache directory")
+    parser.add_argument("--targets", default=",".join(TARGETS), help="comma-separated, e.g. sm_80,sm_90")
+    parser.add_argument("--kernels", default="", help="only these kernels (comma-separated), default all")
+    parser.add_argument("--dtypes", default="", help="only these dtypes (comma-separated), default all")
+    parser.add_argument("--head-dims", default="", help="only these head_dims (comma-separated), default all")
+    parser.add_argument("--jobs", type=int, default=None, help="worker processes (default: CPU count)")
+    args = parser.parse_args(argv)
+    only = {"kernel": args.kernels, "dtype": args.dtypes, "HEAD_DIM": args.head_dims}
+    only = {field: set(filter(None, text.split(","))) for field, text in only.items()}
+    variants = [v for v in all_variants()
+                if all(not want or str(getattr(v, f, dict(v.constexprs).get(f))) in want for f, want in only.items())]
+    if not variants:
+        print(f"no variant matches --kernels {args.kernels!r} --dtypes {args.dtypes!r} --head-dims {args.head_dims!r}",
+              file=sys.stderr)
+        return 2
+
+    def progress(done, total, entry):
+        how = "cached" if entry["cached"] else f"{entry['compile_seconds']:.1f}s"
+        print(f"[{done}/{total}] {entry['target']} {entry['key']} shared={entry['shared']} {how}", flush=True)
+
+    try:
+        index = compile_all(args.out, parse_targets(args.targets), variants, progress, args.jobs)
+    except (InputError, DependencyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    total = sum(e["cubin_bytes"] for e in index["kernels"])
+    print(f"{len(index['kernels'])} artifacts ({total / 1e6:.1f} MB of cubin) in {index['seconds']:.1f}s "
+          f"-> {args.out / 'index.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
