@@ -6,6 +6,7 @@ check); a traceback only with `--debug`. Ctrl-C exits 130 and, thanks to atomic 
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 from importlib.metadata import PackageNotFoundError, version
@@ -52,16 +53,20 @@ def cli(ctx: click.Context, debug: bool) -> None:
     Pipeline: train (demo) -> export -> fuse -> build -> validate -> bench -> report.
     """
     ctx.ensure_object(dict)["debug"] = debug
-    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, format="%(message)s",
+    # Our own loggers speak at INFO; third-party libraries (onnxscript's optimizer, ...) only when they warn.
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(message)s",
                         handlers=[RichHandler(console=err_console, show_path=False, show_time=False)])
+    logging.getLogger("seq2trt").setLevel(logging.DEBUG if debug else logging.INFO)
+
+
+# Each module holds a list COMMANDS of click commands; add a module here to add its verbs.
+COMMAND_MODULES = ("model_commands", "export_commands", "fuse_commands", "build_commands")
 
 
 def _register() -> None:
-    from . import model_commands
-
-    for command in model_commands.COMMANDS:
-        cli.add_command(command)
-    cli.add_command(__import__("seq2trt.cli.build_commands", fromlist=["build"]).build)
+    for name in COMMAND_MODULES:
+        for command in importlib.import_module(f"seq2trt.cli.{name}").COMMANDS:
+            cli.add_command(command)
 
 
 _register()

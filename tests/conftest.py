@@ -29,7 +29,7 @@ def random_model(seed: int = 0, dtype: torch.dtype = torch.float64, **overrides)
     return model.to(dtype).eval()
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def make_model():
     return random_model
 

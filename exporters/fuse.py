@@ -1,0 +1,205 @@
+"""Fusion: every marked attention block becomes one node for its target, and an audit proves none was missed.
+
+The exporter marks each attention block as one node of domain `spec.MARKED_DOMAIN` (see spec.py), so the
+rewrite never depends on matching a pattern of MatMul/Softmax nodes that an exporter upgrade can reshuffle:
+- `trt`: the block becomes the seq2trt plugin node (`plugins.op`: op_type PLUGIN_NAME, domain DOMAIN,
+  `plugin_version` / `plugin_namespace` and the op's attributes), which TensorRT's ONNX parser resolves to
+  the registered plugin;
+- `ort`: the block becomes `com.microsoft.MultiHeadAttention`, which ONNX Runtime runs natively (with the past
+  K/V and `unidirectional` for decoder self-attention, BNSH cross K/V and a key padding mask otherwise).
+Then constants are folded and dead nodes and unused local functions removed (onnxscript's optimizer).
+
+The audit counts the blocks the model's config implies (`spec.expected_blocks`), not the ones found, and names
+every expected block that is not fused.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import onnx
+from onnx import helper
+
+from seq2trt.plugins.op import DOMAIN, PLUGIN_NAME, AttentionAttrs, AttentionKind
+from seq2trt.reference_model.config import Seq2SeqConfig
+from seq2trt.reference_model.errors import ArtifactError, CheckFailed
+from seq2trt.reference_model.io import atomic_write_text, sha256_file, staged_directory
+
+from . import spec
+from .manifest import verify
+
+logger = logging.getLogger(__name__)
+
+MS_DOMAIN = "com.microsoft"
+
+
+class Target(enum.Enum):
+    TRT = "trt"
+    ORT = "ort"
+
+
+@dataclass
+class GraphAudit:
+    graph: str
+    expected: dict[str, int]
+    fused: dict[str, int]
+    unfused_blocks: list[str]
+    nodes_before: int
+    nodes_after: int
+
+    @property
+    def complete(self) -> bool:
+        return not self.unfused_blocks and self.fused == self.expected
+
+
+@dataclass
+class FusionAudit:
+    target: str
+    graphs: list[GraphAudit] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return all(g.complete for g in self.graphs)
+
+    def unfused(self) -> list[str]:
+        return [f"{g.graph}:{name}" for g in self.graphs for name in g.unfused_blocks]
+
+    def to_dict(self) -> dict:
+        return {"target": self.target, "complete": self.complete,
+                "graphs": {g.graph: {k: v for k, v in asdict(g).items() if k != "graph"} | {"complete": g.complete}
+                           for g in self.graphs}}
+
+
+def _attributes(node: onnx.NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _plugin_node(node: onnx.NodeProto, attrs: AttentionAttrs) -> onnx.NodeProto:
+    return helper.make_node(PLUGIN_NAME, list(node.input), list(node.output), name=node.name, domain=DOMAIN,
+                            **attrs.onnx_attributes())
+
+
+def _ort_node(node: onnx.NodeProto, attrs: AttentionAttrs) -> onnx.NodeProto:
+    """com.microsoft.MultiHeadAttention inputs: query, key, value, bias, key_padding_mask, attention_bias,
+    past_key, past_value; the op's inputs map onto them by kind."""
+    inputs = list(node.input)
+    if attrs.kind is AttentionKind.DECODER_SELF:
+        q, k, v, past_k, past_v = inputs
+        ms_inputs, extra = [q, k, v, "", "", "", past_k, past_v], {"unidirectional": 1}
+    else:
+        q, k, v, mask = inputs
+        ms_inputs, extra = [q, k, v, "", mask], {}
+    return helper.make_node("MultiHeadAttention", ms_inputs, list(node.output), name=node.name, domain=MS_DOMAIN,
+                            num_heads=attrs.num_heads, scale=attrs.scale, **extra)
+
+
+REWRITES = {Target.TRT: (_plugin_node, DOMAIN), Target.ORT: (_ort_node, MS_DOMAIN)}
+
+
+def fuse(model: onnx.ModelProto, target: Target, cfg: Seq2SeqConfig,
+         kind: spec.GraphKind) -> tuple[onnx.ModelProto, GraphAudit]:
+    """Rewrite every marked attention block of `model` for `target`; returns the new model and its audit."""
+    import onnx.inliner
+    import onnxscript.optimizer
+
+    rewrite, domain = REWRITES[target]
+    nodes_before = len(onnx.inliner.inline_local_functions(model).graph.node)  # attention bodies counted
+    fused = onnx.ModelProto()
+    fused.CopyFrom(model)
+    found: Counter = Counter()
+    names = []
+    del fused.graph.node[:]
+    for node in model.graph.node:
+        if node.domain == spec.MARKED_DOMAIN:
+            attrs = AttentionAttrs.from_onnx(_attributes(node))
+            node = rewrite(node, attrs)
+            found[attrs.kind.name] += 1
+            names.append(node.name)
+        fused.graph.node.append(node)
+    if found:
+        fused.opset_import.append(helper.make_opsetid(domain, 1))
+    fused = onnxscript.optimizer.optimize(fused)
+    _drop_unused_functions(fused)
+    expected = spec.expected_blocks(cfg, kind)
+    unfused = [spec.block_name(k, i) for k, n in expected.items() for i in range(n)
+               if spec.block_name(k, i) not in names]
+    audit = GraphAudit(kind.value, {k.name: n for k, n in expected.items()},
+                       {k.name: found.get(k.name, 0) for k in expected}, unfused, nodes_before, len(fused.graph.node))
+    logger.debug("fused %s for %s: %s of %s blocks, %d -> %d nodes", kind.value, target.value, audit.fused,
+                audit.expected, nodes_before, audit.nodes_after)
+    return fused, audit
+
+
+def _drop_unused_functions(model: onnx.ModelProto) -> None:
+    used = {(n.domain, n.op_type) for n in model.graph.node}
+    keep = [f for f in model.functions if (f.domain, f.name) in used]
+    del model.functions[:]
+    model.functions.extend(keep)
+    domains = {d for d, _ in used} | {""}
+    keep_ops = [o for o in model.opset_import if o.domain in domains]
+    del model.opset_import[:]
+    model.opset_import.extend(keep_ops)
+
+
+FUSION_JSON = "fusion.json"
+
+
+def fused_dir(out: Path, target: Target) -> Path:
+    return Path(out) / "fused" / target.value
+
+
+def fuse_artifacts(out: Path, target: Target, allow_partial: bool = False, force: bool = False) -> FusionAudit:
+    """Fuse both graphs of the export in `out` into `out/fused/<target>/`, with `fusion.json`.
+
+    Verifies the manifest hashes of the graphs it reads; an incomplete fusion raises `CheckFailed` naming the
+    unfused blocks (and writes nothing) unless `allow_partial`.
+    """
+    manifest = verify(out, [kind.filename for kind in spec.GraphKind])
+    audit = FusionAudit(target.value)
+    with staged_directory(fused_dir(out, target), force, f"fused {target.value}") as tmp:
+        files = {}
+        for kind in spec.GraphKind:
+            model, graph_audit = fuse(onnx.load(manifest.path(kind.filename)), target, manifest.config, kind)
+            audit.graphs.append(graph_audit)
+            onnx.save(model, tmp / kind.filename)
+            files[kind.filename] = {"sha256": sha256_file(tmp / kind.filename),
+                                    "source_sha256": manifest.data["files"][kind.filename]["sha256"]}
+        if not audit.complete and not allow_partial:
+            raise CheckFailed(f"fusion for {target.value} is incomplete: {len(audit.unfused())} attention block(s) "
+                              f"not fused: {', '.join(audit.unfused())}; re-export with this seq2trt version "
+                              "(blocks are marked at export), or pass --allow-partial for experiments")
+        report = audit.to_dict() | {"allow_partial": allow_partial, "files": files}
+        atomic_write_text(tmp / FUSION_JSON, json.dumps(report, indent=2) + "\n")
+    return audit
+
+
+def verify_fused(out: Path, target: Target) -> dict:
+    """Check the fused graphs against `fusion.json`, and that they were fused from the current export."""
+    manifest = verify(out, [kind.filename for kind in spec.GraphKind])
+    folder = fused_dir(out, target)
+    path = folder / FUSION_JSON
+    if not path.exists():
+        raise ArtifactError(f"{path} not found; run `seq2trt fuse {out} --target {target.value}` first")
+    try:
+        report = json.loads(path.read_text())
+        files = report["files"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
+        raise ArtifactError(f"{path} is malformed ({exc!r}); re-run `seq2trt fuse --force`") from None
+    problems = []
+    for kind in spec.GraphKind:
+        entry, graph = files.get(kind.filename), folder / kind.filename
+        if entry is None or not graph.exists():
+            problems.append(f"{kind.filename} is missing")
+        elif sha256_file(graph) != entry.get("sha256"):
+            problems.append(f"{kind.filename} does not match its sha256 in fusion.json (modified since fusion)")
+        elif entry.get("source_sha256") != manifest.data["files"][kind.filename]["sha256"]:
+            problems.append(f"{kind.filename} was fused from an older export")
+    if problems:
+        raise ArtifactError(f"{folder} failed its check: " + "; ".join(problems) +
+                            f"; re-run `seq2trt fuse {out} --target {target.value} --force`")
+    return report

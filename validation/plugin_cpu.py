@@ -1,0 +1,97 @@
+"""Run TensorRT plugin graphs on CPU: each plugin node executes the op's PyTorch reference inside ONNX Runtime.
+
+ONNX Runtime only calls Python custom ops (onnxruntime-extensions' `onnx_op`) in the domain
+`ai.onnx.contrib`, so a copy of the graph gets its plugin nodes re-domained there, one op type per kind since
+a Python op has a fixed signature. Those ops take fp32 only: in an fp16 graph each plugin node is wrapped in
+Casts (fp16 -> fp32 is exact, and the op computes in fp32 and rounds its outputs to fp16 anyway, which the
+Cast back does), so the numbers are the op's own. Everything else about the node — inputs, outputs,
+attributes, the KV append — is exactly what TensorRT's parser sees, so a plugin graph that validates here is
+wired correctly before any GPU runs it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import onnx
+
+from seq2trt.plugins.op import DOMAIN, INPUTS, OUTPUTS, PLUGIN_NAME, AttentionAttrs, AttentionKind, reference_attention
+from seq2trt.reference_model.errors import DependencyError
+
+CONTRIB_DOMAIN = "ai.onnx.contrib"
+CPU_DTYPES = ("fp32", "fp16")
+
+
+def contrib_op_type(kind: AttentionKind) -> str:
+    return f"{PLUGIN_NAME}_{kind.name}"
+
+
+def _reference(*inputs: np.ndarray, **attrs) -> np.ndarray | tuple[np.ndarray, ...]:
+    """The op body ONNX Runtime calls, with the node's attributes as keywords."""
+    import torch
+
+    op = AttentionAttrs.from_onnx(attrs)
+    outputs = reference_attention(op, *(torch.from_numpy(np.ascontiguousarray(x)) for x in inputs))
+    arrays = tuple(o.numpy() for o in outputs)
+    return arrays if len(arrays) > 1 else arrays[0]
+
+
+@functools.cache
+def register_reference_ops() -> str:
+    """Register the reference op for every kind once per process; returns the library path."""
+    try:
+        from onnxruntime_extensions import PyCustomOpDef, get_library_path, onnx_op
+    except ImportError:
+        raise DependencyError("running plugin graphs on CPU needs onnxruntime-extensions; "
+                              "pip install 'seq2trt[dev]'") from None
+    attrs = {"kind": PyCustomOpDef.dt_int64, "num_heads": PyCustomOpDef.dt_int64,
+             "head_dim": PyCustomOpDef.dt_int64, "scale": PyCustomOpDef.dt_float,
+             "plugin_version": PyCustomOpDef.dt_string, "plugin_namespace": PyCustomOpDef.dt_string}
+    f = PyCustomOpDef.dt_float
+    for kind in AttentionKind:
+        types = [PyCustomOpDef.dt_int32 if name == "key_padding_mask" else f for name in INPUTS[kind]]
+        onnx_op(op_type=contrib_op_type(kind), inputs=types, outputs=[f] * len(OUTPUTS[kind]), attrs=attrs)(_reference)
+    return get_library_path()
+
+
+def for_cpu(model: bytes, dtype: str) -> bytes:
+    """A copy of a plugin graph whose plugin nodes run the reference op in ONNX Runtime."""
+    from onnx import TensorProto, helper
+
+    if dtype not in CPU_DTYPES:
+        raise DependencyError(f"plugin graphs run on CPU in {', '.join(CPU_DTYPES)} only, not {dtype}: ONNX "
+                              "Runtime's CPU has no bf16 kernels and its Python custom ops are fp32; "
+                              "validate bf16 plugin graphs on a GPU")
+    proto = onnx.load_from_string(model)
+    nodes = []
+    for node in proto.graph.node:
+        if node.domain != DOMAIN or node.op_type != PLUGIN_NAME:
+            nodes.append(node)
+            continue
+        kind = AttentionKind(next(a.i for a in node.attribute if a.name == "kind"))
+        node.domain, node.op_type = CONTRIB_DOMAIN, contrib_op_type(kind)
+        if dtype == "fp16":
+            for i, (name, value) in enumerate(zip(INPUTS[kind], list(node.input))):
+                if name != "key_padding_mask":
+                    nodes.append(helper.make_node("Cast", [value], [f"{value}__fp32_{node.name}"], to=TensorProto.FLOAT))
+                    node.input[i] = f"{value}__fp32_{node.name}"
+            outputs = list(node.output)
+            for i, value in enumerate(outputs):
+                node.output[i] = f"{value}__fp32"
+            nodes.append(node)
+            nodes += [helper.make_node("Cast", [f"{v}__fp32"], [v], to=TensorProto.FLOAT16) for v in outputs]
+        else:
+            nodes.append(node)
+    del proto.graph.node[:]
+    proto.graph.node.extend(nodes)
+    kept = [o for o in proto.opset_import if o.domain != DOMAIN]
+    del proto.opset_import[:]
+    proto.opset_import.extend(kept + [onnx.helper.make_opsetid(CONTRIB_DOMAIN, 1)])
+    return proto.SerializeToString()
+
+
+def plugin_node_count(model: onnx.ModelProto) -> int:
+    return sum(n.domain == DOMAIN and n.op_type == PLUGIN_NAME for n in model.graph.node)
+
+
