@@ -1,0 +1,98 @@
+"""`seq2trt export` and `seq2trt validate`: ONNX graphs of a checkpoint, and their parity with the eager model."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import click
+
+from seq2trt.exporters.spec import DEFAULT_OPSET, DTYPES
+from seq2trt.validation.report_parity import BACKENDS, GRAPH_SETS, ValidateSettings
+
+# The exporter's libraries log every graph pass at INFO and warn about optional torchvision ops.
+_CHATTY = ("onnxscript", "onnx_ir", "torch.onnx", "torch.export", "torch._export")
+
+
+def _quiet_exporters() -> None:
+    for name in _CHATTY:
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _source(checkpoint: Path) -> dict:
+    from seq2trt.reference_model.checkpoint import LEGACY_WEIGHTS, WEIGHTS
+    from seq2trt.reference_model.io import sha256_file
+
+    weights = next((checkpoint / n for n in (WEIGHTS, LEGACY_WEIGHTS) if (checkpoint / n).exists()), checkpoint)
+    folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
+    metrics = folder / "metrics.json"
+    task = json.loads(metrics.read_text()).get("task") if metrics.exists() else None
+    return {"checkpoint": str(checkpoint.resolve()), "weights_sha256": sha256_file(weights), "task": task}
+
+
+@click.command()
+@click.argument("checkpoint", type=click.Path(path_type=Path))
+@click.option("-o", "--out", "out", type=click.Path(path_type=Path), required=True, help="Export directory to write.")
+@click.option("--dtype", type=click.Choice(list(DTYPES)), default="fp32", show_default=True)
+@click.option("--opset", type=int, default=DEFAULT_OPSET, show_default=True)
+@click.option("--max-batch", type=int, default=32, show_default=True, help="Largest batch the profiles serve.")
+@click.option("--max-src-len", type=int, default=None, help="Longest source (default: the model's max_src_len).")
+@click.option("--max-tgt-len", type=int, default=None, help="Longest target (default: the model's max_tgt_len).")
+@click.option("--force", is_flag=True, help="Replace an existing export directory.")
+def export(checkpoint: Path, out: Path, dtype: str, opset: int, max_batch: int, max_src_len: int | None,
+           max_tgt_len: int | None, force: bool) -> None:
+    """Export CHECKPOINT to OUT/encoder.onnx, OUT/decoder.onnx and OUT/manifest.json."""
+    from seq2trt.exporters.manifest import read_manifest
+    from seq2trt.exporters.onnx_export import export as export_model
+    from seq2trt.exporters.spec import Limits
+    from seq2trt.reference_model.checkpoint import load_checkpoint
+    from seq2trt.reference_model.errors import ArtifactError
+
+    _quiet_exporters()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:  # refuse before any work
+        raise ArtifactError(f"export directory {out} already exists; pass --force to replace it")
+    model, _ = load_checkpoint(checkpoint)
+    limits = Limits.for_model(model.cfg, max_batch, max_src_len, max_tgt_len)
+    start = time.perf_counter()
+    export_model(model, out, dtype=dtype, opset=opset, limits=limits, force=force, source=_source(checkpoint))
+    files = read_manifest(out).data["files"]
+    sizes = ", ".join(f"{name} {info['bytes'] / 2**20:.1f} MiB" for name, info in files.items())
+    click.echo(f"exported {dtype} graphs in {time.perf_counter() - start:.1f} s: {sizes}; in {out}")
+
+
+@click.command()
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--backend", type=click.Choice(list(BACKENDS)), default="ort", show_default=True)
+@click.option("--graphs", type=click.Choice(list(GRAPH_SETS)), default="plain", show_default=True,
+              help="Which graphs of OUT to validate.")
+@click.option("--samples", type=int, default=1000, show_default=True,
+              help="Held-out sources decoded end to end (0 skips end-to-end parity).")
+@click.option("--beam", "beam_size", type=int, default=4, show_default=True, help="Beam size of the beam-search check.")
+@click.option("--max-new-tokens", type=int, default=None, help="Decoding length cap (default: from the limits).")
+@click.option("--checkpoint", type=click.Path(path_type=Path), default=None,
+              help="Eager reference (default: the checkpoint recorded in the manifest).")
+@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True,
+              help="ONNX Runtime provider: CPU, CUDA, or CUDA when present.")
+@click.option("--threads", type=int, default=0, show_default=True, help="Intra-op threads (0: ORT's default).")
+@click.option("--seed", type=int, default=0, show_default=True)
+def validate(out: Path, backend: str, graphs: str, samples: int, beam_size: int, max_new_tokens: int | None,
+             checkpoint: Path | None, device: str, threads: int, seed: int) -> None:
+    """Check OUT's graphs against the eager model: graph-level parity over the spec's shape sweep, then greedy
+    and beam decoding end to end. Writes OUT/reports/parity.json and parity.md; exits 1 on any failure."""
+    from seq2trt.validation.report_parity import run_validation
+
+    settings = ValidateSettings(backend=backend, graphs=graphs, samples=samples, beam_size=beam_size,
+                                max_new_tokens=max_new_tokens, device=device, threads=threads, seed=seed)
+    start = time.perf_counter()
+    doc = run_validation(out, settings, checkpoint, progress=lambda msg: click.echo(msg, err=True))
+    e2e = doc["end_to_end"]
+    summary = "" if e2e is None else (
+        f"; end to end on {e2e['samples']} sources: token_agreement {e2e['token_agreement']:.6f}, "
+        f"sequence_match {e2e['sequence_match']:.6f}, max_logit_abs_err {e2e['max_logit_abs_err']:.3g}")
+    click.echo(f"parity passed ({doc['cases']} graph cases{summary}) in {time.perf_counter() - start:.0f} s; "
+               f"report in {out}/reports/parity.md")
+
+
+COMMANDS = [export, validate]

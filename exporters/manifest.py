@@ -1,0 +1,107 @@
+"""`manifest.json` of an artifact directory: what was exported, how, with what tools, and the sha256 of
+every file, so later stages can refuse a tampered or half-copied directory (DESIGN.md, "The artifact directory").
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from seq2trt.reference_model.config import Seq2SeqConfig
+from seq2trt.reference_model.errors import ArtifactError
+from seq2trt.reference_model.io import atomic_write_text, sha256_file
+
+from . import spec
+
+MANIFEST = "manifest.json"
+
+
+def _version(package: str) -> str | None:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def write_manifest(out: Path, cfg: Seq2SeqConfig, settings: dict[str, Any], files: list[str],
+                   source: dict | None = None) -> Path:
+    """Hash `files` (relative to `out`) and write `out/manifest.json` atomically."""
+    out = Path(out)
+    manifest = {
+        "seq2trt_version": _version("seq2trt"),
+        "spec_revision": spec.SPEC_REVISION,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "config": cfg.to_dict(),
+        "dtype": settings["dtype"],
+        "opset": settings["opset"],
+        "settings": settings,
+        "source": source,
+        "tools": {"python": platform.python_version(), **{p: _version(p) for p in ("torch", "onnx", "onnxscript")}},
+        "files": {name: {"sha256": sha256_file(out / name), "bytes": (out / name).stat().st_size} for name in files},
+    }
+    path = out / MANIFEST
+    atomic_write_text(path, json.dumps(manifest, indent=2) + "\n")
+    return path
+
+
+@dataclass(frozen=True)
+class Manifest:
+    root: Path
+    data: dict[str, Any]
+
+    @property
+    def config(self) -> Seq2SeqConfig:
+        return Seq2SeqConfig.from_dict(self.data["config"])
+
+    @property
+    def dtype(self) -> str:
+        return self.data["dtype"]
+
+    @property
+    def limits(self) -> spec.Limits:
+        return spec.Limits(**self.data["settings"]["limits"])
+
+    def path(self, name: str) -> Path:
+        return self.root / name
+
+
+def read_manifest(out: Path) -> Manifest:
+    path = Path(out) / MANIFEST
+    if not path.exists():
+        raise ArtifactError(f"{path} not found; {out} is not an export directory (run `seq2trt export` first)")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ArtifactError(f"{path} is not valid JSON ({exc}); re-run `seq2trt export --force`") from None
+    missing = [k for k in ("spec_revision", "config", "dtype", "settings", "files") if k not in data]
+    if missing:
+        raise ArtifactError(f"{path} lacks {missing}; re-run `seq2trt export --force`")
+    if data["spec_revision"] != spec.SPEC_REVISION:
+        raise ArtifactError(f"{out} was exported under graph spec revision {data['spec_revision']}, this seq2trt "
+                            f"reads revision {spec.SPEC_REVISION}; re-export it")
+    return Manifest(Path(out), data)
+
+
+def verify(out: Path, names: list[str] | None = None) -> Manifest:
+    """Read the manifest and check the sha256 of `names` (default: every listed file); one error lists all."""
+    manifest = read_manifest(out)
+    files = manifest.data["files"]
+    names = list(files) if names is None else names
+    problems = []
+    for name in names:
+        path = manifest.path(name)
+        if name not in files:
+            problems.append(f"{name} is not listed in the manifest")
+        elif not path.exists():
+            problems.append(f"{name} is missing")
+        elif sha256_file(path) != files[name]["sha256"]:
+            problems.append(f"{name} does not match its sha256 (modified or truncated since export)")
+    if problems:
+        raise ArtifactError(f"{out} failed its manifest check: " + "; ".join(problems) +
+                            "; re-run `seq2trt export --force`")
+    return manifest

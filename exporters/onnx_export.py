@@ -1,0 +1,234 @@
+"""Export a model to the encoder graph and the one KV-cached decoder graph (DESIGN.md, "Graph contract").
+
+`torch.onnx.export(dynamo=True)` traces thin wrappers around `Seq2SeqTransformer.encode`/`cross_kv` and
+`decode_step`. While it traces, `MultiHeadAttention.core` is swapped for `_marked_core`, which emits each
+attention block as one node of domain `spec.MARKED_DOMAIN`; the graph then gets one ONNX local function per
+kind (`attention_functions`) so it still runs anywhere (spec.py documents the marking for the fuser).
+
+fp16/bf16 exports are strongly typed (every tensor has one dtype, as TensorRT 11 wants), keep LayerNorm in fp32
+(cast in, fp32 weights, cast out) and softmax in fp32 inside the attention functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import time
+import warnings
+from pathlib import Path
+from typing import Iterator
+
+import onnx
+import torch
+import torch.nn as nn
+
+from seq2trt.plugins.op import AttentionAttrs, AttentionKind
+from seq2trt.reference_model.errors import ArtifactError, ConfigError
+from seq2trt.reference_model.io import staged_directory
+from seq2trt.reference_model.model import MultiHeadAttention, Seq2SeqTransformer
+
+from . import spec
+from .attention_functions import attention_functions
+from .manifest import write_manifest
+
+logger = logging.getLogger(__name__)
+
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _marked_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int, scale: float,
+                 key_padding_mask: torch.Tensor | None = None, past=None):
+    """`attention_core`'s signature; emits one marked node carrying the fused op's inputs and attributes."""
+    B, T, D = q.shape
+    Dh = D // num_heads
+    kind = (AttentionKind.DECODER_SELF if past is not None else
+            AttentionKind.CROSS if k.dim() == 4 else AttentionKind.ENCODER_SELF)
+    attrs = AttentionAttrs(kind, num_heads, Dh, float(scale))
+    onnx_attrs = {"kind": int(kind), "num_heads": num_heads, "head_dim": Dh, "scale": float(scale)}
+    op = f"{spec.MARKED_DOMAIN}::{spec.MARKED_OP_TYPES[kind]}"
+    if kind is AttentionKind.DECODER_SELF:
+        present_shape = (B, attrs.num_heads, past[0].shape[2] + T, Dh)  # (B, H, P + T, Dh)
+        out, key, value = torch.onnx.ops.symbolic_multi_out(
+            op, [q, k, v, past[0], past[1]], onnx_attrs, dtypes=[q.dtype] * 3,
+            shapes=[q.shape, present_shape, present_shape], version=spec.MARKED_VERSION)
+        return out, (key, value)
+    mask = key_padding_mask.to(torch.int32)  # the fused op's mask dtype
+    out = torch.onnx.ops.symbolic(op, [q, k, v, mask], onnx_attrs, dtype=q.dtype, shape=q.shape,
+                                  version=spec.MARKED_VERSION)
+    return out, (k, v)
+
+
+@contextlib.contextmanager
+def marked_attention() -> Iterator[None]:
+    """Swap `MultiHeadAttention.core` for the marking core while exporting; always restore it."""
+    original = MultiHeadAttention.__dict__["core"]
+    MultiHeadAttention.core = staticmethod(_marked_core)
+    try:
+        yield
+    finally:
+        MultiHeadAttention.core = original
+
+
+class Float32LayerNorm(nn.Module):
+    """LayerNorm computed in fp32 with fp32 weights, returning the input's dtype (fp16/bf16 exports)."""
+
+    def __init__(self, norm: nn.LayerNorm):
+        super().__init__()
+        self.norm = copy.deepcopy(norm).float()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x.float()).to(x.dtype)
+
+
+def export_copy(model: Seq2SeqTransformer, dtype: str) -> Seq2SeqTransformer:
+    """A copy of `model` in `dtype`, eval mode, with fp32 LayerNorms when the dtype is narrower."""
+    if dtype not in TORCH_DTYPES:
+        raise ConfigError(f"unknown dtype {dtype!r}; choose one of {', '.join(TORCH_DTYPES)}")
+    copied = copy.deepcopy(model).eval()
+    norms = {name: m for name, m in copied.named_modules() if isinstance(m, nn.LayerNorm)}
+    copied = copied.to(TORCH_DTYPES[dtype])
+    if dtype != "fp32":
+        for name, norm in norms.items():
+            parent_name, _, child = name.rpartition(".")
+            setattr(copied.get_submodule(parent_name), child, Float32LayerNorm(norm))
+    return copied
+
+
+class EncoderGraph(nn.Module):
+    def __init__(self, model: Seq2SeqTransformer):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        hidden = self.model.encode(input_ids, attention_mask)  # (B, S, D)
+        return (hidden, *[t for kv in self.model.cross_kv(hidden) for t in kv])
+
+
+class DecoderGraph(nn.Module):
+    def __init__(self, model: Seq2SeqTransformer):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, encoder_attention_mask: torch.Tensor, cross: tuple, past: tuple
+                ) -> tuple[torch.Tensor, ...]:
+        logits, present = self.model.decode_step(input_ids, encoder_attention_mask, list(cross), list(past))
+        return (logits, *[t for kv in present for t in kv])
+
+
+def _examples(model: Seq2SeqTransformer, kind: spec.GraphKind) -> tuple[tuple, tuple]:
+    """Example inputs and dynamic shapes. Sizes are >= 2 and pairwise distinct, so no axis is specialised
+    or merged with another; past_len's Dim starts at 0 so the same graph serves the first step."""
+    from torch.export import Dim
+
+    cfg = model.cfg
+    if min(cfg.max_src_len, cfg.max_tgt_len) < 4:
+        raise ConfigError("export needs max_src_len and max_tgt_len >= 4 to trace dynamic axes")
+    B, S, T, P = 2, min(7, cfg.max_src_len), 3, min(5, cfg.max_tgt_len - 3)
+    batch = Dim(spec.BATCH, min=1)
+    src = Dim(spec.SRC_LEN, min=1, max=cfg.max_src_len)
+    ids = torch.randint(3, min(cfg.src_vocab_size, cfg.tgt_vocab_size), (B, S))
+    mask = torch.ones(B, S, dtype=torch.int64)
+    if kind is spec.GraphKind.ENCODER:
+        return (ids, mask), ({0: batch, 1: src}, {0: batch, 1: src})
+    tgt = Dim(spec.TGT_LEN, min=1, max=cfg.max_tgt_len)
+    past = Dim(spec.PAST_LEN, min=0, max=cfg.max_tgt_len - 1)
+    param = next(model.parameters())
+    H, Dh, L = cfg.num_heads, cfg.head_dim, cfg.num_decoder_layers
+    kv = lambda n: tuple((param.new_zeros(B, H, n, Dh), param.new_zeros(B, H, n, Dh)) for _ in range(L))
+    kv_dims = lambda axis: tuple(({0: batch, 2: axis}, {0: batch, 2: axis}) for _ in range(L))
+    args = (ids[:, :T], mask, kv(S), kv(P))
+    return args, ({0: batch, 1: tgt}, {0: batch, 1: src}, kv_dims(src), kv_dims(past))
+
+
+def trace(model: Seq2SeqTransformer, kind: spec.GraphKind, opset: int) -> onnx.ModelProto:
+    """One graph, marked, with its attention functions attached and its nodes named after their blocks."""
+    wrapper = (EncoderGraph if kind is spec.GraphKind.ENCODER else DecoderGraph)(model).eval()
+    args, dynamic = _examples(model, kind)
+    names_in = [s.name for s in spec.inputs(model.cfg, kind)]
+    names_out = [s.name for s in spec.outputs(model.cfg, kind)]
+    with marked_attention(), torch.no_grad(), warnings.catch_warnings():
+        # Dims that share constraints produce "axis name ... will not be used" notes; the names are checked below.
+        warnings.filterwarnings("ignore", message=".*will not be used.*")
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        program = torch.onnx.export(wrapper, args, dynamo=True, dynamic_shapes=dynamic, input_names=names_in,
+                                    output_names=names_out, opset_version=opset, external_data=False,
+                                    verbose=False)
+    proto = program.model_proto
+    proto.functions.extend(attention_functions(opset))
+    _name_blocks(proto)
+    proto.producer_name = "seq2trt"
+    return proto
+
+
+def _name_blocks(proto: onnx.ModelProto) -> None:
+    """Name each marked node after its module path, taken from the exporter's name-scope metadata."""
+    for node in proto.graph.node:
+        if node.domain != spec.MARKED_DOMAIN:
+            continue
+        scopes = next((p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.name_scopes"), "")
+        attn = [s.strip(" '") for s in scopes.strip("[]").split(",") if s.strip(" '").endswith("_attn")]
+        if not attn:
+            raise ArtifactError(f"marked node {node.name} has no attention module scope ({scopes!r}); "
+                                "the exporter's metadata changed: update _name_blocks")
+        node.name = attn[-1].removeprefix("model.")
+
+
+def check_graph(proto: onnx.ModelProto, cfg, kind: spec.GraphKind, dtype: str) -> None:
+    """Raise ArtifactError listing every way the exported graph breaks the contract: frozen or renamed axes,
+    wrong dtypes, an `If`/`Loop`/`Scan` node, a missing or miscounted attention block."""
+    problems = []
+    elem = spec.DTYPES[dtype][1]
+    for want, have in ((spec.inputs(cfg, kind), proto.graph.input), (spec.outputs(cfg, kind), proto.graph.output)):
+        have_by_name = {v.name: v for v in have}
+        if [s.name for s in want] != [v.name for v in have]:
+            problems.append(f"names {[v.name for v in have]} differ from the spec's {[s.name for s in want]}")
+            continue
+        for s in want:
+            t = have_by_name[s.name].type.tensor_type
+            want_elem = onnx.TensorProto.INT64 if s.dtype == "int64" else elem
+            if t.elem_type != want_elem:
+                problems.append(f"{s.name}: elem type {t.elem_type}, expected {want_elem}")
+            dims = [d.dim_param or d.dim_value for d in t.shape.dim]
+            if len(dims) != len(s.axes) or any(
+                    (d != a) if isinstance(a, int) else not isinstance(d, str) or
+                    (a != spec.PRESENT_LEN and d != a) for d, a in zip(dims, s.axes)):
+                problems.append(f"{s.name}: axes {dims}, expected {list(s.axes)} (a number where a name is "
+                                "expected means the export froze that axis)")
+    bodies = [proto.graph.node] + [f.node for f in proto.functions]
+    control = sorted({n.op_type for nodes in bodies for n in nodes if n.op_type in ("If", "Loop", "Scan")})
+    if control:
+        problems.append(f"control-flow nodes {control} in the graph (TensorRT rejects them)")
+    counts = {k: sum(n.domain == spec.MARKED_DOMAIN and n.op_type == op for n in proto.graph.node)
+              for k, op in spec.MARKED_OP_TYPES.items()}
+    want_counts = {k: spec.expected_blocks(cfg, kind).get(k, 0) for k in AttentionKind}
+    if counts != want_counts:
+        problems.append(f"attention blocks {dict((k.name, v) for k, v in counts.items())}, expected "
+                        f"{dict((k.name, v) for k, v in want_counts.items())}")
+    if problems:
+        raise ArtifactError(f"exported {kind.value} graph breaks the contract: " + "; ".join(problems))
+
+
+def export(model: Seq2SeqTransformer, out: Path, dtype: str = "fp32", opset: int = spec.DEFAULT_OPSET,
+           limits: spec.Limits | None = None, force: bool = False, source: dict | None = None) -> Path:
+    """Write `out/encoder.onnx`, `out/decoder.onnx` and `out/manifest.json` atomically; returns `out`.
+
+    `source` (checkpoint path and weights hash) is recorded in the manifest so `validate` can find the model.
+    """
+    if opset not in spec.OPSETS:
+        raise ConfigError(f"opset {opset} is not supported; choose {spec.OPSETS.start}..{spec.OPSETS.stop - 1}")
+    limits = limits or spec.Limits.for_model(model.cfg)
+    exported = export_copy(model, dtype)
+    timings = {}
+    with staged_directory(out, force, "export") as tmp:
+        for kind in spec.GraphKind:
+            start = time.perf_counter()
+            proto = trace(exported, kind, opset)
+            check_graph(proto, model.cfg, kind, dtype)
+            onnx.checker.check_model(proto)
+            (tmp / kind.filename).write_bytes(proto.SerializeToString())
+            timings[kind.value] = round(time.perf_counter() - start, 2)
+            logger.info("exported %s graph in %.1f s", kind.value, timings[kind.value])
+        settings = {"dtype": dtype, "opset": opset, "limits": vars(limits), "export_seconds": timings}
+        write_manifest(tmp, model.cfg, settings, [k.filename for k in spec.GraphKind], source=source)
+    return Path(out)

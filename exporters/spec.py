@@ -1,0 +1,246 @@
+"""The graph contract, declared once: tensor names, dtypes, axes, KV naming, profiles and the parity sweep.
+
+Names follow Hugging Face Optimum's (DESIGN.md, "Graph contract"). The exporter, the fuser, the builder, the
+runners and the validators read this module; nobody else spells a tensor name.
+
+Encoder graph: `input_ids`, `attention_mask` (B, S) int64 -> `encoder_hidden_states` (B, S, D) and, for every
+decoder layer i, `present.{i}.encoder.key/value` (B, H, S, Dh).
+Decoder graph (every step, past_len 0 included): `input_ids` (B, T), `encoder_attention_mask` (B, S) int64,
+`past_key_values.{i}.encoder.key/value` (B, H, S, Dh), `past_key_values.{i}.decoder.key/value` (B, H, P, Dh)
+-> `logits` (B, T, V) and `present.{i}.decoder.key/value` (B, H, P + T, Dh).
+
+Attention blocks are marked (the fuser relies on this): every attention block of a plain graph is ONE node in
+domain `MARKED_DOMAIN` whose op_type names its kind (`MARKED_OP_TYPES`), whose inputs and outputs are exactly
+the fused op's (`plugins.op.INPUTS` / `OUTPUTS`: query and new key/value (B, T, D) straight from the
+projections, cached or cross K/V (B, H, L, Dh), key_padding_mask (B, S) int32), whose attributes are the fused
+op's own (`kind`, `num_heads`, `head_dim`, `scale`: `AttentionAttrs.from_onnx` reads them), and whose name
+is the block's module path, e.g. `encoder_layers.0.self_attn`, `decoder_layers.2.cross_attn`. The graph carries
+one ONNX local function per op_type with a body of standard ops (softmax in fp32), so the plain graph runs
+in ONNX Runtime and TensorRT's parser as it is. `expected_blocks` gives the count of every kind per graph.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+from seq2trt.plugins.op import AttentionKind
+from seq2trt.reference_model.config import Seq2SeqConfig
+from seq2trt.reference_model.errors import ConfigError, InputError
+
+SPEC_REVISION = 1
+DEFAULT_OPSET = 18  # the dynamo exporter's native opset; 18..23 are accepted
+OPSETS = range(18, 24)
+
+
+class GraphKind(enum.Enum):
+    ENCODER = "encoder"
+    DECODER = "decoder"
+
+    @property
+    def filename(self) -> str:
+        return f"{self.value}.onnx"
+
+
+# Axis names (ONNX dim_params). PRESENT_LEN is the exporter's expression for past_len + tgt_len.
+BATCH, SRC_LEN, TGT_LEN, PAST_LEN = "batch", "src_len", "tgt_len", "past_len"
+PRESENT_LEN = "past_len + tgt_len"
+
+# dtype name -> (numpy dtype of float tensors, ONNX TensorProto elem type).
+DTYPES: dict[str, tuple[str, int]] = {"fp32": ("float32", 1), "fp16": ("float16", 10), "bf16": ("bfloat16", 16)}
+
+# Marked attention blocks (see the module docstring).
+MARKED_DOMAIN = "seq2trt.marked"
+MARKED_VERSION = 1
+MARKED_OP_TYPES: dict[AttentionKind, str] = {
+    AttentionKind.ENCODER_SELF: "EncoderSelfAttention",
+    AttentionKind.DECODER_SELF: "DecoderSelfAttention",
+    AttentionKind.CROSS: "CrossAttention",
+}
+
+
+def numpy_dtype(dtype: str) -> np.dtype:
+    """The numpy dtype of float tensors; bf16 is ml_dtypes' bfloat16 (numpy has none)."""
+    if dtype not in DTYPES:
+        raise ConfigError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    if dtype == "bf16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(DTYPES[dtype][0])
+
+
+def kv_name(layer: int, side: str, part: str, io: str) -> str:
+    """`past_key_values.{layer}.{side}.{part}` (io='past') or `present.{layer}.{side}.{part}` (io='present')."""
+    if side not in ("encoder", "decoder") or part not in ("key", "value") or io not in ("past", "present"):
+        raise ValueError(f"bad KV name parts {(side, part, io)}")
+    return f"{'past_key_values' if io == 'past' else 'present'}.{layer}.{side}.{part}"
+
+
+def block_name(kind: AttentionKind, layer: int) -> str:
+    """The module path of an attention block, which is also its node name in a plain graph."""
+    if kind is AttentionKind.ENCODER_SELF:
+        return f"encoder_layers.{layer}.self_attn"
+    return f"decoder_layers.{layer}.{'self_attn' if kind is AttentionKind.DECODER_SELF else 'cross_attn'}"
+
+
+def expected_blocks(cfg: Seq2SeqConfig, kind: GraphKind) -> dict[AttentionKind, int]:
+    if kind is GraphKind.ENCODER:
+        return {AttentionKind.ENCODER_SELF: cfg.num_encoder_layers}
+    return {AttentionKind.DECODER_SELF: cfg.num_decoder_layers, AttentionKind.CROSS: cfg.num_decoder_layers}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str  # "int64" or "float" (the export's float dtype)
+    axes: tuple[str | int, ...]  # axis names or fixed sizes
+
+
+def inputs(cfg: Seq2SeqConfig, kind: GraphKind) -> list[TensorSpec]:
+    kv = (cfg.num_heads,), (cfg.head_dim,)
+    if kind is GraphKind.ENCODER:
+        return [TensorSpec("input_ids", "int64", (BATCH, SRC_LEN)), TensorSpec("attention_mask", "int64", (BATCH, SRC_LEN))]
+    specs = [TensorSpec("input_ids", "int64", (BATCH, TGT_LEN)), TensorSpec("encoder_attention_mask", "int64", (BATCH, SRC_LEN))]
+    for side, length in (("encoder", SRC_LEN), ("decoder", PAST_LEN)):
+        specs += [TensorSpec(kv_name(i, side, part, "past"), "float", (BATCH, *kv[0], length, *kv[1]))
+                  for i in range(cfg.num_decoder_layers) for part in ("key", "value")]
+    return specs
+
+
+def outputs(cfg: Seq2SeqConfig, kind: GraphKind) -> list[TensorSpec]:
+    if kind is GraphKind.ENCODER:
+        return [TensorSpec("encoder_hidden_states", "float", (BATCH, SRC_LEN, cfg.d_model))] + [
+            TensorSpec(kv_name(i, "encoder", part, "present"), "float", (BATCH, cfg.num_heads, SRC_LEN, cfg.head_dim))
+            for i in range(cfg.num_decoder_layers) for part in ("key", "value")]
+    return [TensorSpec("logits", "float", (BATCH, TGT_LEN, cfg.tgt_vocab_size))] + [
+        TensorSpec(kv_name(i, "decoder", part, "present"), "float", (BATCH, cfg.num_heads, PRESENT_LEN, cfg.head_dim))
+        for i in range(cfg.num_decoder_layers) for part in ("key", "value")]
+
+
+def encoder_to_decoder_name(name: str) -> str:
+    """`present.{i}.encoder.*` (encoder output) -> `past_key_values.{i}.encoder.*` (decoder input)."""
+    return name.replace("present.", "past_key_values.", 1)
+
+
+def present_to_past_name(name: str) -> str:
+    """`present.{i}.decoder.*` (decoder output) -> `past_key_values.{i}.decoder.*` (next step's input)."""
+    return name.replace("present.", "past_key_values.", 1)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The user's serving limits: they size the TensorRT profiles and bound what the runners accept."""
+
+    max_batch: int
+    max_src_len: int
+    max_tgt_len: int
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch", "max_src_len", "max_tgt_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 2:
+                raise ConfigError(f"{name} must be an integer >= 2 (dynamic axes need room), got {value!r}")
+
+    @classmethod
+    def for_model(cls, cfg: Seq2SeqConfig, max_batch: int = 32, max_src_len: int | None = None,
+                  max_tgt_len: int | None = None) -> "Limits":
+        """Limits no larger than the model's position table allows."""
+        src, tgt = max_src_len or cfg.max_src_len, max_tgt_len or cfg.max_tgt_len
+        if src > cfg.max_src_len or tgt > cfg.max_tgt_len:
+            raise ConfigError(f"limits src {src} / tgt {tgt} exceed the model's max_src_len {cfg.max_src_len} / "
+                              f"max_tgt_len {cfg.max_tgt_len}; lower --max-src-len / --max-tgt-len")
+        return cls(max_batch, src, tgt)
+
+    def axis_ranges(self) -> dict[str, tuple[int, int, int]]:
+        """(min, opt, max) of every dynamic axis. opt: a mid-sized batch, one new token, half-full lengths."""
+        return {BATCH: (1, min(8, self.max_batch), self.max_batch),
+                SRC_LEN: (1, max(1, self.max_src_len // 2), self.max_src_len),
+                TGT_LEN: (1, 1, self.max_tgt_len),
+                PAST_LEN: (0, self.max_tgt_len // 2, self.max_tgt_len - 1)}
+
+
+def profiles(cfg: Seq2SeqConfig, limits: Limits) -> dict[GraphKind, dict[str, tuple[tuple[int, ...], ...]]]:
+    """TensorRT optimization profiles: per graph, input name -> (min, opt, max) shapes."""
+    ranges = limits.axis_ranges()
+
+    def shape(spec: TensorSpec, which: int) -> tuple[int, ...]:
+        return tuple(a if isinstance(a, int) else ranges[a][which] for a in spec.axes)
+
+    return {kind: {s.name: tuple(shape(s, w) for w in range(3)) for s in inputs(cfg, kind)} for kind in GraphKind}
+
+
+@dataclass(frozen=True)
+class ShapeCase:
+    """One point of the parity sweep. `padded`: row 0 keeps every source token, the others lose some."""
+
+    batch: int
+    src_len: int
+    tgt_len: int
+    past_len: int
+    padded: bool
+
+    @property
+    def label(self) -> str:
+        return f"B{self.batch}-S{self.src_len}-T{self.tgt_len}-P{self.past_len}{'-pad' if self.padded else ''}"
+
+
+def sweep(limits: Limits, batches: tuple[int, ...] | None = None) -> list[ShapeCase]:
+    """Batch 1 and > 1; src_len min/opt/max; past_len 0, 1, opt, max - 1 (one new token); a prefill; padding."""
+    b_opt = limits.axis_ranges()[BATCH][1]
+    batches = batches or (1, max(2, min(b_opt, 4)))
+    _, s_opt, s_max = limits.axis_ranges()[SRC_LEN]
+    _, p_opt, p_max = limits.axis_ranges()[PAST_LEN]
+    cases = []
+    for b in batches:
+        for s in sorted({1, s_opt, s_max}):
+            for p in sorted({0, 1, p_opt, p_max}):
+                cases.append(ShapeCase(b, s, 1, p, padded=b > 1 and s > 1))
+        cases.append(ShapeCase(b, s_opt, min(4, limits.max_tgt_len), 0, padded=b > 1))  # prefill
+        cases.append(ShapeCase(b, s_max, 2, limits.max_tgt_len - 2, padded=b > 1))  # ends at max
+    return cases
+
+
+def check_feed(cfg: Seq2SeqConfig, kind: GraphKind, dtype: str, limits: Limits,
+               feed: Mapping[str, np.ndarray]) -> None:
+    """Raise one InputError listing every way `feed` breaks the graph contract (names, dtypes, shapes, limits)."""
+    specs = inputs(cfg, kind)
+    problems = []
+    missing = [s.name for s in specs if s.name not in feed]
+    unexpected = sorted(set(feed) - {s.name for s in specs})
+    if missing:
+        problems.append(f"missing inputs {missing}")
+    if unexpected:
+        problems.append(f"unexpected inputs {unexpected}")
+    float_dtype = numpy_dtype(dtype)
+    sizes: dict[str, tuple[int, str]] = {}
+    for spec in specs:
+        if spec.name not in feed:
+            continue
+        array = feed[spec.name]
+        want = np.dtype(np.int64) if spec.dtype == "int64" else float_dtype
+        if getattr(array, "dtype", None) != want:
+            problems.append(f"{spec.name}: expected dtype {want}, got {getattr(array, 'dtype', type(array).__name__)}")
+        shape = tuple(getattr(array, "shape", ()))
+        if len(shape) != len(spec.axes):
+            problems.append(f"{spec.name}: expected rank {len(spec.axes)} {spec.axes}, got shape {shape}")
+            continue
+        for axis, size in zip(spec.axes, shape):
+            if isinstance(axis, int) and size != axis:
+                problems.append(f"{spec.name}: expected size {axis} on a fixed axis, got shape {shape}")
+            elif isinstance(axis, str):
+                seen = sizes.setdefault(axis, (size, spec.name))
+                if seen[0] != size:
+                    problems.append(f"{spec.name}: {axis} is {size} but {seen[1]} says {seen[0]}")
+    lo_hi = {a: (r[0], r[2]) for a, r in limits.axis_ranges().items()}
+    for axis, (size, name) in sizes.items():
+        if not lo_hi[axis][0] <= size <= lo_hi[axis][1]:
+            problems.append(f"{name}: {axis} = {size} is outside [{lo_hi[axis][0]}, {lo_hi[axis][1]}]")
+    if PAST_LEN in sizes and TGT_LEN in sizes and sizes[PAST_LEN][0] + sizes[TGT_LEN][0] > limits.max_tgt_len:
+        problems.append(f"past_len + tgt_len = {sizes[PAST_LEN][0] + sizes[TGT_LEN][0]} exceeds max_tgt_len "
+                        f"{limits.max_tgt_len}")
+    if problems:
+        raise InputError(f"{kind.value} feed does not match the graph contract: " + "; ".join(problems))

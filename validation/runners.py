@@ -1,0 +1,240 @@
+"""Backends behind one runner (Polygraphy's shape): one runner runs one graph of the graph contract.
+
+`with runner: runner.infer(feed) -> dict[name, np.ndarray]`. The base checks the feed against the spec
+(names, dtypes, shapes, limits) and times each call (`last_inference_time`, seconds); a backend implements
+only `_activate`, `_infer` and `_deactivate`. Runners take a model (or a path) or a zero-argument callable that
+loads it, so loading stays lazy until the runner is activated.
+
+ONNX Runtime's CPU provider has no bf16 kernels: `OrtRunner` runs a bf16 graph on CPU as its fp32 twin with
+every bf16 tensor rounded to bf16 after the op that makes it (fp32 arithmetic, bf16 storage — what GPU
+kernels with fp32 accumulation do). On the CUDA provider bf16 graphs run as they are.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from seq2trt.exporters import spec
+from seq2trt.reference_model.errors import DependencyError, InputError
+
+logger = logging.getLogger(__name__)
+
+
+class Runner:
+    """Base: context manager, `input_metadata()`, checked and timed `infer(feed)`."""
+
+    def __init__(self, name: str, cfg, kind: spec.GraphKind, dtype: str, limits: spec.Limits):
+        self.name, self.cfg, self.kind, self.dtype, self.limits = name, cfg, kind, dtype, limits
+        self.is_active = False
+        self.last_inference_time: float | None = None
+
+    def __enter__(self) -> "Runner":
+        self._activate()
+        self.is_active = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.is_active = False
+        self._deactivate()
+
+    def input_metadata(self) -> dict[str, tuple[np.dtype, tuple[str | int, ...]]]:
+        """Input name -> (numpy dtype, axes), from the spec."""
+        float_dtype = spec.numpy_dtype(self.dtype)
+        return {s.name: (np.dtype(np.int64) if s.dtype == "int64" else float_dtype, s.axes)
+                for s in spec.inputs(self.cfg, self.kind)}
+
+    def infer(self, feed: Mapping[str, np.ndarray], check: bool = True) -> dict[str, np.ndarray]:
+        if not self.is_active:
+            raise RuntimeError(f"runner {self.name} is not active: use it inside `with runner:`")
+        if check:
+            spec.check_feed(self.cfg, self.kind, self.dtype, self.limits, feed)
+        start = time.perf_counter()
+        outputs = self._infer(feed)
+        self.last_inference_time = time.perf_counter() - start
+        return outputs
+
+    def _activate(self) -> None:
+        pass
+
+    def _deactivate(self) -> None:
+        pass
+
+    def _infer(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+
+def _to_numpy(t, dtype: np.dtype) -> np.ndarray:
+    import torch
+
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.float().numpy().astype(dtype)
+    return t.numpy().astype(dtype, copy=False)
+
+
+class EagerRunner(Runner):
+    """The PyTorch model as a graph of the contract, at the model's own dtype (float64 for a reference).
+
+    Float inputs of any dtype are converted to the model's dtype, so a float64 model can replay exactly the
+    fp16 inputs fed to a graph under test; float outputs come back in the model's dtype.
+    """
+
+    def __init__(self, model, kind: spec.GraphKind, limits: spec.Limits | None = None, name: str = "eager"):
+        """`model`: a `Seq2SeqTransformer`, or a zero-argument callable that loads one."""
+        import torch
+
+        self._source = model
+        cfg = model.cfg if isinstance(model, torch.nn.Module) else None
+        super().__init__(name, cfg, kind, "fp32", limits)
+
+    def _activate(self) -> None:
+        import torch
+
+        model = self._source if isinstance(self._source, torch.nn.Module) else self._source()
+        self.model, self.cfg = model.eval(), model.cfg
+        self.limits = self.limits or spec.Limits.for_model(self.cfg)
+        self._torch_dtype = next(model.parameters()).dtype
+        self.dtype = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(self._torch_dtype, "fp32")
+        self._np_dtype = np.dtype(np.float64) if self._torch_dtype == torch.float64 else spec.numpy_dtype(self.dtype)
+
+    def infer(self, feed: Mapping[str, np.ndarray], check: bool = False) -> dict[str, np.ndarray]:
+        """Only names and shapes matter here (any float dtype is converted), so the dtype check is off."""
+        if check:
+            spec.check_feed(self.cfg, self.kind, self.dtype, self.limits, feed)
+        return super().infer(feed, check=False)
+
+    def _tensor(self, array: np.ndarray):
+        import torch
+
+        if np.issubdtype(array.dtype, np.integer):
+            return torch.as_tensor(np.ascontiguousarray(array), dtype=torch.int64)
+        return torch.as_tensor(np.asarray(array, dtype=np.float64)).to(self._torch_dtype)
+
+    def _infer(self, feed):
+        import torch
+
+        t = {k: self._tensor(v) for k, v in feed.items()}
+        with torch.inference_mode():
+            if self.kind is spec.GraphKind.ENCODER:
+                hidden = self.model.encode(t["input_ids"], t["attention_mask"])
+                values = [hidden] + [x for kv in self.model.cross_kv(hidden) for x in kv]
+            else:
+                kv = lambda side: [tuple(t[spec.kv_name(i, side, p, "past")] for p in ("key", "value"))
+                                   for i in range(self.cfg.num_decoder_layers)]
+                logits, present = self.model.decode_step(t["input_ids"], t["encoder_attention_mask"],
+                                                         kv("encoder"), kv("decoder"))
+                values = [logits] + [x for pair in present for x in pair]
+        names = [s.name for s in spec.outputs(self.cfg, self.kind)]
+        return {n: _to_numpy(v, self._np_dtype) for n, v in zip(names, values)}
+
+
+def ort_providers(device: str = "cpu") -> list[str]:
+    """`cpu`, `cuda` (an error when absent) or `auto` (CUDA when present) -> ORT provider list."""
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    if device == "cpu":
+        return ["CPUExecutionProvider"]
+    if "CUDAExecutionProvider" in available:
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    if device == "cuda":
+        raise DependencyError(f"ONNX Runtime has no CUDA provider here (available: {available}); "
+                              "install onnxruntime-gpu on a machine with an NVIDIA GPU")
+    return ["CPUExecutionProvider"]
+
+
+class OrtRunner(Runner):
+    """ONNX Runtime on one graph file (or bytes, or a callable returning either)."""
+
+    def __init__(self, model: Path | bytes | Callable[[], Path | bytes], cfg, kind: spec.GraphKind, dtype: str,
+                 limits: spec.Limits, device: str = "cpu", intra_op_threads: int = 0, name: str | None = None):
+        super().__init__(name or f"onnxruntime-{device}", cfg, kind, dtype, limits)
+        self._source, self.device, self.intra_op_threads = model, device, intra_op_threads
+        self.session = None
+        self.emulated_bf16 = False
+
+    def _activate(self) -> None:
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            raise DependencyError("onnxruntime is not installed; pip install onnxruntime") from None
+        source = self._source() if callable(self._source) else self._source
+        model = Path(source).read_bytes() if isinstance(source, (str, Path)) else source
+        providers = ort_providers(self.device)
+        if self.dtype == "bf16" and providers[0] == "CPUExecutionProvider":
+            model, self.emulated_bf16 = emulate_bf16(model), True
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = self.intra_op_threads
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        self.session = ort.InferenceSession(model, options, providers=providers)
+        self.output_names = [o.name for o in self.session.get_outputs()]
+
+    def _deactivate(self) -> None:
+        self.session = None
+
+    def _infer(self, feed):
+        if self.emulated_bf16:
+            feed = {k: v.astype(np.float32) if v.dtype != np.int64 else v for k, v in feed.items()}
+        outputs = dict(zip(self.output_names, self.session.run(self.output_names, dict(feed))))
+        if self.emulated_bf16:
+            bf16 = spec.numpy_dtype("bf16")
+            outputs = {k: v.astype(bf16) for k, v in outputs.items()}
+        return outputs
+
+
+# Ops that only move or select values: their bf16 outputs are already bf16-exact, no rounding needed.
+_MOVES_ONLY = {"Reshape", "Transpose", "Concat", "Gather", "Slice", "Squeeze", "Unsqueeze", "Identity", "Expand",
+               "Shape", "Relu"}
+
+
+def emulate_bf16(model: bytes) -> bytes:
+    """The fp32 twin of a bf16 graph, rounding every bf16 tensor to bf16 after the op that makes it."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    proto = onnx.load_from_string(model)
+    g = proto.graph
+    values = [*g.input, *g.output, *g.value_info]
+    bf16 = {v.name for v in values if v.type.tensor_type.elem_type == TensorProto.BFLOAT16}
+    for v in values:
+        if v.type.tensor_type.elem_type == TensorProto.BFLOAT16:
+            v.type.tensor_type.elem_type = TensorProto.FLOAT
+    for i, init in enumerate(g.initializer):
+        if init.data_type == TensorProto.BFLOAT16:
+            g.initializer[i].CopyFrom(numpy_helper.from_array(
+                numpy_helper.to_array(init).astype(np.float32), init.name))
+    nodes = []
+    for node in g.node:
+        for attr in node.attribute:
+            if node.op_type == "Cast" and attr.name == "to" and attr.i == TensorProto.BFLOAT16:
+                attr.i = TensorProto.FLOAT
+                bf16.add(node.output[0])
+            if node.op_type == "Constant" and attr.t.data_type == TensorProto.BFLOAT16:
+                attr.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(attr.t).astype(np.float32)))
+        nodes.append(node)
+        if node.op_type in _MOVES_ONLY:
+            continue
+        for j, out in enumerate(node.output):
+            if out in bf16:
+                node.output[j] = f"{out}__fp32"
+                nodes += [helper.make_node("Cast", [f"{out}__fp32"], [f"{out}__bf16"], to=TensorProto.BFLOAT16),
+                          helper.make_node("Cast", [f"{out}__bf16"], [out], to=TensorProto.FLOAT)]
+    del g.node[:]
+    g.node.extend(nodes)
+    return proto.SerializeToString()
+
+
+RUNNERS: dict[str, Callable[..., Runner]] = {"ort": OrtRunner}
+
+
+def make_runner(backend: str, path: Path, cfg, kind: spec.GraphKind, dtype: str, limits: spec.Limits,
+                **options: Any) -> Runner:
+    if backend not in RUNNERS:
+        raise InputError(f"unknown backend {backend!r}; choose one of {', '.join(RUNNERS)}")
+    return RUNNERS[backend](path, cfg, kind, dtype, limits, **options)
