@@ -178,8 +178,10 @@ def kv_append(PastK, PastV, NewK, NewV, PresK, PresV,
     past_off = b * stride_pb + h * stride_ph + rows[:, None] * stride_pl + offs_d[None, :]
     new_off = b * stride_nb + h * stride_nh + (rows - P)[:, None] * stride_nt + offs_d[None, :]
     pres_off = b * stride_rb + h * stride_rh + rows[:, None] * stride_rl + offs_d[None, :]
-    k = tl.where(in_past, tl.load(PastK + past_off, mask=in_past, other=0.0), tl.load(NewK + new_off, mask=in_new, other=0.0))
-    v = tl.where(in_past, tl.load(PastV + past_off, mask=in_past, other=0.0), tl.load(NewV + new_off, mask=in_new, other=0.0))
+    k = tl.where(in_past, tl.load(PastK + past_off, mask=in_past, other=0.0),
+                 tl.load(NewK + new_off, mask=in_new, other=0.0))
+    v = tl.where(in_past, tl.load(PastV + past_off, mask=in_past, other=0.0),
+                 tl.load(NewV + new_off, mask=in_new, other=0.0))
     tl.store(PresK + pres_off, k, mask=in_past | in_new)
     tl.store(PresV + pres_off, v, mask=in_past | in_new)
 

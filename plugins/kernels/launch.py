@@ -26,6 +26,9 @@ from seq2trt.reference_model.errors import InputError
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 HEAD_DIMS = (32, 64, 128)
 MAX_SPLITS = 64  # flash-decoding partials per (batch, head): the reduction loads them as one block
+# Accuracy the kernels promise against `reference_attention` in float64 on the same rounded inputs:
+# |kernel - reference| <= atol + rtol * |reference|. fp16/bf16 keep their probabilities in the input dtype for P @ V.
+TOLERANCES = {"fp32": (2e-5, 2e-5), "fp16": (2e-3, 2e-3), "bf16": (1.6e-2, 1.6e-2)}
 TARGET_PROGRAMS = 264  # flash-decoding aims for ~2 programs per SM of a 132-SM H100/H200
 
 # Runtime parameters of each kernel in order ("{t}" = the op's dtype); constexprs are not parameters.
@@ -136,36 +139,47 @@ def _check(attrs: AttentionAttrs, dtype: str, query_shape) -> None:
                          f"{attrs.num_heads} * {attrs.head_dim}")
 
 
+def _kv_source(attrs: AttentionAttrs, dtype: str, shapes, inputs, outputs) -> tuple[list[Launch], dict, int, int]:
+    """(KV append launches, K/V/mask arguments, past length, number of keys) of one op call."""
+    B, T, D = shapes[0]
+    H, Dh = attrs.num_heads, attrs.head_dim
+    head_major = lambda L: (H * L * Dh, L * Dh, Dh)  # noqa: E731  (B, H, L, Dh)
+    launches, mask = [], None
+    if attrs.kind is AttentionKind.DECODER_SELF:
+        P = shapes[3][2]
+        L = P + T
+        block_l = block_config("kv_append", dtype, Dh)["BLOCK_L"]
+        launches.append(_launch("kv_append", dtype, Dh, (math.ceil(L / block_l), B * H), {
+            "PastK": inputs[3], "PastV": inputs[4], "NewK": inputs[1], "NewV": inputs[2],
+            "PresK": outputs[1], "PresV": outputs[2],
+            **dict(zip(("stride_pb", "stride_ph", "stride_pl"), head_major(P))),
+            "stride_nb": T * D, "stride_nh": Dh, "stride_nt": D,
+            **dict(zip(("stride_rb", "stride_rh", "stride_rl"), head_major(L))), "H": H, "P": P, "T": T}))
+        K, V, strides = outputs[1], outputs[2], head_major(L)
+    elif attrs.kind is AttentionKind.ENCODER_SELF:
+        P, L, mask = 0, shapes[1][1], inputs[3]
+        K, V, strides = inputs[1], inputs[2], (L * D, Dh, D)  # token-major (B, L, H, Dh)
+    else:
+        P, L, mask = 0, shapes[1][2], inputs[3]
+        K, V, strides = inputs[1], inputs[2], head_major(L)
+    kv_args = {"K": K, "V": V, "Mask": inputs[0] if mask is None else mask, "stride_mb": 0 if mask is None else L,
+               **dict(zip(("stride_kb", "stride_kh", "stride_kl"), strides)),
+               **dict(zip(("stride_vb", "stride_vh", "stride_vl"), strides))}
+    return launches, kv_args, P, L
+
+
 def plan(attrs: AttentionAttrs, dtype: str, shapes, inputs, outputs, workspace=None,
-         at: Callable[[Any, int], Any] = lambda ptr, offset: ptr + offset, num_splits: int | None = None) -> list[Launch]:
+         at: Callable[[Any, int], Any] = lambda ptr, offset: ptr + offset,
+         num_splits: int | None = None) -> list[Launch]:
     """The launches of one op call. shapes: the inputs' shapes in `op.INPUTS[kind]` order; inputs/outputs: handles
     (tensors or device pointers) in op order; workspace: `workspace_bytes` of scratch, `at(workspace, byte_offset)`
     addressing into it. One query token takes flash-decoding when a workspace is given, else flash attention."""
     _check(attrs, dtype, shapes[0])
     B, T, D = shapes[0]
     H, Dh = attrs.num_heads, attrs.head_dim
+    launches, kv_args, P, L = _kv_source(attrs, dtype, shapes, inputs, outputs)
     q_args = {"Q": inputs[0], "stride_qb": T * D, "stride_qh": Dh}
-    launches, mask = [], None
-    if attrs.kind is AttentionKind.DECODER_SELF:
-        P = shapes[3][2]
-        L = P + T
-        launches.append(_launch("kv_append", dtype, Dh, (math.ceil(L / block_config("kv_append", dtype, Dh)["BLOCK_L"]),
-                                                          B * H), {
-            "PastK": inputs[3], "PastV": inputs[4], "NewK": inputs[1], "NewV": inputs[2],
-            "PresK": outputs[1], "PresV": outputs[2], "stride_pb": H * P * Dh, "stride_ph": P * Dh, "stride_pl": Dh,
-            "stride_nb": T * D, "stride_nh": Dh, "stride_nt": D, "stride_rb": H * L * Dh, "stride_rh": L * Dh,
-            "stride_rl": Dh, "H": H, "P": P, "T": T}))
-        K, V, kv_strides = outputs[1], outputs[2], (H * L * Dh, L * Dh, Dh)
-    elif attrs.kind is AttentionKind.ENCODER_SELF:
-        P, L, mask = 0, shapes[1][1], inputs[3]
-        K, V, kv_strides = inputs[1], inputs[2], (L * D, Dh, D)  # token-major (B, L, H, Dh)
-    else:
-        P, L, mask = 0, shapes[1][2], inputs[3]
-        K, V, kv_strides = inputs[1], inputs[2], (H * L * Dh, L * Dh, Dh)  # head-major (B, H, L, Dh)
-    kv_args = {"K": K, "V": V, "Mask": mask if mask is not None else inputs[0], "stride_mb": L if mask is not None else 0,
-               **dict(zip(("stride_kb", "stride_kh", "stride_kl"), kv_strides)),
-               **dict(zip(("stride_vb", "stride_vh", "stride_vl"), kv_strides))}
-    has_mask = int(mask is not None)
+    has_mask = int(attrs.kind is not AttentionKind.DECODER_SELF)
     if T == 1 and workspace is not None:  # the one query (position P) sees every key: no causal mask needed
         block_n = block_config("attn_decode_split", dtype, Dh)["BLOCK_N"]
         splits, keys_per_split = decode_splits(B * H, L, block_n, num_splits)
@@ -181,7 +195,7 @@ def plan(attrs: AttentionAttrs, dtype: str, shapes, inputs, outputs, workspace=N
         launches.append(_launch("attn_fwd", dtype, Dh, (math.ceil(T / block_m), B * H), {
             **q_args, "stride_qt": D, **kv_args, "Out": outputs[0], "stride_ob": T * D, "stride_ot": D,
             "stride_oh": Dh, "H": H, "T": T, "L": L, "past_len": P, "sm_scale": attrs.scale},
-            HAS_MASK=has_mask, IS_CAUSAL=int(attrs.kind is AttentionKind.DECODER_SELF)))
+            HAS_MASK=has_mask, IS_CAUSAL=1 - has_mask))
     return launches
 
 

@@ -4,7 +4,8 @@ The interpreter must be switched on before triton is first imported, and the ahe
 without it, so the sweep runs in a child process: this file run as a script. The parent lists the cases, the child
 runs them all once and prints one JSON line of errors, and each case is its own test.
 
-Also here: `reference_attention` itself against the reference model's `attention_core` in float64.
+Also here: `reference_attention` itself against the reference model's `attention_core` in float64, and the parts of
+scripts/gpu_kernels.py that need no GPU (its unfused PyTorch baseline; the whole script on CPU in the interpreter).
 """
 
 from __future__ import annotations
@@ -12,17 +13,18 @@ from __future__ import annotations
 import json
 import math
 import os
+import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+from seq2trt.plugins.kernels.launch import TOLERANCES
 from seq2trt.plugins.op import AttentionAttrs, AttentionKind, reference_attention
 from seq2trt.reference_model.model import attention_core
 
-# |kernel - reference| <= atol + rtol * |reference|, reference in float64 from the same rounded inputs.
-TOLERANCES = {"fp32": (2e-5, 2e-5), "fp16": (2e-3, 2e-3), "bf16": (1.6e-2, 1.6e-2)}
 LENGTHS = {  # (tgt_len, kv_len): kv_len is the source length (CROSS) or the past length (DECODER_SELF)
     AttentionKind.ENCODER_SELF: [(1, 1), (7, 7), (17, 17), (65, 65)],
     AttentionKind.CROSS: [(1, 65), (7, 17), (17, 1), (65, 7)],
@@ -117,6 +119,46 @@ def test_reference_fully_padded_row_attends_to_nothing():
     mask[1] = 0
     (out,) = reference_attention(attrs, q, k, v, mask)
     assert torch.count_nonzero(out[1]) == 0 and torch.count_nonzero(out[0]) == out[0].numel()
+
+
+GPU_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_kernels.py"
+
+
+def _gpu_script():
+    spec = importlib.util.spec_from_file_location("gpu_kernels", GPU_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("kind", list(AttentionKind), ids=lambda k: k.name)
+@pytest.mark.parametrize("tgt_len", [1, 5])
+def test_gpu_script_baseline_computes_the_op(kind, tgt_len):
+    """The benchmark's unfused PyTorch side (SDPA) must do the op's work, or its timings compare nothing."""
+    attrs, inputs = _inputs(kind, T=tgt_len, S=6)
+    got = _gpu_script().torch_attention(attrs, inputs)
+    for g, e in zip(got, reference_attention(attrs, *inputs), strict=True):
+        torch.testing.assert_close(g, e, atol=1e-12, rtol=1e-12)
+
+
+def test_gpu_script_cases_cover_every_variant():
+    cases = _gpu_script().correctness_cases(quick=False)
+    assert {(c["kind"], c["dtype"], c["head_dim"]) for c in cases} == \
+        {(k.name, d, h) for k in AttentionKind for d in TOLERANCES for h in (32, 64, 128)}
+    decoder = [(c["tgt_len"], c["kv_len"]) for c in cases if c["kind"] == "DECODER_SELF"]
+    assert {(1, 0), (1, 200), (7, 0)} <= set(decoder) and any(t > 64 and p > 0 for t, p in decoder)
+
+
+def test_gpu_script_runs_on_cpu_in_the_interpreter(tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("TRITON_INTERPRET", None)  # the script's --device cpu sets it before importing triton
+    proc = subprocess.run([sys.executable, str(GPU_SCRIPT), str(tmp_path), "--device", "cpu", "--quick",
+                           "--warmup", "1", "--iters", "1"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    report = json.loads((tmp_path / "gpu_kernels.json").read_text())
+    assert report["ok"] and report["correctness"] and all(c["ok"] for c in report["correctness"])
+    (bench,) = report["benchmarks"]
+    assert bench["triton_ms"] > 0 and bench["torch_sdpa_ms"] > 0 and bench["max_abs_vs_sdpa"] < 1e-2
 
 
 def _run_sweep(cases: list[dict]) -> list[dict]:

@@ -1,0 +1,260 @@
+"""GPU check of the attention kernels: correctness against the float64 reference, then timing against PyTorch.
+
+    python scripts/gpu_kernels.py OUT_DIR [--aot-index INDEX.json] [--quick]
+    python scripts/gpu_kernels.py OUT_DIR --device cpu --quick     # the same code on CPU, in triton's interpreter
+
+Writes OUT_DIR/gpu_kernels.json and exits non-zero when a check fails:
+- "correctness": every kind x dtype x head_dim over awkward lengths (1, 7, 65, 200; past 0 and > 0), run through
+  `kernels.launch.attention` (triton's JIT on the device) against `plugins.op.reference_attention` in float64,
+  within `kernels.launch.TOLERANCES`; present K/V must equal past ++ new exactly;
+- "aot" (with --aot-index): the same cases through the ahead-of-time cubins, loaded and launched as the TensorRT
+  plugin does (`plugins.kernel_launch.CudaDriverLauncher`, cuda-python), no triton JIT involved;
+- "benchmarks": median milliseconds (CUDA events, warmup) of the op through our kernels and through the unfused
+  PyTorch equivalent: head transposes, torch.cat of the past for decoder self-attention, and
+  torch.nn.functional.scaled_dot_product_attention with the boolean mask; plus the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+LENGTHS = {  # (tgt_len, kv_len): kv_len is the source length (CROSS) or the past length (DECODER_SELF)
+    "ENCODER_SELF": [(1, 1), (7, 7), (65, 65), (200, 200)],
+    "CROSS": [(1, 200), (7, 65), (65, 7), (200, 1)],
+    "DECODER_SELF": [(1, 0), (1, 200), (7, 0), (65, 17), (200, 65)],
+}
+QUICK_LENGTHS = {"ENCODER_SELF": [(7, 7)], "CROSS": [(1, 65)], "DECODER_SELF": [(1, 9), (17, 5)]}
+# (name, kind, batch, heads, head_dim, tgt_len, kv_len): a d512/8-head model's shapes, and a long past.
+BENCHMARKS = [
+    ("encoder-self B8 S128", "ENCODER_SELF", 8, 8, 64, 128, 128),
+    ("encoder-self B8 S512", "ENCODER_SELF", 8, 8, 64, 512, 512),
+    ("cross step B8 S512", "CROSS", 8, 8, 64, 1, 512),
+    ("cross prefill B8 T64 S512", "CROSS", 8, 8, 64, 64, 512),
+    ("decoder step B8 P127", "DECODER_SELF", 8, 8, 64, 1, 127),
+    ("decoder step B32 P511", "DECODER_SELF", 32, 8, 64, 1, 511),
+    ("decoder step B1 H8 d128 P4095", "DECODER_SELF", 1, 8, 128, 1, 4095),
+    ("decoder prefill B8 T128 P0", "DECODER_SELF", 8, 8, 64, 128, 0),
+]
+QUICK_BENCHMARKS = [("decoder step B2 P33", "DECODER_SELF", 2, 2, 32, 1, 33)]
+
+
+def correctness_cases(quick: bool, dtypes=("fp32", "fp16", "bf16")) -> list[dict]:
+    lengths = QUICK_LENGTHS if quick else LENGTHS
+    head_dims = (64,) if quick else (32, 64, 128)
+    return [{"kind": kind, "dtype": dtype, "head_dim": hd, "tgt_len": t, "kv_len": s, "batch": 2, "heads": 4,
+             "seed": seed}
+            for seed, (kind, dtype, hd) in enumerate((k, d, h) for k in lengths for d in dtypes for h in head_dims)
+            for t, s in lengths[kind]]
+
+
+def compare(got, ref, dtype: str) -> dict:
+    """Errors of the kernel's outputs against the float64 reference's; passes within launch.TOLERANCES."""
+    from seq2trt.plugins.kernels.launch import TOLERANCES
+
+    atol, rtol = TOLERANCES[dtype]
+    diff = (got[0].double() - ref[0]).abs()
+    excess = (diff - atol - rtol * ref[0].abs()).max().item()
+    present_exact = all(bool((g == e.to(g.dtype)).all()) for g, e in zip(got[1:], ref[1:]))
+    return {"max_abs": diff.max().item(), "excess": excess, "present_exact": present_exact,
+            "ok": excess <= 0.0 and present_exact}
+
+
+def _inputs(case: dict, device: str):
+    import torch
+
+    from seq2trt.plugins.kernels.launch import random_inputs
+    from seq2trt.plugins.op import AttentionKind
+
+    dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+    return random_inputs(AttentionKind[case["kind"]], batch=case["batch"], heads=case["heads"],
+                         head_dim=case["head_dim"], tgt_len=case["tgt_len"], kv_len=case["kv_len"],
+                         dtype=dtypes[case["dtype"]], seed=case["seed"], device=device)
+
+
+def _reference(attrs, inputs):
+    from seq2trt.plugins.op import reference_attention
+
+    return reference_attention(attrs, *(x.double() if x.is_floating_point() else x for x in inputs))
+
+
+def run_correctness(cases: list[dict], device: str, run) -> list[dict]:
+    """run(attrs, inputs) -> outputs; each case's errors, or the exception it raised."""
+    results = []
+    for case in cases:
+        try:
+            attrs, inputs = _inputs(case, device)
+            results.append({**case, **compare(run(attrs, inputs), _reference(attrs, inputs), case["dtype"])})
+        except Exception as exc:  # one broken variant must not hide the others
+            results.append({**case, "ok": False, "error": f"{type(exc).__name__}: {exc}",
+                            "traceback": traceback.format_exc(limit=4)})
+    return results
+
+
+def aot_runner(index: Path):
+    """run(attrs, inputs) through the AOT cubins, launched as the TensorRT plugin launches them."""
+    import torch
+
+    from seq2trt.plugins.kernel_launch import AttentionCall, CudaDriverLauncher
+    from seq2trt.plugins.kernels.launch import DTYPE_NAMES, workspace_bytes
+    from seq2trt.plugins.op import AttentionKind
+
+    major, minor = torch.cuda.get_device_capability()
+    launcher = CudaDriverLauncher(index, 10 * major + minor)
+
+    def run(attrs, inputs):
+        inputs = tuple(x.contiguous() for x in inputs)
+        query = inputs[0]
+        outputs = [torch.empty_like(query)]
+        if attrs.kind is AttentionKind.DECODER_SELF:
+            B, H, P, Dh = inputs[3].shape
+            outputs += [query.new_empty((B, H, P + query.shape[1], Dh)) for _ in range(2)]
+        workspace = torch.empty(workspace_bytes(attrs, query.shape[0]), dtype=torch.uint8, device=query.device)
+        launcher.launch(AttentionCall(attrs, DTYPE_NAMES[query.dtype], tuple(tuple(x.shape) for x in inputs),
+                                      tuple(x.data_ptr() for x in inputs), tuple(x.data_ptr() for x in outputs),
+                                      workspace.data_ptr(), torch.cuda.current_stream().cuda_stream))
+        torch.cuda.synchronize()
+        return tuple(outputs)
+
+    return run
+
+
+def torch_attention(attrs, inputs):
+    """The op unfused in PyTorch: head transposes, the past concatenated, scaled_dot_product_attention."""
+    import torch
+    import torch.nn.functional as F
+
+    from seq2trt.plugins.op import AttentionKind
+
+    query = inputs[0]
+    B, T, D = query.shape
+    H, Dh = attrs.num_heads, attrs.head_dim
+    heads = lambda x: x.view(B, -1, H, Dh).transpose(1, 2)  # noqa: E731  (B, H, L, Dh)
+    q = heads(query)
+    if attrs.kind is AttentionKind.DECODER_SELF:
+        k = torch.cat([inputs[3], heads(inputs[1])], dim=2)  # (B, H, P + T, Dh)
+        v = torch.cat([inputs[4], heads(inputs[2])], dim=2)
+        P = inputs[3].shape[2]
+        mask = torch.ones(T, P + T, dtype=torch.bool, device=query.device).tril(P) if T > 1 else None
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attrs.scale)
+        return out.transpose(1, 2).reshape(B, T, D), k, v
+    k, v = (heads(inputs[1]), heads(inputs[2])) if attrs.kind is AttentionKind.ENCODER_SELF else inputs[1:3]
+    mask = (inputs[3] != 0)[:, None, None, :]  # (B, 1, 1, S)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attrs.scale)
+    return (out.transpose(1, 2).reshape(B, T, D),)
+
+
+def median_ms(fn, device: str, warmup: int, iters: int) -> float:
+    """Median wall time of fn() in milliseconds: CUDA events on a GPU, perf_counter on CPU."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(1000 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+def run_benchmarks(specs, dtypes, device: str, warmup: int, iters: int) -> list[dict]:
+    from seq2trt.plugins.kernels.launch import attention
+
+    results = []
+    for name, kind, batch, heads, head_dim, t, s in specs:
+        for dtype in dtypes:
+            case = {"name": name, "kind": kind, "dtype": dtype, "batch": batch, "heads": heads, "head_dim": head_dim,
+                    "tgt_len": t, "kv_len": s, "seed": 0}
+            try:
+                attrs, inputs = _inputs(case, device)
+                ours = median_ms(lambda: attention(attrs, *inputs), device, warmup, iters)
+                sdpa = median_ms(lambda: torch_attention(attrs, inputs), device, warmup, iters)
+                same = compare(attention(attrs, *inputs), [x.double() for x in torch_attention(attrs, inputs)], dtype)
+                results.append({**case, "triton_ms": ours, "torch_sdpa_ms": sdpa, "speedup": sdpa / ours,
+                                "max_abs_vs_sdpa": same["max_abs"]})
+            except Exception as exc:
+                results.append({**case, "error": f"{type(exc).__name__}: {exc}"})
+    return results
+
+
+def versions() -> dict:
+    import torch
+    import triton
+
+    info = {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__}
+    if torch.cuda.is_available():
+        info |= {"device": torch.cuda.get_device_name(), "capability": list(torch.cuda.get_device_capability()),
+                 "cuda": torch.version.cuda}
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="cpu runs triton's interpreter (slow; use with --quick)")
+    parser.add_argument("--aot-index", type=Path, help="index.json of `python -m seq2trt.plugins.kernels.aot`")
+    parser.add_argument("--quick", action="store_true", help="a few cases and one small benchmark")
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--iters", type=int, default=50)
+    args = parser.parse_args(argv)
+    if args.device == "cpu":
+        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            raise SystemExit("--device cpu needs TRITON_INTERPRET=1 before triton is imported")
+        os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+
+    from seq2trt.plugins.kernels.launch import attention
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device visible to torch; use --device cpu --quick for a CPU run")
+    start = time.perf_counter()
+    report = {"command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+              "versions": versions()}
+    # triton's interpreter multiplies bf16 bit patterns in tl.dot (triton-lang/triton#11584): no bf16 on CPU.
+    dtypes = ("fp32", "fp16") if args.device == "cpu" else ("fp32", "fp16", "bf16")
+    cases = correctness_cases(args.quick, dtypes)
+    report["correctness"] = run_correctness(cases, args.device, lambda a, x: attention(a, *x))
+    if args.aot_index is not None:
+        try:
+            report["aot"] = run_correctness(cases, args.device, aot_runner(args.aot_index))
+        except Exception as exc:
+            report["aot"] = [{"ok": False, "error": f"{type(exc).__name__}: {exc}"}]
+    specs = QUICK_BENCHMARKS if args.quick else BENCHMARKS
+    report["benchmarks"] = run_benchmarks(specs, ("fp16",) if args.quick else ("fp16", "bf16"), args.device,
+                                          args.warmup, args.iters)
+    checks = report["correctness"] + report.get("aot", [])
+    report["failed"] = [{k: c.get(k) for k in ("kind", "dtype", "head_dim", "tgt_len", "kv_len", "max_abs", "error")}
+                        for c in checks if not c["ok"]]
+    report["ok"] = not report["failed"] and not any("error" in b for b in report["benchmarks"])
+    report["seconds"] = round(time.perf_counter() - start, 1)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / "gpu_kernels.json").write_text(json.dumps(report, indent=1, default=str))
+    print(f"kernels: {sum(c['ok'] for c in checks)}/{len(checks)} checks passed; "
+          f"{len(report['benchmarks'])} benchmarks; {report['seconds']}s -> {args.out_dir / 'gpu_kernels.json'}")
+    for b in report["benchmarks"]:
+        if "error" not in b:
+            print(f"  {b['name']:32s} {b['dtype']}  triton {b['triton_ms']:.4f} ms  sdpa {b['torch_sdpa_ms']:.4f} ms"
+                  f"  x{b['speedup']:.2f}")
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

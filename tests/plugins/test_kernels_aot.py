@@ -1,0 +1,182 @@
+"""Ahead-of-time compilation of the attention kernels (no GPU): artifacts, targets, entry points, the cache.
+
+Compiles run in child processes — the module CLI, then `compile_all` — because an interpreter run
+(TRITON_INTERPRET=1) in the same process would replace triton's compiler. The representative subset is every
+kernel mode at head_dim 64 in all three dtypes for sm_80 and sm_90 (36 artifacts); the full sweep (216) is
+`python -m seq2trt.plugins.kernels.aot --out DIR`. Also here, without triton: the launch plan asks only for
+variants that the compiler builds, and packs arguments as the compiled kernels take them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from seq2trt.plugins.kernels import aot, launch
+from seq2trt.plugins.op import AttentionAttrs, AttentionKind
+from seq2trt.reference_model.errors import InputError
+
+TARGETS = ("sm_80", "sm_90")
+SUBSET = ["--dtypes", "fp32,fp16,bf16", "--head-dims", "64"]
+
+
+@pytest.fixture(scope="module")
+def triton_cache(tmp_path_factory) -> str:
+    """A fresh triton cache, so the first call really compiles and the second can only hit our own cache."""
+    return str(tmp_path_factory.mktemp("triton-cache"))
+
+
+def _env(triton_cache: str) -> dict:
+    env = dict(os.environ, TRITON_CACHE_DIR=triton_cache)
+    env.pop("TRITON_INTERPRET", None)
+    return env
+
+
+def _cli(out: Path, env: dict, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "seq2trt.plugins.kernels.aot", "--out", str(out),
+                           "--targets", ",".join(TARGETS), *SUBSET, *extra],
+                          env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory, triton_cache) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("kernels")
+    proc = _cli(out, _env(triton_cache))
+    if proc.returncode != 0:
+        pytest.fail(f"aot CLI exited with {proc.returncode}:\n{proc.stderr[-4000:]}")
+    return out, json.loads((out / "index.json").read_text())
+
+
+def _subset_keys() -> set[tuple[str, str]]:
+    return {(v.key, t) for v in aot.all_variants() if dict(v.constexprs)["HEAD_DIM"] == 64 for t in TARGETS}
+
+
+def test_index_lists_every_requested_artifact(compiled):
+    out, index = compiled
+    assert {(e["key"], e["target"]) for e in index["kernels"]} == _subset_keys()
+    assert not any(e["cached"] for e in index["kernels"])
+
+
+def test_artifacts_target_their_architecture(compiled):
+    out, index = compiled
+    for e in index["kernels"]:
+        ptx, cubin = (out / e["ptx"]).read_text(), (out / e["cubin"]).read_bytes()
+        cc = aot.TARGETS[e["target"]]
+        target = re.search(r"^\.target\s+(sm_\d+a?)", ptx, re.M).group(1)
+        assert target in (f"sm_{cc}", f"sm_{cc}a"), (e["key"], target)
+        major, minor = map(int, re.search(r"^\.version\s+(\d+)\.(\d+)", ptx, re.M).groups())
+        assert 10 * major + minor <= 90, f"{e['key']}: PTX {major}.{minor} is newer than a CUDA 13.0 driver takes"
+        assert cubin[:4] == b"\x7fELF" and aot.cubin_arch(cubin) == cc, e["key"]
+        assert e["shared"] <= aot.MAX_SHARED[cc]
+
+
+def test_cubin_arch_agrees_with_cuobjdump(compiled):
+    triton = pytest.importorskip("triton")
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not cuobjdump.exists():
+        pytest.skip(f"no cuobjdump at {cuobjdump}")
+    out, index = compiled
+    for target in TARGETS:
+        e = next(e for e in index["kernels"] if e["target"] == target)
+        header = subprocess.run([str(cuobjdump), "-elf", str(out / e["cubin"])], capture_output=True, text=True).stdout
+        assert re.search(r"sm=(\d+)a?", header).group(1) == target[3:], header[:300]
+
+
+def test_entry_points_and_parameters(compiled):
+    out, index = compiled
+    for e in index["kernels"]:
+        ptx, cubin = (out / e["ptx"]).read_text(), (out / e["cubin"]).read_bytes()
+        assert e["name"] == e["kernel"]
+        params = re.search(rf"\.visible \.entry {e['name']}\((.*?)\)", ptx, re.S).group(1)
+        assert params.count(".param") == len(launch.SIGNATURES[e["kernel"]]) + len(launch.SCRATCH_PARAMS)
+        assert f".text.{e['name']}".encode() in cubin
+        assert [p[0] for p in e["params"]] == [n for n, _ in launch.SIGNATURES[e["kernel"]]] + \
+            list(launch.SCRATCH_PARAMS)
+        assert e["global_scratch_size"] == 0 and e["profile_scratch_size"] == 0
+
+
+def test_second_call_hits_the_cache_and_edits_miss_it(compiled, triton_cache):
+    out, index = compiled
+    changed = index["kernels"][0]
+    (out / changed["cubin"]).write_bytes(b"tampered")  # a damaged artifact is rebuilt, the others are reused
+    code = (f"import json, sys; from seq2trt.plugins.kernels import aot; "
+            f"v = [v for v in aot.all_variants() if dict(v.constexprs)['HEAD_DIM'] == 64]; "
+            f"print(json.dumps(aot.compile_all(sys.argv[1], {list(TARGETS)!r}, v, jobs=1)))")
+    proc = subprocess.run([sys.executable, "-c", code, str(out)], env=_env(triton_cache), capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    again = json.loads(proc.stdout.strip().splitlines()[-1])
+    rebuilt = [(e["key"], e["target"]) for e in again["kernels"] if not e["cached"]]
+    assert rebuilt == [(changed["key"], changed["target"])]
+    assert (out / changed["cubin"]).read_bytes()[:4] == b"\x7fELF"
+
+
+def test_cli_refuses_to_compile_under_the_interpreter(tmp_path, triton_cache):
+    proc = _cli(tmp_path, dict(_env(triton_cache), TRITON_INTERPRET="1"), "--kernels", "kv_append")
+    assert proc.returncode == 2 and "TRITON_INTERPRET" in proc.stderr
+
+
+def test_unknown_target_is_refused():
+    with pytest.raises(InputError, match="sm_70"):
+        aot.parse_targets("sm_80,sm_70")
+
+
+def _plans():
+    """Every dtype x head_dim x kind, with one and with several query tokens, with and without a workspace."""
+    for dtype in launch.DTYPE_NAMES.values():
+        for head_dim in launch.HEAD_DIMS:
+            for kind in AttentionKind:
+                attrs = AttentionAttrs(kind, 2, head_dim, 0.125)
+                for T, L, ws in [(1, 100, 1 << 20), (1, 100, None), (9, 5, 1 << 20)]:
+                    D = 2 * head_dim
+                    shapes = {AttentionKind.ENCODER_SELF: [(3, T, D), (3, T, D), (3, T, D), (3, T)],
+                              AttentionKind.CROSS: [(3, T, D), (3, 2, L, head_dim), (3, 2, L, head_dim), (3, L)],
+                              AttentionKind.DECODER_SELF: [(3, T, D), (3, T, D), (3, T, D), (3, 2, L, head_dim),
+                                                           (3, 2, L, head_dim)]}[kind]
+                    ptrs = [4096 * (i + 1) for i in range(5)]
+                    yield attrs, dtype, shapes, ptrs, ws
+
+
+def test_launch_plan_uses_only_compiled_variants():
+    compiled = {v.key for v in aot.all_variants()}
+    used = {launch_.key for args in _plans() for launch_ in launch.plan(*args[:4], args[3][:3], args[4])}
+    assert used <= compiled, sorted(used - compiled)
+    assert used == compiled, f"variants no plan uses: {sorted(compiled - used)}"
+
+
+def test_pack_orders_arguments_as_the_compiled_kernel():
+    attrs = AttentionAttrs(AttentionKind.DECODER_SELF, 2, 64, 0.125)
+    shapes = [(3, 1, 128), (3, 1, 128), (3, 1, 128), (3, 2, 40, 64), (3, 2, 40, 64)]
+    plan = launch.plan(attrs, "fp16", shapes, [4096, 8192, 12288, 16384, 20480], [24576, 28672, 32768], 65536)
+    assert [p.kernel for p in plan] == ["kv_append", "attn_decode_split", "attn_decode_reduce"]
+    packed = launch.pack(plan[1])
+    assert len(packed.args) == len(launch.SIGNATURES["attn_decode_split"]) + 2
+    assert isinstance(packed.args[0], ctypes.c_void_p) and packed.args[0].value == 4096  # Q
+    assert isinstance(packed.args[-3], ctypes.c_float) and packed.args[-3].value == pytest.approx(0.125)
+    assert packed.args[-1].value is None and packed.args[-2].value is None  # null scratch
+    assert packed.grid[1:] == (6, 1)
+
+
+def test_pack_refuses_misaligned_buffers():
+    attrs = AttentionAttrs(AttentionKind.CROSS, 2, 64, 0.125)
+    shapes = [(1, 4, 128), (1, 2, 9, 64), (1, 2, 9, 64), (1, 9)]
+    (fwd,) = launch.plan(attrs, "bf16", shapes, [4096, 8200, 12288, 16384], [20480])
+    with pytest.raises(InputError, match="K=8200"):
+        launch.pack(fwd)
+
+
+def test_workspace_covers_the_largest_decode():
+    attrs = AttentionAttrs(AttentionKind.CROSS, 8, 128, 0.1)
+    plan = launch.plan(attrs, "fp32", [(4, 1, 1024), (4, 8, 6139, 128), (4, 8, 6139, 128), (4, 6139)],
+                       [0] * 4, [0], workspace=0, num_splits=launch.MAX_SPLITS)
+    end = max(int(v) for p in plan for n, v in p.args.items() if n.startswith("Mid"))
+    splits = plan[0].args["num_splits"]
+    assert splits == launch.MAX_SPLITS and end + 4 * 4 * 8 * splits <= launch.workspace_bytes(attrs, 4)
+
