@@ -20,6 +20,7 @@ TRITON_INTERPRET=1 in the same process: the interpreter replaces the compiler.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import logging
@@ -44,6 +45,7 @@ TARGETS = {"sm_80": 80, "sm_86": 86, "sm_89": 89, "sm_90": 90}
 MAX_SHARED = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
 MAX_PTX_VERSION = 90  # PTX ISA 9.0 = CUDA 13.0, the newest driver we deploy to
 SOURCE = Path(__file__).with_name("attention.py")
+COMPILE_OPTIONS = {"enable_fp_fusion": True}  # triton 3.9's default, spelled out so that a change re-keys the cache
 
 
 def default_dir() -> Path:
@@ -102,6 +104,7 @@ def _triton():
     return triton
 
 
+@functools.lru_cache(maxsize=None)
 def ptx_version(cc: int) -> int:
     """The PTX ISA version for a target: what triton's ptxas for that target emits, capped at MAX_PTX_VERSION."""
     from triton.backends.nvidia.compiler import get_ptxas, ptx_get_version
@@ -112,7 +115,8 @@ def ptx_version(cc: int) -> int:
 def cache_key(variant: Variant, target: str, ptx: int, triton_version: str) -> str:
     blob = json.dumps({"source": hashlib.sha256(SOURCE.read_bytes()).hexdigest(), "variant": asdict(variant),
                        "signature": launch.SIGNATURES[variant.kernel], "target": target, "ptx_version": ptx,
-                       "triton": triton_version, "divisible": launch.DIVISIBLE_BY_16[variant.kernel]},
+                       "triton": triton_version, "divisible": launch.DIVISIBLE_BY_16[variant.kernel],
+                       "options": COMPILE_OPTIONS},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -192,7 +196,7 @@ def compile_variant(variant: Variant, target: str, out_dir: str | Path) -> dict:
     compiled = triton.compile(ASTSource(fn, signature, constexprs=constexprs, attrs=attrs),
                               target=GPUTarget("cuda", cc, 32),
                               options={"num_warps": variant.num_warps, "num_stages": variant.num_stages,
-                                       "ptx_version": ptx, "enable_fp_fusion": True})
+                                       "ptx_version": ptx, **COMPILE_OPTIONS})
     seconds = time.perf_counter() - start
     md = compiled.metadata
     ptx_text, cubin = compiled.asm["ptx"], compiled.asm["cubin"]
