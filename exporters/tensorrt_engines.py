@@ -110,8 +110,8 @@ def build_engines(out: Path, request: EngineRequest,
     limits = request.limits or manifest.limits
     flavour = trt_compat.flavour_of(request.backend)
     engine_dir = out / "engines" / engine_dir_name(flavour.value, request.targets, dtype, request.plugin)
-    with staged_directory(engine_dir, request.force, "engine"):  # refuse before any work
-        pass
+    if engine_dir.is_dir() and any(engine_dir.iterdir()) and not request.force:  # refuse before any work
+        raise ArtifactError(f"engine directory {engine_dir} already exists; pass --force to replace it")
     graphs = source_graphs(out, request.plugin)
     profiles = spec.profiles(cfg, limits)
     settings = BuildSettings(flavour, request.workspace_bytes, request.optimization_level, plugin=request.plugin)
@@ -133,7 +133,7 @@ def build_engines(out: Path, request: EngineRequest,
             progress("", "done", len(graphs))
         record.update({
             "flavour": flavour.value, "targets": list(request.targets),
-            "compute_capabilities": [t for t in request.targets if isinstance(t, int)],
+            "compute_capabilities": trt_compat.resolve_targets(request.targets),
             "dtype": dtype, "limits": vars(limits),
             "plugin": {"name": PLUGIN_NAME, "version": PLUGIN_VERSION, "namespace": PLUGIN_NAMESPACE,
                        "used": request.plugin,

@@ -143,6 +143,22 @@ def has_gpu() -> bool:
     return Path("/dev/nvidiactl").exists() or Path("/dev/dxg").exists()  # /dev/dxg: WSL2
 
 
+def current_compute_capability() -> int | None:
+    """The compute capability of this machine's first GPU (via torch, a core dependency), or None."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability(0)
+    return 10 * major + minor
+
+
+def resolve_targets(targets: Sequence[int | str]) -> list[int]:
+    """Targets as compute capabilities, "current" resolved on this machine (dropped when it has no GPU)."""
+    resolved = [t if isinstance(t, int) else current_compute_capability() for t in targets]
+    return sorted({cc for cc in resolved if cc is not None})
+
+
 def builds_without_gpu(flavour: str | Flavour, targets: Sequence[int | str]) -> bool:
     return FLAVOURS[flavour_of(flavour)].builds_without_gpu and CURRENT not in targets
 
@@ -253,8 +269,8 @@ def check_engine(build_info: Mapping, flavour: str | Flavour, runtime_version: s
         raise ArtifactError(f"engine was built by {flavour.value} {built_version}, but {runtime_version} is "
                             f"installed; engines do not move across versions; {rebuild}")
     targets = build_info.get("targets", [])
-    compute = build_info.get("compute_capabilities", targets)
-    if device_cc not in [c for c in compute if isinstance(c, int)]:
+    compute = build_info.get("compute_capabilities", [t for t in targets if isinstance(t, int)])
+    if device_cc not in compute:
         raise ArtifactError(f"engine targets {target_tag(targets)}, but this GPU is sm_{device_cc}; {rebuild}")
 
 

@@ -60,11 +60,17 @@ def build():
 
 @pytest.mark.parametrize("kind", list(AttentionKind))
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
-def test_plugin_graph_builds_an_engine(tmp_path, build, kind, dtype):
+def test_plugin_graph_builds_an_engine(tmp_path, monkeypatch, build, kind, dtype):
+    from seq2trt.plugins import kernel_launch
+
+    asked = []
+    size = kernel_launch.workspace_size
+    monkeypatch.setattr(kernel_launch, "workspace_size", lambda *a: asked.append(a) or size(*a))
     path = tmp_path / "plugin.onnx"
     profiles = plugin_graph(path, kind, dtype)
     phases = []
     result = build(path, profiles, "sm_86", dtype, progress=lambda phase, done, total: phases.append(phase))
+    assert asked and all(a[1] == dtype and a[2][0][0] == LIMITS["batch"][2] for a in asked)  # sized at max batch
     assert len(result.plan) > 1000
     assert PLUGIN_NAME.encode() in result.plan  # the plugin and its fields are serialized into the plan
     assert result.network.plugin_layers == 1 and result.network.layer_types == {"PLUGIN_V3": 1}
@@ -206,9 +212,10 @@ def test_build_stage_refuses_tampering_overwrite_and_dtype(export_dir):
     other = "fp16" if dtype == "fp32" else "fp32"
     with pytest.raises(InputError, match=f"exported as {dtype}"):
         build_engines(out, EngineRequest("tensorrt-rtx", (89,), dtype=other))
-    build_engines(out, EngineRequest("tensorrt-rtx", (89,), plugin=False, force=True))
+    engine_dir = build_engines(out, EngineRequest("tensorrt-rtx", (89,), force=True))
+    before = {p.name: p.read_bytes() for p in engine_dir.iterdir()}
     with pytest.raises(ArtifactError, match="already exists; pass --force"):
-        build_engines(out, EngineRequest("tensorrt-rtx", (89,), plugin=False))
+        build_engines(out, EngineRequest("tensorrt-rtx", (89,)))
     fused = out / "fused" / "trt" / "decoder.onnx"
     original = fused.read_bytes()
     fused.write_bytes(original + b"\0")
@@ -217,6 +224,7 @@ def test_build_stage_refuses_tampering_overwrite_and_dtype(export_dir):
             build_engines(out, EngineRequest("tensorrt-rtx", (89,), force=True))
     finally:
         fused.write_bytes(original)
+    assert {p.name: p.read_bytes() for p in engine_dir.iterdir()} == before  # a failed --force keeps the old engines
 
 
 def test_cli_build(export_dir):
