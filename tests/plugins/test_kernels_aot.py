@@ -180,3 +180,10 @@ def test_workspace_covers_the_largest_decode():
     splits = plan[0].args["num_splits"]
     assert splits == launch.MAX_SPLITS and end + 4 * 4 * 8 * splits <= launch.workspace_bytes(attrs, 4)
 
+
+
+def test_index_path_follows_the_kernel_dir(monkeypatch, tmp_path):
+    from seq2trt.plugins import kernels
+
+    monkeypatch.setenv("SEQ2TRT_KERNEL_DIR", str(tmp_path))
+    assert kernels.index_path() == tmp_path / "index.json"
