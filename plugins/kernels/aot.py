@@ -168,19 +168,11 @@ def _lookup(variant: Variant, target: str, out_dir: Path) -> tuple[str, Path, di
     return key, manifest_path, _cached(manifest_path, key)
 
 
-def compile_variant(variant: Variant, target: str, out_dir: str | Path) -> dict:
-    """Compile one variant for one target into out_dir (or reuse it); returns its manifest plus 'cached'."""
-    triton = _triton()
-    from triton.backends.compiler import GPUTarget
+def _ast_source(variant: Variant):
+    """(triton ASTSource, runtime parameters, names assumed divisible by 16) of a variant."""
     from triton.compiler import ASTSource
 
     from seq2trt.plugins.kernels.attention import KERNELS
-
-    cc, out_dir = TARGETS[target], Path(out_dir)
-    key, manifest_path, entry = _lookup(variant, target, out_dir)
-    if entry is not None:
-        return {**entry, "cached": True}
-    ptx = ptx_version(cc)
 
     fn = KERNELS[variant.kernel]
     params = [(name, ty.format(t=variant.dtype)) for name, ty in launch.SIGNATURES[variant.kernel]]
@@ -192,9 +184,22 @@ def compile_variant(variant: Variant, target: str, out_dir: str | Path) -> dict:
     signature = {name: "constexpr" if name in constexprs else dict(params)[name] for name in fn.arg_names}
     divisible = launch.DIVISIBLE_BY_16[variant.kernel]
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible}
+    return ASTSource(fn, signature, constexprs=constexprs, attrs=attrs), params, divisible
+
+
+def compile_variant(variant: Variant, target: str, out_dir: str | Path) -> dict:
+    """Compile one variant for one target into out_dir (or reuse it); returns its manifest plus 'cached'."""
+    triton = _triton()
+    from triton.backends.compiler import GPUTarget
+
+    cc, out_dir = TARGETS[target], Path(out_dir)
+    key, manifest_path, entry = _lookup(variant, target, out_dir)
+    if entry is not None:
+        return {**entry, "cached": True}
+    ptx = ptx_version(cc)
+    src, params, divisible = _ast_source(variant)
     start = time.perf_counter()
-    compiled = triton.compile(ASTSource(fn, signature, constexprs=constexprs, attrs=attrs),
-                              target=GPUTarget("cuda", cc, 32),
+    compiled = triton.compile(src, target=GPUTarget("cuda", cc, 32),
                               options={"num_warps": variant.num_warps, "num_stages": variant.num_stages,
                                        "ptx_version": ptx, **COMPILE_OPTIONS})
     seconds = time.perf_counter() - start
@@ -204,6 +209,8 @@ def compile_variant(variant: Variant, target: str, out_dir: str | Path) -> dict:
     if n_params != len(params) + len(launch.SCRATCH_PARAMS):
         raise RuntimeError(f"{variant.key}: PTX entry has {n_params} parameters, expected {len(params)} + scratch "
                            f"{launch.SCRATCH_PARAMS}; triton's calling convention changed")
+    if md.global_scratch_size or md.profile_scratch_size:
+        raise RuntimeError(f"{variant.key} wants global scratch memory, which the plugin's launches pass as null")
     if md.shared > MAX_SHARED[cc]:
         raise RuntimeError(f"{variant.key} needs {md.shared} B of shared memory, {target} allows {MAX_SHARED[cc]}: "
                            "shrink its blocks in launch.block_config")

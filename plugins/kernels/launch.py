@@ -38,20 +38,20 @@ SIGNATURES: dict[str, tuple[tuple[str, str], ...]] = {
         ("Q", "K", "V", "Mask", "Out", "stride_qb", "stride_qt", "stride_qh", "stride_kb", "stride_kh", "stride_kl",
          "stride_vb", "stride_vh", "stride_vl", "stride_mb", "stride_ob", "stride_ot", "stride_oh",
          "H", "T", "L", "past_len", "sm_scale"),
-        ("*{t}", "*{t}", "*{t}", "*i32", "*{t}") + _STRIDES3 * 4 + ("i32",) + ("i32",) * 4 + ("fp32",))),
+        ("*{t}", "*{t}", "*{t}", "*i32", "*{t}") + _STRIDES3 * 4 + ("i32",) + ("i32",) * 4 + ("fp32",), strict=True)),
     "attn_decode_split": tuple(zip(
         ("Q", "K", "V", "Mask", "MidO", "MidM", "MidL", "stride_qb", "stride_qh", "stride_kb", "stride_kh",
          "stride_kl", "stride_vb", "stride_vh", "stride_vl", "stride_mb", "H", "L", "keys_per_split", "num_splits",
          "sm_scale"),
         ("*{t}", "*{t}", "*{t}", "*i32", "*fp32", "*fp32", "*fp32", "i32", "i32") + _STRIDES3 * 2
-        + ("i32",) * 5 + ("fp32",))),
+        + ("i32",) * 5 + ("fp32",), strict=True)),
     "attn_decode_reduce": tuple(zip(
         ("MidO", "MidM", "MidL", "Out", "stride_ob", "stride_oh", "H", "num_splits"),
-        ("*fp32", "*fp32", "*fp32", "*{t}", "i32", "i32", "i32", "i32"))),
+        ("*fp32", "*fp32", "*fp32", "*{t}", "i32", "i32", "i32", "i32"), strict=True)),
     "kv_append": tuple(zip(
         ("PastK", "PastV", "NewK", "NewV", "PresK", "PresV", "stride_pb", "stride_ph", "stride_pl",
          "stride_nb", "stride_nh", "stride_nt", "stride_rb", "stride_rh", "stride_rl", "H", "P", "T"),
-        ("*{t}",) * 6 + _STRIDES3 * 3 + ("i32",) * 3)),
+        ("*{t}",) * 6 + _STRIDES3 * 3 + ("i32",) * 3, strict=True)),
 }
 SCRATCH_PARAMS = ("global_scratch", "profile_scratch")  # appended by Triton 3.9 to every compiled kernel
 # Compiled code assumes these are multiples of 16 (pointers: addresses in bytes), as triton's JIT would specialise:
