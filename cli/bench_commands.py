@@ -1,0 +1,59 @@
+"""`seq2trt bench`: every backend timed side by side on one export, with ratios (validation.bench does the work)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from seq2trt.validation.bench import KNOWN_BACKENDS, BenchSettings
+
+
+@click.command()
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--backends", default="eager,ort,ct2", show_default=True,
+              help=f"Comma-separated, from: {', '.join(KNOWN_BACKENDS)}.")
+@click.option("--batch-sizes", default="1,8,32", show_default=True, help="Comma-separated batch sizes.")
+@click.option("--threads", default="1", show_default=True,
+              help="CPU threads per backend; comma-separated to measure several (e.g. 1,2). ct2-int8 always uses 1.")
+@click.option("--repeats", type=int, default=BenchSettings.repeats, show_default=True,
+              help="Measured repetitions (each one round-robin over the backends).")
+@click.option("--warmup", type=int, default=BenchSettings.warmup, show_default=True, help="Unmeasured repetitions first.")
+@click.option("--src-len", type=int, default=BenchSettings.src_len, show_default=True,
+              help="Source length of the decoding runs (clipped to the export's limit).")
+@click.option("--new-tokens", type=int, default=BenchSettings.new_tokens, show_default=True,
+              help="Tokens decoded per source (eos does not stop a row, so every backend does the same work).")
+@click.option("--checkpoint", type=click.Path(path_type=Path), default=None,
+              help="The checkpoint OUT was exported from (default: the one its manifest names).")
+def bench(out: Path, backends: str, batch_sizes: str, threads: str, repeats: int, warmup: int, src_len: int,
+          new_tokens: int, checkpoint: Path | None) -> None:
+    """Time the backends on the export in OUT; write OUT/reports/latency.json, latency.md and plots."""
+    from seq2trt.validation.bench import parse_backends, parse_ints, run_bench
+
+    from .progress import progress_bar
+
+    settings = BenchSettings(backends=parse_backends(backends), batch_sizes=parse_ints(batch_sizes, "--batch-sizes"),
+                             threads=parse_ints(threads, "--threads"), repeats=repeats, warmup=warmup,
+                             src_len=src_len, new_tokens=new_tokens)
+    total = len(settings.threads) * (settings.warmup + settings.repeats)
+    with progress_bar("bench", total) as update:
+        done = [0]
+
+        def progress(message: str) -> None:
+            if "repetition" in message:
+                done[0] += 1
+            update(min(done[0], total), message)
+
+        doc = run_bench(out, settings, checkpoint, progress)
+    for t, by_backend in doc["results"].items():
+        for backend, by_batch in by_backend.items():
+            for batch, r in by_batch.items():
+                ratio = doc["ratios"][t][backend][batch]
+                vs = ", ".join(f"{k} {v:.2f}x" for k, v in ratio.items() if v is not None)
+                click.echo(f"{t} thread(s) {backend:>9} B={batch:>3}: {r['tokens_per_s']:9.1f} tokens/s, step p50 "
+                           f"{r.get('step_ms_p50', float('nan')):.3f} ms, p99 {r.get('step_ms_p99', float('nan')):.3f} ms"
+                           + (f" ({vs})" if vs else ""))
+    click.echo(f"reports in {out / 'reports'} (latency.json, latency.md, plots)")
+
+
+COMMANDS = [bench]

@@ -1,0 +1,139 @@
+"""`seq2trt bench` on a tiny export: the reports and their keys, ratios, forced-length decoding, CLI errors.
+
+Benchmarks are not tests: nothing here asserts a speed, only that what is reported is complete and consistent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from seq2trt.cli.main import cli
+from seq2trt.exporters.onnx_export import export
+from seq2trt.exporters.spec import Limits
+from seq2trt.reference_model.checkpoint import save_checkpoint
+from seq2trt.reference_model.eager import EagerStepModel
+from seq2trt.reference_model.errors import InputError
+from seq2trt.reference_model.io import sha256_file
+from seq2trt.validation import bench, bench_backends
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def exported(make_model, tmp_path_factory):
+    """A tiny model's checkpoint and its export (max batch 4), the manifest naming the checkpoint."""
+    for name in ("onnxscript", "onnx_ir", "torch.onnx", "torch.export", "torch._export"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    root = tmp_path_factory.mktemp("bench")
+    model = make_model(0, torch.float32)
+    checkpoint = save_checkpoint(root / "checkpoint", model)
+    source = {"checkpoint": str(checkpoint), "weights_sha256": sha256_file(checkpoint / "model.safetensors"),
+              "task": None}
+    return export(model, root / "out", limits=Limits.for_model(model.cfg, max_batch=4), source=source), model
+
+
+@pytest.fixture(scope="module")
+def report(exported):
+    pytest.importorskip("ctranslate2")
+    out, _ = exported
+    settings = bench.BenchSettings(backends=("eager", "ort", "ct2", "ct2-int8"), batch_sizes=(1, 3), repeats=2,
+                                   warmup=1, src_len=8, new_tokens=5, check_samples=8)
+    bench.run_bench(out, settings)
+    return out / "reports"
+
+
+def test_latency_json_has_every_backend_and_batch(report, exported):
+    doc = json.loads((report / "latency.json").read_text())
+    _, model = exported
+    backends = ("eager", "ort", "ct2", "ct2-int8")
+    results = doc["results"]["1"]
+    assert set(results) == set(backends)
+    for name in backends:
+        for batch in ("1", "3"):
+            r = results[name][batch]
+            assert r["tokens_per_s"] > 0 and r["repeats"] == 2
+            assert 0 < r["step_ms_p50"] <= r["step_ms_p90"] <= r["step_ms_p99"]
+            assert r["decode_ms_p50"] <= r["decode_ms_p99"]
+            # tokens/s counts exactly new_tokens per source
+            assert r["tokens_per_s"] == pytest.approx(int(batch) * 5 / (r["decode_ms_p50"] / 1e3), rel=1e-2)
+    assert doc["settings"]["new_tokens"] == 5 and doc["settings"]["forced_length"]
+    assert doc["checks"]["ct2"]["passed"] and doc["checks"]["ct2"]["identical"] == 8
+    assert 0 <= doc["checks"]["ct2-int8"]["rate"] <= 1
+    assert doc["memory"]["ct2"]["peak_rss_mb"] > 0 and doc["memory"]["ort"]["peak_rss_mb"] > 0
+    assert doc["builds"]["ct2"]["model_bytes"] > doc["builds"]["ct2-int8"]["model_bytes"]
+
+
+def test_ratios_are_paired_and_anchored(report):
+    doc = json.loads((report / "latency.json").read_text())
+    ratios = doc["ratios"]["1"]
+    for batch in ("1", "3"):
+        assert ratios["eager"][batch]["vs_eager"] == 1.0 and ratios["ct2"][batch]["vs_ct2"] == 1.0
+        for name in ("ort", "ct2-int8"):
+            for value in ratios[name][batch].values():
+                assert np.isfinite(value) and value > 0
+
+
+def test_latency_curves_cover_the_bounds(report, exported):
+    doc = json.loads((report / "latency.json").read_text())
+    cfg = exported[1].cfg
+    by_past = doc["step_ms_by_past"]["1"]
+    for name in ("eager", "ort"):
+        assert {"0", "1", str(cfg.max_tgt_len - 1)} <= set(by_past[name]["3"])
+        assert set(doc["encoder_ms"]["1"][name]["1"]) >= {"1", str(cfg.max_src_len)}
+    assert str(cfg.max_tgt_len - 1) in by_past["ct2"]["1"] and "0" not in by_past["ct2"]["1"]
+    assert "ct2" not in doc["encoder_ms"]["1"]
+
+
+def test_markdown_and_plots(report):
+    md = (report / "latency.md").read_text()
+    assert "| ort | 3 |" in md and "vs ct2" in md and "![tokens/s by batch size](tokens_per_s.png)" in md
+    for name in ("step_latency.png", "tokens_per_s.png"):
+        assert (report / name).read_bytes()[:8] == PNG
+    assert not (report / "error_by_step.png").exists()  # no parity.json with a per-step series here
+
+
+def test_error_plot_from_parity(report, tmp_path):
+    from seq2trt.validation import plots
+
+    path = plots.error_by_step({"backend": "ort", "dtype": "fp32",
+                                "end_to_end": {"logit_abs_err_by_step": [1e-6, 2e-6, 0.0]}}, tmp_path / "e.png")
+    assert path.read_bytes()[:8] == PNG
+
+
+def test_forced_length_decoding_runs_every_step(exported):
+    _, model = exported
+    backend = bench_backends.StepModelBackend("eager", EagerStepModel(model), model.cfg, threads=1)
+    ids = np.array([[3, 4, 5, model.cfg.eos_id]] * 2)
+    seconds, steps = backend.decode(ids, np.ones_like(ids), 7)
+    assert len(steps) == 7 and seconds >= sum(steps)
+    assert len(backend.step_seconds(ids, np.ones_like(ids), past_len=5, calls=3)) == 3
+
+
+def test_paired_ratio_is_the_median_of_pairs():
+    assert bench.paired_ratio([2.0, 9.0, 4.0], [1.0, 3.0, 4.0]) == 2.0  # pairs 2, 3, 1 -> 2
+    assert bench.paired_ratio(None, [1.0]) is None
+
+
+def test_parse_errors_list_what_is_known():
+    with pytest.raises(InputError, match="known backends: eager, ort, ort-fused, tensorrt"):
+        bench.parse_backends("eager,onnx")
+    with pytest.raises(InputError, match="integers >= 1"):
+        bench.parse_ints("1,0", "--batch-sizes")
+
+
+def test_cli_reports_unknown_and_unavailable_backends(exported, monkeypatch):
+    out, _ = exported
+    runner = CliRunner()
+    result = runner.invoke(cli, ["bench", str(out), "--backends", "eager,trt"])
+    assert result.exit_code == 2 and "known backends: eager, ort" in result.output
+    monkeypatch.setattr("seq2trt.plugins.trt_compat.has_gpu", lambda: False)
+    result = runner.invoke(cli, ["bench", str(out), "--backends", "ort,tensorrt"])
+    assert result.exit_code == 2 and "tensorrt: TensorRT engines run only on an NVIDIA GPU" in result.output
+    result = runner.invoke(cli, ["bench", str(out), "--backends", "ort", "--batch-sizes", "8"])
+    assert result.exit_code == 2 and "exceed the export's max_batch 4" in result.output

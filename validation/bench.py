@@ -1,0 +1,364 @@
+"""`seq2trt bench`: latency and throughput of every backend, measured side by side, and the ratios between them.
+
+What is measured (DESIGN.md, issue 7): encoder latency by source length; decoder step latency by past length
+(0 .. max); end-to-end greedy decoding tokens/s at each batch size (exactly `new_tokens` per source, eos never
+stops a row, so every backend does the same work); p50/p90/p99 after warm-up; peak RSS; build seconds and plan
+sizes from build.json. Backends run round-robin within each repetition (the starting backend rotates), so a
+load spike on a shared machine hits all of them; ratios are medians of per-repetition paired ratios.
+
+CTranslate2 is converted from the reference weights, checked against the eager model's greedy tokens (float32
+must agree; int8's agreement is reported as its accuracy cost), then timed in worker processes, one
+Translator each; int8 always with 1 thread (DESIGN.md: 2 threads are pathological there).
+
+`OUT/reports/latency.json`:
+  settings, machine (load before/after), checks (ct2 agreement), builds (TensorRT build.json, ct2 conversion),
+  memory[backend], results[threads][backend][batch] = {tokens_per_s, step_ms_p50/p90/p99, decode_ms_p50/p90/p99},
+  encoder_ms[threads][backend][batch][src_len], step_ms_by_past[threads][backend][batch][past_len]
+  (= {p50, p90, p99}), ratios[threads][backend][batch] = {vs_eager, vs_ct2} (tokens/s ratio, > 1 is faster).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from seq2trt.exporters.manifest import Manifest, verify
+from seq2trt.reference_model.errors import DependencyError, InputError
+from seq2trt.reference_model.io import atomic_write_text
+from seq2trt.reference_model.vocab import pad_batch
+
+from . import bench_backends as bb
+
+logger = logging.getLogger(__name__)
+
+KNOWN_BACKENDS = ("eager", "ort", "ort-fused", "tensorrt", "tensorrt-rtx", "ct2", "ct2-int8")
+GPU_BACKENDS = ("tensorrt", "tensorrt-rtx")
+Progress = Callable[[str], None]
+
+
+def parse_backends(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    unknown = [n for n in names if n not in KNOWN_BACKENDS]
+    if unknown or not names:
+        raise InputError(f"unknown backend(s) {unknown or [text]}; known backends: {', '.join(KNOWN_BACKENDS)}")
+    return names
+
+
+def parse_ints(text: str, what: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise InputError(f"{what} must be comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise InputError(f"{what} must be integers >= 1, got {text!r}")
+    return tuple(sorted(set(values)))
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    backends: tuple[str, ...] = ("eager", "ort", "ct2")
+    batch_sizes: tuple[int, ...] = (1, 8, 32)
+    threads: tuple[int, ...] = (1,)
+    repeats: int = 10
+    warmup: int = 2
+    src_len: int = 32  # clipped to the export's limits
+    new_tokens: int = 32  # clipped to the export's limits
+    step_calls: int = 2  # decoder calls per past length per repetition
+    check_samples: int = 40  # sources of the ct2 agreement check
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        parse_backends(",".join(self.backends))
+        if self.repeats < 1 or self.warmup < 0 or self.step_calls < 1 or self.check_samples < 1:
+            raise InputError(f"--repeats must be >= 1 and --warmup >= 0, got {self.repeats} and {self.warmup}")
+
+
+def unavailable(backends: tuple[str, ...]) -> dict[str, str]:
+    """Backend name -> why it cannot run on this machine."""
+    from seq2trt.plugins import trt_compat
+
+    why = {}
+    for name in backends:
+        if name in GPU_BACKENDS and not trt_compat.has_gpu():
+            why[name] = "TensorRT engines run only on an NVIDIA GPU and this machine has none"
+        elif name.startswith("ct2"):
+            try:
+                import ctranslate2  # noqa: F401
+            except ImportError:
+                why[name] = "CTranslate2 is not installed (pip install 'seq2trt[ct2]')"
+    return why
+
+
+def available_backends(out: Path) -> tuple[str, ...]:
+    """The backends `bench` can time here for the export in `out` (what the demo asks for)."""
+    names = ["eager", "ort"] + (["ort-fused"] if (Path(out) / "fused" / "ort").is_dir() else []) + \
+        [*GPU_BACKENDS, "ct2"]
+    return tuple(n for n in names if n not in unavailable(tuple(names)))
+
+
+def _stats_ms(seconds: list[float]) -> dict[str, float]:
+    ms = np.asarray(seconds, dtype=np.float64) * 1e3
+    return {f"p{q}": round(float(np.percentile(ms, q)), 4) for q in (50, 90, 99)} if len(ms) else {}
+
+
+def _grid(maximum: int, start: int) -> list[int]:
+    """start, then powers of two, then `maximum`: the lengths a latency curve is drawn through."""
+    values = {start, maximum}
+    v = 1
+    while v < maximum:
+        values.add(v)
+        v *= 2
+    return sorted(x for x in values if start <= x <= maximum)
+
+
+def _sources(cfg, batch: int, length: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded ids of real tokens (no specials), eos last; every row of the same length."""
+    ids = rng.integers(3, cfg.src_vocab_size, size=(batch, length)).astype(np.int64)
+    ids[:, -1] = cfg.eos_id
+    return ids, np.ones_like(ids)
+
+
+class Bench:
+    """One bench run over an export directory; `run()` measures, `document()` is latency.json."""
+
+    def __init__(self, out: Path, settings: BenchSettings, checkpoint: Path | None = None,
+                 progress: Progress | None = None):
+        self.out, self.settings, self.progress = Path(out), settings, progress or (lambda message: None)
+        missing = unavailable(settings.backends)
+        if missing:
+            raise DependencyError("cannot bench " + "; ".join(f"{n}: {why}" for n, why in missing.items()) +
+                                  f". Drop them from --backends (available here: {', '.join(available_backends(out))})")
+        self.manifest: Manifest = verify(self.out, ["encoder.onnx", "decoder.onnx"])
+        self.cfg, self.limits = self.manifest.config, self.manifest.limits
+        too_big = [b for b in settings.batch_sizes if b > self.limits.max_batch]
+        if too_big:
+            raise InputError(f"batch sizes {too_big} exceed the export's max_batch {self.limits.max_batch}; "
+                             "re-export with a larger --max-batch or lower --batch-sizes")
+        self.src_len = min(settings.src_len, self.limits.max_src_len)
+        self.new_tokens = min(settings.new_tokens, self.limits.max_tgt_len - 1)
+        self.checkpoint = checkpoint
+        self.model = self.task = None
+        self.ct2_models: dict[str, dict] = {}
+        self.doc: dict = {}
+
+    # -- preparation ----------------------------------------------------------------------------------------
+    def _reference(self):
+        if self.model is None:
+            from .report_parity import load_reference
+
+            self.model, self.task = load_reference(self.manifest, self.checkpoint)
+        return self.model
+
+    def _prepare_ct2(self) -> dict:
+        """Convert the weights for each requested CTranslate2 variant and check its greedy tokens."""
+        from . import ct2_backend
+        from .report_parity import e2e_sources
+
+        checks = {}
+        model = self._reference()
+        sources, origin = e2e_sources(self.cfg, self.task, self.settings.check_samples, self.settings.seed)
+        ids, mask = pad_batch(sources, self.cfg.pad_id)
+        for name in (n for n in self.settings.backends if n.startswith("ct2")):
+            quantization = "int8" if name == "ct2-int8" else "float32"
+            self.progress(f"converting to CTranslate2 {quantization} and checking its greedy tokens")
+            start = time.perf_counter()
+            model_dir = ct2_backend.convert(model, self.out / "ct2" / quantization, quantization, force=True)
+            seconds = time.perf_counter() - start
+            translator = ct2_backend.Ct2Translator(model_dir, threads=1)
+            agreement = ct2_backend.check_agreement(model, translator, ids, mask, self.limits.max_tgt_len - 1,
+                                                    require=quantization == "float32")
+            self.ct2_models[name] = {"dir": model_dir, "compute_type": ct2_backend.compute_type(quantization),
+                                     "source_tokens": translator.source_tokens}
+            del translator  # one Translator per process while timing
+            checks[name] = {"sources": origin, **agreement.to_dict()}
+            self.doc.setdefault("builds", {})[name] = {
+                "convert_seconds": round(seconds, 3), "model_bytes": (model_dir / "model.bin").stat().st_size}
+        return checks
+
+    def _make(self, name: str, threads: int):
+        from .adapter import RunnerStepModel
+        from .runners import OrtRunner
+
+        if name == "eager":
+            import torch
+
+            from seq2trt.reference_model.eager import EagerStepModel
+
+            return bb.StepModelBackend(name, EagerStepModel(self._reference()), self.cfg, threads,
+                                       set_threads=torch.set_num_threads)
+        if name.startswith("ct2"):
+            info = self.ct2_models[name]
+            used = 1 if name == "ct2-int8" else threads
+            return bb.Ct2Backend(name, info["dir"], info["source_tokens"], used, info["compute_type"])
+        if name in GPU_BACKENDS:
+            from .trt_runner import runner_for
+
+            engines = bb.engine_dir(self.out, name)
+            runners = [runner_for(engines, kind, self.cfg, self.limits) for kind in _kinds()]
+        else:
+            folder = self.out / "fused" / "ort" if name == "ort-fused" else self.out
+            if not (folder / "encoder.onnx").exists():
+                raise InputError(f"{folder} holds no encoder.onnx; run `seq2trt fuse {self.out} --target ort` first")
+            runners = [OrtRunner(folder / kind.filename, self.cfg, kind, self.manifest.dtype, self.limits,
+                                 device="cpu", intra_op_threads=threads, name=name) for kind in _kinds()]
+        for r in runners:
+            r.__enter__()
+        return bb.StepModelBackend(name, RunnerStepModel(*runners), self.cfg, threads,
+                                   closers=[lambda r=r: r.__exit__(None, None, None) for r in runners])
+
+    # -- measurement ----------------------------------------------------------------------------------------
+    def run(self) -> dict:
+        s = self.settings
+        self.doc = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    "artifact": str(self.out), "settings": {**asdict(s), "src_len": self.src_len,
+                                                            "new_tokens": self.new_tokens, "forced_length": True},
+                    "model": {k: getattr(self.cfg, k) for k in ("d_model", "num_heads", "num_encoder_layers",
+                                                                "num_decoder_layers", "d_ff", "tgt_vocab_size")},
+                    "dtype": self.manifest.dtype, "machine": _machine("before"), "builds": _engine_builds(self.out)}
+        self.doc["checks"] = self._prepare_ct2() if any(n.startswith("ct2") for n in s.backends) else {}
+        for key in ("results", "encoder_ms", "step_ms_by_past", "ratios", "memory", "raw"):
+            self.doc[key] = {}
+        for threads in s.threads:
+            self._run_threads(threads)
+        self.doc["machine"].update(_machine("after"))
+        self.doc.pop("raw")
+        return self.doc
+
+    def _run_threads(self, threads: int) -> None:
+        s = self.settings
+        rng = np.random.default_rng(s.seed)
+        t = str(threads)
+        self.progress(f"{threads} thread(s): starting {', '.join(s.backends)}")
+        backends = []
+        try:
+            for name in s.backends:
+                before = bb.rss_mb()
+                backends.append(self._make(name, threads))
+                self.doc["memory"].setdefault(name, {})["load_rss_delta_mb"] = round(bb.rss_mb() - before, 1)
+            inputs = {b: _sources(self.cfg, b, self.src_len, rng) for b in s.batch_sizes}
+            enc_lengths = _grid(self.limits.max_src_len, 1)
+            pasts = _grid(self.limits.max_tgt_len - 1, 0)
+            raw = {"decode": {}, "steps": {}, "encoder": {}, "by_past": {}}
+            for rep in range(s.warmup + s.repeats):
+                keep = rep >= s.warmup
+                self.progress(f"{threads} thread(s): repetition {rep + 1}/{s.warmup + s.repeats}"
+                              + ("" if keep else " (warm-up)"))
+                order = backends[rep % len(backends):] + backends[:rep % len(backends)]
+                for batch in s.batch_sizes:
+                    ids, mask = inputs[batch]
+                    for b in order:
+                        b.activate()
+                        seconds, steps = b.decode(ids, mask, self.new_tokens)
+                        if keep:
+                            raw["decode"].setdefault((b.name, batch), []).append(seconds)
+                            raw["steps"].setdefault((b.name, batch), []).extend(steps or [])
+                    for length in enc_lengths:
+                        src = _sources(self.cfg, batch, length, rng)
+                        for b in order:
+                            b.activate()
+                            seconds = b.encode_seconds(*src)
+                            if keep and seconds is not None:
+                                raw["encoder"].setdefault((b.name, batch, length), []).append(seconds)
+                    for b in order:
+                        b.activate()
+                        for past in pasts:
+                            times = b.step_seconds(ids, mask, past, s.step_calls)
+                            if keep and times:
+                                raw["by_past"].setdefault((b.name, batch, past), []).extend(times)
+                        ct2_steps = b.steps_by_past(ids, mask, self.limits.max_tgt_len)  # its last step: past max - 1
+                        if keep and ct2_steps:
+                            for past in pasts:
+                                if 1 <= past <= len(ct2_steps):
+                                    raw["by_past"].setdefault((b.name, batch, past), []).append(ct2_steps[past - 1])
+            for b in backends:
+                self.doc["memory"][b.name].update(b.memory())
+                if b.threads != threads:
+                    self.doc["memory"][b.name]["threads_used"] = b.threads
+        finally:
+            for b in backends:
+                b.close()
+        self._summarise(t, raw)
+
+    def _summarise(self, t: str, raw: dict) -> None:
+        s = self.settings
+        results = self.doc["results"].setdefault(t, {})
+        for (name, batch), seconds in raw["decode"].items():
+            tokens = batch * self.new_tokens
+            decode = _stats_ms(seconds)
+            steps = _stats_ms(raw["steps"].get((name, batch), []))
+            results.setdefault(name, {})[str(batch)] = {
+                "tokens_per_s": round(tokens / float(np.median(seconds)), 2),
+                **{f"step_ms_{k}": v for k, v in steps.items()}, **{f"decode_ms_{k}": v for k, v in decode.items()},
+                "repeats": len(seconds)}
+        for key, table in (("encoder", "encoder_ms"), ("by_past", "step_ms_by_past")):
+            out = self.doc[table].setdefault(t, {})
+            for (name, batch, length), seconds in raw[key].items():
+                out.setdefault(name, {}).setdefault(str(batch), {})[str(length)] = _stats_ms(seconds)
+        ratios = self.doc["ratios"].setdefault(t, {})
+        for (name, batch), seconds in raw["decode"].items():
+            ratios.setdefault(name, {})[str(batch)] = {
+                label: paired_ratio(raw["decode"].get((ref, batch)), seconds)
+                for ref, label in (("eager", "vs_eager"), ("ct2", "vs_ct2"))}
+        logger.debug("summarised %d decode series for %s thread(s)", len(raw["decode"]), t)
+
+
+def paired_ratio(reference_seconds: list[float] | None, seconds: list[float]) -> float | None:
+    """Speed of a backend relative to a reference (> 1: faster): the median over repetitions of the ratio of the
+    two times measured in the same repetition, so a load spike that slows one round slows both sides of its pair."""
+    if not reference_seconds:
+        return None
+    return round(float(np.median(np.asarray(reference_seconds) / np.asarray(seconds))), 4)
+
+
+def _kinds():
+    from seq2trt.exporters import spec
+
+    return (spec.GraphKind.ENCODER, spec.GraphKind.DECODER)
+
+
+def _machine(when: str) -> dict:
+    load = os.getloadavg()
+    info = {f"loadavg_{when}": [round(x, 2) for x in load]}
+    if when == "before":
+        info.update({"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+                     "processor": platform.processor() or platform.machine()})
+        for package in ("onnxruntime", "torch", "ctranslate2"):
+            try:
+                from importlib.metadata import version
+
+                info[package] = version(package)
+            except Exception:  # not installed: nothing to record
+                pass
+    return info
+
+
+def _engine_builds(out: Path) -> dict:
+    """build seconds and plan sizes of every engine directory's build.json."""
+    builds = {}
+    for path in sorted((Path(out) / "engines").glob("*/build.json")):
+        try:
+            info = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            continue
+        builds[path.parent.name] = {name: {"build_seconds": g.get("build_seconds"), "plan_bytes": g.get("plan_bytes")}
+                                    for name, g in info.get("graphs", {}).items()}
+    return builds
+
+
+def run_bench(out: Path, settings: BenchSettings, checkpoint: Path | None = None,
+              progress: Progress | None = None) -> dict:
+    """Measure, then write OUT/reports/latency.json, latency.md and the PNG plots; returns the document."""
+    from .bench_report import write_reports
+
+    doc = Bench(out, settings, checkpoint, progress).run()
+    write_reports(Path(out) / "reports", doc)
+    return doc

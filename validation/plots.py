@@ -1,0 +1,82 @@
+"""PNG plots of a bench (latency.json) and a validation (parity.json), with matplotlib's non-interactive backend.
+
+Each function takes the JSON document, writes one PNG atomically and returns its path, or None when the
+document holds nothing to draw.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from seq2trt.reference_model.errors import DependencyError
+from seq2trt.reference_model.io import atomic_write_bytes
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise DependencyError("plots need matplotlib; pip install 'seq2trt[dev]' (or pip install matplotlib)") from None
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    atomic_write_bytes(path, buffer.getvalue())
+    return path
+
+
+def step_latency_by_past(doc: dict, path: Path) -> Path | None:
+    """Decoder step p50 vs past length, one panel per thread count and batch size, one line per backend."""
+    table = doc.get("step_ms_by_past") or {}
+    panels = [(t, b) for t, backends in table.items() for b in sorted({b for v in backends.values() for b in v}, key=int)]
+    if not panels:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
+    for ax, (t, batch) in zip(axes[0], panels):
+        for backend, by_batch in table[t].items():
+            points = sorted((int(p), s["p50"]) for p, s in by_batch.get(batch, {}).items() if s)
+            if points:
+                ax.plot(*zip(*points), marker="o", markersize=3, label=backend)
+        ax.set(title=f"batch {batch}, {t} thread(s)", xlabel="past length", ylabel="step latency p50 (ms)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def tokens_per_second(doc: dict, path: Path) -> Path | None:
+    """End-to-end greedy tokens/s vs batch size, one panel per thread count, one line per backend."""
+    results = doc.get("results") or {}
+    if not results:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(results), figsize=(4.6 * len(results), 3.6), squeeze=False)
+    for ax, (t, backends) in zip(axes[0], results.items()):
+        for backend, by_batch in backends.items():
+            points = sorted((int(b), r["tokens_per_s"]) for b, r in by_batch.items())
+            ax.plot(*zip(*points), marker="o", label=backend)
+        ax.set(title=f"greedy decoding, {t} thread(s)", xlabel="batch size", ylabel="tokens/s", xscale="log",
+               yscale="log")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def error_by_step(parity: dict, path: Path) -> Path | None:
+    """Largest |logit error| vs decoding step, from parity.json's `end_to_end.logit_abs_err_by_step` when present."""
+    series = ((parity or {}).get("end_to_end") or {}).get("logit_abs_err_by_step")
+    if not series:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    ax.plot(range(len(series)), [max(e, 1e-12) for e in series], marker="o", markersize=3)
+    ax.set(title=f"{parity.get('backend', '')} {parity.get('dtype', '')} vs eager", xlabel="decoding step",
+           ylabel="max |logit error|", yscale="log")
+    ax.grid(alpha=0.3, which="both")
+    return _save(fig, path)
