@@ -33,7 +33,6 @@ import numpy as np
 
 from seq2trt.exporters.manifest import Manifest, verify
 from seq2trt.reference_model.errors import DependencyError, InputError
-from seq2trt.reference_model.io import atomic_write_text
 from seq2trt.reference_model.vocab import pad_batch
 
 from . import bench_backends as bb
@@ -128,7 +127,7 @@ def _sources(cfg, batch: int, length: int, rng: np.random.Generator) -> tuple[np
 
 
 class Bench:
-    """One bench run over an export directory; `run()` measures, `document()` is latency.json."""
+    """One bench run over an export directory; `run()` measures and returns the latency.json document."""
 
     def __init__(self, out: Path, settings: BenchSettings, checkpoint: Path | None = None,
                  progress: Progress | None = None):
@@ -225,12 +224,11 @@ class Bench:
                                                                 "num_decoder_layers", "d_ff", "tgt_vocab_size")},
                     "dtype": self.manifest.dtype, "machine": _machine("before"), "builds": _engine_builds(self.out)}
         self.doc["checks"] = self._prepare_ct2() if any(n.startswith("ct2") for n in s.backends) else {}
-        for key in ("results", "encoder_ms", "step_ms_by_past", "ratios", "memory", "raw"):
+        for key in ("results", "encoder_ms", "step_ms_by_past", "ratios", "memory"):
             self.doc[key] = {}
         for threads in s.threads:
             self._run_threads(threads)
         self.doc["machine"].update(_machine("after"))
-        self.doc.pop("raw")
         return self.doc
 
     def _run_threads(self, threads: int) -> None:
@@ -245,40 +243,13 @@ class Bench:
                 backends.append(self._make(name, threads))
                 self.doc["memory"].setdefault(name, {})["load_rss_delta_mb"] = round(bb.rss_mb() - before, 1)
             inputs = {b: _sources(self.cfg, b, self.src_len, rng) for b in s.batch_sizes}
-            enc_lengths = _grid(self.limits.max_src_len, 1)
-            pasts = _grid(self.limits.max_tgt_len - 1, 0)
             raw = {"decode": {}, "steps": {}, "encoder": {}, "by_past": {}}
             for rep in range(s.warmup + s.repeats):
-                keep = rep >= s.warmup
                 self.progress(f"{threads} thread(s): repetition {rep + 1}/{s.warmup + s.repeats}"
-                              + ("" if keep else " (warm-up)"))
+                              + ("" if rep >= s.warmup else " (warm-up)"))
                 order = backends[rep % len(backends):] + backends[:rep % len(backends)]
                 for batch in s.batch_sizes:
-                    ids, mask = inputs[batch]
-                    for b in order:
-                        b.activate()
-                        seconds, steps = b.decode(ids, mask, self.new_tokens)
-                        if keep:
-                            raw["decode"].setdefault((b.name, batch), []).append(seconds)
-                            raw["steps"].setdefault((b.name, batch), []).extend(steps or [])
-                    for length in enc_lengths:
-                        src = _sources(self.cfg, batch, length, rng)
-                        for b in order:
-                            b.activate()
-                            seconds = b.encode_seconds(*src)
-                            if keep and seconds is not None:
-                                raw["encoder"].setdefault((b.name, batch, length), []).append(seconds)
-                    for b in order:
-                        b.activate()
-                        for past in pasts:
-                            times = b.step_seconds(ids, mask, past, s.step_calls)
-                            if keep and times:
-                                raw["by_past"].setdefault((b.name, batch, past), []).extend(times)
-                        ct2_steps = b.steps_by_past(ids, mask, self.limits.max_tgt_len)  # its last step: past max - 1
-                        if keep and ct2_steps:
-                            for past in pasts:
-                                if 1 <= past <= len(ct2_steps):
-                                    raw["by_past"].setdefault((b.name, batch, past), []).append(ct2_steps[past - 1])
+                    self._measure_batch(order, batch, *inputs[batch], raw if rep >= s.warmup else None, rng)
             for b in backends:
                 self.doc["memory"][b.name].update(b.memory())
                 if b.threads != threads:
@@ -288,8 +259,36 @@ class Bench:
                 b.close()
         self._summarise(t, raw)
 
+    def _measure_batch(self, order: list, batch: int, ids: np.ndarray, mask: np.ndarray, raw: dict | None,
+                       rng: np.random.Generator) -> None:
+        """One repetition at one batch size, each backend in turn: decoding, encoder by length, step by past.
+        `raw` is None during warm-up."""
+        def record(table: str, key: tuple, values: list[float]) -> None:
+            if raw is not None and values:
+                raw[table].setdefault(key, []).extend(values)
+
+        for b in order:
+            b.activate()
+            seconds, steps = b.decode(ids, mask, self.new_tokens)
+            record("decode", (b.name, batch), [seconds])
+            record("steps", (b.name, batch), steps or [])
+        for length in _grid(self.limits.max_src_len, 1):
+            src = _sources(self.cfg, batch, length, rng)
+            for b in order:
+                b.activate()
+                seconds = b.encode_seconds(*src)
+                record("encoder", (b.name, batch, length), [] if seconds is None else [seconds])
+        pasts = _grid(self.limits.max_tgt_len - 1, 0)
+        for b in order:
+            b.activate()
+            for past in pasts:
+                record("by_past", (b.name, batch, past), b.step_seconds(ids, mask, past, self.settings.step_calls) or [])
+            ct2_steps = b.steps_by_past(ids, mask, self.limits.max_tgt_len)  # its last step has past max - 1
+            for past in pasts if ct2_steps else ():
+                if 1 <= past <= len(ct2_steps):
+                    record("by_past", (b.name, batch, past), [ct2_steps[past - 1]])
+
     def _summarise(self, t: str, raw: dict) -> None:
-        s = self.settings
         results = self.doc["results"].setdefault(t, {})
         for (name, batch), seconds in raw["decode"].items():
             tokens = batch * self.new_tokens
