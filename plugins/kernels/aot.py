@@ -78,8 +78,8 @@ def all_variants() -> list[Variant]:
         for head_dim in launch.HEAD_DIMS:
             out += [_variant("attn_fwd", dtype, head_dim, HAS_MASK=1, IS_CAUSAL=0),  # encoder self, cross
                     _variant("attn_fwd", dtype, head_dim, HAS_MASK=0, IS_CAUSAL=1),  # decoder prefill
-                    _variant("attn_decode_split", dtype, head_dim, HAS_MASK=1),
-                    _variant("attn_decode_split", dtype, head_dim, HAS_MASK=0),
+                    _variant("attn_decode_split", dtype, head_dim, HAS_MASK=1, APPEND=0),  # encoder self, cross
+                    _variant("attn_decode_split", dtype, head_dim, HAS_MASK=0, APPEND=1),  # decoder step
                     _variant("attn_decode_reduce", dtype, head_dim),
                     _variant("kv_append", dtype, head_dim)]
     return out

@@ -7,7 +7,8 @@
 - `attn_decode_split` + `attn_decode_reduce`: flash-decoding (Dao et al. 2023) for one query token: the keys are
   split across programs, each writes a partial (max, sum, unnormalised output) in fp32, and the reduction merges
   them — so a single new token over a long past still fills the GPU.
-- `kv_append`: present = past ++ new for decoder self-attention, past (B,H,P,Dh) and new (B,T,H*Dh) token-major.
+- `kv_append`: present = past ++ new for decoder self-attention, past (B,H,P,Dh) and new (B,T,H*Dh) token-major,
+  before a prefill; a decode step appends inside `attn_decode_split` instead, reading the past once.
 
 Every kernel addresses K/V through (batch, head, token) strides with a contiguous head dimension, so the
 token-major (B,T,H*Dh) and head-major (B,H,L,Dh) layouts of the op share one compiled kernel. Scores use exp2 with
@@ -84,16 +85,35 @@ def attn_fwd(Q, K, V, Mask, Out,
 
 
 @triton.jit
-def attn_decode_split(Q, K, V, Mask, MidO, MidM, MidL,
+def _decode_rows(base, new, pres, cols, col_ok, stride_l, offs_d, L, HEAD_DIM: tl.constexpr, APPEND: tl.constexpr):
+    """Rows `cols` of K or V (BLOCK_N, Dh). With APPEND, row L - 1 is the new token's and every row is also
+    written to the present (B, H, L, Dh) at `pres`."""
+    if APPEND:
+        from_past = col_ok & (cols < L - 1)
+        is_new = col_ok & (cols == L - 1)
+        x = tl.where(from_past[:, None],
+                     tl.load(base + cols[:, None] * stride_l + offs_d[None, :], mask=from_past[:, None], other=0.0),
+                     tl.load(new + offs_d[None, :] + 0 * cols[:, None], mask=is_new[:, None], other=0.0))
+        tl.store(pres + cols[:, None] * HEAD_DIM + offs_d[None, :], x, mask=col_ok[:, None])
+    else:
+        x = tl.load(base + cols[:, None] * stride_l + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+    return x
+
+
+@triton.jit
+def attn_decode_split(Q, K, V, Mask, NewK, NewV, PresK, PresV, MidO, MidM, MidL,
                       stride_qb, stride_qh,
                       stride_kb, stride_kh, stride_kl,
                       stride_vb, stride_vh, stride_vl,
-                      stride_mb,
+                      stride_mb, stride_nb, stride_rb, stride_rh,
                       H, L, keys_per_split, num_splits, sm_scale,
-                      HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr):
-    """Grid (num_splits, B * H). One query token; split s covers keys [s * keys_per_split, ...).
+                      HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr, APPEND: tl.constexpr):
+    """Grid (num_splits, B * H). One query token over L keys; split s covers keys [s * keys_per_split, ...).
 
-    Writes, per (b*h, s): MidO (Dh,) the unnormalised output, MidM the running max (log2 units), MidL the sum.
+    With APPEND (decoder self-attention) K/V are the past (B, H, L - 1, Dh) and key L - 1 is the new token's
+    NewK/NewV (B, 1, H*Dh): each split also writes its rows of the present PresK/PresV (B, H, L, Dh), so the past
+    is read once. Writes, per (b*h, s): MidO (Dh,) the unnormalised output, MidM the running max (log2 units), MidL
+    the sum.
     """
     pid_s = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -105,6 +125,8 @@ def attn_decode_split(Q, K, V, Mask, MidO, MidM, MidL,
     q = tl.load(Q + b * stride_qb + h * stride_qh + offs_d).to(tl.float32) * (sm_scale * LOG2E)
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
+    new_off = b * stride_nb + h * HEAD_DIM
+    pres_off = b * stride_rb + h * stride_rh
     start = pid_s * keys_per_split
     end = tl.minimum(L, start + keys_per_split)
 
@@ -114,7 +136,7 @@ def attn_decode_split(Q, K, V, Mask, MidO, MidM, MidL,
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
         col_ok = cols < end
-        k = tl.load(k_base + cols[:, None] * stride_kl + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        k = _decode_rows(k_base, NewK + new_off, PresK + pres_off, cols, col_ok, stride_kl, offs_d, L, HEAD_DIM, APPEND)
         s = tl.sum(k.to(tl.float32) * q[None, :], 1)  # (BLOCK_N,)
         allowed = col_ok
         if HAS_MASK:
@@ -126,7 +148,7 @@ def attn_decode_split(Q, K, V, Mask, MidO, MidM, MidL,
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(s - m_safe)
         l_i = l_i * alpha + tl.sum(p, 0)
-        v = tl.load(v_base + cols[:, None] * stride_vl + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        v = _decode_rows(v_base, NewV + new_off, PresV + pres_off, cols, col_ok, stride_vl, offs_d, L, HEAD_DIM, APPEND)
         acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), 0)
         m_i = m_new
     mid = pid_bh.to(tl.int64) * num_splits + pid_s

@@ -40,11 +40,10 @@ SIGNATURES: dict[str, tuple[tuple[str, str], ...]] = {
          "H", "T", "L", "past_len", "sm_scale"),
         ("*{t}", "*{t}", "*{t}", "*i32", "*{t}") + _STRIDES3 * 4 + ("i32",) + ("i32",) * 4 + ("fp32",), strict=True)),
     "attn_decode_split": tuple(zip(
-        ("Q", "K", "V", "Mask", "MidO", "MidM", "MidL", "stride_qb", "stride_qh", "stride_kb", "stride_kh",
-         "stride_kl", "stride_vb", "stride_vh", "stride_vl", "stride_mb", "H", "L", "keys_per_split", "num_splits",
-         "sm_scale"),
-        ("*{t}", "*{t}", "*{t}", "*i32", "*fp32", "*fp32", "*fp32", "i32", "i32") + _STRIDES3 * 2
-        + ("i32",) * 5 + ("fp32",), strict=True)),
+        ("Q", "K", "V", "Mask", "NewK", "NewV", "PresK", "PresV", "MidO", "MidM", "MidL", "stride_qb", "stride_qh",
+         "stride_kb", "stride_kh", "stride_kl", "stride_vb", "stride_vh", "stride_vl", "stride_mb", "stride_nb",
+         "stride_rb", "stride_rh", "H", "L", "keys_per_split", "num_splits", "sm_scale"),
+        ("*{t}", "*{t}", "*{t}", "*i32") + ("*{t}",) * 4 + ("*fp32",) * 3 + ("i32",) * 16 + ("fp32",), strict=True)),
     "attn_decode_reduce": tuple(zip(
         ("MidO", "MidM", "MidL", "Out", "stride_ob", "stride_oh", "H", "num_splits"),
         ("*fp32", "*fp32", "*fp32", "*{t}", "i32", "i32", "i32", "i32"), strict=True)),
@@ -139,23 +138,32 @@ def _check(attrs: AttentionAttrs, dtype: str, query_shape) -> None:
                          f"{attrs.num_heads} * {attrs.head_dim}")
 
 
-def _kv_source(attrs: AttentionAttrs, dtype: str, shapes, inputs, outputs) -> tuple[list[Launch], dict, int, int]:
-    """(KV append launches, K/V/mask arguments, past length, number of keys) of one op call."""
+def _kv_source(attrs: AttentionAttrs, dtype: str, shapes, inputs, outputs, decode: bool):
+    """(KV append launches, K/V/mask and append arguments, past length, number of keys) of one op call.
+
+    A decoder prefill appends first (`kv_append`) and attends to the present; a decode step (`decode`) reads the
+    past and the new token and writes the present inside attn_decode_split (APPEND)."""
     B, T, D = shapes[0]
     H, Dh = attrs.num_heads, attrs.head_dim
     head_major = lambda L: (H * L * Dh, L * Dh, Dh)  # noqa: E731  (B, H, L, Dh)
     launches, mask = [], None
+    append = {"NewK": inputs[0], "NewV": inputs[0], "PresK": inputs[0], "PresV": inputs[0],
+              "stride_nb": 0, "stride_rb": 0, "stride_rh": 0}  # never touched without APPEND
     if attrs.kind is AttentionKind.DECODER_SELF:
         P = shapes[3][2]
         L = P + T
-        block_l = block_config("kv_append", dtype, Dh)["BLOCK_L"]
-        launches.append(_launch("kv_append", dtype, Dh, (math.ceil(L / block_l), B * H), {
-            "PastK": inputs[3], "PastV": inputs[4], "NewK": inputs[1], "NewV": inputs[2],
-            "PresK": outputs[1], "PresV": outputs[2],
-            **dict(zip(("stride_pb", "stride_ph", "stride_pl"), head_major(P))),
-            "stride_nb": T * D, "stride_nh": Dh, "stride_nt": D,
-            **dict(zip(("stride_rb", "stride_rh", "stride_rl"), head_major(L))), "H": H, "P": P, "T": T}))
-        K, V, strides = outputs[1], outputs[2], head_major(L)
+        past_present = {"NewK": inputs[1], "NewV": inputs[2], "PresK": outputs[1], "PresV": outputs[2]}
+        if decode:
+            append = {**past_present, "stride_nb": D, "stride_rb": H * L * Dh, "stride_rh": L * Dh}
+            K, V, strides = inputs[3], inputs[4], head_major(P)
+        else:
+            block_l = block_config("kv_append", dtype, Dh)["BLOCK_L"]
+            launches.append(_launch("kv_append", dtype, Dh, (math.ceil(L / block_l), B * H), {
+                "PastK": inputs[3], "PastV": inputs[4], **past_present,
+                **dict(zip(("stride_pb", "stride_ph", "stride_pl"), head_major(P))),
+                "stride_nb": T * D, "stride_nh": Dh, "stride_nt": D,
+                **dict(zip(("stride_rb", "stride_rh", "stride_rl"), head_major(L))), "H": H, "P": P, "T": T}))
+            K, V, strides = outputs[1], outputs[2], head_major(L)
     elif attrs.kind is AttentionKind.ENCODER_SELF:
         P, L, mask = 0, shapes[1][1], inputs[3]
         K, V, strides = inputs[1], inputs[2], (L * D, Dh, D)  # token-major (B, L, H, Dh)
@@ -165,7 +173,7 @@ def _kv_source(attrs: AttentionAttrs, dtype: str, shapes, inputs, outputs) -> tu
     kv_args = {"K": K, "V": V, "Mask": inputs[0] if mask is None else mask, "stride_mb": 0 if mask is None else L,
                **dict(zip(("stride_kb", "stride_kh", "stride_kl"), strides)),
                **dict(zip(("stride_vb", "stride_vh", "stride_vl"), strides))}
-    return launches, kv_args, P, L
+    return launches, kv_args, append, P, L
 
 
 def plan(attrs: AttentionAttrs, dtype: str, shapes, inputs, outputs, workspace=None,
@@ -177,17 +185,18 @@ def plan(attrs: AttentionAttrs, dtype: str, shapes, inputs, outputs, workspace=N
     _check(attrs, dtype, shapes[0])
     B, T, D = shapes[0]
     H, Dh = attrs.num_heads, attrs.head_dim
-    launches, kv_args, P, L = _kv_source(attrs, dtype, shapes, inputs, outputs)
+    decode = T == 1 and workspace is not None  # the one query (position P) sees every key: no causal mask needed
+    launches, kv_args, append, P, L = _kv_source(attrs, dtype, shapes, inputs, outputs, decode)
     q_args = {"Q": inputs[0], "stride_qb": T * D, "stride_qh": Dh}
     has_mask = int(attrs.kind is not AttentionKind.DECODER_SELF)
-    if T == 1 and workspace is not None:  # the one query (position P) sees every key: no causal mask needed
+    if decode:
         block_n = block_config("attn_decode_split", dtype, Dh)["BLOCK_N"]
         splits, keys_per_split = decode_splits(B * H, L, block_n, num_splits)
         mid = {"MidO": at(workspace, 0), "MidM": at(workspace, 4 * B * H * splits * Dh),
                "MidL": at(workspace, 4 * B * H * splits * (Dh + 1))}
         launches.append(_launch("attn_decode_split", dtype, Dh, (splits, B * H), {
-            **q_args, **kv_args, **mid, "H": H, "L": L, "keys_per_split": keys_per_split, "num_splits": splits,
-            "sm_scale": attrs.scale}, HAS_MASK=has_mask))
+            **q_args, **kv_args, **append, **mid, "H": H, "L": L, "keys_per_split": keys_per_split,
+            "num_splits": splits, "sm_scale": attrs.scale}, HAS_MASK=has_mask, APPEND=1 - has_mask))
         launches.append(_launch("attn_decode_reduce", dtype, Dh, (B * H,), {
             **mid, "Out": outputs[0], "stride_ob": D, "stride_oh": Dh, "H": H, "num_splits": splits}))
     else:

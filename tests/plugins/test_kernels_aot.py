@@ -155,10 +155,13 @@ def test_pack_orders_arguments_as_the_compiled_kernel():
     attrs = AttentionAttrs(AttentionKind.DECODER_SELF, 2, 64, 0.125)
     shapes = [(3, 1, 128), (3, 1, 128), (3, 1, 128), (3, 2, 40, 64), (3, 2, 40, 64)]
     plan = launch.plan(attrs, "fp16", shapes, [4096, 8192, 12288, 16384, 20480], [24576, 28672, 32768], 65536)
-    assert [p.kernel for p in plan] == ["kv_append", "attn_decode_split", "attn_decode_reduce"]
-    packed = launch.pack(plan[1])
+    assert [p.kernel for p in plan] == ["attn_decode_split", "attn_decode_reduce"]  # the step appends in the split
+    packed = launch.pack(plan[0])
     assert len(packed.args) == len(launch.SIGNATURES["attn_decode_split"]) + 2
-    assert isinstance(packed.args[0], ctypes.c_void_p) and packed.args[0].value == 4096  # Q
+    assert [a.value for a in packed.args[:8]] == [4096, 16384, 20480, 4096, 8192, 12288, 28672, 32768]
+    prefill = launch.plan(attrs, "fp16", [(3, 5, 128)] * 3 + shapes[3:], [4096 * i for i in range(1, 6)],
+                          [24576, 28672, 32768], 65536)
+    assert [p.kernel for p in prefill] == ["kv_append", "attn_fwd"]
     assert isinstance(packed.args[-3], ctypes.c_float) and packed.args[-3].value == pytest.approx(0.125)
     assert packed.args[-1].value is None and packed.args[-2].value is None  # null scratch
     assert packed.grid[1:] == (6, 1)
