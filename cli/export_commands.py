@@ -75,7 +75,8 @@ def export(checkpoint: Path, out: Path, dtype: str, opset: int, max_batch: int, 
               help="Eager reference (default: the checkpoint recorded in the manifest).")
 @click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True,
               help="ONNX Runtime provider: CPU, CUDA, or CUDA when present.")
-@click.option("--threads", type=int, default=0, show_default=True, help="Intra-op threads (0: ORT's default).")
+@click.option("--threads", type=int, default=1, show_default=True,
+              help="ONNX Runtime intra-op threads (0: one per core).")
 @click.option("--seed", type=int, default=0, show_default=True)
 def validate(out: Path, backend: str, graphs: str, samples: int, beam_size: int, max_new_tokens: int | None,
              checkpoint: Path | None, device: str, threads: int, seed: int) -> None:

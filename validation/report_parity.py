@@ -42,7 +42,7 @@ class ValidateSettings:
     beam_size: int = 4
     max_new_tokens: int | None = None  # None: the limits' max_tgt_len - 1 (32 for models without a task)
     device: str = "cpu"
-    threads: int = 0
+    threads: int = 1  # small decoding calls: one thread is fastest and robust on a shared CPU
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -84,11 +84,14 @@ class EagerRunner(Runner):
     fp16 inputs fed to a graph under test; float outputs come back in the model's dtype.
     """
 
-    def __init__(self, model, kind: spec.GraphKind, limits: spec.Limits | None = None, name: str = "eager"):
-        """`model`: a `Seq2SeqTransformer`, or a zero-argument callable that loads one."""
+    def __init__(self, model, kind: spec.GraphKind, limits: spec.Limits | None = None, name: str = "eager",
+                 threads: int | None = 1):
+        """`model`: a `Seq2SeqTransformer`, or a zero-argument callable that loads one. `threads`: torch's
+        intra-op threads while active (None: leave as is); one thread is fastest for the small calls of
+        decoding and does not collapse when the CPU is shared."""
         import torch
 
-        self._source = model
+        self._source, self.threads, self._saved_threads = model, threads, None
         cfg = model.cfg if isinstance(model, torch.nn.Module) else None
         super().__init__(name, cfg, kind, "fp32", limits)
 
@@ -101,6 +104,16 @@ class EagerRunner(Runner):
         self._torch_dtype = next(model.parameters()).dtype
         self.dtype = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(self._torch_dtype, "fp32")
         self._np_dtype = np.dtype(np.float64) if self._torch_dtype == torch.float64 else spec.numpy_dtype(self.dtype)
+        if self.threads:
+            self._saved_threads = torch.get_num_threads()
+            torch.set_num_threads(self.threads)
+
+    def _deactivate(self) -> None:
+        import torch
+
+        if self._saved_threads:
+            torch.set_num_threads(self._saved_threads)
+            self._saved_threads = None
 
     def infer(self, feed: Mapping[str, np.ndarray], check: bool = False) -> dict[str, np.ndarray]:
         """Only names and shapes matter here (any float dtype is converted), so the dtype check is off."""

@@ -1,0 +1,192 @@
+"""Export: the graphs keep the contract (names, dynamic axes, no control flow, every attention block marked),
+and ONNX Runtime matches the float64 eager model over the spec's whole sweep in every dtype."""
+
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from seq2trt.exporters import spec
+from seq2trt.exporters.manifest import MANIFEST, read_manifest, verify
+from seq2trt.exporters.onnx_export import export, marked_attention
+from seq2trt.plugins.op import AttentionAttrs, AttentionKind
+from seq2trt.reference_model.errors import ArtifactError
+from seq2trt.reference_model.model import MultiHeadAttention, attention_core
+from seq2trt.validation.parity import graph_parity
+from seq2trt.validation.runners import EagerRunner, OrtRunner
+
+
+@pytest.fixture(scope="module")
+def model(make_model):
+    return make_model(seed=1, dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def exports(model, tmp_path_factory):
+    """dtype -> export directory, each exported once per module."""
+    done = {}
+
+    def get(dtype: str):
+        if dtype not in done:
+            done[dtype] = export(model, tmp_path_factory.mktemp("export") / "out", dtype=dtype)
+        return done[dtype], dtype
+
+    return get
+
+
+@pytest.fixture(params=["fp32", "fp16", "bf16"])
+def exported(request, exports):
+    return exports(request.param)
+
+
+def _dims(value: onnx.ValueInfoProto) -> list:
+    return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+
+
+def test_graph_io_follows_the_spec_with_named_dynamic_axes(exported, model):
+    out, dtype = exported
+    cfg = model.cfg
+    for kind in spec.GraphKind:
+        proto = onnx.load(out / kind.filename)
+        assert [v.name for v in proto.graph.input] == [s.name for s in spec.inputs(cfg, kind)]
+        assert [v.name for v in proto.graph.output] == [s.name for s in spec.outputs(cfg, kind)]
+        for value, s in zip(list(proto.graph.input) + list(proto.graph.output),
+                            spec.inputs(cfg, kind) + spec.outputs(cfg, kind)):
+            dims = _dims(value)
+            for axis, dim in zip(s.axes, dims):
+                if isinstance(axis, int):
+                    assert dim == axis, (s.name, dims)
+                else:  # an example size must never have frozen an axis into a number
+                    assert isinstance(dim, str), (s.name, dims)
+            if s.dtype == "float":
+                assert value.type.tensor_type.elem_type == spec.DTYPES[dtype][1]
+    decoder = onnx.load(out / "decoder.onnx")
+    assert _dims(decoder.graph.input[-1]) == ["batch", cfg.num_heads, "past_len", cfg.head_dim]
+
+
+def test_no_control_flow_and_every_block_marked(exported, model):
+    out, _ = exported
+    cfg = model.cfg
+    for kind in spec.GraphKind:
+        proto = onnx.load(out / kind.filename)
+        all_nodes = list(proto.graph.node) + [n for f in proto.functions for n in f.node]
+        assert not {"If", "Loop", "Scan"} & {n.op_type for n in all_nodes}
+        marked = [n for n in proto.graph.node if n.domain == spec.MARKED_DOMAIN]
+        kinds = {}
+        for node in marked:
+            attrs = AttentionAttrs.from_onnx({a.name: onnx.helper.get_attribute_value(a) for a in node.attribute})
+            assert node.op_type == spec.MARKED_OP_TYPES[attrs.kind]
+            assert (attrs.num_heads, attrs.head_dim) == (cfg.num_heads, cfg.head_dim)
+            assert attrs.scale == pytest.approx(cfg.head_dim ** -0.5)
+            kinds[attrs.kind] = kinds.get(attrs.kind, 0) + 1
+        assert kinds == spec.expected_blocks(cfg, kind)
+        want_names = {spec.block_name(k, i) for k, n in spec.expected_blocks(cfg, kind).items() for i in range(n)}
+        assert {n.name for n in marked} == want_names
+        assert {f.name for f in proto.functions} >= {spec.MARKED_OP_TYPES[k] for k in kinds}
+
+
+def test_marked_inputs_are_in_the_fused_op_layout(exported, model):
+    out, _ = exported
+    cfg = model.cfg
+    proto = onnx.shape_inference.infer_shapes(onnx.load(out / "decoder.onnx"))
+    shapes = {v.name: _dims(v) for v in list(proto.graph.value_info) + list(proto.graph.input)}
+    for node in (n for n in proto.graph.node if n.domain == spec.MARKED_DOMAIN):
+        assert shapes[node.input[0]][-1] == cfg.d_model  # query (B, T, D)
+        if node.op_type == "CrossAttention":
+            assert node.input[1].startswith("past_key_values.") and ".encoder." in node.input[1]
+        if node.op_type == "DecoderSelfAttention":
+            assert node.input[3].endswith(".decoder.key") and node.output[1].startswith("present.")
+
+
+def test_ort_matches_float64_eager_over_the_sweep(exported, model):
+    out, dtype = exported
+    manifest = verify(out)
+    limits, cfg = manifest.limits, model.cfg
+    reference = _double(model)
+    candidates = tuple(OrtRunner(out / k.filename, cfg, k, dtype, limits) for k in spec.GraphKind)
+    references = tuple(EagerRunner(reference, k, limits) for k in spec.GraphKind)
+    for r in candidates + references:
+        r.__enter__()
+    result = graph_parity(candidates, references, spec.sweep(limits))
+    assert result, result.failures()
+    labels = {c.case for c in result.cases}
+    assert any("-P0" in label and label.startswith("B1-") for label in labels)
+    assert any(f"-P{cfg.max_tgt_len - 1}" in label for label in labels)
+    if dtype == "fp32":
+        logits = result.summary()["decoder"]["logits"]
+        assert logits["max_abs"] < 1e-4 and logits["min_cosine"] > 0.999999
+
+
+def _double(model):
+    import copy
+
+    return copy.deepcopy(model).double()
+
+
+def test_parity_catches_a_wrong_graph(exports, model, tmp_path):
+    """The comparison can fail: a graph whose cross-attention scale is off by 10% must not pass."""
+    out, dtype = exports("fp32")
+    proto = onnx.load(out / "decoder.onnx")
+    node = next(n for n in proto.graph.node if n.op_type == "CrossAttention")
+    attr = next(a for a in node.attribute if a.name == "scale")
+    attr.f *= 1.1
+    broken = tmp_path / "decoder.onnx"
+    onnx.save(proto, broken)
+    manifest = read_manifest(out)
+    cfg, limits = model.cfg, manifest.limits
+    candidates = (OrtRunner(out / "encoder.onnx", cfg, spec.GraphKind.ENCODER, dtype, limits),
+                  OrtRunner(broken, cfg, spec.GraphKind.DECODER, dtype, limits))
+    references = tuple(EagerRunner(_double(model), k, limits) for k in spec.GraphKind)
+    for r in candidates + references:
+        r.__enter__()
+    result = graph_parity(candidates, references, [c for c in spec.sweep(limits) if c.src_len > 1][:2])
+    assert not result and any("logits" in f for f in result.failures())
+
+
+def test_marking_restores_the_attention_core():
+    with pytest.raises(RuntimeError):
+        with marked_attention():
+            assert MultiHeadAttention.core is not attention_core
+            raise RuntimeError("export failed")
+    assert MultiHeadAttention.core is attention_core
+
+
+def test_existing_output_is_refused_without_force(exports, model):
+    out, dtype = exports("fp32")
+    before = (out / MANIFEST).read_bytes()
+    with pytest.raises(ArtifactError, match="--force"):
+        export(model, out, dtype=dtype)
+    assert (out / MANIFEST).read_bytes() == before
+
+
+def test_manifest_detects_tampering(exports, tmp_path):
+    out, dtype = exports("fp16")
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    assert verify(copy).dtype == "fp16"
+    data = bytearray((copy / "decoder.onnx").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (copy / "decoder.onnx").write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="decoder.onnx does not match its sha256"):
+        verify(copy)
+    (copy / "encoder.onnx").unlink()
+    with pytest.raises(ArtifactError, match="encoder.onnx is missing"):
+        verify(copy)
+
+
+def test_polygraphy_runs_the_decoder(exports, model):
+    out, dtype = exports("fp32")
+    cfg = model.cfg
+    shapes = " ".join(f"{s.name}:[2,{cfg.num_heads},{0 if '.decoder.' in s.name else 5},{cfg.head_dim}]"
+                      for s in spec.inputs(cfg, spec.GraphKind.DECODER)[2:])
+    cmd = (f"polygraphy run {out / 'decoder.onnx'} --onnxrt --val-range input_ids:[3,{cfg.tgt_vocab_size - 1}] "
+           f"encoder_attention_mask:[1,1] --input-shapes input_ids:[2,1] encoder_attention_mask:[2,5] {shapes}")
+    done = subprocess.run(cmd.split(), capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "PASSED" in done.stdout + done.stderr
