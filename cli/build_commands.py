@@ -15,7 +15,7 @@ from seq2trt.plugins import trt_compat
               show_default=True, help="TensorRT flavour; tensorrt-rtx builds without a GPU.")
 @click.option("--target", "target", default=None,
               help="Comma-separated compute capabilities (sm_86,sm_89) or 'current' (the GPU here). "
-                   "Default: current when a GPU is present, else sm_86.")
+                   "Default: current; sm_86 for tensorrt-rtx on a machine without a GPU.")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default=None,
               help="Engine precision; must match the export's (networks are strongly typed). Default: the export's.")
 @click.option("--max-batch", type=int, default=None, help="Profile maximum batch. Default: the export's limit.")
@@ -25,17 +25,21 @@ from seq2trt.plugins import trt_compat
 @click.option("--opt-level", type=click.IntRange(0, 5), default=3, show_default=True,
               help="Builder optimization level.")
 @click.option("--workspace-mib", type=click.IntRange(min=1), default=None, help="Workspace limit in MiB.")
+@click.option("--timing-cache", type=click.Path(path_type=Path), default=None,
+              help="Timing cache file to read and update (enterprise TensorRT only; TensorRT-RTX has none).")
 @click.option("--force", is_flag=True, help="Replace an existing engine directory.")
 def build(out: Path, backend: str, target: str | None, dtype: str | None, max_batch: int | None,
           max_src_len: int | None, max_tgt_len: int | None, no_plugin: bool, opt_level: int,
-          workspace_mib: int | None, force: bool) -> None:
+          workspace_mib: int | None, timing_cache: Path | None, force: bool) -> None:
     """Build encoder and decoder engines of the export in OUT into OUT/engines/<backend>-<target>-<dtype>/."""
     from seq2trt.exporters import manifest, spec
     from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines
 
     from .progress import progress_bar
 
-    targets = trt_compat.parse_targets(backend, target or ("current" if trt_compat.has_gpu() else "sm_86"))
+    if target is None:  # only TensorRT-RTX can name a target it is not running on
+        target = "current" if trt_compat.has_gpu() or backend == trt_compat.Flavour.TENSORRT.value else "sm_86"
+    targets = trt_compat.parse_targets(backend, target)
     exported = manifest.read_manifest(out)
     limits = None
     if any(v is not None for v in (max_batch, max_src_len, max_tgt_len)):
@@ -43,7 +47,7 @@ def build(out: Path, backend: str, target: str | None, dtype: str | None, max_ba
         limits = spec.Limits.for_model(exported.config, max_batch or base.max_batch, max_src_len or base.max_src_len,
                                        max_tgt_len or base.max_tgt_len)
     request = EngineRequest(backend, targets, dtype, limits, not no_plugin, opt_level,
-                            workspace_mib * (1 << 20) if workspace_mib else None, force)
+                            workspace_mib * (1 << 20) if workspace_mib else None, force, timing_cache)
     with progress_bar(f"building {backend} engines ({trt_compat.target_tag(targets)})", len(spec.GraphKind)) as update:
         engine_dir = build_engines(out, request, lambda graph, phase, done: update(done, f"{graph} {phase}".strip()))
     from seq2trt.exporters.tensorrt_engines import read_build

@@ -45,6 +45,7 @@ class EngineRequest:
     optimization_level: int = 3
     workspace_bytes: int | None = None
     force: bool = False
+    timing_cache: Path | None = None  # enterprise TensorRT only
 
 
 def engine_dir_name(backend: str, targets, dtype: str, plugin: bool = True) -> str:
@@ -109,12 +110,16 @@ def build_engines(out: Path, request: EngineRequest,
     cfg = manifest.config
     limits = request.limits or manifest.limits
     flavour = trt_compat.flavour_of(request.backend)
+    trt_compat.load(flavour)  # a missing TensorRT says which extra to install before any work
     engine_dir = out / "engines" / engine_dir_name(flavour.value, request.targets, dtype, request.plugin)
     if engine_dir.is_dir() and any(engine_dir.iterdir()) and not request.force:  # refuse before any work
         raise ArtifactError(f"engine directory {engine_dir} already exists; pass --force to replace it")
     graphs = source_graphs(out, request.plugin)
     profiles = spec.profiles(cfg, limits)
-    settings = BuildSettings(flavour, request.workspace_bytes, request.optimization_level, plugin=request.plugin)
+    if request.timing_cache is not None and not trt_compat.FLAVOURS[flavour].timing_cache:
+        logger.warning("%s has no timing cache; --timing-cache is ignored", flavour.value)
+    settings = BuildSettings(flavour, request.workspace_bytes, request.optimization_level, request.timing_cache,
+                             plugin=request.plugin)
     record = {"graphs": {}}
     with staged_directory(engine_dir, request.force, "engine") as tmp:
         for done, (kind, (path, digest)) in enumerate(graphs.items()):

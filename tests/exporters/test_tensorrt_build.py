@@ -238,3 +238,6 @@ def test_cli_build(export_dir):
     assert (out / "engines" / f"tensorrt-rtx-sm_80-{dtype}" / "decoder.plan").exists()
     bad = CliRunner().invoke(cli, ["build", str(out), "--target", "sm_90"])
     assert bad.exit_code == 2 and "cannot target sm_90" in bad.output
+    if importlib.util.find_spec("tensorrt") is None:
+        missing = CliRunner().invoke(cli, ["build", str(out), "--backend", "tensorrt"])
+        assert missing.exit_code == 2 and "pip install 'seq2trt[trt]'" in missing.output
