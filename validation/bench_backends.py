@@ -39,6 +39,12 @@ def peak_rss_mb() -> float:
         return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
 
 
+def settle(seconds: float = 0.005) -> None:
+    """A short idle gap before each turn: the previous backend's thread pool (OpenMP, ORT) spin-waits for a while
+    after its last call, and on 2 cores that spinning would be charged to whichever backend runs next."""
+    time.sleep(seconds)
+
+
 class TimedSteps:
     """A `StepModel` proxy that records the wall time of every `step` call."""
 
@@ -73,6 +79,7 @@ class StepModelBackend:
 
     def activate(self) -> None:
         """Called before each of its turns: eager's thread count is process-wide."""
+        settle()
         if self._set_threads is not None:
             self._set_threads(self.threads)
 
@@ -150,7 +157,7 @@ class Ct2Backend:
         return [[self.source_tokens[int(i)] for i in row[m != 0]] for row, m in zip(input_ids, attention_mask)]
 
     def activate(self) -> None:
-        pass
+        settle()
 
     def decode(self, input_ids, attention_mask, new_tokens):
         """End-to-end time without a callback; step times from a second run with one (it costs a Python call per row)."""
