@@ -238,6 +238,11 @@ def test_cli_build(export_dir):
     assert (out / "engines" / f"tensorrt-rtx-sm_80-{dtype}" / "decoder.plan").exists()
     bad = CliRunner().invoke(cli, ["build", str(out), "--target", "sm_90"])
     assert bad.exit_code == 2 and "cannot target sm_90" in bad.output
-    if importlib.util.find_spec("tensorrt") is None:
+    if importlib.util.find_spec("tensorrt") is None:  # enterprise TensorRT: a clear error naming the extra
+        from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines
+        from seq2trt.reference_model.errors import DependencyError
+
+        with pytest.raises(DependencyError, match=r"pip install 'seq2trt\[trt\]'"):
+            build_engines(out, EngineRequest("tensorrt", ("current",)))
         missing = CliRunner().invoke(cli, ["build", str(out), "--backend", "tensorrt"])
-        assert missing.exit_code == 2 and "pip install 'seq2trt[trt]'" in missing.output
+        assert missing.exit_code == 2 and "`tensorrt` module, which is not importable" in missing.output
