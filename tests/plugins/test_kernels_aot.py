@@ -195,6 +195,7 @@ def test_index_path_follows_the_kernel_dir(monkeypatch, tmp_path):
 def test_planning_does_not_import_triton():
     """The plugin sizes and plans launches where triton may be absent (TensorRT builders, the engine runtime)."""
     code = ("import sys; from seq2trt.plugins import kernels; from seq2trt.plugins.kernels import aot, launch; "
-            "assert kernels.launch_plan and 'triton' not in sys.modules, sorted(m for m in sys.modules if 'triton' in m)")
+            "assert kernels.launch_plan and 'triton' not in sys.modules, "
+            "sorted(m for m in sys.modules if 'triton' in m)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
