@@ -65,8 +65,27 @@ class BuildResult:
     targets: tuple = field(default_factory=tuple)
 
 
+# TensorRT messages that are expected here and only noise for a user.
+_QUIET = ("has Int64 binding",  # our graphs take int64 ids and masks on purpose (the graph contract)
+          "CUDA driver version is insufficient",  # TensorRT-RTX probing for a GPU on a CPU-only build machine
+          "will not be queryable")  # node names repeat across inlined ONNX functions; we query no inner tensor
+
+
 def _logger(trt):
-    return trt.Logger(trt.Logger.WARNING if logger.getEffectiveLevel() > logging.DEBUG else trt.Logger.INFO)
+    """TensorRT's messages into this module's logger (the CLI owns the terminal), expected noise at DEBUG."""
+    levels = {trt.ILogger.Severity.INTERNAL_ERROR: logging.ERROR, trt.ILogger.Severity.ERROR: logging.ERROR,
+              trt.ILogger.Severity.WARNING: logging.WARNING, trt.ILogger.Severity.INFO: logging.DEBUG,
+              trt.ILogger.Severity.VERBOSE: logging.DEBUG}
+
+    class Logger(trt.ILogger):
+        def __init__(self):
+            trt.ILogger.__init__(self)
+
+        def log(self, severity, msg):
+            level = logging.DEBUG if any(q in msg for q in _QUIET) else levels.get(severity, logging.INFO)
+            logger.log(level, "TensorRT: %s", msg)
+
+    return Logger()
 
 
 def _progress_monitor(trt, progress: Progress):
@@ -91,6 +110,22 @@ def _progress_monitor(trt, progress: Progress):
 
 def graph_has_plugin(model) -> bool:
     return any(n.op_type == PLUGIN_NAME and n.domain == DOMAIN for n in model.graph.node)
+
+
+def plugin_workspace(model, profiles: Profiles, dtype: str) -> int:
+    """The most scratch any plugin node needs at the profiles' largest batch (0 without plugin nodes)."""
+    from onnx import helper
+
+    from seq2trt.plugins import kernel_launch
+    from seq2trt.plugins.op import AttentionAttrs
+
+    max_batch = max((hi[0] for _lo, _opt, hi in profiles.values() if len(hi)), default=1)
+    need = 0
+    for node in model.graph.node:
+        if node.op_type == PLUGIN_NAME and node.domain == DOMAIN:
+            attrs = AttentionAttrs.from_onnx({a.name: helper.get_attribute_value(a) for a in node.attribute})
+            need = max(need, kernel_launch.workspace_size(attrs, dtype, [(max_batch,)]))
+    return need
 
 
 def parse(trt, builder, onnx_path: Path, settings: BuildSettings):
@@ -118,7 +153,7 @@ def parse(trt, builder, onnx_path: Path, settings: BuildSettings):
     if not ok:
         errors = "; ".join(str(parser.get_error(i).desc()) for i in range(parser.num_errors))
         raise InputError(f"TensorRT's ONNX parser rejected {onnx_path}: {errors}")
-    return network, parser
+    return network, parser, model
 
 
 def mark_attention_decomposable(trt, network) -> int:
@@ -196,11 +231,16 @@ def build(onnx_path: Path, profiles: Profiles, targets: Sequence[int | str] | st
     if isinstance(targets, str):
         targets = trt_compat.parse_targets(settings.flavour, targets)
     builder = builder_for(trt)
-    network, _parser = parse(trt, builder, onnx_path, settings)
+    network, _parser, model = parse(trt, builder, onnx_path, settings)
     found = graph_dtype(trt, network)
     if dtype is not None and dtype != found:
         raise InputError(f"{onnx_path.name} is a {found} graph, not {dtype}: TensorRT networks are strongly typed, "
                          f"so precision comes from the export; re-export with --dtype {dtype}")
+    need = plugin_workspace(model, profiles, found) if settings.workspace_bytes is not None else 0
+    if need and need > settings.workspace_bytes:  # TensorRT-RTX can abort instead of failing cleanly
+        raise InputError(f"the attention plugin needs {need / 2**20:.1f} MiB of workspace at batch "
+                         f"{max(hi[0] for _l, _o, hi in profiles.values())}; raise the workspace limit to at least "
+                         f"{-(-need // 2**20)} MiB or lower the maximum batch")
     mark_attention_decomposable(trt, network)
     config = builder.create_builder_config()
     trt_compat.set_targets(trt, settings.flavour, config, targets)

@@ -129,6 +129,8 @@ def test_refusals(tmp_path, build):
         build(path, profiles, "sm_90")
     with pytest.raises(InputError, match="plugin is disabled"):
         build(path, profiles, "sm_86", settings=BuildSettings(plugin=False))
+    with pytest.raises(InputError, match="plugin needs .* MiB of workspace at batch 4"):
+        build(path, profiles, "sm_86", settings=BuildSettings(workspace_bytes=1024))
 
 
 # --- the build stage on a real export of a tiny model ------------------------------------------------------------
@@ -178,13 +180,16 @@ def export_dir(request, tmp_path_factory):
 
 
 @pytest.mark.parametrize("plugin", [True, False])
-def test_build_stage_writes_engines_and_build_json(export_dir, plugin):
+def test_build_stage_writes_engines_and_build_json(export_dir, plugin, caplog):
     import json
+    import logging
 
     from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines, read_build
 
     out, dtype, cfg = export_dir
-    engine_dir = build_engines(out, EngineRequest("tensorrt-rtx", (86,), plugin=plugin, force=True))
+    with caplog.at_level(logging.INFO, logger="seq2trt"):
+        engine_dir = build_engines(out, EngineRequest("tensorrt-rtx", (86,), plugin=plugin, force=True))
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []  # expected noise is quiet
     suffix = "" if plugin else "-noplugin"
     assert engine_dir == out / "engines" / f"tensorrt-rtx-sm_86-{dtype}{suffix}"
     assert sorted(p.name for p in engine_dir.iterdir()) == ["build.json", "decoder.plan", "encoder.plan"]
