@@ -255,9 +255,9 @@ def save_timing_cache(flavour: str | Flavour, config, path: Path | None) -> None
 def check_engine(build_info: Mapping, flavour: str | Flavour, runtime_version: str, device_cc: int) -> None:
     """Refuse, with a message saying how to rebuild, an engine that cannot run here.
 
-    `build_info` is the engine's build.json (`flavour`, `tensorrt_version`, `targets`). TensorRT-RTX engines run
-    on any GPU of a target compute capability; enterprise engines only on the same compute capability. Both need
-    the same TensorRT major.minor that built them.
+    `build_info` is the engine's build.json (`flavour`, `tensorrt_version`, `targets`, `compute_capabilities`).
+    TensorRT-RTX engines run on any GPU of a target compute capability and need the same major.minor; enterprise
+    engines need the compute capability they were built on and the exact release (major.minor.patch).
     """
     flavour = flavour_of(flavour)
     built_flavour = build_info.get("flavour")
@@ -265,7 +265,8 @@ def check_engine(build_info: Mapping, flavour: str | Flavour, runtime_version: s
     if built_flavour != flavour.value:
         raise ArtifactError(f"engine was built by {built_flavour}, but this runner is {flavour.value}; {rebuild}")
     built_version = str(build_info.get("tensorrt_version", ""))
-    if built_version.split(".")[:2] != runtime_version.split(".")[:2]:
+    parts = 3 if flavour is Flavour.TENSORRT else 2  # enterprise plans are tied to the exact release
+    if built_version.split(".")[:parts] != runtime_version.split(".")[:parts]:
         raise ArtifactError(f"engine was built by {flavour.value} {built_version}, but {runtime_version} is "
                             f"installed; engines do not move across versions; {rebuild}")
     targets = build_info.get("targets", [])

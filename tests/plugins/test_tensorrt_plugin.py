@@ -235,6 +235,13 @@ def test_check_engine():
         trt_compat.check_engine(info, "tensorrt", "1.7.1.116", 86)
     with pytest.raises(ArtifactError, match="--target current"):
         trt_compat.check_engine(info, "tensorrt-rtx", "1.7.1.116", 90)
+    enterprise = {"flavour": "tensorrt", "tensorrt_version": "10.13.2.6", "targets": ["current"],
+                  "compute_capabilities": [90]}
+    trt_compat.check_engine(enterprise, "tensorrt", "10.13.2.6", 90)
+    with pytest.raises(ArtifactError, match="10.13.3"):
+        trt_compat.check_engine(enterprise, "tensorrt", "10.13.3.1", 90)
+    with pytest.raises(ArtifactError, match="sm_86"):
+        trt_compat.check_engine(enterprise, "tensorrt", "10.13.2.6", 86)
 
 
 # --- enqueue: the plugin -> launcher -> CUDA driver path, with the driver faked (no GPU here) --------------------
