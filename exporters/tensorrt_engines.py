@@ -2,7 +2,7 @@
 artifact directory").
 
 `build_engines(out, backend, targets, ...)` verifies the sha256 of every graph it reads (manifest.json for the
-exported graphs; the manifest or `fused/trt/fusion.json` for the fused ones), builds the encoder and the decoder
+exported graphs, `fused/trt/fusion.json` via `fuse.verify_fused` for the fused ones), builds the encoder and the decoder
 with `tensorrt_build.build` under profiles from `spec.profiles`, and writes `encoder.plan`, `decoder.plan` and
 `build.json` into a staged directory renamed into place at the end (nothing half-written; `force` to replace).
 `--no-plugin` engines (unfused graphs, TensorRT's own fusion) go to the same name with `-noplugin` appended, so
@@ -25,13 +25,12 @@ from seq2trt.plugins.op import PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION
 from seq2trt.reference_model.errors import ArtifactError, InputError
 from seq2trt.reference_model.io import atomic_write_bytes, atomic_write_text, sha256_file, staged_directory
 
+from . import fuse, spec
 from . import manifest as manifest_mod
-from . import spec
 from .tensorrt_build import BuildSettings, build
 
 logger = logging.getLogger(__name__)
 
-FUSED_DIR = Path("fused") / "trt"
 BUILD_JSON = "build.json"
 
 
@@ -52,43 +51,19 @@ def engine_dir_name(backend: str, targets, dtype: str, plugin: bool = True) -> s
     return f"{backend}-{trt_compat.target_tag(targets)}-{dtype}" + ("" if plugin else "-noplugin")
 
 
-def _fused_hashes(out: Path, manifest: manifest_mod.Manifest) -> dict[str, str]:
-    """sha256 of the fused graphs, from the manifest or, failing that, the fuser's fusion.json."""
-    listed = {name: entry["sha256"] for name, entry in manifest.data["files"].items()}
-    fusion = out / FUSED_DIR / "fusion.json"
-    if fusion.exists():
-        try:
-            recorded = json.loads(fusion.read_text()).get("files", {})
-        except json.JSONDecodeError as exc:
-            raise ArtifactError(f"{fusion} is not valid JSON ({exc}); re-run `seq2trt fuse {out} --target trt`")
-        for name, entry in recorded.items():
-            listed.setdefault(str(FUSED_DIR / name), entry["sha256"] if isinstance(entry, dict) else entry)
-    return listed
-
-
 def source_graphs(out: Path, plugin: bool) -> dict[spec.GraphKind, tuple[Path, str]]:
-    """Graph kind -> (ONNX path, its verified sha256); one error lists every problem."""
+    """Graph kind -> (ONNX path, its verified sha256): the export's graphs (manifest.json) for --no-plugin, else
+    the fused TensorRT graphs (fusion.json, fused from this very export)."""
     out = Path(out)
-    manifest = manifest_mod.verify(out, [k.filename for k in spec.GraphKind])  # the export, always
+    manifest = manifest_mod.verify(out, [k.filename for k in spec.GraphKind])
     if not plugin:
         return {k: (out / k.filename, manifest.data["files"][k.filename]["sha256"]) for k in spec.GraphKind}
-    hashes = _fused_hashes(out, manifest)
-    graphs, problems = {}, []
-    for kind in spec.GraphKind:
-        name = str(FUSED_DIR / kind.filename)
-        path = out / name
-        if not path.exists():
-            problems.append(f"{name} is missing (run `seq2trt fuse {out} --target trt`, or build with --no-plugin)")
-        elif name not in hashes:
-            problems.append(f"{name} has no recorded sha256 in manifest.json or fusion.json; re-run the fuser")
-        else:
-            digest = sha256_file(path)
-            if digest != hashes[name]:
-                problems.append(f"{name} does not match its recorded sha256 (modified since fusion)")
-            graphs[kind] = (path, digest)
-    if problems:
-        raise ArtifactError(f"{out}: " + "; ".join(problems))
-    return graphs
+    if not (fuse.fused_dir(out, fuse.Target.TRT) / fuse.FUSION_JSON).exists():
+        raise ArtifactError(f"{out} has no fused TensorRT graphs: run `seq2trt fuse {out} --target trt` first, or "
+                            "build the unfused graphs with --no-plugin")
+    report = fuse.verify_fused(out, fuse.Target.TRT)
+    folder = fuse.fused_dir(out, fuse.Target.TRT)
+    return {k: (folder / k.filename, report["files"][k.filename]["sha256"]) for k in spec.GraphKind}
 
 
 def _seq2trt_version() -> str | None:

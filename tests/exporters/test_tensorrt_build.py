@@ -135,47 +135,22 @@ def test_refusals(tmp_path, build):
 
 # --- the build stage on a real export of a tiny model ------------------------------------------------------------
 
-def fuse_marked(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A stand-in for the fuser (tests only): the export marks each attention block as one node with the fused op's
-    inputs, outputs and attributes (exporters/spec.py), so fusing is renaming it to the plugin node."""
-    from seq2trt.exporters import spec
-
-    fused = onnx.ModelProto()
-    fused.CopyFrom(model)
-    for node in fused.graph.node:
-        if node.domain == spec.MARKED_DOMAIN:
-            attrs = AttentionAttrs.from_onnx({a.name: helper.get_attribute_value(a) for a in node.attribute})
-            node.op_type, node.domain = PLUGIN_NAME, DOMAIN
-            del node.attribute[:]
-            node.attribute.extend(helper.make_attribute(k, v) for k, v in attrs.onnx_attributes().items())
-    del fused.functions[:]
-    fused.opset_import.append(helper.make_opsetid(DOMAIN, 1))
-    return fused
-
-
 @pytest.fixture(scope="module", params=["fp32", "fp16"])
 def export_dir(request, tmp_path_factory):
-    import json
-
+    """A tiny model exported and fused for TensorRT, as `seq2trt export` and `seq2trt fuse --target trt` do."""
     import torch
 
-    from seq2trt.exporters.onnx_export import export
     from seq2trt.exporters import spec
+    from seq2trt.exporters.fuse import Target, fuse_artifacts
+    from seq2trt.exporters.onnx_export import export
     from seq2trt.reference_model.config import preset
-    from seq2trt.reference_model.io import sha256_file
     from seq2trt.reference_model.model import Seq2SeqTransformer
 
     torch.manual_seed(0)
     model = Seq2SeqTransformer(preset("tiny", src_vocab_size=24, tgt_vocab_size=24)).eval()
     out = export(model, tmp_path_factory.mktemp("export") / "art", dtype=request.param,
                  limits=spec.Limits(4, 32, 32))
-    fused_dir = out / "fused" / "trt"
-    fused_dir.mkdir(parents=True)
-    files = {}
-    for kind in spec.GraphKind:
-        onnx.save(fuse_marked(onnx.load(out / kind.filename)), fused_dir / kind.filename)
-        files[kind.filename] = {"sha256": sha256_file(fused_dir / kind.filename)}
-    (fused_dir / "fusion.json").write_text(json.dumps({"files": files}))
+    fuse_artifacts(out, Target.TRT)
     return out, request.param, model.cfg
 
 
@@ -225,7 +200,7 @@ def test_build_stage_refuses_tampering_overwrite_and_dtype(export_dir):
     original = fused.read_bytes()
     fused.write_bytes(original + b"\0")
     try:
-        with pytest.raises(ArtifactError, match="decoder.onnx does not match its recorded sha256"):
+        with pytest.raises(ArtifactError, match="decoder.onnx does not match its sha256"):
             build_engines(out, EngineRequest("tensorrt-rtx", (89,), force=True))
     finally:
         fused.write_bytes(original)
