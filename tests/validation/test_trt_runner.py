@@ -35,16 +35,29 @@ def test_activation_without_gpu_says_so(make_model):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.skipif(not HAS_RTX, reason="tensorrt_rtx is not installed (pip install 'seq2trt[rtx]')")
 @pytest.mark.parametrize("kind", list(spec.GraphKind))
-def test_engine_matches_onnxruntime(tmp_path, make_model, kind):
+@pytest.mark.parametrize("plugin", [False, True])
+def test_engine_matches_onnxruntime(tmp_path, monkeypatch, make_model, kind, plugin):
+    """Unfused engines, and fused engines whose attention runs the AOT-compiled kernels through the plugin."""
+    from seq2trt.exporters.fuse import Target, fuse_artifacts
     from seq2trt.exporters.onnx_export import export
     from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines
     from seq2trt.validation.runners import OrtRunner
     from seq2trt.validation.trt_runner import runner_for
 
-    model = make_model(dtype=torch.float32)
+    model = make_model(dtype=torch.float32, d_model=64, num_heads=2)  # head_dim 32: a size the kernels take
     limits = spec.Limits(4, 16, 16)
     out = export(model, tmp_path / "art", dtype="fp32", limits=limits)
-    engine_dir = build_engines(out, EngineRequest("tensorrt-rtx", ("current",), plugin=False))
+    if plugin:
+        from seq2trt.plugins import kernel_launch
+        from seq2trt.plugins.kernels import aot
+
+        major, minor = torch.cuda.get_device_capability()
+        monkeypatch.setenv("SEQ2TRT_KERNEL_DIR", str(tmp_path / "kernels"))
+        aot.compile_all(tmp_path / "kernels", [f"sm_{10 * major + minor}"],
+                        [v for v in aot.all_variants() if v.dtype == "fp32"])
+        kernel_launch.default_launcher.cache_clear()
+        fuse_artifacts(out, Target.TRT)
+    engine_dir = build_engines(out, EngineRequest("tensorrt-rtx", ("current",), plugin=plugin))
     rng = np.random.default_rng(0)
     B, S, T, P = 3, 9, 2, 5
     feed = {"input_ids": rng.integers(3, model.cfg.src_vocab_size, (B, S if kind is spec.GraphKind.ENCODER else T)),
