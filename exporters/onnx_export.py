@@ -225,7 +225,7 @@ def export(model: Seq2SeqTransformer, out: Path, dtype: str = "fp32", opset: int
             start = time.perf_counter()
             proto = trace(exported, kind, opset)
             check_graph(proto, model.cfg, kind, dtype)
-            onnx.checker.check_model(proto)
+            onnx.checker.check_model(proto, full_check=True)  # strict type inference: strongly typed
             (tmp / kind.filename).write_bytes(proto.SerializeToString())
             timings[kind.value] = round(time.perf_counter() - start, 2)
             logger.info("exported %s graph in %.1f s", kind.value, timings[kind.value])

@@ -6,6 +6,7 @@ name to the runner class. Both are small lookups so later graph sets (fused ones
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import logging
@@ -28,8 +29,21 @@ from .runners import EagerRunner, OrtRunner, Runner
 
 logger = logging.getLogger(__name__)
 
-# --graphs name -> (encoder, decoder) paths relative to the export directory.
-GRAPH_SETS: dict[str, tuple[str, str]] = {"plain": (spec.GraphKind.ENCODER.filename, spec.GraphKind.DECODER.filename)}
+
+
+@dataclass(frozen=True)
+class GraphSet:
+    """The encoder and decoder files of one `--graphs` choice (relative to the export directory), and any
+    extra runner options they need for a dtype (e.g. `prepare` / `custom_op_libraries` for plugin graphs)."""
+
+    encoder: str
+    decoder: str
+    runner_options: Callable[[str], dict] | None = None
+
+
+GRAPH_SETS: dict[str, GraphSet] = {
+    "plain": GraphSet(spec.GraphKind.ENCODER.filename, spec.GraphKind.DECODER.filename),
+}
 # --backend name -> runner class taking (graph path, cfg, kind, dtype, limits, **options).
 BACKENDS: dict[str, Callable[..., Runner]] = {"ort": OrtRunner}
 
@@ -89,19 +103,21 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
                    progress: Callable[[str], None] | None = None) -> dict:
     """Validate `out`, write its reports, and return the parity document; raise CheckFailed when anything fails."""
     out = Path(out)
-    encoder_file, decoder_file = GRAPH_SETS[settings.graphs]
+    graph_set = GRAPH_SETS[settings.graphs]
+    encoder_file, decoder_file = graph_set.encoder, graph_set.decoder
     manifest = verify(out, [encoder_file, decoder_file])
     cfg, dtype, limits = manifest.config, manifest.dtype, manifest.limits
     model, task_name = load_reference(manifest, checkpoint)
     runner = BACKENDS[settings.backend]
-    options = {"device": settings.device, "intra_op_threads": settings.threads}
+    options = {"device": settings.device, "intra_op_threads": settings.threads,
+               **(graph_set.runner_options(dtype) if graph_set.runner_options else {})}
     candidates = tuple(runner(out / f, cfg, kind, dtype, limits, **options)
                        for f, kind in ((encoder_file, spec.GraphKind.ENCODER), (decoder_file, spec.GraphKind.DECODER)))
     reference = model.double()
     references = tuple(EagerRunner(reference, kind, limits, name="eager-fp64") for kind in spec.GraphKind)
-    for r in candidates + references:
-        r.__enter__()
-    try:
+    with contextlib.ExitStack() as stack:  # runners leave in reverse order, restoring thread settings
+        for r in candidates + references:
+            stack.enter_context(r)
         if progress:
             progress("graph-level parity over the spec sweep")
         graphs = graph_parity(candidates, references, spec.sweep(limits), seed=settings.seed)
@@ -112,9 +128,6 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
             decode = DecodeSettings(cfg.bos_id, cfg.eos_id, cfg.pad_id, settings.max_new_tokens or cap)
             e2e = end_to_end(RunnerStepModel(*candidates), RunnerStepModel(*references), sources, decode, dtype,
                              beam_size=settings.beam_size, batch_size=limits.max_batch, progress=progress)
-    finally:
-        for r in candidates + references:
-            r.__exit__(None, None, None)
     document = parity_document(manifest, settings, graphs, e2e, origin if settings.samples else None)
     write_reports(out, document)
     failures = graphs.failures() + (e2e.failures() if e2e else [])

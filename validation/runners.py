@@ -15,12 +15,12 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
 from seq2trt.exporters import spec
-from seq2trt.reference_model.errors import DependencyError, InputError
+from seq2trt.reference_model.errors import DependencyError
 
 logger = logging.getLogger(__name__)
 
@@ -162,12 +162,18 @@ def ort_providers(device: str = "cpu") -> list[str]:
 
 
 class OrtRunner(Runner):
-    """ONNX Runtime on one graph file (or bytes, or a callable returning either)."""
+    """ONNX Runtime on one graph file (or bytes, or a callable returning either).
+
+    `prepare` rewrites the serialized graph before the session loads it and `custom_op_libraries` are
+    registered with the session: the hooks a graph set with custom nodes (plugin graphs on CPU) needs.
+    """
 
     def __init__(self, model: Path | bytes | Callable[[], Path | bytes], cfg, kind: spec.GraphKind, dtype: str,
-                 limits: spec.Limits, device: str = "cpu", intra_op_threads: int = 0, name: str | None = None):
+                 limits: spec.Limits, device: str = "cpu", intra_op_threads: int = 0, name: str | None = None,
+                 prepare: Callable[[bytes], bytes] | None = None, custom_op_libraries: tuple[str, ...] = ()):
         super().__init__(name or f"onnxruntime-{device}", cfg, kind, dtype, limits)
         self._source, self.device, self.intra_op_threads = model, device, intra_op_threads
+        self.prepare, self.custom_op_libraries = prepare, custom_op_libraries
         self.session = None
         self.emulated_bf16 = False
 
@@ -178,6 +184,8 @@ class OrtRunner(Runner):
             raise DependencyError("onnxruntime is not installed; pip install onnxruntime") from None
         source = self._source() if callable(self._source) else self._source
         model = Path(source).read_bytes() if isinstance(source, (str, Path)) else source
+        if self.prepare is not None:
+            model = self.prepare(model)
         providers = ort_providers(self.device)
         if self.dtype == "bf16" and providers[0] == "CPUExecutionProvider":
             model, self.emulated_bf16 = emulate_bf16(model), True
@@ -185,6 +193,8 @@ class OrtRunner(Runner):
         options.intra_op_num_threads = self.intra_op_threads
         options.inter_op_num_threads = 1
         options.log_severity_level = 3
+        for library in self.custom_op_libraries:
+            options.register_custom_ops_library(library)
         self.session = ort.InferenceSession(model, options, providers=providers)
         self.output_names = [o.name for o in self.session.get_outputs()]
 
@@ -241,13 +251,3 @@ def emulate_bf16(model: bytes) -> bytes:
     del g.node[:]
     g.node.extend(nodes)
     return proto.SerializeToString()
-
-
-RUNNERS: dict[str, Callable[..., Runner]] = {"ort": OrtRunner}
-
-
-def make_runner(backend: str, path: Path, cfg, kind: spec.GraphKind, dtype: str, limits: spec.Limits,
-                **options: Any) -> Runner:
-    if backend not in RUNNERS:
-        raise InputError(f"unknown backend {backend!r}; choose one of {', '.join(RUNNERS)}")
-    return RUNNERS[backend](path, cfg, kind, dtype, limits, **options)

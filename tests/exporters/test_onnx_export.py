@@ -3,6 +3,7 @@ and ONNX Runtime matches the float64 eager model over the spec's whole sweep in 
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 
 import numpy as np
@@ -109,9 +110,10 @@ def test_ort_matches_float64_eager_over_the_sweep(exported, model):
     reference = _double(model)
     candidates = tuple(OrtRunner(out / k.filename, cfg, k, dtype, limits) for k in spec.GraphKind)
     references = tuple(EagerRunner(reference, k, limits) for k in spec.GraphKind)
-    for r in candidates + references:
-        r.__enter__()
-    result = graph_parity(candidates, references, spec.sweep(limits))
+    with contextlib.ExitStack() as stack:
+        for r in candidates + references:
+            stack.enter_context(r)
+        result = graph_parity(candidates, references, spec.sweep(limits))
     assert result, result.failures()
     labels = {c.case for c in result.cases}
     assert any("-P0" in label and label.startswith("B1-") for label in labels)
@@ -141,9 +143,10 @@ def test_parity_catches_a_wrong_graph(exports, model, tmp_path):
     candidates = (OrtRunner(out / "encoder.onnx", cfg, spec.GraphKind.ENCODER, dtype, limits),
                   OrtRunner(broken, cfg, spec.GraphKind.DECODER, dtype, limits))
     references = tuple(EagerRunner(_double(model), k, limits) for k in spec.GraphKind)
-    for r in candidates + references:
-        r.__enter__()
-    result = graph_parity(candidates, references, [c for c in spec.sweep(limits) if c.src_len > 1][:2])
+    with contextlib.ExitStack() as stack:
+        for r in candidates + references:
+            stack.enter_context(r)
+        result = graph_parity(candidates, references, [c for c in spec.sweep(limits) if c.src_len > 1][:2])
     assert not result and any("logits" in f for f in result.failures())
 
 
