@@ -14,6 +14,7 @@ from importlib.metadata import PackageNotFoundError, version
 import click
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 
 from seq2trt.reference_model.errors import Seq2TrtError
 
@@ -36,7 +37,7 @@ class Seq2TrtGroup(click.Group):
         except Seq2TrtError as exc:
             if ctx.obj and ctx.obj.get("debug"):
                 raise
-            err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
             err_console.print("[bold red]interrupted[/]: nothing was left half-written")
@@ -60,7 +61,8 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
 
 # Each module holds a list COMMANDS of click commands; add a module here to add its verbs.
-COMMAND_MODULES = ("model_commands", "export_commands", "fuse_commands", "build_commands", "bench_commands")
+COMMAND_MODULES = ("model_commands", "export_commands", "fuse_commands", "build_commands", "bench_commands",
+                   "report_commands", "demo_commands")
 
 
 def _register() -> None:

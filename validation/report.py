@@ -1,0 +1,135 @@
+"""`seq2trt report`: one Markdown report and one self-contained HTML page for an artifact directory.
+
+It reads what the stages wrote — manifest.json, fused/*/fusion.json, engines/*/build.json,
+reports/parity*.json, reports/latency.json and the PNG plots — and says what was built, for which GPU,
+how exact and how fast. Nothing is recomputed; a stage that has not run is reported as not run.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+
+from seq2trt.exporters.manifest import verify
+from seq2trt.reference_model.io import atomic_write_text
+
+from . import bench_report, report_parity
+
+
+def _load(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+
+
+def _overview(manifest: dict) -> list[str]:
+    cfg = manifest["config"]
+    files = manifest["files"]
+    lines = ["## Model and export", "",
+             f"- model: {cfg['num_encoder_layers']}+{cfg['num_decoder_layers']} layers, d_model {cfg['d_model']}, "
+             f"{cfg['num_heads']} heads, d_ff {cfg['d_ff']}, vocab {cfg['src_vocab_size']}/{cfg['tgt_vocab_size']}, "
+             f"{'pre' if cfg['pre_norm'] else 'post'}-LN, {cfg['activation']}",
+             f"- export: dtype {manifest['dtype']}, opset {manifest['opset']}, limits {manifest['settings'].get('limits')}, "
+             f"created {manifest.get('created')}",
+             f"- tools: " + ", ".join(f"{k} {v}" for k, v in manifest.get("tools", {}).items() if v),
+             "", "| file | bytes | sha256 |", "|---|---|---|"]
+    lines += [f"| {name} | {meta['bytes']:,} | `{meta['sha256'][:16]}…` |" for name, meta in files.items()]
+    return lines + [""]
+
+
+def _fusion(out: Path) -> list[str]:
+    lines = ["## Fusion", ""]
+    reports = {p.parent.name: _load(p) for p in sorted((out / "fused").glob("*/fusion.json"))}
+    if not reports:
+        return lines + ["Not run (`seq2trt fuse OUT --target trt|ort`).", ""]
+    lines += ["| target | graph | attention blocks fused / expected | nodes before → after | complete |",
+              "|---|---|---|---|---|"]
+    for target, doc in reports.items():
+        for graph, g in (doc or {}).get("graphs", {}).items():
+            blocks = ", ".join(f"{k} {g['fused'].get(k, 0)}/{n}" for k, n in g["expected"].items())
+            lines.append(f"| {target} | {graph} | {blocks} | {g['nodes_before']} → {g['nodes_after']} | "
+                         f"{'yes' if g['complete'] else 'NO: ' + ', '.join(g['unfused_blocks'])} |")
+    return lines + [""]
+
+
+def _builds(out: Path) -> list[str]:
+    lines = ["## Engines", ""]
+    builds = {p.parent.name: _load(p) for p in sorted((out / "engines").glob("*/build.json"))}
+    if not builds:
+        return lines + ["No engine built (`seq2trt build OUT --backend tensorrt-rtx`).", ""]
+    for name, doc in builds.items():
+        lines += [f"### {name}", "", "```json", json.dumps(doc, indent=2)[:4000], "```", ""]
+    return lines
+
+
+def _parity(out: Path) -> list[str]:
+    docs = {p.stem: _load(p) for p in sorted((out / "reports").glob("parity*.json"))}
+    docs = {k: v for k, v in docs.items() if v}
+    if not docs:
+        return ["## Parity", "", "Not run (`seq2trt validate OUT`).", ""]
+    lines = ["## Parity", "", "| run | backend | graphs | dtype | passed | greedy agreement | beam agreement | "
+             "max logit err |", "|---|---|---|---|---|---|---|---|"]
+    for name, doc in docs.items():
+        e2e = doc.get("end_to_end") or {}
+        agree = lambda s: f"{e2e[s]['token_agreement']:.6f}" if s in e2e else "–"
+        err = f"{e2e['max_logit_abs_err']:.3g}" if "max_logit_abs_err" in e2e else "–"
+        lines.append(f"| {name} | {doc.get('backend')} | {doc.get('graphs_set')} | {doc.get('dtype')} | "
+                     f"{'yes' if doc.get('passed') else 'NO'} | {agree('greedy')} | {agree('beam')} | {err} |")
+    for name, doc in docs.items():
+        lines += ["", _demote(report_parity._markdown(doc))]
+    return lines + [""]
+
+
+def _latency(out: Path) -> list[str]:
+    doc = _load(out / "reports" / "latency.json")
+    if not doc:
+        return ["## Latency", "", "Not run (`seq2trt bench OUT`).", ""]
+    images = {p.stem.replace("_", " "): p.name for p in sorted((out / "reports").glob("*.png"))}
+    return [_demote(bench_report.markdown(doc, images)), ""]
+
+
+def _demote(markdown: str) -> str:
+    """Nest a stage's own report one heading level down."""
+    return re.sub(r"^(#+) ", r"#\1 ", markdown, flags=re.MULTILINE)
+
+
+def render_markdown(out: Path) -> str:
+    manifest = verify(out, []).data
+    lines = [f"# seq2trt report: {Path(out).resolve().name}", ""]
+    for section in (_overview(manifest), _fusion(out), _builds(out), _parity(out), _latency(out)):
+        lines += section
+    return "\n".join(lines)
+
+
+def render_html(markdown: str, reports: Path) -> str:
+    """The same report as one HTML page with the plots inlined as data URIs."""
+    from markdown_it import MarkdownIt
+
+    body = MarkdownIt("commonmark").enable("table").render(markdown)
+
+    def inline(match: re.Match) -> str:
+        path = reports / match.group(1)
+        if not path.exists():
+            return match.group(0)
+        return f'src="data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()}"'
+
+    body = re.sub(r'src="([^"/]+\.png)"', inline, body)
+    style = ("body{font-family:system-ui,sans-serif;max-width:72rem;margin:2rem auto;padding:0 1rem}"
+             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.2rem .5rem;text-align:right}"
+             "td:first-child,th:first-child{text-align:left}img{max-width:100%}pre{background:#f5f5f5;padding:.5rem}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>seq2trt report</title>"
+            f"<style>{style}</style></head><body>{body}</body></html>\n")
+
+
+def write_report(out: Path) -> tuple[Path, Path]:
+    """Write OUT/reports/report.md and report.html; returns their paths."""
+    out = Path(out)
+    reports = out / "reports"
+    markdown = render_markdown(out)
+    md, html = reports / "report.md", reports / "report.html"
+    atomic_write_text(md, markdown)
+    atomic_write_text(html, render_html(markdown, reports))
+    return md, html
