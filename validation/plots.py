@@ -63,6 +63,9 @@ def tokens_per_second(doc: dict, path: Path) -> Path | None:
             ax.plot(*zip(*points), marker="o", label=backend)
         ax.set(title=f"greedy decoding, {t} thread(s)", xlabel="batch size", ylabel="tokens/s", xscale="log",
                yscale="log")
+        batches = sorted({int(b) for by_batch in backends.values() for b in by_batch})
+        ax.set_xticks(batches, [str(b) for b in batches])
+        ax.minorticks_off()
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
     return _save(fig, path)
