@@ -66,7 +66,8 @@ def _builds(out: Path) -> list[str]:
 
 
 def _parity(out: Path) -> list[str]:
-    docs = {p.stem: _load(p) for p in sorted((out / "reports").glob("parity*.json"))}
+    runs = sorted((out / "reports").glob("parity-*.json")) or sorted((out / "reports").glob("parity.json"))
+    docs = {p.stem: _load(p) for p in runs}
     docs = {k: v for k, v in docs.items() if v}
     if not docs:
         return ["## Parity", "", "Not run (`seq2trt validate OUT`).", ""]

@@ -39,10 +39,26 @@ class GraphSet:
     encoder: str
     decoder: str
     runner_options: Callable[[str], dict] | None = None
+    fused_target: str | None = None  # fused graphs are checked against fusion.json, not the manifest
+
+
+def _plugin_graph_options(dtype: str) -> dict:
+    """Plugin nodes run the op's PyTorch reference inside ONNX Runtime (bf16: on the graph's fp32 twin)."""
+    from .plugin_cpu import for_cpu, register_reference_ops
+    from .runners import emulate_bf16
+
+    prepare = (lambda m: for_cpu(emulate_bf16(m), "fp32")) if dtype == "bf16" else (lambda m: for_cpu(m, dtype))
+    return {"prepare": prepare, "custom_op_libraries": (register_reference_ops(),)}
+
+
+def _fused(target: str, runner_options: Callable[[str], dict] | None = None) -> GraphSet:
+    return GraphSet(*(f"fused/{target}/{kind.filename}" for kind in spec.GraphKind), runner_options, target)
 
 
 GRAPH_SETS: dict[str, GraphSet] = {
     "plain": GraphSet(spec.GraphKind.ENCODER.filename, spec.GraphKind.DECODER.filename),
+    "fused-ort": _fused("ort"),
+    "fused-trt": _fused("trt", _plugin_graph_options),
 }
 # --backend name -> runner class taking (graph path, cfg, kind, dtype, limits, **options).
 BACKENDS: dict[str, Callable[..., Runner]] = {"ort": OrtRunner}
@@ -105,7 +121,13 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
     out = Path(out)
     graph_set = GRAPH_SETS[settings.graphs]
     encoder_file, decoder_file = graph_set.encoder, graph_set.decoder
-    manifest = verify(out, [encoder_file, decoder_file])
+    if graph_set.fused_target:
+        from seq2trt.exporters.fuse import Target, verify_fused
+
+        verify_fused(out, Target(graph_set.fused_target))
+        manifest = verify(out, [kind.filename for kind in spec.GraphKind])
+    else:
+        manifest = verify(out, [encoder_file, decoder_file])
     cfg, dtype, limits = manifest.config, manifest.dtype, manifest.limits
     model, task_name = load_reference(manifest, checkpoint)
     runner = BACKENDS[settings.backend]
@@ -184,6 +206,8 @@ def _markdown(doc: dict) -> str:
 
 
 def write_reports(out: Path, doc: dict) -> None:
+    """`parity.json`/`.md` hold the latest run; `parity-<backend>-<graphs>.*` keep each graph set's own."""
     reports = Path(out) / "reports"
-    atomic_write_text(reports / "parity.json", json.dumps(doc, indent=2) + "\n")
-    atomic_write_text(reports / "parity.md", _markdown(doc))
+    for stem in ("parity", f"parity-{doc['backend']}-{doc['graphs_set']}"):
+        atomic_write_text(reports / f"{stem}.json", json.dumps(doc, indent=2) + "\n")
+        atomic_write_text(reports / f"{stem}.md", _markdown(doc))
