@@ -1,0 +1,204 @@
+"""The Python half of `scripts/gpu_check.sh`: each GPU-only check as a subcommand writing one JSON file.
+
+    python -m seq2trt.validation.gpu_check env OUT.json
+    python -m seq2trt.validation.gpu_check eager CKPT OUT.json          # eager model on CUDA vs CPU
+    python -m seq2trt.validation.gpu_check pipeline CKPT EXPORT_DIR OUT.json
+    python -m seq2trt.validation.gpu_check tensorrt OUT.json
+
+Every subcommand records what it could not do and why, rather than failing silently; it exits non-zero only
+when a check ran and failed.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+
+def _write(path: str, doc: dict) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    print(json.dumps(doc, default=str)[:2000])
+
+
+def env(out: str) -> int:
+    import torch
+
+    from seq2trt.plugins import trt_compat
+
+    doc = {"python": platform.python_version(), "torch": torch.__version__, "cuda_available": torch.cuda.is_available()}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        doc |= {"gpu": props.name, "compute_capability": f"{props.major}.{props.minor}",
+                "memory_gib": round(props.total_memory / 2**30, 1), "torch_cuda": torch.version.cuda}
+    for name in ("triton", "onnxruntime", "onnx", "cuda.bindings", "cupy"):
+        try:
+            module = __import__(name, fromlist=["__version__"])
+            doc[name] = getattr(module, "__version__", "present")
+        except Exception as exc:  # noqa: BLE001  an environment report records every failure
+            doc[name] = f"unavailable: {exc}"
+    try:
+        import onnxruntime
+
+        doc["onnxruntime_providers"] = onnxruntime.get_available_providers()
+    except ImportError:
+        pass
+    doc["tensorrt_flavours"] = {f.value: trt_compat.available(f) for f in trt_compat.Flavour}
+    _write(out, doc)
+    return 0
+
+
+def _greedy_tokens_per_s(step_model, ids, mask, settings, repeats: int = 3) -> float:
+    from seq2trt.reference_model.decoding import greedy_decode
+
+    greedy_decode(step_model, ids, mask, settings)  # warm-up
+    start, tokens = time.perf_counter(), 0
+    for _ in range(repeats):
+        tokens += sum(len(o) + 1 for o in greedy_decode(step_model, ids, mask, settings))
+    return tokens / (time.perf_counter() - start)
+
+
+def eager(checkpoint: str, out: str) -> int:
+    import torch
+
+    from seq2trt.reference_model.checkpoint import load_checkpoint
+    from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode
+    from seq2trt.reference_model.eager import EagerStepModel
+    from seq2trt.reference_model.tasks import get_task
+    from seq2trt.reference_model.vocab import pad_batch
+
+    if not torch.cuda.is_available():
+        _write(out, {"skipped": "no CUDA device"})
+        return 1
+    model, _ = load_checkpoint(Path(checkpoint))
+    metrics = json.loads((Path(checkpoint) / "metrics.json").read_text())
+    task = get_task(metrics["task"])
+    cfg = model.cfg
+    settings = DecodeSettings(cfg.bos_id, cfg.eos_id, cfg.pad_id, cfg.max_tgt_len - 1)
+    pairs = task.heldout(1000)
+    ids, mask = pad_batch([task.source_vocab.encode(s) + [cfg.eos_id] for s, _ in pairs])
+    cpu, gpu = EagerStepModel(model), EagerStepModel(model.cuda(), device="cuda")
+    outputs = greedy_decode(gpu, ids, mask, settings)
+    exact = sum(task.target_vocab.decode(o) == t for o, (_, t) in zip(outputs, pairs)) / len(pairs)
+    cpu_outputs = greedy_decode(cpu.__class__(model.cpu()), ids, mask, settings)
+    model.cuda()
+    doc = {"heldout_exact_match_cuda": exact, "heldout_examples": len(pairs),
+           "cuda_cpu_sequence_match": sum(a == b for a, b in zip(outputs, cpu_outputs)) / len(pairs),
+           "tokens_per_s": {}}
+    for batch in (1, 32):
+        doc["tokens_per_s"][f"B{batch}"] = {
+            "cuda": _greedy_tokens_per_s(gpu, ids[:batch], mask[:batch], settings),
+            "cpu": _greedy_tokens_per_s(EagerStepModel(model.cpu()), ids[:batch], mask[:batch], settings)}
+        model.cuda()
+    _write(out, doc)
+    return 0 if exact >= 0.95 and doc["cuda_cpu_sequence_match"] >= 0.99 else 1
+
+
+def pipeline(checkpoint: str, export_dir: str, out: str) -> int:
+    from seq2trt.exporters.fuse import Target, fuse_artifacts
+    from seq2trt.exporters.onnx_export import export
+    from seq2trt.reference_model.checkpoint import load_checkpoint
+    from seq2trt.reference_model.errors import Seq2TrtError
+    from seq2trt.validation.report_parity import ValidateSettings, run_validation
+
+    from seq2trt.cli.export_commands import _source
+
+    model, _ = load_checkpoint(Path(checkpoint))
+    export(model, Path(export_dir), force=True, source=_source(Path(checkpoint)))
+    for target in Target:
+        fuse_artifacts(Path(export_dir), target, force=True)
+    doc, failed = {}, 0
+    for graphs in ("plain", "fused-ort", "fused-trt"):
+        try:
+            result = run_validation(Path(export_dir), ValidateSettings(graphs=graphs, samples=200, device="auto",
+                                                                       threads=0))
+            doc[graphs] = {"passed": result["passed"], "end_to_end": result["end_to_end"]}
+        except Seq2TrtError as exc:
+            doc[graphs], failed = {"passed": False, "error": str(exc)}, 1
+    import onnxruntime
+
+    doc["provider"] = "cuda" if "CUDAExecutionProvider" in onnxruntime.get_available_providers() else \
+        "cpu (no onnxruntime-gpu on this machine)"
+    _write(out, doc)
+    return failed
+
+
+def tensorrt(out: str) -> int:
+    """Per flavour: does it load, can it target this GPU; where both, build the demo-sized tiny export's engines
+    and compare one encoder and one decoder call against ONNX Runtime on the same graphs."""
+    from seq2trt.plugins import trt_compat
+
+    cc = trt_compat.current_compute_capability()
+    doc, failed = {"compute_capability": cc}, 0
+    for flavour in trt_compat.Flavour:
+        targets = trt_compat.FLAVOURS[flavour].explicit_targets
+        if not trt_compat.available(flavour):
+            doc[flavour.value] = "not installed: no engine can be built or run here"
+        elif cc is None:
+            doc[flavour.value] = "loads, but there is no GPU to run an engine on"
+        elif targets and cc not in targets:
+            doc[flavour.value] = f"loads, but cannot target this GPU (sm_{cc}); its targets: {list(targets)}"
+        else:
+            try:
+                doc[flavour.value] = _engines_vs_ort(flavour)
+                failed |= not doc[flavour.value]["passed"]
+            except Exception as exc:  # noqa: BLE001  recorded, and the step fails
+                doc[flavour.value], failed = {"passed": False, "error": repr(exc)}, 1
+    _write(out, doc)
+    return failed
+
+
+def _engines_vs_ort(flavour) -> dict:
+    import tempfile
+
+    import torch
+
+    from seq2trt.exporters import spec
+    from seq2trt.exporters.fuse import Target, fuse_artifacts
+    from seq2trt.exporters.onnx_export import export
+    from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines
+    from seq2trt.plugins import trt_compat
+    from seq2trt.reference_model import Seq2SeqTransformer, preset
+    from seq2trt.validation.runners import OrtRunner
+    from seq2trt.validation.trt_runner import runner_for
+
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(preset("tiny", src_vocab_size=13, tgt_vocab_size=17)).eval()
+    out = export(model, Path(tempfile.mkdtemp()) / "tiny")
+    fuse_artifacts(out, Target.TRT)
+    engine_dir = build_engines(out, EngineRequest(flavour.value, trt_compat.parse_targets(flavour, "current")))
+    cfg, limits, rng = model.cfg, spec.Limits.for_model(model.cfg), np.random.default_rng(0)
+    feeds = {spec.GraphKind.ENCODER: {"input_ids": rng.integers(3, 13, (2, 5)), "attention_mask": np.ones((2, 5), np.int64)}}
+    dec = {"input_ids": rng.integers(3, 17, (2, 1)), "encoder_attention_mask": np.ones((2, 5), np.int64)}
+    for s in spec.inputs(cfg, spec.GraphKind.DECODER)[2:]:
+        dec[s.name] = rng.standard_normal((2, cfg.num_heads, 5 if ".encoder." in s.name else 3, cfg.head_dim)).astype(np.float32)
+    feeds[spec.GraphKind.DECODER] = dec
+    result = {"engines": str(engine_dir), "max_abs": {}}
+    for kind, feed in feeds.items():
+        with runner_for(engine_dir, kind, cfg) as trt, OrtRunner(out / kind.filename, cfg, kind, "fp32", limits) as ort:
+            got, ref = trt.infer(feed), ort.infer(feed)
+        result["max_abs"][kind.value] = {k: float(np.abs(got[k] - ref[k]).max()) for k in ref}
+    result["passed"] = all(v <= 1e-3 for graph in result["max_abs"].values() for v in graph.values())
+    return result
+
+
+def main(argv: list[str]) -> int:
+    commands = {"env": env, "eager": eager, "pipeline": pipeline, "tensorrt": tensorrt}
+    if not argv or argv[0] not in commands:
+        print(__doc__)
+        return 2
+    try:
+        return commands[argv[0]](*argv[1:])
+    except Exception:  # noqa: BLE001  the check script logs every failure and goes on to the next step
+        traceback.print_exc()
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
