@@ -1,0 +1,102 @@
+"""`seq2trt demo`: the whole pipeline on the built-in demo model, as one command with progress.
+
+train (or reuse the cached model) -> export -> fuse (trt, ort) -> build (when a TensorRT flavour is
+installed) -> validate (plain, fused ORT, plugin graphs on CPU) -> bench -> report.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+
+
+def _step(title: str):
+    click.secho(f"\n▶ {title}", bold=True, err=True)
+    return time.perf_counter()
+
+
+def _done(start: float, message: str) -> None:
+    click.echo(f"  {message} ({time.perf_counter() - start:.0f} s)", err=True)
+
+
+@click.command()
+@click.option("-o", "--out", "out", type=click.Path(path_type=Path), default=Path("runs/demo"), show_default=True,
+              help="Artifact directory (export, fused graphs, engines, reports).")
+@click.option("--samples", type=int, default=200, show_default=True,
+              help="Held-out sources decoded end to end per validated graph set (`seq2trt validate` uses 1000).")
+@click.option("--force", is_flag=True, help="Replace an existing artifact directory.")
+def demo(out: Path, samples: int, force: bool) -> None:
+    """Run the whole pipeline on the demo model (numbers -> words) and write a report."""
+    from seq2trt.exporters.fuse import Target, fuse_artifacts
+    from seq2trt.plugins import trt_compat
+    from seq2trt.reference_model.checkpoint import load_checkpoint
+    from seq2trt.reference_model.io import staged_directory
+    from seq2trt.reference_model.train import demo_checkpoint
+    from seq2trt.validation.bench import BenchSettings, run_bench, unavailable
+    from seq2trt.validation.report import write_report
+    from seq2trt.validation.report_parity import ValidateSettings, run_validation
+
+    from .export_commands import _quiet_exporters, _source
+    from .progress import progress_bar
+
+    with staged_directory(out, force, "demo"):  # refuse an existing OUT before any work
+        pass
+    start = time.perf_counter()
+    t = _step("train the demo model (cached after the first run)")
+    with progress_bar("training", 500) as update:
+        checkpoint = demo_checkpoint(progress=lambda step, loss: update(step, f"loss {loss:.3f}"))
+    metrics = (checkpoint / "metrics.json").read_text()
+    _done(t, f"checkpoint {checkpoint}; " + metrics.split('"heldout_exact_match":')[1].split(",")[0].strip()
+          + " held-out exact match")
+
+    t = _step("export encoder.onnx + decoder.onnx (fp32)")
+    from seq2trt.exporters.onnx_export import export
+
+    _quiet_exporters()
+    model, _ = load_checkpoint(checkpoint)
+    export(model, out, dtype="fp32", force=force, source=_source(checkpoint))
+    _done(t, f"graphs in {out}")
+
+    for target in Target:
+        t = _step(f"fuse attention for {target.value}")
+        audit = fuse_artifacts(out, target, force=force)
+        _done(t, "; ".join(f"{g.graph} {sum(g.fused.values())}/{sum(g.expected.values())} blocks, "
+                           f"{g.nodes_before} -> {g.nodes_after} nodes" for g in audit.graphs))
+
+    t = _step("build TensorRT engines")
+    flavour = next((f for f in trt_compat.Flavour if trt_compat.available(f)), None)
+    if flavour is None:
+        _done(t, "skipped: no TensorRT installed (pip install 'seq2trt[rtx]' builds engines without a GPU)")
+    else:
+        from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines
+
+        target = "current" if trt_compat.has_gpu() else "sm_86"
+        engine_dir = build_engines(out, EngineRequest(flavour.value, trt_compat.parse_targets(flavour, target),
+                                                      force=force))
+        _done(t, f"{flavour.value} engines for {target} in {engine_dir}")
+
+    for graphs in ("plain", "fused-ort", "fused-trt"):
+        t = _step(f"validate {graphs} graphs on ONNX Runtime CPU against the eager model (float64)")
+        doc = run_validation(out, ValidateSettings(backend="ort", graphs=graphs, samples=samples))
+        e2e = doc["end_to_end"]
+        _done(t, f"passed: {doc['cases']} graph cases; greedy token agreement "
+                 f"{e2e['greedy']['token_agreement']:.4f}, beam {e2e['beam']['token_agreement']:.4f} on "
+                 f"{e2e['samples']} held-out sources")
+
+    t = _step("bench (interleaved, 1 thread)")
+    wanted = ("eager", "ort", "ort-fused", "ct2")
+    skipped = unavailable(wanted)
+    backends = tuple(b for b in wanted if b not in skipped)
+    run_bench(out, BenchSettings(backends=backends, batch_sizes=(1, 8), repeats=3, warmup=1, step_calls=1))
+    _done(t, "latency.json, latency.md and plots" + "".join(f"; {b} skipped: {why}" for b, why in skipped.items()))
+
+    t = _step("report")
+    md, html = write_report(out)
+    _done(t, f"{md} and {html}")
+    click.echo(f"demo finished in {time.perf_counter() - start:.0f} s: open {html}")
+
+
+COMMANDS = [demo]
