@@ -28,11 +28,12 @@ class Tolerance:
 
 
 # dtype -> output-name pattern -> tolerance; "*" is the default. fp32 meets the issue's 1e-4 on logits;
-# fp16 / bf16 bounds are a few units in the last place of their 11- / 8-bit mantissas at the logits' scale.
+# fp16 / bf16 bounds are a few units in the last place of their 11- / 8-bit mantissas at the scale of the
+# trained demo model's activations (encoder K/V reach |x| ~ 16 after three fp16 layers: ulp 0.0156).
 TOLERANCES: dict[str, dict[str, Tolerance]] = {
     "fp32": {"*": Tolerance(atol=1e-4, rtol=1e-4, min_cosine=0.99999)},
-    "fp16": {"*": Tolerance(atol=2e-2, rtol=1e-2, min_cosine=0.9995)},
-    "bf16": {"*": Tolerance(atol=1.5e-1, rtol=5e-2, min_cosine=0.995)},
+    "fp16": {"*": Tolerance(atol=5e-2, rtol=1e-2, min_cosine=0.9995)},
+    "bf16": {"*": Tolerance(atol=4e-1, rtol=8e-2, min_cosine=0.995)},  # 8x fp16: 3 fewer mantissa bits
 }
 
 

@@ -55,3 +55,37 @@ def test_validate_refuses_a_tampered_graph(exported, tmp_path):
         f.write(b"\0")
     result = CliRunner().invoke(cli, ["validate", str(copy), "--samples", "0"])
     assert result.exit_code == 2 and "sha256" in result.output
+
+
+def test_validate_fails_with_exit_1_when_end_to_end_misses_its_target(exported, tmp_path, monkeypatch):
+    import shutil
+
+    from seq2trt.validation import end_to_end
+
+    copy = tmp_path / "out"
+    shutil.copytree(exported / "out", copy)
+    strict = end_to_end.EndToEndTargets(token_agreement=1.0, sequence_match=1.0, max_logit_abs_err=0.0)
+    monkeypatch.setitem(end_to_end.TARGETS, "fp32", strict)
+    result = CliRunner().invoke(cli, ["validate", str(copy), "--samples", "3", "--beam", "1"])
+    assert result.exit_code == 1 and "max_logit_abs_err" in result.output
+    assert json.loads((copy / "reports" / "parity.json").read_text())["passed"] is False
+
+
+def test_validate_lists_failing_outputs_of_a_wrong_graph(exported, tmp_path):
+    import shutil
+
+    import onnx
+
+    from seq2trt.exporters.manifest import read_manifest, write_manifest
+    from seq2trt.reference_model.config import Seq2SeqConfig
+
+    copy = tmp_path / "out"
+    shutil.copytree(exported / "out", copy)
+    proto = onnx.load(copy / "decoder.onnx")
+    node = next(n for n in proto.graph.node if n.op_type == "DecoderSelfAttention")
+    next(a for a in node.attribute if a.name == "scale").f *= 2.0
+    onnx.save(proto, copy / "decoder.onnx")
+    data = read_manifest(copy).data
+    write_manifest(copy, Seq2SeqConfig.from_dict(data["config"]), data["settings"], list(data["files"]), data["source"])
+    result = CliRunner().invoke(cli, ["validate", str(copy), "--samples", "0"])
+    assert result.exit_code == 1 and "decoder" in result.output and "logits: max_abs" in result.output
