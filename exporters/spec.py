@@ -17,6 +17,9 @@ op's own (`kind`, `num_heads`, `head_dim`, `scale`: `AttentionAttrs.from_onnx` r
 is the block's module path, e.g. `encoder_layers.0.self_attn`, `decoder_layers.2.cross_attn`. The graph carries
 one ONNX local function per op_type with a body of standard ops (softmax in fp32), so the plain graph runs
 in ONNX Runtime and TensorRT's parser as it is. `expected_blocks` gives the count of every kind per graph.
+Around a marked node: query/key/value are the projections' outputs (MatMul + Add), the mask is one Cast of the
+int64 graph mask to int32 shared by the blocks, cross K/V are the decoder's `past_key_values.{i}.encoder.*`
+inputs, and a decoder self-attention node's present K/V are the graph outputs `present.{i}.decoder.*`.
 """
 
 from __future__ import annotations
