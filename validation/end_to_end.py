@@ -29,11 +29,12 @@ class EndToEndTargets:
 
 
 # Per dtype, as data. fp32 is the target; fp16/bf16 allow the rare near-tie flip of a trained model,
-# and logit errors of ~10-20 units in the last place at the demo model's logit scale (|logit| up to ~16).
+# and logit errors of a few units in the last place at the demo model's logit scale (measured on the greedy
+# path over 1,000 held-out inputs: fp16 0.006, bf16 0.091; bf16's bound is fp16's x 8 for 3 fewer mantissa bits).
 TARGETS: dict[str, EndToEndTargets] = {
     "fp32": EndToEndTargets(token_agreement=1.0, sequence_match=1.0, max_logit_abs_err=1e-4),
-    "fp16": EndToEndTargets(token_agreement=0.99, sequence_match=0.97, max_logit_abs_err=1.5e-1),
-    "bf16": EndToEndTargets(token_agreement=0.97, sequence_match=0.90, max_logit_abs_err=1.2),
+    "fp16": EndToEndTargets(token_agreement=0.99, sequence_match=0.97, max_logit_abs_err=5e-2),
+    "bf16": EndToEndTargets(token_agreement=0.97, sequence_match=0.90, max_logit_abs_err=4e-1),
 }
 
 
