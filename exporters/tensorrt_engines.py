@@ -5,6 +5,8 @@ artifact directory").
 exported graphs, `fused/trt/fusion.json` via `fuse.verify_fused` for the fused ones), builds the encoder and the decoder
 with `tensorrt_build.build` under profiles from `spec.profiles`, and writes `encoder.plan`, `decoder.plan` and
 `build.json` into a staged directory renamed into place at the end (nothing half-written; `force` to replace).
+Two builds of the same engine directory take turns (a lock file beside it), so the second one sees the first's
+result: refused without `force`, replaced whole with it.
 `--no-plugin` engines (unfused graphs, TensorRT's own fusion) go to the same name with `-noplugin` appended, so
 both can sit side by side for comparison.
 """
@@ -23,7 +25,7 @@ from typing import Callable
 from seq2trt.plugins import trt_compat
 from seq2trt.plugins.op import PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION
 from seq2trt.reference_model.errors import ArtifactError, InputError
-from seq2trt.reference_model.io import atomic_write_bytes, atomic_write_text, sha256_file, staged_directory
+from seq2trt.reference_model.io import atomic_write_bytes, atomic_write_text, locked, sha256_file, staged_directory
 
 from . import fuse, spec
 from . import manifest as manifest_mod
@@ -96,7 +98,8 @@ def build_engines(out: Path, request: EngineRequest,
     settings = BuildSettings(flavour, request.workspace_bytes, request.optimization_level, request.timing_cache,
                              plugin=request.plugin)
     record = {"graphs": {}}
-    with staged_directory(engine_dir, request.force, "engine") as tmp:
+    lock = engine_dir.parent / f".{engine_dir.name}.lock"
+    with locked(lock, str(engine_dir)), staged_directory(engine_dir, request.force, "engine") as tmp:
         for done, (kind, (path, digest)) in enumerate(graphs.items()):
             report = (lambda phase, _d, _t, k=kind, n=done: progress(k.value, phase, n)) if progress else None
             result = build(path, profiles[kind], request.targets, dtype, settings, report)
@@ -132,15 +135,21 @@ def read_build(engine_dir: Path, verify: bool = True) -> dict:
     path = Path(engine_dir) / BUILD_JSON
     if not path.exists():
         raise ArtifactError(f"{path} not found; build engines with `seq2trt build` first")
+    rebuild = "rebuild with `seq2trt build --force`"
     try:
         info = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ArtifactError(f"{path} is not valid JSON ({exc}); rebuild with `seq2trt build --force`") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ArtifactError(f"{path} is not valid JSON ({exc}); {rebuild}") from None
+    graphs = info.get("graphs") if isinstance(info, dict) else None
+    if not isinstance(graphs, dict) or not all(
+            isinstance(g, dict) and isinstance(g.get("plan"), str) and isinstance(g.get("plan_sha256"), str)
+            for g in graphs.values()):
+        raise ArtifactError(f"{path} is malformed: it needs a 'graphs' object whose entries name a 'plan' and its "
+                            f"'plan_sha256'; {rebuild}")
     if verify:
-        bad = [g["plan"] for g in info["graphs"].values()
-               if not (Path(engine_dir) / g["plan"]).exists() or
+        bad = [g["plan"] for g in graphs.values()
+               if not (Path(engine_dir) / g["plan"]).is_file() or
                sha256_file(Path(engine_dir) / g["plan"]) != g["plan_sha256"]]
         if bad:
-            raise ArtifactError(f"{engine_dir}: {bad} missing or modified since the build; rebuild with "
-                                "`seq2trt build --force`")
+            raise ArtifactError(f"{engine_dir}: {bad} missing or modified since the build; {rebuild}")
     return info
