@@ -238,6 +238,7 @@ def check_feed(cfg: Seq2SeqConfig, kind: GraphKind, dtype: str, limits: Limits,
                 seen = sizes.setdefault(axis, (size, spec.name))
                 if seen[0] != size:
                     problems.append(f"{spec.name}: {axis} is {size} but {seen[1]} says {seen[0]}")
+    problems += _value_problems(cfg, kind, specs, feed)
     lo_hi = {a: (r[0], r[2]) for a, r in limits.axis_ranges().items()}
     for axis, (size, name) in sizes.items():
         if not lo_hi[axis][0] <= size <= lo_hi[axis][1]:
@@ -247,3 +248,20 @@ def check_feed(cfg: Seq2SeqConfig, kind: GraphKind, dtype: str, limits: Limits,
                         f"{limits.max_tgt_len}")
     if problems:
         raise InputError(f"{kind.value} feed does not match the graph contract: " + "; ".join(problems))
+
+
+def _value_problems(cfg: Seq2SeqConfig, kind: GraphKind, specs: list[TensorSpec],
+                    feed: Mapping[str, np.ndarray]) -> list[str]:
+    """Token ids outside the vocabulary and masks other than 0/1: an engine would read out of bounds silently."""
+    vocab = cfg.src_vocab_size if kind is GraphKind.ENCODER else cfg.tgt_vocab_size
+    problems = []
+    for s in specs:
+        array = feed.get(s.name)
+        if s.dtype != "int64" or getattr(array, "dtype", None) != np.int64 or not array.size:
+            continue
+        lo, hi = int(array.min()), int(array.max())
+        if s.name == "input_ids" and (lo < 0 or hi >= vocab):
+            problems.append(f"{s.name}: token ids must lie in [0, {vocab}) (the vocabulary), got {lo}..{hi}")
+        elif s.name != "input_ids" and (lo < 0 or hi > 1):
+            problems.append(f"{s.name}: a mask holds 0 (pad) and 1 (token) only, got values {lo}..{hi}")
+    return problems

@@ -101,7 +101,8 @@ def load_state_dict_checked(model: Seq2SeqTransformer, state: dict[str, torch.Te
         elif not state[key].is_floating_point():
             problems.append(f"{key}: expected a floating-point tensor, got {state[key].dtype}")
     if problems:
-        raise CheckpointError(f"checkpoint {source} does not match its config: " + "; ".join(problems))
+        raise CheckpointError(f"checkpoint {source} does not match its config: " + "; ".join(problems) +
+                              "; load the weights with the config.json they were saved with, or re-save the checkpoint")
     with torch.no_grad():
         for key, param in expected.items():
             param.copy_(state[key])
