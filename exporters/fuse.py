@@ -27,7 +27,7 @@ from onnx import helper
 
 from seq2trt.plugins.op import DOMAIN, PLUGIN_NAME, AttentionAttrs, AttentionKind
 from seq2trt.reference_model.config import Seq2SeqConfig
-from seq2trt.reference_model.errors import ArtifactError, CheckFailed
+from seq2trt.reference_model.errors import ArtifactError, CheckFailed, Seq2TrtError
 from seq2trt.reference_model.io import atomic_write_text, sha256_file, staged_directory
 
 from . import spec
@@ -164,7 +164,7 @@ def fuse_artifacts(out: Path, target: Target, allow_partial: bool = False, force
     with staged_directory(fused_dir(out, target), force, f"fused {target.value}") as tmp:
         files = {}
         for kind in spec.GraphKind:
-            model, graph_audit = fuse(onnx.load(manifest.path(kind.filename)), target, manifest.config, kind)
+            model, graph_audit = _fuse_file(manifest.path(kind.filename), target, manifest.config, kind)
             audit.graphs.append(graph_audit)
             onnx.save(model, tmp / kind.filename)
             files[kind.filename] = {"sha256": sha256_file(tmp / kind.filename),
@@ -178,6 +178,36 @@ def fuse_artifacts(out: Path, target: Target, allow_partial: bool = False, force
     return audit
 
 
+def load_graph(path: Path, cfg: Seq2SeqConfig, kind: spec.GraphKind) -> onnx.ModelProto:
+    """Parse and check an exported graph; a corrupt file or another model's graph is an ArtifactError."""
+    fix = "re-export with `seq2trt export --force`"
+    try:
+        model = onnx.load(str(path))
+        onnx.checker.check_model(model)
+    except Exception as exc:  # protobuf's DecodeError, onnx's ValidationError, ...: the file is not a valid model
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ArtifactError(f"{path} is not a valid ONNX model ({first}); {fix}") from exc
+    for io, want, have in (("inputs", spec.inputs(cfg, kind), model.graph.input),
+                           ("outputs", spec.outputs(cfg, kind), model.graph.output)):
+        if [s.name for s in want] != [v.name for v in have]:
+            raise ArtifactError(f"{path} is not a seq2trt {kind.value} graph of this model: its {io} "
+                                f"{[v.name for v in have][:6]} differ from the contract's "
+                                f"{[s.name for s in want][:6]}; {fix}")
+    return model
+
+
+def _fuse_file(path: Path, target: Target, cfg: Seq2SeqConfig,
+               kind: spec.GraphKind) -> tuple[onnx.ModelProto, GraphAudit]:
+    model = load_graph(path, cfg, kind)
+    try:
+        return fuse(model, target, cfg, kind)
+    except Seq2TrtError:
+        raise
+    except Exception as exc:  # the optimizer or an attention node's attributes choke on a damaged graph
+        raise ArtifactError(f"cannot fuse {path} ({type(exc).__name__}: {exc}); the graph is damaged: re-export "
+                            "with `seq2trt export --force`") from exc
+
+
 def verify_fused(out: Path, target: Target) -> dict:
     """Check the fused graphs against `fusion.json`, and that they were fused from the current export."""
     manifest = verify(out, [kind.filename for kind in spec.GraphKind])
@@ -188,12 +218,15 @@ def verify_fused(out: Path, target: Target) -> dict:
     try:
         report = json.loads(path.read_text())
         files = report["files"]
+        if not isinstance(files, dict) or not all(isinstance(e, dict) for e in files.values()):
+            raise TypeError("'files' must map each graph to an object")
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
-        raise ArtifactError(f"{path} is malformed ({exc!r}); re-run `seq2trt fuse --force`") from None
+        raise ArtifactError(f"{path} is malformed ({exc!r}); re-run `seq2trt fuse {out} --target {target.value} "
+                            "--force`") from None
     problems = []
     for kind in spec.GraphKind:
         entry, graph = files.get(kind.filename), folder / kind.filename
-        if entry is None or not graph.exists():
+        if entry is None or not graph.is_file():
             problems.append(f"{kind.filename} is missing")
         elif sha256_file(graph) != entry.get("sha256"):
             problems.append(f"{kind.filename} does not match its sha256 in fusion.json (modified since fusion)")

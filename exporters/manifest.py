@@ -78,13 +78,42 @@ def read_manifest(out: Path) -> Manifest:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ArtifactError(f"{path} is not valid JSON ({exc}); re-run `seq2trt export --force`") from None
+    if not isinstance(data, dict):
+        raise ArtifactError(f"{path} must hold a JSON object, got {type(data).__name__}; "
+                            "re-run `seq2trt export --force`")
     missing = [k for k in ("spec_revision", "config", "dtype", "settings", "files") if k not in data]
     if missing:
         raise ArtifactError(f"{path} lacks {missing}; re-run `seq2trt export --force`")
     if data["spec_revision"] != spec.SPEC_REVISION:
-        raise ArtifactError(f"{out} was exported under graph spec revision {data['spec_revision']}, this seq2trt "
+        raise ArtifactError(f"{out} was exported under graph spec revision {data['spec_revision']!r}, this seq2trt "
                             f"reads revision {spec.SPEC_REVISION}; re-export it")
+    problems = _schema_problems(data)
+    if problems:
+        raise ArtifactError(f"{path} is malformed: {'; '.join(problems)}; re-run `seq2trt export --force`")
     return Manifest(Path(out), data)
+
+
+def _schema_problems(data: dict) -> list[str]:
+    """Every field a later stage reads, with the type it must have (config and limits are rebuilt to check them)."""
+    problems = []
+    if data["dtype"] not in spec.DTYPES:
+        problems.append(f"dtype {data['dtype']!r} is not one of {list(spec.DTYPES)}")
+    files = data["files"]
+    if not isinstance(files, dict) or not all(
+            isinstance(f, dict) and isinstance(f.get("sha256"), str) and isinstance(f.get("bytes"), int)
+            for f in files.values()):
+        problems.append("'files' must map each file name to its 'sha256' and 'bytes'")
+    try:
+        if not isinstance(data["config"], dict):
+            raise TypeError("'config' must be an object")
+        Seq2SeqConfig.from_dict(data["config"])
+        limits = data["settings"]["limits"] if isinstance(data["settings"], dict) else None
+        if not isinstance(limits, dict):
+            raise TypeError("'settings' must hold a 'limits' object")
+        spec.Limits(**limits)
+    except (TypeError, ValueError) as exc:  # ConfigError is a ValueError
+        problems.append(str(exc))
+    return problems
 
 
 def verify(out: Path, names: list[str] | None = None) -> Manifest:
@@ -97,7 +126,7 @@ def verify(out: Path, names: list[str] | None = None) -> Manifest:
         path = manifest.path(name)
         if name not in files:
             problems.append(f"{name} is not listed in the manifest")
-        elif not path.exists():
+        elif not path.is_file():
             problems.append(f"{name} is missing")
         elif sha256_file(path) != files[name]["sha256"]:
             problems.append(f"{name} does not match its sha256 (modified or truncated since export)")

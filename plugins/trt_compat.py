@@ -270,7 +270,10 @@ def check_engine(build_info: Mapping, flavour: str | Flavour, runtime_version: s
         raise ArtifactError(f"engine was built by {flavour.value} {built_version}, but {runtime_version} is "
                             f"installed; engines do not move across versions; {rebuild}")
     targets = build_info.get("targets", [])
-    compute = build_info.get("compute_capabilities", [t for t in targets if isinstance(t, int)])
+    compute = build_info.get("compute_capabilities", [t for t in targets if isinstance(t, int)]
+                             if isinstance(targets, list) else None)
+    if not isinstance(targets, list) or not isinstance(compute, list):
+        raise ArtifactError(f"build.json's targets / compute_capabilities are not lists (malformed); {rebuild}")
     if device_cc not in compute:
         raise ArtifactError(f"engine targets {target_tag(targets)}, but this GPU is sm_{device_cc}; {rebuild}")
 

@@ -20,7 +20,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from seq2trt.exporters import spec
-from seq2trt.reference_model.errors import DependencyError
+from seq2trt.reference_model.errors import ArtifactError, DependencyError
 
 logger = logging.getLogger(__name__)
 
@@ -183,20 +183,30 @@ class OrtRunner(Runner):
         except ImportError:
             raise DependencyError("onnxruntime is not installed; pip install onnxruntime") from None
         source = self._source() if callable(self._source) else self._source
+        where = source if isinstance(source, (str, Path)) else f"the {self.kind.value} graph"
         model = Path(source).read_bytes() if isinstance(source, (str, Path)) else source
-        if self.prepare is not None:
-            model = self.prepare(model)
         providers = ort_providers(self.device)
-        if self.dtype == "bf16" and providers[0] == "CPUExecutionProvider":
-            model, self.emulated_bf16 = emulate_bf16(model), True
         options = ort.SessionOptions()
         options.intra_op_num_threads = self.intra_op_threads
         options.inter_op_num_threads = 1
         options.log_severity_level = 3
         for library in self.custom_op_libraries:
             options.register_custom_ops_library(library)
-        self.session = ort.InferenceSession(model, options, providers=providers)
+        try:
+            if self.prepare is not None:
+                model = self.prepare(model)
+            if self.dtype == "bf16" and providers[0] == "CPUExecutionProvider":
+                model, self.emulated_bf16 = emulate_bf16(model), True
+            self.session = ort.InferenceSession(model, options, providers=providers)
+        except Exception as exc:  # protobuf's DecodeError, ORT's Fail / InvalidGraph: a damaged or foreign file
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ArtifactError(f"ONNX Runtime cannot load {where} ({first}); re-export (and re-fuse) it") from exc
         self.output_names = [o.name for o in self.session.get_outputs()]
+        for io, want, have in (("inputs", spec.inputs(self.cfg, self.kind), self.session.get_inputs()),
+                               ("outputs", spec.outputs(self.cfg, self.kind), self.session.get_outputs())):
+            if sorted(s.name for s in want) != sorted(v.name for v in have):
+                raise ArtifactError(f"{where} is not a seq2trt {self.kind.value} graph of this model: its {io} differ "
+                                    "from the graph contract's; re-export it with `seq2trt export --force`")
 
     def _deactivate(self) -> None:
         self.session = None
