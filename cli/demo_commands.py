@@ -33,7 +33,7 @@ def demo(out: Path, samples: int, force: bool) -> None:
     from seq2trt.exporters.fuse import Target, fuse_artifacts
     from seq2trt.plugins import trt_compat
     from seq2trt.reference_model.checkpoint import load_checkpoint
-    from seq2trt.reference_model.io import staged_directory
+    from seq2trt.reference_model.io import refuse_existing
     from seq2trt.reference_model.train import demo_checkpoint
     from seq2trt.validation.bench import BenchSettings, run_bench, unavailable
     from seq2trt.validation.report import write_report
@@ -42,8 +42,7 @@ def demo(out: Path, samples: int, force: bool) -> None:
     from .export_commands import _quiet_exporters, _source
     from .progress import progress_bar
 
-    with staged_directory(out, force, "demo"):  # refuse an existing OUT before any work
-        pass
+    refuse_existing(out, force, "demo")  # before any work
     start = time.perf_counter()
     t = _step("train the demo model (cached after the first run)")
     with progress_bar("training", 500) as update:

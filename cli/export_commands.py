@@ -48,11 +48,10 @@ def export(checkpoint: Path, out: Path, dtype: str, opset: int, max_batch: int, 
     from seq2trt.exporters.onnx_export import export as export_model
     from seq2trt.exporters.spec import Limits
     from seq2trt.reference_model.checkpoint import load_checkpoint
-    from seq2trt.reference_model.errors import ArtifactError
+    from seq2trt.reference_model.io import refuse_existing
 
     _quiet_exporters()
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:  # refuse before any work
-        raise ArtifactError(f"export directory {out} already exists; pass --force to replace it")
+    refuse_existing(out, force, "export")  # before any work
     model, _ = load_checkpoint(checkpoint)
     limits = Limits.for_model(model.cfg, max_batch, max_src_len, max_tgt_len)
     start = time.perf_counter()

@@ -32,7 +32,7 @@ def train(out: Path, task: str, preset: str, steps: int, batch_size: int, lr: fl
           eval_examples: int, force: bool) -> None:
     """Train a model on a built-in task (CPU) and write its checkpoint and metrics.json."""
     from seq2trt.reference_model.config import preset as make_preset
-    from seq2trt.reference_model.io import staged_directory
+    from seq2trt.reference_model.io import refuse_existing
     from seq2trt.reference_model.tasks import get_task
 
     from .progress import progress_bar
@@ -40,8 +40,7 @@ def train(out: Path, task: str, preset: str, steps: int, batch_size: int, lr: fl
     get_task(task), make_preset(preset)  # fail on a bad name before any work
     settings = TrainSettings(task=task, preset=preset, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
                              eval_examples=eval_examples)
-    with staged_directory(out, force, "checkpoint"):  # refuse early; the real write happens below
-        pass
+    refuse_existing(out, force, "checkpoint")  # before any work; the write below is atomic
     with progress_bar(f"training {preset} on {task}", steps) as update:
         model, metrics = train_model(settings, lambda step, loss: update(step, f"loss {loss:.3f}"))
     t = get_task(task)

@@ -75,6 +75,15 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
+def refuse_existing(out: Path, force: bool = False, what: str = "output") -> None:
+    """Raise if `out` cannot be (re)placed: a file, or a non-empty directory without `force`. Touches nothing."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ArtifactError(f"{what} path {out} exists and is not a directory; choose another path")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise ArtifactError(f"{what} directory {out} already exists; pass --force to replace it")
+
+
 @contextlib.contextmanager
 def staged_directory(out: Path, force: bool = False, what: str = "output") -> Iterator[Path]:
     """Yield a fresh temporary directory beside `out`; on success it replaces `out` in one rename.
@@ -83,13 +92,13 @@ def staged_directory(out: Path, force: bool = False, what: str = "output") -> It
     and `out` is left exactly as it was.
     """
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ArtifactError(f"{what} path {out} exists and is not a directory; choose another path")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise ArtifactError(f"{what} directory {out} already exists; pass --force to replace it")
+    refuse_existing(out, force, what)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; an artifact directory is an ordinary one
     except OSError as exc:
         raise (write_error(exc, out) or exc) from exc
     try:
