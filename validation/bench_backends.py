@@ -128,6 +128,11 @@ class StepModelBackend:
             close()
 
 
+# With 2 threads on a shared 2-core machine, CTranslate2's OpenMP threads spin-wait for a preempted partner: the
+# same 32-token decode took 26 ms to 9.9 s (measured 2026-11-29, load ~3); passive waiting made it a steady 30 ms.
+CT2_MULTITHREAD_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
 class Ct2Backend:
     """CTranslate2 in its own worker process; sources go over a pipe as token strings, timing stays inside."""
 
@@ -136,9 +141,10 @@ class Ct2Backend:
     def __init__(self, name: str, model_dir: Path, source_tokens: list[str], threads: int, compute_type: str):
         self.name, self.threads, self.source_tokens = name, threads, source_tokens
         worker = Path(__file__).with_name("ct2_worker.py")
+        self.env = CT2_MULTITHREAD_ENV if threads > 1 else {}
         self.process = subprocess.Popen([sys.executable, str(worker), str(model_dir), str(threads), compute_type],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True)
+                                        text=True, env={**os.environ, **self.env})
         self.load_seconds = self._reply()["load_s"]
 
     def _reply(self) -> dict:
@@ -181,7 +187,7 @@ class Ct2Backend:
 
     def memory(self) -> dict:
         return {"peak_rss_mb": round(self._ask({"op": "memory"})["peak_rss_mb"], 1),
-                "scope": "worker process (CTranslate2 and Python only)"}
+                "scope": "worker process (CTranslate2 and Python only)", **({"env": self.env} if self.env else {})}
 
     def close(self) -> None:
         if self.process.poll() is None:
