@@ -4,6 +4,7 @@ every file, so later stages can refuse a tampered or half-copied directory (DESI
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import platform
@@ -103,9 +104,14 @@ def _schema_problems(data: dict) -> list[str]:
             isinstance(f, dict) and isinstance(f.get("sha256"), str) and isinstance(f.get("bytes"), int)
             for f in files.values()):
         problems.append("'files' must map each file name to its 'sha256' and 'bytes'")
+    if data.get("source") is not None and not isinstance(data["source"], dict):
+        problems.append("'source' must be an object naming the checkpoint, or null")
     try:
         if not isinstance(data["config"], dict):
             raise TypeError("'config' must be an object")
+        missing = sorted({f.name for f in dataclasses.fields(Seq2SeqConfig)} - set(data["config"]))
+        if missing:  # the export wrote every field; a default would describe another model
+            raise ValueError(f"'config' lacks {missing}")
         Seq2SeqConfig.from_dict(data["config"])
         limits = data["settings"]["limits"] if isinstance(data["settings"], dict) else None
         if not isinstance(limits, dict):

@@ -134,8 +134,7 @@ def parse(trt, builder, onnx_path: Path, settings: BuildSettings):
 
     try:
         model = onnx.load(str(onnx_path), load_external_data=False)
-        onnx.checker.check_model(model)  # TensorRT's parser may abort the process on a damaged graph
-    except Exception as exc:  # protobuf's DecodeError, onnx's ValidationError: not a valid model
+    except Exception as exc:  # protobuf's DecodeError: not an ONNX file
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ArtifactError(f"{onnx_path} is not a valid ONNX model ({first}); re-export (and re-fuse) it") from exc
     text = None

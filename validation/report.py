@@ -100,8 +100,13 @@ def _demote(markdown: str) -> str:
 def render_markdown(out: Path) -> str:
     manifest = verify(out, []).data
     lines = [f"# seq2trt report: {Path(out).resolve().name}", ""]
-    for section in (_overview(manifest), _fusion(out), _builds(out), _parity(out), _latency(out)):
-        lines += section
+    for title, section, arg in (("Model and export", _overview, manifest), ("Fusion", _fusion, out),
+                                ("Engines", _builds, out), ("Parity", _parity, out), ("Latency", _latency, out)):
+        try:
+            lines += section(arg)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:  # a stage's JSON is damaged
+            lines += [f"## {title}", "", f"A file of this stage is malformed ({type(exc).__name__}: {exc}); "
+                      "re-run the stage with --force.", ""]
     return "\n".join(lines)
 
 
