@@ -33,36 +33,12 @@ from seq2trt.cli.main import cli
 from seq2trt.exporters import spec
 from seq2trt.exporters.manifest import read_manifest, write_manifest
 from seq2trt.plugins import trt_compat
-from seq2trt.reference_model.checkpoint import save_checkpoint
 from seq2trt.reference_model.errors import ArtifactError, InputError
 from seq2trt.reference_model.tasks import get_task
 
 HAS_RTX = importlib.util.find_spec("tensorrt_rtx") is not None
-ENGINES = "engines/tensorrt-rtx-sm_86-fp32"
-MAX_BATCH, MAX_LEN = 4, 16
-
-
-@pytest.fixture(scope="module")
-def artifact(make_model, tmp_path_factory) -> Path:
-    """One tiny checkpoint, its export, fused TensorRT graphs, engines (when TensorRT-RTX is here) and a report."""
-    from seq2trt.cli.export_commands import _source
-    from seq2trt.exporters.fuse import Target, fuse_artifacts
-    from seq2trt.exporters.onnx_export import export
-
-    task = get_task("numbers")
-    model = make_model(seed=3, dtype=torch.float32, src_vocab_size=len(task.source_vocab),
-                       tgt_vocab_size=len(task.target_vocab), max_src_len=MAX_LEN, max_tgt_len=MAX_LEN)
-    root = tmp_path_factory.mktemp("artifact")
-    ckpt = save_checkpoint(root / "ckpt", model, (task.source_vocab, task.target_vocab),
-                           extra_files={"metrics.json": json.dumps({"task": "numbers"})})
-    export(model, root / "out", limits=spec.Limits.for_model(model.cfg, MAX_BATCH), source=_source(ckpt))
-    fuse_artifacts(root / "out", Target.TRT)
-    if HAS_RTX:
-        from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines
-
-        build_engines(root / "out", EngineRequest("tensorrt-rtx", (86,)))
-    assert CliRunner().invoke(cli, ["report", str(root / "out")]).exit_code == 0
-    return root
+ENGINES = "engines/tensorrt-rtx-sm_86-fp32"  # as conftest.artifact builds them
+MAX_BATCH, MAX_LEN = 4, 16  # conftest.artifact's limits
 
 
 @pytest.fixture
