@@ -83,7 +83,8 @@ def write_reports(reports: Path, doc: dict) -> dict[str, Path]:
     for title, name, draw, source in (
             ("step latency by past length", "step_latency.png", plots.step_latency_by_past, doc),
             ("tokens/s by batch size", "tokens_per_s.png", plots.tokens_per_second, doc),
-            ("logit error by decoding step", "error_by_step.png", plots.error_by_step, _parity(reports))):
+            ("logit error by decoding step", "error_by_step.png", plots.error_by_step,
+             plots.error_series(doc, _parity(reports)))):
         if draw(source, reports / name) is not None:
             images[title] = name
             written[name] = reports / name

@@ -208,6 +208,7 @@ class Agreement:
     tie_margin: float
     max_abs_logit_diff: float | None  # over the steps both decoded identically, when the candidate gave logits
     mismatches: list[str]
+    logit_abs_err_by_step: list[float] | None = None  # the largest |difference| at each decoding step
 
     @property
     def rate(self) -> float:
@@ -219,7 +220,8 @@ class Agreement:
     def to_dict(self) -> dict:
         return {"sequences": self.sequences, "identical": self.identical, "ties": self.ties, "rate": self.rate,
                 "tie_margin": self.tie_margin, "max_abs_logit_diff": self.max_abs_logit_diff,
-                "passed": bool(self), "mismatches": self.mismatches[:10]}
+                "passed": bool(self), "mismatches": self.mismatches[:10],
+                "logit_abs_err_by_step": self.logit_abs_err_by_step}
 
 
 def eager_greedy(model, input_ids: np.ndarray, attention_mask: np.ndarray, max_new_tokens: int
@@ -245,12 +247,15 @@ def compare_greedy(reference: tuple[list[list[int]], list[list[np.ndarray]]], ca
     """Token-for-token agreement; a divergence where the reference's two candidates are within `tie_margin` is a tie."""
     ref_tokens, ref_logits = reference
     identical = ties = 0
-    mismatches, diffs = [], []
+    mismatches, by_step = [], []
     for i, (want, got) in enumerate(zip(ref_tokens, candidate)):
         step = next((t for t, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
         if candidate_logits is not None:
             n = min(step + 1, len(ref_logits[i]), len(candidate_logits[i]))
-            diffs.append(float(np.abs(np.stack(ref_logits[i][:n]) - candidate_logits[i][:n]).max()) if n else 0.0)
+            for t in range(n):  # up to and including the first divergent step: both saw the same history
+                err = float(np.abs(ref_logits[i][t] - candidate_logits[i][t]).max())
+                by_step.extend([0.0] * (t + 1 - len(by_step)))
+                by_step[t] = max(by_step[t], err)
         if want == got:
             identical += 1
             continue
@@ -262,7 +267,8 @@ def compare_greedy(reference: tuple[list[list[int]], list[list[np.ndarray]]], ca
             ties += 1
         mismatches.append(f"source {i}: diverges at step {step} (eager {ref_next}, candidate {got_next}, "
                           f"eager margin {margin if margin is None else f'{margin:.2e}'})")
-    return Agreement(len(ref_tokens), identical, ties, tie_margin, max(diffs) if diffs else None, mismatches)
+    return Agreement(len(ref_tokens), identical, ties, tie_margin, max(by_step) if by_step else None, mismatches,
+                     by_step if candidate_logits is not None else None)
 
 
 def check_agreement(model, translator: Ct2Translator, input_ids: np.ndarray, attention_mask: np.ndarray,

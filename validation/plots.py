@@ -71,15 +71,29 @@ def tokens_per_second(doc: dict, path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def error_by_step(parity: dict, path: Path) -> Path | None:
-    """Largest |logit error| vs decoding step, from parity.json's `end_to_end.logit_abs_err_by_step` when present."""
-    series = ((parity or {}).get("end_to_end") or {}).get("logit_abs_err_by_step")
+def error_by_step(series: dict[str, list[float]], path: Path) -> Path | None:
+    """Largest |logit error| against the eager model vs decoding step, one line per labelled series."""
+    series = {label: values for label, values in series.items() if values}
     if not series:
         return None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(5, 3.4))
-    ax.plot(range(len(series)), [max(e, 1e-12) for e in series], marker="o", markersize=3)
-    ax.set(title=f"{parity.get('backend', '')} {parity.get('dtype', '')} vs eager", xlabel="decoding step",
-           ylabel="max |logit error|", yscale="log")
+    fig, ax = plt.subplots(figsize=(5.4, 3.4))
+    for label, values in series.items():
+        ax.plot(range(len(values)), [max(e, 1e-9) for e in values], marker="o", markersize=2, label=label)
+    ax.set(title="logit error vs eager", xlabel="decoding step", ylabel="max |logit error|", yscale="log")
     ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
     return _save(fig, path)
+
+
+def error_series(latency: dict, parity: dict) -> dict[str, list[float]]:
+    """Per-step logit errors: parity.json's `end_to_end.logit_abs_err_by_step` when it has one, and the bench's
+    CTranslate2 agreement checks."""
+    series = {}
+    by_step = ((parity or {}).get("end_to_end") or {}).get("logit_abs_err_by_step")
+    if by_step:
+        series[f"{parity.get('backend', 'validated')} {parity.get('dtype', '')} (parity.json)".strip()] = by_step
+    for name, check in (latency.get("checks") or {}).items():
+        if check.get("logit_abs_err_by_step"):
+            series[f"{name} (bench check)"] = check["logit_abs_err_by_step"]
+    return series

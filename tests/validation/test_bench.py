@@ -93,17 +93,21 @@ def test_latency_curves_cover_the_bounds(report, exported):
 def test_markdown_and_plots(report):
     md = (report / "latency.md").read_text()
     assert "| ort | 3 |" in md and "vs ct2" in md and "![tokens/s by batch size](tokens_per_s.png)" in md
-    for name in ("step_latency.png", "tokens_per_s.png"):
+    for name in ("step_latency.png", "tokens_per_s.png", "error_by_step.png"):
         assert (report / name).read_bytes()[:8] == PNG
-    assert not (report / "error_by_step.png").exists()  # no parity.json with a per-step series here
 
 
-def test_error_plot_from_parity(report, tmp_path):
+def test_error_series_from_parity_and_checks(report, tmp_path):
     from seq2trt.validation import plots
 
-    path = plots.error_by_step({"backend": "ort", "dtype": "fp32",
-                                "end_to_end": {"logit_abs_err_by_step": [1e-6, 2e-6, 0.0]}}, tmp_path / "e.png")
-    assert path.read_bytes()[:8] == PNG
+    doc = json.loads((report / "latency.json").read_text())
+    by_step = doc["checks"]["ct2"]["logit_abs_err_by_step"]
+    assert len(by_step) > 1 and max(by_step) == doc["checks"]["ct2"]["max_abs_logit_diff"]
+    series = plots.error_series(doc, {"backend": "ort", "dtype": "fp32",
+                                      "end_to_end": {"logit_abs_err_by_step": [1e-6, 2e-6, 0.0]}})
+    assert set(series) == {"ort fp32 (parity.json)", "ct2 (bench check)", "ct2-int8 (bench check)"}
+    assert plots.error_by_step(series, tmp_path / "e.png").read_bytes()[:8] == PNG
+    assert plots.error_by_step({}, tmp_path / "none.png") is None
 
 
 def test_forced_length_decoding_runs_every_step(exported):
