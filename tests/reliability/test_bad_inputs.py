@@ -356,6 +356,36 @@ def test_failed_report_write_keeps_the_old_report(work, monkeypatch, exc, code, 
     assert snapshot(work) == before
 
 
+def test_interrupt_between_the_final_renames_puts_the_old_directory_back(work, monkeypatch):
+    """Ctrl-C after the old fused/trt was set aside but before the new one took its place."""
+    real = os.replace
+
+    def replace(src, dst):
+        if str(src).endswith(".partial"):
+            raise KeyboardInterrupt
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    before = snapshot(work)
+    result = invoke("fuse", work / "out", "--force")
+    assert result.exit_code == 130 and "Traceback" not in result.output, result.output
+    assert snapshot(work) == before
+
+
+def test_train_force_interrupted_mid_training_keeps_the_old_checkpoint(work, monkeypatch):
+    from seq2trt.cli import model_commands
+
+    def interrupted(settings, progress):
+        progress(1, 1.0)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(model_commands, "train_model", interrupted)
+    before = snapshot(work)
+    result = invoke("train", "-o", work / "ckpt", "--preset", "tiny", "--steps", "5", "--force")
+    assert result.exit_code == 130 and "interrupted" in result.output, result.output
+    assert snapshot(work) == before
+
+
 # --- Ctrl-C mid-build, and two builds at once (real processes) ----------------------------------------------------
 
 def seq2trt(*args) -> subprocess.Popen:
