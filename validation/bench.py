@@ -78,7 +78,10 @@ class BenchSettings:
     def __post_init__(self) -> None:
         parse_backends(",".join(self.backends))
         if self.repeats < 1 or self.warmup < 0 or self.step_calls < 1 or self.check_samples < 1:
-            raise InputError(f"--repeats must be >= 1 and --warmup >= 0, got {self.repeats} and {self.warmup}")
+            raise InputError(f"repeats, step_calls and check_samples must be >= 1 and warmup >= 0, got "
+                             f"{self.repeats}, {self.step_calls}, {self.check_samples} and {self.warmup}")
+        if self.src_len < 1 or self.new_tokens < 1:
+            raise InputError(f"--src-len and --new-tokens must be >= 1, got {self.src_len} and {self.new_tokens}")
 
 
 def unavailable(backends: tuple[str, ...]) -> dict[str, str]:
