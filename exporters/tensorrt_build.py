@@ -11,12 +11,15 @@ Flavour differences (targets, timing cache, the RTX parser's library) are `plugi
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from seq2trt.plugins import trt_compat
 from seq2trt.plugins.op import DOMAIN, PLUGIN_NAME
@@ -88,7 +91,10 @@ def _logger(trt):
     return Logger()
 
 
-def _progress_monitor(trt, progress: Progress):
+def _progress_monitor(trt, progress: Progress | None, cancelled: Callable[[], bool]):
+    """Reports TensorRT's build phases to `progress`; cancels the build at the next step once `cancelled()`."""
+    report = progress or (lambda phase, done, total: None)
+
     class Monitor(trt.IProgressMonitor):
         def __init__(self):
             trt.IProgressMonitor.__init__(self)
@@ -96,16 +102,35 @@ def _progress_monitor(trt, progress: Progress):
 
         def phase_start(self, phase_name, parent_phase, num_steps):
             self.totals[phase_name] = num_steps
-            progress(phase_name, 0, num_steps)
+            report(phase_name, 0, num_steps)
 
         def step_complete(self, phase_name, step):
-            progress(phase_name, step + 1, self.totals.get(phase_name, 0))
-            return True  # keep building
+            report(phase_name, step + 1, self.totals.get(phase_name, 0))
+            return not cancelled()  # False cancels the build
 
         def phase_finish(self, phase_name):
-            progress(phase_name, self.totals.get(phase_name, 0), self.totals.get(phase_name, 0))
+            report(phase_name, self.totals.get(phase_name, 0), self.totals.get(phase_name, 0))
 
     return Monitor()
+
+
+@contextlib.contextmanager
+def deferred_interrupt() -> Iterator[threading.Event]:
+    """Ctrl-C while TensorRT builds. Python callbacks run inside TensorRT (logger, progress monitor, plugin) and
+    TensorRT swallows their exceptions, so a KeyboardInterrupt raised there would be lost and the build go on.
+    Here SIGINT only sets the event; the progress monitor cancels the build at its next step, and the
+    KeyboardInterrupt is raised once TensorRT has returned (replacing the error of the cancelled build)."""
+    interrupted = threading.Event()
+    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
+        yield interrupted
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.set())
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if interrupted.is_set():
+            raise KeyboardInterrupt
 
 
 def graph_has_plugin(model) -> bool:
@@ -231,6 +256,12 @@ def build(onnx_path: Path, profiles: Profiles, targets: Sequence[int | str] | st
     onnx_path = Path(onnx_path)
     if not onnx_path.is_file():
         raise ArtifactError(f"ONNX graph {onnx_path} does not exist; run `seq2trt export` (and `seq2trt fuse`) first")
+    with deferred_interrupt() as interrupted:  # TensorRT calls back into Python from parse to serialize
+        return _build(onnx_path, profiles, targets, dtype, settings, progress, interrupted.is_set)
+
+
+def _build(onnx_path: Path, profiles: Profiles, targets, dtype: str | None, settings: BuildSettings,
+           progress: Progress | None, cancelled: Callable[[], bool]) -> BuildResult:
     trt = trt_compat.load(settings.flavour)
     if isinstance(targets, str):
         targets = trt_compat.parse_targets(settings.flavour, targets)
@@ -255,10 +286,9 @@ def build(onnx_path: Path, profiles: Profiles, targets: Sequence[int | str] | st
     if settings.workspace_bytes is not None:
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, settings.workspace_bytes)
     trt_compat.attach_timing_cache(settings.flavour, config, settings.timing_cache)
-    if progress is not None:
-        config.progress_monitor = _progress_monitor(trt, progress)
     info = describe(trt, network)
     start = time.perf_counter()
+    config.progress_monitor = _progress_monitor(trt, progress, cancelled)
     plan = builder.build_serialized_network(network, config)
     seconds = time.perf_counter() - start
     if plan is None:
