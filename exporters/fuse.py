@@ -31,7 +31,7 @@ from seq2trt.reference_model.errors import ArtifactError, CheckFailed, Seq2TrtEr
 from seq2trt.reference_model.io import atomic_write_text, sha256_file, staged_directory
 
 from . import spec
-from .manifest import verify
+from .manifest import Manifest, verify
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +101,57 @@ def _ort_node(node: onnx.NodeProto, attrs: AttentionAttrs) -> onnx.NodeProto:
 REWRITES = {Target.TRT: (_plugin_node, DOMAIN), Target.ORT: (_ort_node, MS_DOMAIN)}
 
 
+def _linear(name: str, producers: dict, weights: dict) -> tuple[str, str, str] | None:
+    """(activation, weight, bias) when `name` is Add(MatMul(x, W), b) with W (D_in, D_out) and b initializers."""
+    add = producers.get(name)
+    if add is None or add.op_type != "Add":
+        return None
+    for matmul_out, bias in (add.input, add.input[::-1]):
+        matmul = producers.get(matmul_out)
+        if bias in weights and matmul is not None and matmul.op_type == "MatMul" and matmul.input[1] in weights:
+            return matmul.input[0], matmul.input[1], bias
+    return None
+
+
+def pack_self_attention_projections(model: onnx.ModelProto) -> int:
+    """ORT target: each self-attention's q/k/v projections become one MatMul (x @ [Wq | Wk | Wv]) and a Split,
+    and their biases go into MultiHeadAttention's `bias` input — 2 GEMMs and 3 Adds fewer per block, which is
+    what a one-token decoder step pays for. Returns how many blocks were packed; the old nodes die in the
+    optimizer's dead-code pass."""
+    from onnx import numpy_helper
+
+    import numpy as np
+
+    graph = model.graph
+    producers = {out: n for n in graph.node for out in n.output}
+    weights = {i.name: i for i in graph.initializer}
+    packed, nodes = 0, []
+    for node in graph.node:
+        unbiased_mha = node.op_type == "MultiHeadAttention" and node.domain == MS_DOMAIN and node.input[3] == ""
+        # Cross-attention's K/V are graph inputs, not projections here, so only self-attention matches.
+        parts = [_linear(name, producers, weights) for name in node.input[:3]] if unbiased_mha else [None]
+        if None in parts or len({x for x, _, _ in parts}) != 1:
+            nodes.append(node)
+            continue
+        x = parts[0][0]
+        w = np.concatenate([numpy_helper.to_array(weights[p[1]]) for p in parts], axis=1)  # (D, 3D)
+        b = np.concatenate([numpy_helper.to_array(weights[p[2]]) for p in parts])  # (3D,)
+        prefix = f"{node.name}.packed_qkv"
+        graph.initializer.extend([numpy_helper.from_array(w, f"{prefix}.weight"),
+                                  numpy_helper.from_array(b, f"{prefix}.bias"),
+                                  numpy_helper.from_array(np.array([w.shape[1] // 3] * 3, np.int64), f"{prefix}.split")])
+        q, k, v = (f"{prefix}.{part}" for part in "qkv")
+        nodes += [helper.make_node("MatMul", [x, f"{prefix}.weight"], [f"{prefix}.out"], name=f"{prefix}.matmul"),
+                  helper.make_node("Split", [f"{prefix}.out", f"{prefix}.split"], [q, k, v], axis=-1,
+                                   name=f"{prefix}.split")]
+        node.input[0], node.input[1], node.input[2], node.input[3] = q, k, v, f"{prefix}.bias"
+        nodes.append(node)
+        packed += 1
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return packed
+
+
 def fuse(model: onnx.ModelProto, target: Target, cfg: Seq2SeqConfig,
          kind: spec.GraphKind) -> tuple[onnx.ModelProto, GraphAudit]:
     """Rewrite every marked attention block of `model` for `target`; returns the new model and its audit."""
@@ -123,6 +174,8 @@ def fuse(model: onnx.ModelProto, target: Target, cfg: Seq2SeqConfig,
         fused.graph.node.append(node)
     if found:
         fused.opset_import.append(helper.make_opsetid(domain, 1))
+    if target is Target.ORT:
+        pack_self_attention_projections(fused)
     fused = onnxscript.optimizer.optimize(fused)
     _drop_unused_functions(fused)
     expected = spec.expected_blocks(cfg, kind)
@@ -164,7 +217,7 @@ def fuse_artifacts(out: Path, target: Target, allow_partial: bool = False, force
     with staged_directory(fused_dir(out, target), force, f"fused {target.value}") as tmp:
         files = {}
         for kind in spec.GraphKind:
-            model, graph_audit = _fuse_file(manifest.path(kind.filename), target, manifest.config, kind)
+            model, graph_audit = _fuse_file(manifest.path(kind.filename), target, manifest, kind)
             audit.graphs.append(graph_audit)
             onnx.save(model, tmp / kind.filename)
             files[kind.filename] = {"sha256": sha256_file(tmp / kind.filename),
@@ -178,29 +231,48 @@ def fuse_artifacts(out: Path, target: Target, allow_partial: bool = False, force
     return audit
 
 
-def load_graph(path: Path, cfg: Seq2SeqConfig, kind: spec.GraphKind) -> onnx.ModelProto:
-    """Parse and check an exported graph; a corrupt file or another model's graph is an ArtifactError."""
-    fix = "re-export with `seq2trt export --force`"
+def load_graph(path: Path, cfg: Seq2SeqConfig, kind: spec.GraphKind, dtype: str) -> onnx.ModelProto:
+    """Parse and check a graph of the contract: a corrupt file, another model's graph, inputs or outputs of the
+    wrong type (`dtype`: the export's) or attention nodes sized for another model are an ArtifactError.
+    TensorRT's parser can crash the process on such graphs instead of failing."""
+    fix = "re-export with `seq2trt export --force` (and re-fuse)"
     try:
         model = onnx.load(str(path))
         onnx.checker.check_model(model)
     except Exception as exc:  # protobuf's DecodeError, onnx's ValidationError, ...: the file is not a valid model
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ArtifactError(f"{path} is not a valid ONNX model ({first}); {fix}") from exc
+    problems = []
     for io, want, have in (("inputs", spec.inputs(cfg, kind), model.graph.input),
                            ("outputs", spec.outputs(cfg, kind), model.graph.output)):
         if [s.name for s in want] != [v.name for v in have]:
             raise ArtifactError(f"{path} is not a seq2trt {kind.value} graph of this model: its {io} "
                                 f"{[v.name for v in have][:6]} differ from the contract's "
                                 f"{[s.name for s in want][:6]}; {fix}")
+        for s, v in zip(want, have):
+            elem = onnx.TensorProto.INT64 if s.dtype == "int64" else spec.DTYPES[dtype][1]
+            if v.type.tensor_type.elem_type != elem:
+                problems.append(f"{s.name} has ONNX type {v.type.tensor_type.elem_type}, the contract's is {elem}")
+    for node in model.graph.node:
+        if node.domain in (DOMAIN, spec.MARKED_DOMAIN):
+            try:
+                attrs = AttentionAttrs.from_onnx(_attributes(node))
+            except (KeyError, ValueError, TypeError) as exc:
+                problems.append(f"attention node {node.name} has unusable attributes ({exc!r})")
+                continue
+            if (attrs.num_heads, attrs.head_dim) != (cfg.num_heads, cfg.head_dim):
+                problems.append(f"attention node {node.name} has {attrs.num_heads} heads of {attrs.head_dim}, the "
+                                f"model {cfg.num_heads} of {cfg.head_dim}")
+    if problems:
+        raise ArtifactError(f"{path} breaks the graph contract: {'; '.join(problems)}; {fix}")
     return model
 
 
-def _fuse_file(path: Path, target: Target, cfg: Seq2SeqConfig,
+def _fuse_file(path: Path, target: Target, manifest: Manifest,
                kind: spec.GraphKind) -> tuple[onnx.ModelProto, GraphAudit]:
-    model = load_graph(path, cfg, kind)
+    model = load_graph(path, manifest.config, kind, manifest.dtype)
     try:
-        return fuse(model, target, cfg, kind)
+        return fuse(model, target, manifest.config, kind)
     except Seq2TrtError:
         raise
     except Exception as exc:  # the optimizer or an attention node's attributes choke on a damaged graph

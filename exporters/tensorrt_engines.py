@@ -92,6 +92,8 @@ def build_engines(out: Path, request: EngineRequest,
     if engine_dir.is_dir() and any(engine_dir.iterdir()) and not request.force:  # refuse before any work
         raise ArtifactError(f"engine directory {engine_dir} already exists; pass --force to replace it")
     graphs = source_graphs(out, request.plugin)
+    for kind, (path, _digest) in graphs.items():  # a damaged graph can crash TensorRT's parser, not just fail it
+        fuse.load_graph(path, cfg, kind, manifest.dtype)
     profiles = spec.profiles(cfg, limits)
     if request.timing_cache is not None and not trt_compat.FLAVOURS[flavour].timing_cache:
         logger.warning("%s has no timing cache; --timing-cache is ignored", flavour.value)
