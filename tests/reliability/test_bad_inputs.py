@@ -356,6 +356,16 @@ def test_failed_report_write_keeps_the_old_report(work, monkeypatch, exc, code, 
     assert snapshot(work) == before
 
 
+@pytest.mark.skipif(not HAS_RTX, reason="tensorrt_rtx is not installed (pip install 'seq2trt[rtx]')")
+def test_disk_full_mid_build_keeps_the_old_engines(work, monkeypatch):
+    """The disk fills while the first plan is written: the old engine directory stays, nothing staged is left."""
+    monkeypatch.setattr(os, "fsync", fail_on_call(1, DISK_FULL, os.fsync))
+    before = snapshot(work)
+    line = assert_clean_error(invoke("build", work / "out", "--force"), 2, "encoder.plan: no space left on the device",
+                              "free some space")
+    assert snapshot(work) == before, line
+
+
 def test_interrupt_between_the_final_renames_puts_the_old_directory_back(work, monkeypatch):
     """Ctrl-C after the old fused/trt was set aside but before the new one took its place."""
     real = os.replace
