@@ -1,9 +1,10 @@
 """Issue 9's table, row by row: every bad input ends in one clear error line naming the problem and the fix, exit
 code 2 (bad input) or 1 (a check that ran and failed), no traceback, and nothing half-written or overwritten.
 
-Rows run through click's CliRunner (in process: a subprocess costs seconds per row on our CPUs), except Ctrl-C,
-which needs a real process to signal. Rows that need a GPU at run time (an engine from another TensorRT or GPU,
-shapes outside the engine's profile) test the checks those runners call, on CPU.
+Rows run through click's CliRunner (in process: a subprocess costs seconds per row on our CPUs), except Ctrl-C
+and two concurrent builds, which need real processes. Rows that need a GPU at run time (an engine from another
+TensorRT or GPU, shapes outside the engine's profile) test the checks those runners call, on CPU; token ids, which
+no verb takes from a user, are checked where every runner checks its feed.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 from onnx import TensorProto, helper
 
 from seq2trt.cli.main import cli
@@ -54,7 +55,7 @@ def snapshot(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*"))}
 
 
-def invoke(*args) -> "click.testing.Result":  # noqa: F821
+def invoke(*args) -> Result:
     return CliRunner().invoke(cli, [str(a) for a in args])
 
 
