@@ -137,9 +137,12 @@ def locked(path: Path, what: str = "output") -> Iterator[None]:
     retry on the new file, so two processes never both believe they hold the lock.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise (write_error(exc, path) or exc) from exc
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import threading
 import time
 
+import pytest
+
+from seq2trt.reference_model.errors import ArtifactError
 from seq2trt.reference_model.io import locked
 
 
@@ -40,3 +45,13 @@ def test_lock_released_on_error(tmp_path):
     with locked(path):  # would block forever if the first holder had kept it
         assert path.exists()
     assert not path.exists()
+
+
+def test_lock_in_a_folder_that_cannot_be_written_says_so(tmp_path, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+    monkeypatch.setattr(os, "open", refuse)  # chmod cannot show it: tests may run as root
+    with pytest.raises(ArtifactError, match="permission denied; nothing was changed; choose a folder you can write"):
+        with locked(tmp_path / ".x.lock"):
+            pass
