@@ -129,6 +129,10 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
     else:
         manifest = verify(out, [encoder_file, decoder_file])
     cfg, dtype, limits = manifest.config, manifest.dtype, manifest.limits
+    if settings.max_new_tokens is not None and not 1 <= settings.max_new_tokens <= limits.max_tgt_len - 1:
+        raise InputError(f"--max-new-tokens {settings.max_new_tokens} is outside [1, {limits.max_tgt_len - 1}] (the "
+                         f"export's max_tgt_len {limits.max_tgt_len}, bos included); lower it or re-export with a "
+                         "larger --max-tgt-len")
     model, task_name = load_reference(manifest, checkpoint)
     runner = BACKENDS[settings.backend]
     options = {"device": settings.device, "intra_op_threads": settings.threads,

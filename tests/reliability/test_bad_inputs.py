@@ -193,6 +193,8 @@ def _unchanged_rows() -> list[Row]:
         # run / validate / bench
         Row("batch-larger-than-max", lambda w: ["bench", out(w), "--backends", "ort", "--batch-sizes", "64"], 2,
             ("batch sizes [64] exceed the export's max_batch 4", "--max-batch")),
+        Row("decoding-beyond-the-profile", lambda w: ["validate", out(w), "--max-new-tokens", "99"], 2,
+            ("--max-new-tokens 99 is outside [1, 15]", "re-export with a larger --max-tgt-len")),
         Row("empty-source", lambda w: ["translate", ck(w), " "], 2, ("empty source", "at least one symbol")),
         Row("source-longer-than-max", lambda w: ["translate", ck(w), "1" * 20], 2,
             ("over the model's max_src_len 16", "shorten it")),
