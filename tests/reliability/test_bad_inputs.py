@@ -188,6 +188,8 @@ def _unchanged_rows() -> list[Row]:
             ("2 attention block(s) not fused", "--allow-partial")),
         Row("no-tensorrt", lambda w: ["build", out(w), "--backend", "tensorrt", "--force"], 2,
             ("needs the `tensorrt` module", "pip install 'seq2trt[trt]'")),
+        Row("build-profile-beyond-positions", lambda w: ["build", out(w), "--max-tgt-len", "64", "--force"], 2,
+            ("exceed the model's max_src_len 16 / max_tgt_len 16", "lower --max-src-len / --max-tgt-len")),
         Row("target-not-buildable", lambda w: ["build", out(w), "--target", "sm_90", "--force"], 2,
             ("cannot target sm_90", "needs --backend tensorrt"), needs_rtx=True),
         # run / validate / bench
