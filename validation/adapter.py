@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from seq2trt.exporters import spec
+from seq2trt.reference_model.errors import InputError
 
 from .runners import Runner
 
@@ -42,7 +43,15 @@ class RunnerStepModel:
              past: State) -> tuple[np.ndarray, State]:
         feed = {"input_ids": input_ids.astype(np.int64), "encoder_attention_mask": encoder_attention_mask.astype(np.int64),
                 **encoder_state, **past}
-        out = self.decoder.infer(feed)
+        # The first step's feed is checked against the spec in full; later steps only grow the past (built here
+        # from the runner's own outputs), so they check just the one limit that growth can break — the full
+        # check is ~10% of a one-token ORT step.
+        past_len = next(iter(past.values())).shape[2]
+        if past_len and past_len + input_ids.shape[1] > self.decoder.limits.max_tgt_len:
+            raise InputError(f"decoder: past_len + tgt_len = {past_len + input_ids.shape[1]} exceeds max_tgt_len "
+                             f"{self.decoder.limits.max_tgt_len}; lower --max-new-tokens or re-export with a larger "
+                             "--max-tgt-len")
+        out = self.decoder.infer(feed, check=False) if past_len else self.decoder.infer(feed)
         present = {spec.present_to_past_name(k): v for k, v in out.items() if k.startswith("present.")}
         return out["logits"][:, -1].astype(np.float64), present  # (B, V)
 

@@ -189,6 +189,9 @@ class OrtRunner(Runner):
         options = ort.SessionOptions()
         options.intra_op_num_threads = self.intra_op_threads
         options.inter_op_num_threads = 1
+        # Decoding makes many small calls with Python work between them: pool threads that spin-wait for the
+        # next call steal the core that Python (or another process) needs. One thread never spins anyway.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.log_severity_level = 3
         for library in self.custom_op_libraries:
             options.register_custom_ops_library(library)

@@ -91,6 +91,11 @@ def test_every_block_is_fused_and_audited(artifacts):
             assert report["graphs"][kind.value]["nodes_after"] == len(graph.graph.node)
             assert report["graphs"][kind.value]["nodes_before"] > len(graph.graph.node)
         verify_fused(out, target)
+    for kind, blocks in ((spec.GraphKind.ENCODER, cfg.num_encoder_layers), (spec.GraphKind.DECODER, cfg.num_decoder_layers)):
+        graph = onnx.load(fused_dir(out, Target.ORT) / kind.filename).graph
+        packed = [n for n in graph.node if n.op_type == "MatMul" and n.input[1].endswith("packed_qkv.weight")]
+        biased = [n for n in graph.node if n.op_type == "MultiHeadAttention" and n.input[3]]
+        assert len(packed) == len(biased) == blocks, f"{kind.value}: q/k/v projections not packed"
 
 
 def test_plugin_nodes_carry_what_tensorrt_needs(artifacts):
