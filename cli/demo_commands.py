@@ -32,14 +32,14 @@ def demo(out: Path, samples: int, force: bool) -> None:
     """Run the whole pipeline on the demo model (numbers -> words) and write a report."""
     from seq2trt.exporters.fuse import Target, fuse_artifacts
     from seq2trt.plugins import trt_compat
-    from seq2trt.reference_model.checkpoint import load_checkpoint
+    from seq2trt.reference_model.checkpoint import load_checkpoint, source_record
     from seq2trt.reference_model.io import refuse_existing
     from seq2trt.reference_model.train import demo_checkpoint
     from seq2trt.validation.bench import BenchSettings, run_bench, unavailable
     from seq2trt.validation.report import write_report
     from seq2trt.validation.report_parity import ValidateSettings, run_validation
 
-    from .export_commands import _quiet_exporters, _source
+    from .export_commands import quiet_exporters
     from .progress import progress_bar
 
     refuse_existing(out, force, "demo")  # before any work
@@ -54,9 +54,9 @@ def demo(out: Path, samples: int, force: bool) -> None:
     t = _step("export encoder.onnx + decoder.onnx (fp32)")
     from seq2trt.exporters.onnx_export import export
 
-    _quiet_exporters()
+    quiet_exporters()
     model, _ = load_checkpoint(checkpoint)
-    export(model, out, dtype="fp32", force=force, source=_source(checkpoint))
+    export(model, out, dtype="fp32", force=force, source=source_record(checkpoint))
     _done(t, f"graphs in {out}")
 
     for target in Target:

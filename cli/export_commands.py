@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -16,20 +15,9 @@ from seq2trt.validation.report_parity import BACKENDS, GRAPH_SETS, ValidateSetti
 _CHATTY = ("onnxscript", "onnx_ir", "torch.onnx", "torch.export", "torch._export")
 
 
-def _quiet_exporters() -> None:
+def quiet_exporters() -> None:
     for name in _CHATTY:
         logging.getLogger(name).setLevel(logging.ERROR)
-
-
-def _source(checkpoint: Path) -> dict:
-    from seq2trt.reference_model.checkpoint import LEGACY_WEIGHTS, WEIGHTS
-    from seq2trt.reference_model.io import sha256_file
-
-    weights = next((checkpoint / n for n in (WEIGHTS, LEGACY_WEIGHTS) if (checkpoint / n).exists()), checkpoint)
-    folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
-    metrics = folder / "metrics.json"
-    task = json.loads(metrics.read_text()).get("task") if metrics.exists() else None
-    return {"checkpoint": str(checkpoint.resolve()), "weights_sha256": sha256_file(weights), "task": task}
 
 
 @click.command()
@@ -47,15 +35,15 @@ def export(checkpoint: Path, out: Path, dtype: str, opset: int, max_batch: int, 
     from seq2trt.exporters.manifest import read_manifest
     from seq2trt.exporters.onnx_export import export as export_model
     from seq2trt.exporters.spec import Limits
-    from seq2trt.reference_model.checkpoint import load_checkpoint
+    from seq2trt.reference_model.checkpoint import load_checkpoint, source_record
     from seq2trt.reference_model.io import refuse_existing
 
-    _quiet_exporters()
+    quiet_exporters()
     refuse_existing(out, force, "export")  # before any work
     model, _ = load_checkpoint(checkpoint)
     limits = Limits.for_model(model.cfg, max_batch, max_src_len, max_tgt_len)
     start = time.perf_counter()
-    export_model(model, out, dtype=dtype, opset=opset, limits=limits, force=force, source=_source(checkpoint))
+    export_model(model, out, dtype=dtype, opset=opset, limits=limits, force=force, source=source_record(checkpoint))
     files = read_manifest(out).data["files"]
     sizes = ", ".join(f"{name} {info['bytes'] / 2**20:.1f} MiB" for name, info in files.items())
     click.echo(f"exported {dtype} graphs in {time.perf_counter() - start:.1f} s: {sizes}; in {out}")

@@ -108,18 +108,38 @@ def load_state_dict_checked(model: Seq2SeqTransformer, state: dict[str, torch.Te
             param.copy_(state[key])
 
 
+def weights_path(path: Path) -> Path:
+    """The weights file of a checkpoint directory (safetensors first), or `path` itself when it is a file."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    weights = next((path / n for n in (WEIGHTS, LEGACY_WEIGHTS) if (path / n).exists()), None)
+    if weights is None:
+        raise CheckpointError(f"checkpoint directory {path} holds neither {WEIGHTS} nor {LEGACY_WEIGHTS}")
+    return weights
+
+
+def source_record(path: Path) -> dict:
+    """What an export records of its checkpoint: path, sha256 of the weights, and the task it was trained on."""
+    import json
+
+    from .io import sha256_file
+
+    path = Path(path)
+    metrics = (path if path.is_dir() else path.parent) / "metrics.json"
+    try:
+        task = json.loads(metrics.read_text()).get("task") if metrics.exists() else None
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        task = None
+    return {"checkpoint": str(path.resolve()), "weights_sha256": sha256_file(weights_path(path)), "task": task}
+
+
 def load_checkpoint(path: Path) -> tuple[Seq2SeqTransformer, tuple[Vocab, Vocab] | None]:
     """Load a checkpoint directory (or a `.safetensors` / `.pt` file with `config.json` beside it)."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} not found; train one with `seq2trt train -o {path}`")
-    if path.is_dir():
-        weights = next((path / n for n in (WEIGHTS, LEGACY_WEIGHTS) if (path / n).exists()), None)
-        if weights is None:
-            raise CheckpointError(f"checkpoint directory {path} holds neither {WEIGHTS} nor {LEGACY_WEIGHTS}")
-        folder = path
-    else:
-        weights, folder = path, path.parent
+    weights, folder = weights_path(path), path if path.is_dir() else path.parent
     if not (folder / CONFIG).exists():
         raise CheckpointError(f"{folder / CONFIG} not found; a checkpoint needs its config beside the weights")
     try:

@@ -8,7 +8,6 @@ code drives the eager model, ONNX Runtime and TensorRT, and their outputs are co
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 

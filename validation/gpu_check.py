@@ -103,14 +103,12 @@ def eager(checkpoint: str, out: str) -> int:
 def pipeline(checkpoint: str, export_dir: str, out: str) -> int:
     from seq2trt.exporters.fuse import Target, fuse_artifacts
     from seq2trt.exporters.onnx_export import export
-    from seq2trt.reference_model.checkpoint import load_checkpoint
+    from seq2trt.reference_model.checkpoint import load_checkpoint, source_record
     from seq2trt.reference_model.errors import Seq2TrtError
     from seq2trt.validation.report_parity import ValidateSettings, run_validation
 
-    from seq2trt.cli.export_commands import _source
-
     model, _ = load_checkpoint(Path(checkpoint))
-    export(model, Path(export_dir), force=True, source=_source(Path(checkpoint)))
+    export(model, Path(export_dir), force=True, source=source_record(Path(checkpoint)))
     for target in Target:
         fuse_artifacts(Path(export_dir), target, force=True)
     doc, failed = {}, 0

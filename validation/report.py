@@ -34,7 +34,7 @@ def _overview(manifest: dict) -> list[str]:
              f"{'pre' if cfg['pre_norm'] else 'post'}-LN, {cfg['activation']}",
              f"- export: dtype {manifest['dtype']}, opset {manifest['opset']}, limits {manifest['settings'].get('limits')}, "
              f"created {manifest.get('created')}",
-             f"- tools: " + ", ".join(f"{k} {v}" for k, v in manifest.get("tools", {}).items() if v),
+             "- tools: " + ", ".join(f"{k} {v}" for k, v in manifest.get("tools", {}).items() if v),
              "", "| file | bytes | sha256 |", "|---|---|---|"]
     lines += [f"| {name} | {meta['bytes']:,} | `{meta['sha256'][:16]}…` |" for name, meta in files.items()]
     return lines + [""]

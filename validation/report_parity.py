@@ -86,14 +86,14 @@ class ValidateSettings:
 
 def load_reference(manifest: Manifest, checkpoint: Path | None):
     """The eager model the export came from: `checkpoint`, or the one the manifest names (hash-checked)."""
-    from seq2trt.reference_model.checkpoint import LEGACY_WEIGHTS, WEIGHTS, load_checkpoint
+    from seq2trt.reference_model.checkpoint import load_checkpoint, weights_path
 
     source = manifest.data.get("source") or {}
     path = Path(checkpoint) if checkpoint else (Path(source["checkpoint"]) if source.get("checkpoint") else None)
     if path is None:
         raise InputError(f"{manifest.root} records no source checkpoint; pass --checkpoint")
     model, vocabs = load_checkpoint(path)
-    weights = next((path / n for n in (WEIGHTS, LEGACY_WEIGHTS) if (path / n).exists()), path)
+    weights = weights_path(path)
     if source.get("weights_sha256") and sha256_file(weights) != source["weights_sha256"]:
         raise CheckpointError(f"{weights} is not the checkpoint {manifest.root} was exported from (sha256 differs); "
                               "pass the right --checkpoint or re-export")

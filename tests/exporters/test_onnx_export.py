@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import subprocess
 
-import numpy as np
 import onnx
 import pytest
 import torch
@@ -14,7 +13,7 @@ import torch
 from seq2trt.exporters import spec
 from seq2trt.exporters.manifest import MANIFEST, read_manifest, verify
 from seq2trt.exporters.onnx_export import export, marked_attention
-from seq2trt.plugins.op import AttentionAttrs, AttentionKind
+from seq2trt.plugins.op import AttentionAttrs
 from seq2trt.reference_model.errors import ArtifactError
 from seq2trt.reference_model.model import MultiHeadAttention, attention_core
 from seq2trt.validation.parity import graph_parity

@@ -23,7 +23,7 @@ MAX_BATCH, MAX_LEN = 4, 16
 @pytest.fixture(scope="package")
 def artifact(make_model, tmp_path_factory) -> Path:
     """One tiny checkpoint, its export, fused TensorRT graphs, engines (when TensorRT-RTX is here) and a report."""
-    from seq2trt.cli.export_commands import _source
+    from seq2trt.reference_model.checkpoint import source_record
     from seq2trt.exporters.fuse import Target, fuse_artifacts
     from seq2trt.exporters.onnx_export import export
 
@@ -33,7 +33,7 @@ def artifact(make_model, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("artifact")
     ckpt = save_checkpoint(root / "ckpt", model, (task.source_vocab, task.target_vocab),
                            extra_files={"metrics.json": json.dumps({"task": "numbers"})})
-    export(model, root / "out", limits=spec.Limits.for_model(model.cfg, MAX_BATCH), source=_source(ckpt))
+    export(model, root / "out", limits=spec.Limits.for_model(model.cfg, MAX_BATCH), source=source_record(ckpt))
     fuse_artifacts(root / "out", Target.TRT)
     if HAS_RTX:
         from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines
