@@ -91,8 +91,9 @@ def _logger(trt):
     return Logger()
 
 
-def _progress_monitor(trt, progress: Progress | None, cancelled: Callable[[], bool]):
-    """Reports TensorRT's build phases to `progress`; cancels the build at the next step once `cancelled()`."""
+def _progress_monitor(trt, progress: Progress | None):
+    """Reports TensorRT's build phases to `progress`. It never cancels a build: a TensorRT-RTX build cancelled
+    mid-way aborted the whole process once in CI (`malloc_consolidate(): invalid chunk size`)."""
     report = progress or (lambda phase, done, total: None)
 
     class Monitor(trt.IProgressMonitor):
@@ -106,7 +107,7 @@ def _progress_monitor(trt, progress: Progress | None, cancelled: Callable[[], bo
 
         def step_complete(self, phase_name, step):
             report(phase_name, step + 1, self.totals.get(phase_name, 0))
-            return not cancelled()  # False cancels the build
+            return True  # go on (False would cancel the build)
 
         def phase_finish(self, phase_name):
             report(phase_name, self.totals.get(phase_name, 0), self.totals.get(phase_name, 0))
@@ -118,8 +119,8 @@ def _progress_monitor(trt, progress: Progress | None, cancelled: Callable[[], bo
 def deferred_interrupt() -> Iterator[threading.Event]:
     """Ctrl-C while TensorRT builds. Python callbacks run inside TensorRT (logger, progress monitor, plugin) and
     TensorRT swallows their exceptions, so a KeyboardInterrupt raised there would be lost and the build go on.
-    Here SIGINT only sets the event; the progress monitor cancels the build at its next step, and the
-    KeyboardInterrupt is raised once TensorRT has returned (replacing the error of the cancelled build)."""
+    Here SIGINT only sets the event; TensorRT finishes the graph it is building (seconds for the demo model)
+    and the KeyboardInterrupt is raised once it has returned, before anything is renamed into place."""
     interrupted = threading.Event()
     if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
         yield interrupted
@@ -256,12 +257,12 @@ def build(onnx_path: Path, profiles: Profiles, targets: Sequence[int | str] | st
     onnx_path = Path(onnx_path)
     if not onnx_path.is_file():
         raise ArtifactError(f"ONNX graph {onnx_path} does not exist; run `seq2trt export` (and `seq2trt fuse`) first")
-    with deferred_interrupt() as interrupted:  # TensorRT calls back into Python from parse to serialize
-        return _build(onnx_path, profiles, targets, dtype, settings, progress, interrupted.is_set)
+    with deferred_interrupt():  # TensorRT calls back into Python from parse to serialize
+        return _build(onnx_path, profiles, targets, dtype, settings, progress)
 
 
 def _build(onnx_path: Path, profiles: Profiles, targets, dtype: str | None, settings: BuildSettings,
-           progress: Progress | None, cancelled: Callable[[], bool]) -> BuildResult:
+           progress: Progress | None) -> BuildResult:
     trt = trt_compat.load(settings.flavour)
     if isinstance(targets, str):
         targets = trt_compat.parse_targets(settings.flavour, targets)
@@ -288,7 +289,7 @@ def _build(onnx_path: Path, profiles: Profiles, targets, dtype: str | None, sett
     trt_compat.attach_timing_cache(settings.flavour, config, settings.timing_cache)
     info = describe(trt, network)
     start = time.perf_counter()
-    config.progress_monitor = _progress_monitor(trt, progress, cancelled)
+    config.progress_monitor = _progress_monitor(trt, progress)
     plan = builder.build_serialized_network(network, config)
     seconds = time.perf_counter() - start
     if plan is None:

@@ -29,7 +29,7 @@ from seq2trt.reference_model.io import atomic_write_bytes, atomic_write_text, lo
 
 from . import fuse, spec
 from . import manifest as manifest_mod
-from .tensorrt_build import BuildSettings, build
+from .tensorrt_build import BuildSettings, build, deferred_interrupt
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +101,10 @@ def build_engines(out: Path, request: EngineRequest,
                              plugin=request.plugin)
     record = {"graphs": {}}
     lock = engine_dir.parent / f".{engine_dir.name}.lock"
-    with locked(lock, str(engine_dir)), staged_directory(engine_dir, request.force, "engine") as tmp:
+    # Ctrl-C is held from the first TensorRT call to the last (TensorRT calls back into Python throughout) and
+    # raised at the end; the staged directory is then removed and the old engines stay.
+    with locked(lock, str(engine_dir)), staged_directory(engine_dir, request.force, "engine") as tmp, \
+            deferred_interrupt():
         for done, (kind, (path, digest)) in enumerate(graphs.items()):
             report = (lambda phase, _d, _t, k=kind, n=done: progress(k.value, phase, n)) if progress else None
             result = build(path, profiles[kind], request.targets, dtype, settings, report)
