@@ -7,7 +7,8 @@ rewrite never depends on matching a pattern of MatMul/Softmax nodes that an expo
   the registered plugin;
 - `ort`: the block becomes `com.microsoft.MultiHeadAttention`, which ONNX Runtime runs natively (with the past
   K/V and `unidirectional` for decoder self-attention, BNSH cross K/V and a key padding mask otherwise).
-Then constants are folded and dead nodes and unused local functions removed (onnxscript's optimizer).
+Then constants are folded and dead nodes, unused local functions and their opset imports removed (onnxscript's
+optimizer).
 
 The audit counts the blocks the model's config implies (`spec.expected_blocks`), not the ones found, and names
 every expected block that is not fused.
@@ -190,7 +191,6 @@ def fuse(model: onnx.ModelProto, target: Target, cfg: Seq2SeqConfig,
     if target is Target.ORT:
         fold_projections_into_attention(fused)
     fused = onnxscript.optimizer.optimize(fused)
-    _drop_unused_functions(fused)
     expected = spec.expected_blocks(cfg, kind)
     unfused = [spec.block_name(k, i) for k, n in expected.items() for i in range(n)
                if spec.block_name(k, i) not in names]
@@ -199,17 +199,6 @@ def fuse(model: onnx.ModelProto, target: Target, cfg: Seq2SeqConfig,
     logger.debug("fused %s for %s: %s of %s blocks, %d -> %d nodes", kind.value, target.value, audit.fused,
                 audit.expected, nodes_before, audit.nodes_after)
     return fused, audit
-
-
-def _drop_unused_functions(model: onnx.ModelProto) -> None:
-    used = {(n.domain, n.op_type) for n in model.graph.node}
-    keep = [f for f in model.functions if (f.domain, f.name) in used]
-    del model.functions[:]
-    model.functions.extend(keep)
-    domains = {d for d, _ in used} | {""}
-    keep_ops = [o for o in model.opset_import if o.domain in domains]
-    del model.opset_import[:]
-    model.opset_import.extend(keep_ops)
 
 
 FUSION_JSON = "fusion.json"
