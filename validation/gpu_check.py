@@ -76,26 +76,22 @@ def eager(checkpoint: str, out: str) -> int:
     if not torch.cuda.is_available():
         _write(out, {"skipped": "no CUDA device"})
         return 1
-    model, _ = load_checkpoint(Path(checkpoint))
+    model, _ = load_checkpoint(Path(checkpoint))  # stays on the CPU
+    gpu_model, _ = load_checkpoint(Path(checkpoint))
     metrics = json.loads((Path(checkpoint) / "metrics.json").read_text())
     task = get_task(metrics["task"])
     cfg = model.cfg
     settings = DecodeSettings(cfg.bos_id, cfg.eos_id, cfg.pad_id, cfg.max_tgt_len - 1)
     pairs = task.heldout(1000)
     ids, mask = pad_batch([task.source_vocab.encode(s) + [cfg.eos_id] for s, _ in pairs])
-    cpu, gpu = EagerStepModel(model), EagerStepModel(model.cuda(), device="cuda")
+    cpu, gpu = EagerStepModel(model), EagerStepModel(gpu_model.cuda(), device="cuda")
     outputs = greedy_decode(gpu, ids, mask, settings)
     exact = sum(task.target_vocab.decode(o) == t for o, (_, t) in zip(outputs, pairs)) / len(pairs)
-    cpu_outputs = greedy_decode(cpu.__class__(model.cpu()), ids, mask, settings)
-    model.cuda()
+    cpu_outputs = greedy_decode(cpu, ids, mask, settings)
     doc = {"heldout_exact_match_cuda": exact, "heldout_examples": len(pairs),
            "cuda_cpu_sequence_match": sum(a == b for a, b in zip(outputs, cpu_outputs)) / len(pairs),
-           "tokens_per_s": {}}
-    for batch in (1, 32):
-        doc["tokens_per_s"][f"B{batch}"] = {
-            "cuda": _greedy_tokens_per_s(gpu, ids[:batch], mask[:batch], settings),
-            "cpu": _greedy_tokens_per_s(EagerStepModel(model.cpu()), ids[:batch], mask[:batch], settings)}
-        model.cuda()
+           "tokens_per_s": {f"B{batch}": {name: _greedy_tokens_per_s(m, ids[:batch], mask[:batch], settings)
+                                          for name, m in (("cuda", gpu), ("cpu", cpu))} for batch in (1, 32)}}
     _write(out, doc)
     return 0 if exact >= 0.95 and doc["cuda_cpu_sequence_match"] >= 0.99 else 1
 
