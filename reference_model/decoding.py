@@ -53,24 +53,26 @@ def greedy_decode(model: StepModel, input_ids: np.ndarray, attention_mask: np.nd
     rows = np.arange(B)  # source index of each live row
     mask = attention_mask
     next_ids = np.full((B, 1), settings.bos_id, dtype=np.int64)
-    outputs: list[list[int]] = [[] for _ in range(B)]
+    # Tokens land in one (B, max_new_tokens) array, eos-filled, and become lists once at the end: per step the
+    # loop does a few numpy calls whatever the batch, no Python work per row.
+    tokens_out = np.full((B, settings.max_new_tokens), settings.eos_id, dtype=np.int64)
     for step in range(settings.max_new_tokens):
         logits, past = model.step(next_ids, mask, encoder_state, past)
         if on_step is not None:
             on_step(step, rows, logits)
         tokens = logits.argmax(-1)  # (b,)
-        for row, token in zip(rows, tokens):
-            if token != settings.eos_id:
-                outputs[row].append(int(token))
+        tokens_out[rows, step] = tokens
         live = tokens != settings.eos_id
-        if not live.any():
+        alive = np.count_nonzero(live)
+        if alive == 0:
             break
-        if not live.all():
+        if alive < len(live):
             keep = np.flatnonzero(live)
             rows, mask, tokens = rows[keep], mask[keep], tokens[keep]
             encoder_state, past = model.select(encoder_state, keep), model.select(past, keep)
         next_ids = tokens[:, None].astype(np.int64)
-    return outputs
+    eos = settings.eos_id
+    return [row[: row.index(eos)] if eos in row else row for row in tokens_out.tolist()]
 
 
 def length_penalty(length: int, alpha: float) -> float:

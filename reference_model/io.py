@@ -60,6 +60,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; an artifact file is an ordinary one
         os.replace(tmp, path)
     except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
@@ -69,6 +70,12 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         if error is not None:
             raise error from exc
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -96,9 +103,7 @@ def staged_directory(out: Path, force: bool = False, what: str = "output") -> It
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; an artifact directory is an ordinary one
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; an artifact directory is an ordinary one
     except OSError as exc:
         raise (write_error(exc, out) or exc) from exc
     try:

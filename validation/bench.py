@@ -80,6 +80,11 @@ class BenchSettings:
         if self.repeats < 1 or self.warmup < 0 or self.step_calls < 1 or self.check_samples < 1:
             raise InputError(f"repeats, step_calls and check_samples must be >= 1 and warmup >= 0, got "
                              f"{self.repeats}, {self.step_calls}, {self.check_samples} and {self.warmup}")
+        multi = [t for t in self.threads if t != 1]
+        if len(multi) > 1 and any(b.startswith("ort") for b in self.backends):
+            raise InputError(f"--threads {','.join(map(str, self.threads))}: ONNX Runtime runs one shared thread pool "
+                             "per process, so one bench run measures 1 and at most one other count; run the bench "
+                             "once per count (e.g. --threads 1,2 then --threads 4 into another copy)")
         if self.src_len < 1 or self.new_tokens < 1:
             raise InputError(f"--src-len and --new-tokens must be >= 1, got {self.src_len} and {self.new_tokens}")
 
@@ -253,6 +258,7 @@ class Bench:
                 order = backends[rep % len(backends):] + backends[:rep % len(backends)]
                 for batch in s.batch_sizes:
                     self._measure_batch(order, batch, *inputs[batch], raw if rep >= s.warmup else None, rng)
+            self.doc.setdefault("threading", {})[t] = {b.name: b.threading() for b in backends}
             for b in backends:
                 self.doc["memory"][b.name].update(b.memory())
                 if b.threads != threads:

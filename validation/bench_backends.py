@@ -6,7 +6,7 @@ own (`ct2_worker.py`, one Translator per process) and is timed inside that proce
 
 Every backend answers: `decode` (greedy, exactly `new_tokens` tokens per source: eos never stops a row, so each
 backend does the same work whatever its model predicts), `encode_seconds`, `step_seconds(past_len)` and
-`memory()`. A backend that cannot time something returns None.
+`memory()` and `threading()`. A backend that cannot time something returns None.
 """
 
 from __future__ import annotations
@@ -122,15 +122,24 @@ class StepModelBackend:
     def memory(self) -> dict:
         return {"peak_rss_mb": round(peak_rss_mb(), 1), "scope": "process (shared by the in-process backends)"}
 
+    def threading(self) -> str:
+        """How its threads run: ONNX Runtime's own description (`OrtRunner.threading`), else the count."""
+        runners = [getattr(self.model, side, None) for side in ("encoder", "decoder")]
+        described = {getattr(r, "threading", None) for r in runners} - {None}
+        return ", ".join(sorted(described)) or f"{self.threads} thread(s)"
+
     def close(self) -> None:
         self._pasts.clear()
         for close in self._closers:
             close()
 
 
-# With 2 threads on a shared 2-core machine, CTranslate2's OpenMP threads spin-wait for a preempted partner: the
-# same 32-token decode took 26 ms to 9.9 s (measured 2026-11-29, load ~3); passive waiting made it a steady 30 ms.
-CT2_MULTITHREAD_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+# CTranslate2's worker runs with its own defaults (OpenMP threads spin between parallel regions, as ONNX Runtime's
+# shared pool does): its best on an idle machine, the anchor issue 8 asks for. On a loaded 2-core machine spinning
+# OpenMP threads wait for preempted partners (one 2-thread 32-token decode took 26 ms to 9.9 s at load ~3, a steady
+# 30 ms with OMP_WAIT_POLICY=PASSIVE, which in turn made 2 threads 5x slower than 1 on the idle machine); set that
+# variable in the environment for such runs: the worker inherits it and latency.json records it.
+CT2_ENV_KEYS = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "KMP_BLOCKTIME", "CT2_USE_MKL", "CT2_FORCE_CPU_ISA")
 
 
 class Ct2Backend:
@@ -141,10 +150,10 @@ class Ct2Backend:
     def __init__(self, name: str, model_dir: Path, source_tokens: list[str], threads: int, compute_type: str):
         self.name, self.threads, self.source_tokens = name, threads, source_tokens
         worker = Path(__file__).with_name("ct2_worker.py")
-        self.env = CT2_MULTITHREAD_ENV if threads > 1 else {}
+        self.env = {k: os.environ[k] for k in CT2_ENV_KEYS if k in os.environ}
         self.process = subprocess.Popen([sys.executable, str(worker), str(model_dir), str(threads), compute_type],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True, env={**os.environ, **self.env})
+                                        text=True)
         self.load_seconds = self._reply()["load_s"]
 
     def _reply(self) -> dict:
@@ -184,6 +193,10 @@ class Ct2Backend:
         """Seconds of decoding steps with past length 1 .. new_tokens - 1 (step 0 is inseparable from encoding)."""
         return self._ask({"op": "decode", "sources": self._sources(input_ids, attention_mask), "new_tokens": new_tokens,
                           "forced": True, "step_times": True})["step_s"]
+
+    def threading(self) -> str:
+        return f"{self.threads} intra-op thread(s), OpenMP " + \
+            (", ".join(f"{k}={v}" for k, v in self.env.items()) if self.env else "defaults")
 
     def memory(self) -> dict:
         return {"peak_rss_mb": round(self._ask({"op": "memory"})["peak_rss_mb"], 1),

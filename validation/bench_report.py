@@ -28,7 +28,9 @@ def markdown(doc: dict, images: dict[str, str]) -> str:
              f"Machine: {m.get('cpus')} CPUs, {m.get('processor')}; load average before {m.get('loadavg_before')}, "
              f"after {m.get('loadavg_after')} (a shared machine: compare ratios, not absolute times).", ""]
     for t, backends in doc["results"].items():
-        lines += [f"## {t} thread(s)", "",
+        threading = doc.get("threading", {}).get(t, {})
+        how = "; ".join(f"{name}: {text}" for name, text in threading.items())
+        lines += [f"## {t} thread(s)", ""] + ([f"Threading: {how}.", ""] if how else []) + [
                   "| backend | batch | tokens/s | step p50 (ms) | step p90 | step p99 | decode p50 (ms) | vs eager | vs ct2 |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for backend, by_batch in backends.items():

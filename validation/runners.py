@@ -146,6 +146,37 @@ class EagerRunner(Runner):
         return {n: _to_numpy(v, self._np_dtype) for n, v in zip(names, values)}
 
 
+_GLOBAL_POOL: list[int] = []  # intra-op size of this process's shared ONNX Runtime pool, once created
+
+
+def configure_threads(options, threads: int) -> str:
+    """Intra-op threading of one session; returns how it runs ("1 thread", "shared spinning pool of N threads").
+
+    One thread: a session of its own, nothing to spin. More (0: ONNX Runtime's default, one per core): one pool
+    shared by every session of the process, spinning between calls. With a pool per session, the encoder's and
+    the decoder's pool threads spin against each other and the Python loop on a 2-core machine, and without
+    spinning every parallel op pays a thread wake-up (~11 us for a one-row 256x1024 GEMM, over half its time):
+    both made 2 threads slower than 1 at batch 1 (benchmarks/README.md, run 5). ONNX Runtime creates that pool
+    once per process and, from then on, refuses sessions with threads of their own: every later session joins
+    it, whatever it asked for, with a warning when that differs.
+    """
+    if _GLOBAL_POOL:
+        if threads != _GLOBAL_POOL[0]:
+            logger.warning("ONNX Runtime allows one thread pool per process once a shared one exists: this session "
+                           "runs on the shared pool of %s threads, not %s", _GLOBAL_POOL[0] or "default", threads)
+        options.use_per_session_threads = False
+        return f"shared spinning pool of {_GLOBAL_POOL[0] or 'default'} threads"
+    if threads == 1:
+        options.intra_op_num_threads = 1
+        return "1 thread"
+    from onnxruntime.capi import _pybind_state
+
+    _pybind_state.set_global_thread_pool_sizes(threads, 1)
+    _GLOBAL_POOL.append(threads)
+    options.use_per_session_threads = False
+    return f"shared spinning pool of {threads or 'default'} threads"
+
+
 def ort_providers(device: str = "cpu") -> list[str]:
     """`cpu`, `cuda` (an error when absent) or `auto` (CUDA when present) -> ORT provider list."""
     import onnxruntime as ort
@@ -169,7 +200,7 @@ class OrtRunner(Runner):
     """
 
     def __init__(self, model: Path | bytes | Callable[[], Path | bytes], cfg, kind: spec.GraphKind, dtype: str,
-                 limits: spec.Limits, device: str = "cpu", intra_op_threads: int = 0, name: str | None = None,
+                 limits: spec.Limits, device: str = "cpu", intra_op_threads: int = 1, name: str | None = None,
                  prepare: Callable[[bytes], bytes] | None = None, custom_op_libraries: tuple[str, ...] = ()):
         super().__init__(name or f"onnxruntime-{device}", cfg, kind, dtype, limits)
         self._source, self.device, self.intra_op_threads = model, device, intra_op_threads
@@ -187,11 +218,8 @@ class OrtRunner(Runner):
         model = Path(source).read_bytes() if isinstance(source, (str, Path)) else source
         providers = ort_providers(self.device)
         options = ort.SessionOptions()
-        options.intra_op_num_threads = self.intra_op_threads
         options.inter_op_num_threads = 1
-        # Decoding makes many small calls with Python work between them: pool threads that spin-wait for the
-        # next call steal the core that Python (or another process) needs. One thread never spins anyway.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self.threading = configure_threads(options, self.intra_op_threads)
         # Basic (constant folding, redundant nodes) beats ORT's extended fusions on our graphs: measured on the
         # fused demo decoder, greedy tokens/s +4% at B=1 and +10% at B=8/32 on CPU (benchmarks/README.md).
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
@@ -220,7 +248,7 @@ class OrtRunner(Runner):
     def _infer(self, feed):
         if self.emulated_bf16:
             feed = {k: v.astype(np.float32) if v.dtype != np.int64 else v for k, v in feed.items()}
-        outputs = dict(zip(self.output_names, self.session.run(self.output_names, dict(feed))))
+        outputs = dict(zip(self.output_names, self.session.run(self.output_names, feed if isinstance(feed, dict) else dict(feed))))
         if self.emulated_bf16:
             bf16 = spec.numpy_dtype("bf16")
             outputs = {k: v.astype(bf16) for k, v in outputs.items()}

@@ -55,3 +55,19 @@ def test_lock_in_a_folder_that_cannot_be_written_says_so(tmp_path, monkeypatch):
     with pytest.raises(ArtifactError, match="permission denied; nothing was changed; choose a folder you can write"):
         with locked(tmp_path / ".x.lock"):
             pass
+
+
+def test_written_files_and_directories_follow_the_umask(tmp_path):
+    """mkstemp/mkdtemp make private files; artifacts are ordinary ones, readable by whoever the umask allows."""
+    from seq2trt.reference_model.io import atomic_write_text, staged_directory
+
+    old = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "a.json", "{}")
+        with staged_directory(tmp_path / "stage") as tmp:
+            atomic_write_text(tmp / "b.json", "{}")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "stage").stat().st_mode & 0o777 == 0o755
+    assert (tmp_path / "stage" / "b.json").stat().st_mode & 0o777 == 0o644

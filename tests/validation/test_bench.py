@@ -131,6 +131,22 @@ def test_parse_errors_list_what_is_known():
         bench.parse_ints("1,0", "--batch-sizes")
 
 
+def test_one_multi_thread_count_per_run_with_onnx_runtime():
+    """ONNX Runtime's shared pool is fixed once per process: 1 and one other count, never two others."""
+    bench.BenchSettings(backends=("ort", "ct2"), threads=(1, 2))
+    bench.BenchSettings(backends=("eager", "ct2"), threads=(2, 4))
+    with pytest.raises(InputError, match="one shared thread pool per process"):
+        bench.BenchSettings(backends=("ort-fused",), threads=(1, 2, 4))
+
+
+def test_latency_json_says_how_each_backend_threads(report):
+    doc = json.loads((report / "latency.json").read_text())
+    threading = doc["threading"]["1"]
+    assert threading["ort"] == "1 thread" and threading["eager"] == "1 thread(s)"
+    assert threading["ct2"].startswith("1 intra-op thread(s), OpenMP")
+    assert "Threading: eager: 1 thread(s); ort: 1 thread" in (report / "latency.md").read_text()
+
+
 def test_cli_reports_unknown_and_unavailable_backends(exported, monkeypatch):
     out, _ = exported
     runner = CliRunner()

@@ -91,3 +91,52 @@ def test_eager_runner_replays_narrow_inputs_in_float64(setup):
     with runner:
         out = runner.infer({"input_ids": np.full((1, 4), 5, np.int64), "attention_mask": np.ones((1, 4), np.int64)})
     assert out["encoder_hidden_states"].dtype == np.float64
+
+
+_THREADS_SCRIPT = """
+import json, logging, sys
+from seq2trt.exporters import spec
+from seq2trt.exporters.manifest import verify
+from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode
+from seq2trt.reference_model.vocab import pad_batch
+from seq2trt.validation.adapter import RunnerStepModel
+from seq2trt.validation.runners import OrtRunner
+
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+out, sources = sys.argv[1], json.loads(sys.argv[2])
+manifest = verify(out)
+cfg = manifest.config
+ids, mask = pad_batch(sources, cfg.pad_id)
+settings = DecodeSettings(cfg.bos_id, cfg.eos_id, cfg.pad_id, 8)
+result = []
+for threads in (1, 2, 1, 3):
+    pair = [OrtRunner(f"{out}/{k.filename}", cfg, k, "fp32", manifest.limits, intra_op_threads=threads)
+            for k in spec.GraphKind]
+    with pair[0], pair[1]:
+        result.append([pair[0].threading, pair[1].threading, greedy_decode(RunnerStepModel(*pair), ids, mask, settings)])
+print(json.dumps(result))
+"""
+
+
+def test_thread_policy_shares_one_pool_and_keeps_results(setup):
+    """One thread: a session of its own. More: one spinning pool shared by every session of the process, created
+    once; ONNX Runtime then refuses private pools, so later sessions join it (a warning when they asked for
+    another size). The tokens never depend on the threading. In a child process: the pool is process-wide."""
+    import json
+    import subprocess
+    import sys
+
+    model, (encoder, _) = setup
+    out = str(encoder._source.parent)
+    sources = [[int(t) for t in x] for x in _sources(model.cfg, 6, seed=5)]
+    run = subprocess.run([sys.executable, "-c", _THREADS_SCRIPT, out, json.dumps(sources)], capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(run.stdout)
+    shared = "shared spinning pool of 2 threads"
+    assert [r[:2] for r in result] == [["1 thread"] * 2, [shared] * 2, [shared] * 2, [shared] * 2]
+    assert all(r[2] == result[0][2] for r in result)
+    assert run.stderr.count("allows one thread pool per process") == 4  # the pairs that asked for 1 and 3
+    ids, mask = pad_batch(sources, model.cfg.pad_id)
+    settings = DecodeSettings(model.cfg.bos_id, model.cfg.eos_id, model.cfg.pad_id, 8)
+    assert result[0][2] == greedy_decode(EagerStepModel(model), ids, mask, settings)
