@@ -1,7 +1,7 @@
 """`seq2trt demo`: the whole pipeline on the built-in demo model, as one command with progress.
 
-train (or reuse the cached model) -> export -> fuse (trt, ort) -> build (when a TensorRT flavour is
-installed) -> validate (plain, fused ORT, plugin graphs on CPU) -> bench -> report.
+train (or reuse the cached model) -> export -> fuse (trt, ort) -> quantize (int8 for ORT) -> build (when a
+TensorRT flavour is installed) -> validate (plain, fused ORT, plugin graphs on CPU, int8) -> bench -> report.
 """
 
 from __future__ import annotations
@@ -65,6 +65,13 @@ def demo(out: Path, samples: int, force: bool) -> None:
         _done(t, "; ".join(f"{g.graph} {sum(g.fused.values())}/{sum(g.expected.values())} blocks, "
                            f"{g.nodes_before} -> {g.nodes_after} nodes" for g in audit.graphs))
 
+    t = _step("quantize the fused ORT graphs to int8 (opt-in CPU path)")
+    from seq2trt.exporters.quantize import quantize_artifacts
+
+    graphs = quantize_artifacts(out, force=force)["graphs"]
+    _done(t, "; ".join(f"{name} {g['quantized']}/{g['matmuls']} MatMuls int8, {g['bytes_before'] / 2**20:.1f} -> "
+                       f"{g['bytes_after'] / 2**20:.1f} MiB" for name, g in graphs.items()))
+
     t = _step("build TensorRT engines")
     flavour = next((f for f in trt_compat.Flavour if trt_compat.available(f)), None)
     if flavour is None:
@@ -77,16 +84,18 @@ def demo(out: Path, samples: int, force: bool) -> None:
                                                       force=force))
         _done(t, f"{flavour.value} engines for {target} in {engine_dir}")
 
-    for graphs in ("plain", "fused-ort", "fused-trt"):
+    for graphs in ("plain", "fused-ort", "fused-trt", "int8-ort"):
         t = _step(f"validate {graphs} graphs on ONNX Runtime CPU against the eager model (float64)")
         doc = run_validation(out, ValidateSettings(backend="ort", graphs=graphs, samples=samples))
         e2e = doc["end_to_end"]
+        metric = e2e.get("task_metric") or {}
         _done(t, f"passed: {doc['cases']} graph cases; greedy token agreement "
                  f"{e2e['greedy']['token_agreement']:.4f}, beam {e2e['beam']['token_agreement']:.4f} on "
-                 f"{e2e['samples']} held-out sources")
+                 f"{e2e['samples']} held-out sources" +
+                 (f"; exact match {metric['candidate']:.3f}" if metric else ""))
 
     t = _step("bench (interleaved, 1 thread)")
-    wanted = ("eager", "ort", "ort-fused", "ct2")
+    wanted = ("eager", "ort", "ort-fused", "ort-int8", "ct2", "ct2-int8")
     skipped = unavailable(wanted)
     backends = tuple(b for b in wanted if b not in skipped)
     run_bench(out, BenchSettings(backends=backends, batch_sizes=(1, 8), repeats=3, warmup=1, step_calls=1))

@@ -53,7 +53,8 @@ def export(checkpoint: Path, out: Path, dtype: str, opset: int, max_batch: int, 
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option("--backend", type=click.Choice(list(BACKENDS)), default="ort", show_default=True)
 @click.option("--graphs", type=click.Choice(list(GRAPH_SETS)), default="plain", show_default=True,
-              help="Which graphs of OUT to validate.")
+              help="Which graphs of OUT: plain (the export), fused-ort / fused-trt (`seq2trt fuse`), int8-ort "
+                   "(`seq2trt quantize`).")
 @click.option("--samples", type=int, default=1000, show_default=True,
               help="Held-out sources decoded end to end (0 skips end-to-end parity).")
 @click.option("--beam", "beam_size", type=int, default=4, show_default=True, help="Beam size of the beam-search check.")
@@ -78,7 +79,8 @@ def validate(out: Path, backend: str, graphs: str, samples: int, beam_size: int,
     e2e = doc["end_to_end"]
     summary = "" if e2e is None else (
         f"; end to end on {e2e['samples']} sources: token_agreement {e2e['token_agreement']:.6f}, "
-        f"sequence_match {e2e['sequence_match']:.6f}, max_logit_abs_err {e2e['max_logit_abs_err']:.3g}")
+        f"sequence_match {e2e['sequence_match']:.6f}, max_logit_abs_err {e2e['max_logit_abs_err']:.3g}"
+        + (f", {m['name']} {m['candidate']:.4f} (eager {m['reference']:.4f})" if (m := e2e.get("task_metric")) else ""))
     click.echo(f"parity passed ({doc['cases']} graph cases{summary}) in {time.perf_counter() - start:.0f} s; "
                f"report in {out}/reports/parity.md")
 

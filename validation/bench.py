@@ -14,7 +14,11 @@ Translator each; int8 always with 1 thread (DESIGN.md: 2 threads are pathologica
   settings, machine (load before/after), checks (ct2 agreement), builds (TensorRT build.json, ct2 conversion),
   memory[backend], results[threads][backend][batch] = {tokens_per_s, step_ms_p50/p90/p99, decode_ms_p50/p90/p99},
   encoder_ms[threads][backend][batch][src_len], step_ms_by_past[threads][backend][batch][past_len]
-  (= {p50, p90, p99}), ratios[threads][backend][batch] = {vs_eager, vs_ct2} (tokens/s ratio, > 1 is faster).
+  (= {p50, p90, p99}), ratios[threads][backend][batch] = {vs_eager, vs_ct2, vs_ct2_int8} (tokens/s ratio, > 1 is
+  faster), threading[threads][backend] (how its threads ran).
+
+ORT backends: `ort` the export, `ort-fused` OUT/fused/ort (`seq2trt fuse --target ort`), `ort-int8`
+OUT/quantized/ort-int8 (`seq2trt quantize`, run at ONNX Runtime's extended level).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from . import bench_backends as bb
 
 logger = logging.getLogger(__name__)
 
-KNOWN_BACKENDS = ("eager", "ort", "ort-fused", "tensorrt", "tensorrt-rtx", "ct2", "ct2-int8")
+KNOWN_BACKENDS = ("eager", "ort", "ort-fused", "ort-int8", "tensorrt", "tensorrt-rtx", "ct2", "ct2-int8")
 GPU_BACKENDS = ("tensorrt", "tensorrt-rtx")
 Progress = Callable[[str], None]
 
@@ -108,7 +112,7 @@ def unavailable(backends: tuple[str, ...]) -> dict[str, str]:
 def available_backends(out: Path) -> tuple[str, ...]:
     """The backends `bench` can time here for the export in `out` (what the demo asks for)."""
     names = ["eager", "ort"] + (["ort-fused"] if (Path(out) / "fused" / "ort").is_dir() else []) + \
-        [*GPU_BACKENDS, "ct2"]
+        (["ort-int8"] if (Path(out) / "quantized" / "ort-int8").is_dir() else []) + [*GPU_BACKENDS, "ct2"]
     return tuple(n for n in names if n not in unavailable(tuple(names)))
 
 
@@ -212,11 +216,13 @@ class Bench:
             engines = bb.engine_dir(self.out, name)
             runners = [runner_for(engines, kind, self.cfg, self.limits) for kind in _kinds()]
         else:
-            folder = self.out / "fused" / "ort" if name == "ort-fused" else self.out
+            folder, stage = {"ort": (self.out, "export"), "ort-fused": (self.out / "fused" / "ort", "fuse --target ort"),
+                             "ort-int8": (self.out / "quantized" / "ort-int8", "quantize")}[name]
             if not (folder / "encoder.onnx").exists():
-                raise InputError(f"{folder} holds no encoder.onnx; run `seq2trt fuse {self.out} --target ort` first")
+                raise InputError(f"{folder} holds no encoder.onnx; run `seq2trt {stage} {self.out}` first")
             runners = [OrtRunner(folder / kind.filename, self.cfg, kind, self.manifest.dtype, self.limits,
-                                 device="cpu", intra_op_threads=threads, name=name) for kind in _kinds()]
+                                 device="cpu", intra_op_threads=threads, name=name,
+                                 optimization="extended" if name == "ort-int8" else "basic") for kind in _kinds()]
         for r in runners:
             r.__enter__()
         return bb.StepModelBackend(name, RunnerStepModel(*runners), self.cfg, threads,
@@ -315,7 +321,7 @@ class Bench:
         for (name, batch), seconds in raw["decode"].items():
             ratios.setdefault(name, {})[str(batch)] = {
                 label: paired_ratio(raw["decode"].get((ref, batch)), seconds)
-                for ref, label in (("eager", "vs_eager"), ("ct2", "vs_ct2"))}
+                for ref, label in (("eager", "vs_eager"), ("ct2", "vs_ct2"), ("ct2-int8", "vs_ct2_int8"))}
         logger.debug("summarised %d decode series for %s thread(s)", len(raw["decode"]), t)
 
 

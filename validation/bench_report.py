@@ -31,15 +31,15 @@ def markdown(doc: dict, images: dict[str, str]) -> str:
         threading = doc.get("threading", {}).get(t, {})
         how = "; ".join(f"{name}: {text}" for name, text in threading.items())
         lines += [f"## {t} thread(s)", ""] + ([f"Threading: {how}.", ""] if how else []) + [
-                  "| backend | batch | tokens/s | step p50 (ms) | step p90 | step p99 | decode p50 (ms) | vs eager | vs ct2 |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| backend | batch | tokens/s | step p50 (ms) | step p90 | step p99 | decode p50 (ms) | vs eager | vs ct2 "
+                  "| vs ct2 int8 |", "|---|---|---|---|---|---|---|---|---|---|"]
         for backend, by_batch in backends.items():
             for batch, r in sorted(by_batch.items(), key=lambda kv: int(kv[0])):
                 ratio = doc["ratios"].get(t, {}).get(backend, {}).get(batch, {})
                 lines.append(f"| {backend} | {batch} | {r['tokens_per_s']:.1f} | {_fmt(r.get('step_ms_p50'), '.3f')} | "
                              f"{_fmt(r.get('step_ms_p90'), '.3f')} | {_fmt(r.get('step_ms_p99'), '.3f')} | "
                              f"{_fmt(r.get('decode_ms_p50'), '.1f')} | {_fmt(ratio.get('vs_eager'))}× | "
-                             f"{_fmt(ratio.get('vs_ct2'))}× |")
+                             f"{_fmt(ratio.get('vs_ct2'))}× | {_fmt(ratio.get('vs_ct2_int8'))}× |")
         lines.append("")
     lines += ["Ratios are tokens/s ratios (> 1: faster than the reference), medians of per-repetition pairs. "
               "CTranslate2's step times come from its per-token callback (steps 1 .. N-1).", ""]

@@ -35,6 +35,9 @@ TARGETS: dict[str, EndToEndTargets] = {
     "fp32": EndToEndTargets(token_agreement=1.0, sequence_match=1.0, max_logit_abs_err=1e-4),
     "fp16": EndToEndTargets(token_agreement=0.99, sequence_match=0.97, max_logit_abs_err=5e-2),
     "bf16": EndToEndTargets(token_agreement=0.97, sequence_match=0.90, max_logit_abs_err=4e-1),
+    # int8 (dynamic, ONNX Runtime): measured on the demo model, 1,000 held-out sources: agreement 1.0 / 1.0, greedy
+    # logit error 0.23 (beam path 3.9: unlikely hypotheses); bf16's token targets, the logit bound ~4x measured.
+    "int8": EndToEndTargets(token_agreement=0.97, sequence_match=0.90, max_logit_abs_err=1.0),
 }
 
 
@@ -101,6 +104,9 @@ class EndToEndResult:
     max_logit_abs_err: float  # along the eager greedy path: the target
     beam_max_logit_abs_err: float  # along the eager beam search: reported
     targets: EndToEndTargets
+    # The task's own metric on the greedy outputs (held-out exact match for a task checkpoint), reference and
+    # candidate: what the graphs' numerical error costs in the model's accuracy. Reported, not judged.
+    task_metric: dict[str, float] | None = None
 
     @property
     def token_agreement(self) -> float:
@@ -131,7 +137,7 @@ class EndToEndResult:
                 "sequence_match": self.sequence_match, "max_logit_abs_err": self.max_logit_abs_err,
                 "beam_max_logit_abs_err": self.beam_max_logit_abs_err,
                 "beam_size": self.beam_size, "greedy": asdict(self.greedy), "beam": asdict(self.beam),
-                "targets": asdict(self.targets), "passed": bool(self)}
+                "targets": asdict(self.targets), "task_metric": self.task_metric, "passed": bool(self)}
 
 
 Decoder = Callable[[StepModel, np.ndarray, np.ndarray], list[list[int]]]
@@ -148,11 +154,13 @@ def _decode_all(model: StepModel, sources: list[list[int]], decode: Decoder, bat
 
 def end_to_end(candidate: StepModel, reference: StepModel, sources: list[list[int]], settings: DecodeSettings,
                dtype: str, beam_size: int = 4, batch_size: int = 100,
-               progress: Callable[[str], None] | None = None) -> EndToEndResult:
-    """Greedy and beam decoding of `sources` (id lists, eos included) on both models, compared."""
+               progress: Callable[[str], None] | None = None,
+               task_metric: tuple[str, Callable[[list[list[int]]], float]] | None = None) -> EndToEndResult:
+    """Greedy and beam decoding of `sources` (id lists, eos included) on both models, compared. `dtype` names
+    the TARGETS row; `task_metric` (name, score of the greedy outputs in source order) is reported for both."""
     greedy: Decoder = lambda m, ids, mask: greedy_decode(m, ids, mask, settings)
     beam: Decoder = lambda m, ids, mask: beam_search(m, ids, mask, settings, beam_size=beam_size)
-    agreements, max_err = {}, {}
+    agreements, max_err, metric = {}, {}, None
     for name, decode, size in (("greedy", greedy, batch_size), ("beam", beam, max(1, batch_size // beam_size))):
         if progress:
             progress(f"{name} decoding of {len(sources)} sources")
@@ -161,5 +169,8 @@ def end_to_end(candidate: StepModel, reference: StepModel, sources: list[list[in
         got = _decode_all(candidate, sources, decode, size, settings.pad_id)
         agreements[name] = agreement(want, got, settings.eos_id)
         max_err[name] = paired.max_abs_err
+        if name == "greedy" and task_metric is not None:
+            label, score = task_metric
+            metric = {"name": label, "reference": score(want), "candidate": score(got)}
     return EndToEndResult(dtype, len(sources), agreements["greedy"], agreements["beam"], beam_size,
-                          max_err["greedy"], max_err["beam"], TARGETS[dtype])
+                          max_err["greedy"], max_err["beam"], TARGETS[dtype], metric)

@@ -1,7 +1,7 @@
 """`seq2trt report`: one Markdown report and one self-contained HTML page for an artifact directory.
 
-It reads what the stages wrote — manifest.json, fused/*/fusion.json, engines/*/build.json,
-reports/parity*.json, reports/latency.json and the PNG plots — and says what was built, for which GPU,
+It reads what the stages wrote — manifest.json, fused/*/fusion.json, quantized/*/quantization.json,
+engines/*/build.json, reports/parity*.json, reports/latency.json and the PNG plots — and says what was built, for which GPU,
 how exact and how fast. Nothing is recomputed; a stage that has not run is reported as not run.
 """
 
@@ -55,6 +55,19 @@ def _fusion(out: Path) -> list[str]:
     return lines + [""]
 
 
+def _quantization(out: Path) -> list[str]:
+    lines = ["## int8 quantization", ""]
+    reports = {p.parent.name: _load(p) for p in sorted((out / "quantized").glob("*/quantization.json"))}
+    if not reports:
+        return lines + ["Not run (opt-in: `seq2trt quantize OUT` after `seq2trt fuse OUT --target ort`).", ""]
+    lines += ["| graphs | graph | MatMuls int8 / all | size (MiB) before → after | scales |", "|---|---|---|---|---|"]
+    for name, doc in reports.items():
+        for graph, g in (doc or {}).get("graphs", {}).items():
+            lines.append(f"| {name} | {graph} | {g['quantized']}/{g['matmuls']} | {g['bytes_before'] / 2**20:.1f} → "
+                         f"{g['bytes_after'] / 2**20:.1f} | {'per channel' if doc['per_channel'] else 'per tensor'} |")
+    return lines + ["", "Accuracy cost: the int8-ort run under Parity; speed: ort-int8 under Latency.", ""]
+
+
 def _builds(out: Path) -> list[str]:
     lines = ["## Engines", ""]
     builds = {p.parent.name: _load(p) for p in sorted((out / "engines").glob("*/build.json"))}
@@ -72,13 +85,16 @@ def _parity(out: Path) -> list[str]:
     if not docs:
         return ["## Parity", "", "Not run (`seq2trt validate OUT`).", ""]
     lines = ["## Parity", "", "| run | backend | graphs | dtype | passed | greedy agreement | beam agreement | "
-             "max logit err |", "|---|---|---|---|---|---|---|---|"]
+             "max logit err | task metric (eager) |", "|---|---|---|---|---|---|---|---|---|"]
     for name, doc in docs.items():
         e2e = doc.get("end_to_end") or {}
         agree = lambda s: f"{e2e[s]['token_agreement']:.6f}" if s in e2e else "–"
         err = f"{e2e['max_logit_abs_err']:.3g}" if "max_logit_abs_err" in e2e else "–"
+        m = e2e.get("task_metric")
+        metric = f"{m['candidate']:.4f} ({m['reference']:.4f})" if m else "–"
         lines.append(f"| {name} | {doc.get('backend')} | {doc.get('graphs_set')} | {doc.get('dtype')} | "
-                     f"{'yes' if doc.get('passed') else 'NO'} | {agree('greedy')} | {agree('beam')} | {err} |")
+                     f"{'yes' if doc.get('passed') else 'NO'} | {agree('greedy')} | {agree('beam')} | {err} | "
+                     f"{metric} |")
     for name, doc in docs.items():
         lines += ["", _demote(report_parity._markdown(doc))]
     return lines + [""]
@@ -101,7 +117,7 @@ def render_markdown(out: Path) -> str:
     manifest = verify(out, []).data
     lines = [f"# seq2trt report: {Path(out).resolve().name}", ""]
     for title, section, arg in (("Model and export", _overview, manifest), ("Fusion", _fusion, out),
-                                ("Engines", _builds, out), ("Parity", _parity, out), ("Latency", _latency, out)):
+                                ("int8 quantization", _quantization, out), ("Engines", _builds, out), ("Parity", _parity, out), ("Latency", _latency, out)):
         try:
             lines += section(arg)
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:  # a stage's JSON is damaged

@@ -40,6 +40,7 @@ class GraphSet:
     decoder: str
     runner_options: Callable[[str], dict] | None = None
     fused_target: str | None = None  # fused graphs are checked against fusion.json, not the manifest
+    quantized: bool = False  # int8 graphs: checked against quantization.json, judged by the int8 tolerances
 
 
 def _plugin_graph_options(dtype: str) -> dict:
@@ -59,6 +60,8 @@ GRAPH_SETS: dict[str, GraphSet] = {
     "plain": GraphSet(spec.GraphKind.ENCODER.filename, spec.GraphKind.DECODER.filename),
     "fused-ort": _fused("ort"),
     "fused-trt": _fused("trt", _plugin_graph_options),
+    "int8-ort": GraphSet(*(f"quantized/ort-int8/{kind.filename}" for kind in spec.GraphKind),
+                         lambda dtype: {"optimization": "extended"}, quantized=True),
 }
 # --backend name -> runner class taking (graph path, cfg, kind, dtype, limits, **options).
 BACKENDS: dict[str, Callable[..., Runner]] = {"ort": OrtRunner}
@@ -115,16 +118,27 @@ def e2e_sources(cfg, task_name: str | None, samples: int, seed: int) -> tuple[li
     return [[int(t) for t in rng.integers(3, cfg.src_vocab_size, size=n)] + [cfg.eos_id] for n in lengths], "random ids"
 
 
+def heldout_exact_match(task_name: str, samples: int) -> tuple[str, Callable[[list[list[int]]], float]]:
+    """The task's metric on greedy outputs of its first `samples` held-out sources: exact match of the text."""
+    from seq2trt.reference_model.tasks import get_task
+
+    task = get_task(task_name)
+    references = [target for _, target in task.heldout(samples)]
+    score = lambda outputs: sum(task.target_vocab.decode(o) == r for o, r in zip(outputs, references)) / len(outputs)
+    return "held-out exact match", score
+
+
 def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | None = None,
                    progress: Callable[[str], None] | None = None) -> dict:
     """Validate `out`, write its reports, and return the parity document; raise CheckFailed when anything fails."""
     out = Path(out)
     graph_set = GRAPH_SETS[settings.graphs]
     encoder_file, decoder_file = graph_set.encoder, graph_set.decoder
-    if graph_set.fused_target:
+    if graph_set.fused_target or graph_set.quantized:
         from seq2trt.exporters.fuse import Target, verify_fused
+        from seq2trt.exporters.quantize import verify_quantized
 
-        verify_fused(out, Target(graph_set.fused_target))
+        verify_quantized(out) if graph_set.quantized else verify_fused(out, Target(graph_set.fused_target))
         manifest = verify(out, [kind.filename for kind in spec.GraphKind])
     else:
         manifest = verify(out, [encoder_file, decoder_file])
@@ -146,14 +160,16 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
             stack.enter_context(r)
         if progress:
             progress("graph-level parity over the spec sweep")
-        graphs = graph_parity(candidates, references, spec.sweep(limits), seed=settings.seed)
+        precision = "int8" if graph_set.quantized else dtype  # which tolerances and targets judge the graphs
+        graphs = graph_parity(candidates, references, spec.sweep(limits), seed=settings.seed, tolerances=precision)
         e2e = None
         if settings.samples:
             sources, origin = e2e_sources(cfg, task_name, settings.samples, settings.seed)
             cap = limits.max_tgt_len - 1 if task_name else min(32, limits.max_tgt_len - 1)
             decode = DecodeSettings(cfg.bos_id, cfg.eos_id, cfg.pad_id, settings.max_new_tokens or cap)
-            e2e = end_to_end(RunnerStepModel(*candidates), RunnerStepModel(*references), sources, decode, dtype,
-                             beam_size=settings.beam_size, batch_size=limits.max_batch, progress=progress)
+            e2e = end_to_end(RunnerStepModel(*candidates), RunnerStepModel(*references), sources, decode, precision,
+                             beam_size=settings.beam_size, batch_size=limits.max_batch, progress=progress,
+                             task_metric=heldout_exact_match(task_name, settings.samples) if task_name else None)
     document = parity_document(manifest, settings, graphs, e2e, origin if settings.samples else None)
     write_reports(out, document)
     failures = graphs.failures() + (e2e.failures() if e2e is not None else [])
@@ -199,6 +215,10 @@ def _markdown(doc: dict) -> str:
             a = e2e[name]
             lines.append(f"| {name}{'' if name == 'greedy' else ' ' + str(e2e['beam_size'])} | "
                          f"{a['token_agreement']:.6f} | {a['sequence_match']:.6f} | {a['first_divergent_step']} |")
+        metric = e2e.get("task_metric")
+        if metric:
+            lines += ["", f"{metric['name']} (greedy): {metric['candidate']:.4f} on these graphs, "
+                          f"{metric['reference']:.4f} for the eager reference (reported, not judged)"]
         t = e2e["targets"]
         lines += ["", f"max_logit_abs_err along the eager greedy path: {e2e['max_logit_abs_err']:.3g} "
                       f"(target <= {t['max_logit_abs_err']:g}); along the eager beam search: "

@@ -146,6 +146,16 @@ class EagerRunner(Runner):
         return {n: _to_numpy(v, self._np_dtype) for n, v in zip(names, values)}
 
 
+# ONNX Runtime graph optimization: level and the optimizers left out. Basic (constant folding, redundant nodes) is
+# what our fused fp32 graphs want: the extended level's one extra fusion on them, SkipLayerNormalization, ran
+# greedy decoding 4-10% slower on CPU (at B=32 a session of that one node takes 46 us, of Add+Add+LayerNorm 14). Extended
+# without it is what the int8 graphs want: it fuses DynamicQuantizeLinear + MatMulInteger + scale + bias into one
+# DynamicQuantizeMatMul (+18% tokens/s at B=1, +11% at B=32 over basic; benchmarks/README.md, run 5).
+OPTIMIZATION: dict[str, tuple[str, list[str]]] = {
+    "basic": ("ORT_ENABLE_BASIC", []),
+    "extended": ("ORT_ENABLE_EXTENDED", ["SkipLayerNormFusion"]),
+}
+
 _GLOBAL_POOL: list[int] = []  # intra-op size of this process's shared ONNX Runtime pool, once created
 
 
@@ -201,10 +211,14 @@ class OrtRunner(Runner):
 
     def __init__(self, model: Path | bytes | Callable[[], Path | bytes], cfg, kind: spec.GraphKind, dtype: str,
                  limits: spec.Limits, device: str = "cpu", intra_op_threads: int = 1, name: str | None = None,
-                 prepare: Callable[[bytes], bytes] | None = None, custom_op_libraries: tuple[str, ...] = ()):
+                 prepare: Callable[[bytes], bytes] | None = None, custom_op_libraries: tuple[str, ...] = (),
+                 optimization: str = "basic"):
         super().__init__(name or f"onnxruntime-{device}", cfg, kind, dtype, limits)
         self._source, self.device, self.intra_op_threads = model, device, intra_op_threads
         self.prepare, self.custom_op_libraries = prepare, custom_op_libraries
+        if optimization not in OPTIMIZATION:
+            raise ValueError(f"optimization must be one of {', '.join(OPTIMIZATION)}, got {optimization!r}")
+        self.optimization = optimization
         self.session = None
         self.emulated_bf16 = False
 
@@ -220,9 +234,8 @@ class OrtRunner(Runner):
         options = ort.SessionOptions()
         options.inter_op_num_threads = 1
         self.threading = configure_threads(options, self.intra_op_threads)
-        # Basic (constant folding, redundant nodes) beats ORT's extended fusions on our graphs: measured on the
-        # fused demo decoder, greedy tokens/s +4% at B=1 and +10% at B=8/32 on CPU (benchmarks/README.md).
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        level, disabled = OPTIMIZATION[self.optimization]
+        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
         options.log_severity_level = 3
         for library in self.custom_op_libraries:
             options.register_custom_ops_library(library)
@@ -231,7 +244,7 @@ class OrtRunner(Runner):
                 model = self.prepare(model)
             if self.dtype == "bf16" and providers[0] == "CPUExecutionProvider":
                 model, self.emulated_bf16 = emulate_bf16(model), True
-            self.session = ort.InferenceSession(model, options, providers=providers)
+            self.session = ort.InferenceSession(model, options, providers=providers, disabled_optimizers=disabled)
         except Exception as exc:  # protobuf's DecodeError, ORT's Fail / InvalidGraph: a damaged or foreign file
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise ArtifactError(f"ONNX Runtime cannot load {where} ({first}); re-export (and re-fuse) it") from exc

@@ -41,9 +41,14 @@ def exported(make_model, tmp_path_factory):
 @pytest.fixture(scope="module")
 def report(exported):
     pytest.importorskip("ctranslate2")
+    from seq2trt.exporters.fuse import Target, fuse_artifacts
+    from seq2trt.exporters.quantize import quantize_artifacts
+
     out, _ = exported
-    settings = bench.BenchSettings(backends=("eager", "ort", "ct2", "ct2-int8"), batch_sizes=(1, 3), repeats=2,
-                                   warmup=1, src_len=8, new_tokens=5, check_samples=8)
+    fuse_artifacts(out, Target.ORT)
+    quantize_artifacts(out)
+    settings = bench.BenchSettings(backends=("eager", "ort", "ort-int8", "ct2", "ct2-int8"), batch_sizes=(1, 3),
+                                   repeats=2, warmup=1, src_len=8, new_tokens=5, check_samples=8)
     bench.run_bench(out, settings)
     return out / "reports"
 
@@ -51,7 +56,7 @@ def report(exported):
 def test_latency_json_has_every_backend_and_batch(report, exported):
     doc = json.loads((report / "latency.json").read_text())
     _, model = exported
-    backends = ("eager", "ort", "ct2", "ct2-int8")
+    backends = ("eager", "ort", "ort-int8", "ct2", "ct2-int8")
     results = doc["results"]["1"]
     assert set(results) == set(backends)
     for name in backends:
@@ -74,7 +79,8 @@ def test_ratios_are_paired_and_anchored(report):
     ratios = doc["ratios"]["1"]
     for batch in ("1", "3"):
         assert ratios["eager"][batch]["vs_eager"] == 1.0 and ratios["ct2"][batch]["vs_ct2"] == 1.0
-        for name in ("ort", "ct2-int8"):
+        assert ratios["ct2-int8"][batch]["vs_ct2_int8"] == 1.0
+        for name in ("ort", "ort-int8", "ct2-int8"):
             for value in ratios[name][batch].values():
                 assert np.isfinite(value) and value > 0
 
@@ -125,7 +131,7 @@ def test_paired_ratio_is_the_median_of_pairs():
 
 
 def test_parse_errors_list_what_is_known():
-    with pytest.raises(InputError, match="known backends: eager, ort, ort-fused, tensorrt"):
+    with pytest.raises(InputError, match="known backends: eager, ort, ort-fused, ort-int8, tensorrt"):
         bench.parse_backends("eager,onnx")
     with pytest.raises(InputError, match="integers >= 1"):
         bench.parse_ints("1,0", "--batch-sizes")
@@ -142,7 +148,7 @@ def test_one_multi_thread_count_per_run_with_onnx_runtime():
 def test_latency_json_says_how_each_backend_threads(report):
     doc = json.loads((report / "latency.json").read_text())
     threading = doc["threading"]["1"]
-    assert threading["ort"] == "1 thread" and threading["eager"] == "1 thread(s)"
+    assert threading["ort"] == threading["ort-int8"] == "1 thread" and threading["eager"] == "1 thread(s)"
     assert threading["ct2"].startswith("1 intra-op thread(s), OpenMP")
     assert "Threading: eager: 1 thread(s); ort: 1 thread" in (report / "latency.md").read_text()
 

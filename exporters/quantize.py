@@ -1,0 +1,159 @@
+"""Opt-in int8 for ONNX Runtime on CPU: dynamic quantization of the fused ORT graphs.
+
+`seq2trt quantize OUT` reads `OUT/fused/ort/` (checked against its fusion.json) and writes
+`OUT/quantized/ort-int8/`. ONNX Runtime's own quantizer (`onnxruntime.quantization.quantize_dynamic`) gives
+every MatMul with a constant weight int8 weights (one scale per tensor, or per output channel) and quantizes its
+activations to uint8 at run time; ONNX Runtime's extended optimization level then fuses each such MatMul and its
+bias into one `DynamicQuantizeMatMul` (`OrtRunner(optimization="extended")`). Attention, LayerNorm and the
+embedding stay float32, and the graph contract (names, dtypes, axes) is unchanged, so the runners, the decoding
+loops, `validate` and `bench` run the int8 graphs as they run the others.
+
+`quantization.json` records the method, what was and was not quantized per graph, the sizes, and the sha256 of
+the fused graphs each file came from; `verify_quantized` checks all of it before the graphs are used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import tempfile
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import onnx
+
+from seq2trt.reference_model.errors import ArtifactError, DependencyError, InputError
+from seq2trt.reference_model.io import atomic_write_text, sha256_file, staged_directory
+
+from . import spec
+from .fuse import FUSION_JSON, Target, fused_dir, load_graph, verify_fused
+from .manifest import verify
+
+logger = logging.getLogger(__name__)
+
+QUANTIZATION_JSON = "quantization.json"
+NAME = "ort-int8"
+
+
+@dataclass(frozen=True)
+class QuantizeSettings:
+    per_channel: bool = False  # one scale per output channel instead of per weight tensor
+    reduce_range: bool = False  # 7-bit weights: for CPUs without AVX512-VNNI/AVX-VNNI, where u8 x s8 can saturate
+
+
+def quantized_dir(out: Path) -> Path:
+    return Path(out) / "quantized" / NAME
+
+
+def _constant_matmuls(model: onnx.ModelProto) -> tuple[int, int]:
+    """(MatMuls whose second input is an initializer, all MatMuls)."""
+    weights = {i.name for i in model.graph.initializer}
+    matmuls = [n for n in model.graph.node if n.op_type == "MatMul"]
+    return sum(n.input[1] in weights for n in matmuls), len(matmuls)
+
+
+class _PreprocessAdvice(logging.Filter):
+    """The quantizer advises shape-inference pre-processing on the root logger; it serves static quantization
+    of convolutional models, not dynamic MatMul quantization of graphs whose shapes are already inferred."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "pre-processing before quantization" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_quantizer():
+    advice = _PreprocessAdvice()
+    root = logging.getLogger()
+    root.addFilter(advice)
+    try:
+        yield
+    finally:
+        root.removeFilter(advice)
+
+
+def quantize_graph(source: Path, target: Path, settings: QuantizeSettings) -> dict:
+    """Quantize one graph file into `target`; returns its audit entry."""
+    try:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+    except ImportError:
+        raise DependencyError("onnxruntime's quantization tools are missing; pip install onnxruntime") from None
+    before = onnx.load(str(source))
+    constant, total = _constant_matmuls(before)
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch, _quiet_quantizer():
+        quantize_dynamic(source, Path(scratch) / target.name, weight_type=QuantType.QInt8,
+                         per_channel=settings.per_channel, reduce_range=settings.reduce_range,
+                         op_types_to_quantize=["MatMul"], extra_options={"MatMulConstBOnly": True})
+        Path(scratch, target.name).replace(target)
+    after = onnx.load(str(target))
+    ops = Counter(n.op_type for n in after.graph.node)
+    return {"matmuls": total, "constant_weight_matmuls": constant, "quantized": ops.get("MatMulInteger", 0),
+            "float_matmuls_left": ops.get("MatMul", 0), "bytes_before": source.stat().st_size,
+            "bytes_after": target.stat().st_size, "nodes_before": len(before.graph.node),
+            "nodes_after": len(after.graph.node)}
+
+
+def quantize_artifacts(out: Path, settings: QuantizeSettings = QuantizeSettings(), force: bool = False) -> dict:
+    """Quantize `out/fused/ort/` into `out/quantized/ort-int8/` with quantization.json; returns that document."""
+    import onnxruntime
+
+    out = Path(out)
+    if not (fused_dir(out, Target.ORT) / FUSION_JSON).exists():
+        raise InputError(f"{out} has no fused ORT graphs; run `seq2trt fuse {out} --target ort` first (int8 "
+                         "quantizes the graphs ONNX Runtime runs fastest)")
+    fusion = verify_fused(out, Target.ORT)
+    if not fusion.get("complete"):
+        raise InputError(f"{fused_dir(out, Target.ORT)} is a partial fusion; re-run `seq2trt fuse {out} --target ort "
+                         "--force` without --allow-partial before quantizing")
+    manifest = verify(out, [kind.filename for kind in spec.GraphKind])
+    if manifest.dtype != "fp32":
+        raise InputError(f"{out} is a {manifest.dtype} export; int8 dynamic quantization starts from float32 "
+                         f"graphs: export with `--dtype fp32` into another folder")
+    source_dir = fused_dir(out, Target.ORT)
+    doc = {"method": "onnxruntime dynamic quantization (int8 weights, uint8 activations quantized at run time)",
+           "onnxruntime": onnxruntime.__version__, **asdict(settings), "graphs": {}, "files": {}}
+    with staged_directory(quantized_dir(out), force, "int8 graphs") as tmp:
+        for kind in spec.GraphKind:
+            source = source_dir / kind.filename
+            load_graph(source, manifest.config, kind, manifest.dtype)  # a damaged graph fails here, clearly
+            entry = quantize_graph(source, tmp / kind.filename, settings)
+            if entry["quantized"] != entry["constant_weight_matmuls"]:
+                raise ArtifactError(f"quantizing {source}: {entry['quantized']} of {entry['constant_weight_matmuls']} "
+                                    "weight MatMuls became int8; re-fuse the graphs (`seq2trt fuse --force`)")
+            load_graph(tmp / kind.filename, manifest.config, kind, manifest.dtype)  # the contract still holds
+            doc["graphs"][kind.value] = entry
+            doc["files"][kind.filename] = {"sha256": sha256_file(tmp / kind.filename),
+                                           "source_sha256": fusion["files"][kind.filename]["sha256"]}
+        atomic_write_text(tmp / QUANTIZATION_JSON, json.dumps(doc, indent=2) + "\n")
+    return doc
+
+
+def verify_quantized(out: Path) -> dict:
+    """Check the int8 graphs against quantization.json, and that they come from the current fused graphs."""
+    out = Path(out)
+    folder = quantized_dir(out)
+    path = folder / QUANTIZATION_JSON
+    if not path.exists():
+        raise ArtifactError(f"{path} not found; run `seq2trt quantize {out}` first")
+    fusion = verify_fused(out, Target.ORT)
+    try:
+        doc = json.loads(path.read_text())
+        files = doc["files"]
+        if not isinstance(files, dict) or not all(isinstance(e, dict) for e in files.values()):
+            raise TypeError("'files' must map each graph to an object")
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
+        raise ArtifactError(f"{path} is malformed ({exc!r}); re-run `seq2trt quantize {out} --force`") from None
+    problems = []
+    for kind in spec.GraphKind:
+        entry, graph = files.get(kind.filename), folder / kind.filename
+        if entry is None or not graph.is_file():
+            problems.append(f"{kind.filename} is missing")
+        elif sha256_file(graph) != entry.get("sha256"):
+            problems.append(f"{kind.filename} does not match its sha256 in {QUANTIZATION_JSON} (modified since)")
+        elif entry.get("source_sha256") != fusion["files"][kind.filename]["sha256"]:
+            problems.append(f"{kind.filename} was quantized from older fused graphs")
+    if problems:
+        raise ArtifactError(f"{folder} failed its check: " + "; ".join(problems) +
+                            f"; re-run `seq2trt quantize {out} --force`")
+    return doc
