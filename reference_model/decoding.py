@@ -53,26 +53,29 @@ def greedy_decode(model: StepModel, input_ids: np.ndarray, attention_mask: np.nd
     rows = np.arange(B)  # source index of each live row
     mask = attention_mask
     next_ids = np.full((B, 1), settings.bos_id, dtype=np.int64)
-    # Tokens land in one (B, max_new_tokens) array, eos-filled, and become lists once at the end: per step the
-    # loop does a few numpy calls whatever the batch, no Python work per row.
-    tokens_out = np.full((B, settings.max_new_tokens), settings.eos_id, dtype=np.int64)
+    # Per step: an argmax and one eos test, nothing per row. Every numpy call here runs right after a backend's
+    # step has flushed the CPU caches, where even small ones cost microseconds: on the demo model at batch 1,
+    # `eos in tokens` (a numpy comparison) took 7.5 us a step against 0.7 us for the same test on `tolist()`, and
+    # the earlier bookkeeping (a scatter into an output array, a count) 0.5 ms of a 14 ms decode.
+    history: list[tuple[np.ndarray, np.ndarray]] = []  # (rows, tokens) of each step
+    eos = settings.eos_id
     for step in range(settings.max_new_tokens):
         logits, past = model.step(next_ids, mask, encoder_state, past)
         if on_step is not None:
             on_step(step, rows, logits)
-        tokens = logits.argmax(-1)  # (b,)
-        tokens_out[rows, step] = tokens
-        live = tokens != settings.eos_id
-        alive = np.count_nonzero(live)
-        if alive == 0:
-            break
-        if alive < len(live):
-            keep = np.flatnonzero(live)
+        tokens = logits.argmax(-1)  # (b,) int64
+        history.append((rows, tokens))
+        if eos in tokens.tolist():  # rows that produced eos leave the batch
+            keep = np.flatnonzero(tokens != eos)
+            if not len(keep):
+                break
             rows, mask, tokens = rows[keep], mask[keep], tokens[keep]
             encoder_state, past = model.select(encoder_state, keep), model.select(past, keep)
-        next_ids = tokens[:, None].astype(np.int64)
-    eos = settings.eos_id
-    return [row[: row.index(eos)] if eos in row else row for row in tokens_out.tolist()]
+        next_ids = tokens[:, None]
+    out = np.full((B, len(history)), eos, dtype=np.int64)
+    for step, (step_rows, step_tokens) in enumerate(history):
+        out[step_rows, step] = step_tokens
+    return [row[: row.index(eos)] if eos in row else row for row in out.tolist()]
 
 
 def length_penalty(length: int, alpha: float) -> float:

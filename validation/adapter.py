@@ -17,6 +17,14 @@ from .runners import Runner
 State = dict[str, np.ndarray]
 
 
+_INT64 = np.dtype(np.int64)
+
+
+def _int64(array: np.ndarray) -> np.ndarray:
+    """The array as int64, without a numpy call when it already is one (the decoding loops pass int64)."""
+    return array if array.dtype is _INT64 else np.asarray(array, dtype=np.int64)
+
+
 class RunnerStepModel:
     def __init__(self, encoder: Runner, decoder: Runner):
         if encoder.kind is not spec.GraphKind.ENCODER or decoder.kind is not spec.GraphKind.DECODER:
@@ -46,8 +54,8 @@ class RunnerStepModel:
 
     def step(self, input_ids: np.ndarray, encoder_attention_mask: np.ndarray, encoder_state: State,
              past: State) -> tuple[np.ndarray, State]:
-        feed = {"input_ids": np.asarray(input_ids, np.int64),
-                "encoder_attention_mask": np.asarray(encoder_attention_mask, np.int64), **encoder_state, **past}
+        feed = {"input_ids": _int64(input_ids), "encoder_attention_mask": _int64(encoder_attention_mask),
+                **encoder_state, **past}
         # The first step's feed is checked against the spec in full; later steps only grow the past (built here
         # from the runner's own outputs), so they check just the one limit that growth can break — the full
         # check is ~10% of a one-token ORT step.
@@ -58,7 +66,9 @@ class RunnerStepModel:
                              "--max-tgt-len")
         out = self.decoder.infer(feed, check=False) if past_len else self.decoder.infer(feed)
         names = self._present_to_past or {k: spec.present_to_past_name(k) for k in out if k.startswith("present.")}
-        return out["logits"][:, -1].astype(np.float64), {past: out[present] for present, past in names.items()}
+        logits = out["logits"][:, -1]  # (B, V); float32 as it is, narrower types widened for the loops' arithmetic
+        return (logits if logits.dtype == np.float32 else logits.astype(np.float64),
+                {past: out[present] for present, past in names.items()})
 
     def select(self, state: State, index: np.ndarray) -> State:
         return {k: np.ascontiguousarray(v[index]) for k, v in state.items()}

@@ -39,10 +39,12 @@ def peak_rss_mb() -> float:
         return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
 
 
-def settle(seconds: float = 0.005) -> None:
-    """A short idle gap before each turn: the previous backend's thread pool (OpenMP, ORT) spin-waits for a while
-    after its last call, and on 2 cores that spinning would be charged to whichever backend runs next."""
-    time.sleep(seconds)
+def settle(threads: int = 1) -> None:
+    """An idle gap before each turn: the previous backend's thread pools spin-wait for a while after their last
+    call, and on 2 cores that spinning would be charged to whichever backend runs next. One thread: 5 ms. More:
+    50 ms, past the spinning of libgomp (GOMP_SPINCOUNT 300,000 pauses, a few ms: CTranslate2 and PyTorch) and of
+    ONNX Runtime's shared pool; with 5 ms, CTranslate2 at 2 threads lost 2x at batch 1 in a 6-backend round."""
+    time.sleep(0.005 if threads == 1 else 0.05)
 
 
 class TimedSteps:
@@ -79,7 +81,7 @@ class StepModelBackend:
 
     def activate(self) -> None:
         """Called before each of its turns: eager's thread count is process-wide."""
-        settle()
+        settle(self.threads)
         if self._set_threads is not None:
             self._set_threads(self.threads)
 
@@ -172,7 +174,7 @@ class Ct2Backend:
         return [[self.source_tokens[int(i)] for i in row[m != 0]] for row, m in zip(input_ids, attention_mask)]
 
     def activate(self) -> None:
-        settle()
+        settle(self.threads)
 
     def decode(self, input_ids, attention_mask, new_tokens):
         """End-to-end time without a callback; step times from a second run with one (it costs a Python call per row)."""
