@@ -156,3 +156,30 @@ def test_cli_quantize_and_validate(exported, tmp_path):
     (quantized_dir(copy) / "encoder.onnx").write_bytes(b"not a graph")
     result = runner.invoke(cli, ["validate", str(copy), "--graphs", "int8-ort", "--samples", "0"])
     assert result.exit_code == 2 and "does not match its sha256" in result.output
+
+
+def test_tied_output_projection_is_a_weight_and_int8(demo_checkpoint, tmp_path):
+    """The demo model's tied head is exported as MatMul(h, Transpose(embedding)); the ORT fuser folds that Transpose
+    into a weight so the quantizer takes it too, and the fused graph still computes the eager logits."""
+    from seq2trt.reference_model.checkpoint import load_checkpoint
+
+    model, _ = load_checkpoint(demo_checkpoint)
+    assert model.cfg.tie_embeddings
+    out = export(model, tmp_path / "out")
+    plain = onnx.load(str(out / "decoder.onnx"))
+    weights = {i.name for i in plain.graph.initializer}
+    assert [n for n in plain.graph.node if n.op_type == "Transpose" and n.input[0] in weights]
+    fuse_artifacts(out, Target.ORT)
+    fused = onnx.load(str(out / "fused" / "ort" / "decoder.onnx"))
+    weights = {i.name for i in fused.graph.initializer}
+    assert not [n for n in fused.graph.node if n.op_type == "Transpose" and n.input[0] in weights]
+    doc = quantize_artifacts(out)
+    assert doc["graphs"]["decoder"]["quantized"] == doc["graphs"]["decoder"]["matmuls"]
+    manifest = verify(out)
+    pairs = [(OrtRunner(out / "fused" / "ort" / k.filename, model.cfg, k, "fp32", manifest.limits),
+              EagerRunner(model.double(), k, manifest.limits)) for k in spec.GraphKind]
+    for pair in pairs:
+        for r in pair:
+            r.__enter__()
+    result = graph_parity(tuple(p[0] for p in pairs), tuple(p[1] for p in pairs), spec.sweep(manifest.limits)[:8])
+    assert result, result.failures()[:3]
