@@ -177,7 +177,7 @@ def configure_threads(options, threads: int) -> str:
         options.use_per_session_threads = False
         return f"shared spinning pool of {_GLOBAL_POOL[0] or 'default'} threads"
     if threads == 1:
-        options.intra_op_num_threads = 1
+        options.intra_op_num_threads = options.inter_op_num_threads = 1
         return "1 thread"
     from onnxruntime.capi import _pybind_state
 
@@ -232,7 +232,6 @@ class OrtRunner(Runner):
         model = Path(source).read_bytes() if isinstance(source, (str, Path)) else source
         providers = ort_providers(self.device)
         options = ort.SessionOptions()
-        options.inter_op_num_threads = 1
         self.threading = configure_threads(options, self.intra_op_threads)
         level, disabled = OPTIMIZATION[self.optimization]
         options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
