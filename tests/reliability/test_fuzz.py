@@ -173,8 +173,8 @@ def rehash_manifest(out: Path) -> None:
     write_manifest(out, m.config, m.data["settings"], list(m.data["files"]), m.data["source"])
 
 
-def rehash_fusion(out: Path) -> None:
-    path = fused_dir(out, Target.TRT) / FUSION_JSON
+def rehash_fusion(out: Path, target: Target = Target.TRT) -> None:
+    path = fused_dir(out, target) / FUSION_JSON
     doc = json.loads(path.read_text())
     for name, entry in doc["files"].items():
         entry["sha256"] = sha256_file(path.parent / name)
@@ -273,6 +273,48 @@ def test_damaged_fusion_json(work, stub_build):
             outcomes.run(f"{i} fusion.json {how} build", lambda: stub_build(out))
             outcomes.run(f"{i} fusion.json {how} report", lambda: write_report(out))
     outcomes.check(minimum_errors=15)
+
+
+def test_damaged_fused_ort_graphs_and_quantization_json(work, monkeypatch):
+    """int8: damaged fused ORT graphs reach ONNX Runtime's quantizer, a damaged quantization.json the checks of
+    validate --graphs int8-ort and report; all end in a Seq2TrtError or still work."""
+    import onnx
+
+    from seq2trt.exporters.quantize import QUANTIZATION_JSON, quantize_artifacts, quantized_dir, verify_quantized
+
+    out, rng, outcomes = work / "out", random.Random(SEED + 6), Outcomes()
+    fuse_artifacts(out, Target.ORT)
+    folder = fused_dir(out, Target.ORT)
+    for i in range(24):
+        kind = rng.choice(list(spec.GraphKind))
+        path = folder / kind.filename
+        with restored(path, folder / FUSION_JSON):
+            if i % 3 == 0:
+                how, data = mutate_bytes(path.read_bytes(), rng)
+                path.write_bytes(data)
+            else:
+                model = onnx.load(path)
+                while True:  # plugin-attr damage needs a plugin node, which ORT graphs have none of: draw again
+                    with contextlib.suppress(IndexError):
+                        how = mutate_graph(model, rng)
+                        break
+                onnx.save(model, path)
+            rehash_fusion(out, Target.ORT)
+            outcomes.run(f"{i} fused-ort {kind.filename} {how} quantize", lambda: quantize_artifacts(out, force=True))
+    quantize_artifacts(out, force=True)
+    monkeypatch.setattr(spec, "sweep", lambda limits, batches=None: [spec.ShapeCase(2, 3, 1, 1, True)])
+    path = quantized_dir(out) / QUANTIZATION_JSON
+    text = path.read_text()
+    for i in range(30):
+        with restored(path):
+            how, damaged = mutate_json(text, rng)
+            path.write_text(damaged)
+            outcomes.run(f"{i} quantization.json {how} verify", lambda: verify_quantized(out))
+            outcomes.run(f"{i} quantization.json {how} report", lambda: write_report(out))
+            if i % 5 == 0:
+                outcomes.run(f"{i} quantization.json {how} validate", lambda: run_validation(
+                    out, ValidateSettings(graphs="int8-ort", samples=0)))
+    outcomes.check(minimum_errors=25)
 
 
 @pytest.mark.skipif(not HAS_RTX, reason="needs the engines conftest.artifact builds with tensorrt_rtx")
