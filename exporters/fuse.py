@@ -313,28 +313,36 @@ def _fuse_file(path: Path, target: Target, manifest: Manifest,
 def verify_fused(out: Path, target: Target) -> dict:
     """Check the fused graphs against `fusion.json`, and that they were fused from the current export."""
     manifest = verify(out, [kind.filename for kind in spec.GraphKind])
-    folder = fused_dir(out, target)
-    path = folder / FUSION_JSON
+    sources = {kind.filename: manifest.data["files"][kind.filename]["sha256"] for kind in spec.GraphKind}
+    return check_derived_graphs(fused_dir(out, target), FUSION_JSON, sources, "fusion", "fused from an older export",
+                                f"seq2trt fuse {out} --target {target.value}")
+
+
+def check_derived_graphs(folder: Path, record: str, sources: dict[str, str], stage: str, stale: str,
+                         command: str) -> dict:
+    """Check graphs a stage derived from others (fuse from the export, quantize from the fused graphs) against the
+    stage's record in `folder`: each file's sha256, and that it was made from the file whose sha256 `sources`
+    holds now. Returns the record; anything missing, modified, stale or malformed is an ArtifactError naming
+    `command` (the stage's CLI call) as the fix."""
+    path = folder / record
     if not path.exists():
-        raise ArtifactError(f"{path} not found; run `seq2trt fuse {out} --target {target.value}` first")
+        raise ArtifactError(f"{path} not found; run `{command}` first")
     try:
         report = json.loads(path.read_text())
         files = report["files"]
         if not isinstance(files, dict) or not all(isinstance(e, dict) for e in files.values()):
             raise TypeError("'files' must map each graph to an object")
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
-        raise ArtifactError(f"{path} is malformed ({exc!r}); re-run `seq2trt fuse {out} --target {target.value} "
-                            "--force`") from None
+        raise ArtifactError(f"{path} is malformed ({exc!r}); re-run `{command} --force`") from None
     problems = []
-    for kind in spec.GraphKind:
-        entry, graph = files.get(kind.filename), folder / kind.filename
+    for name, source_sha256 in sources.items():
+        entry, graph = files.get(name), folder / name
         if entry is None or not graph.is_file():
-            problems.append(f"{kind.filename} is missing")
+            problems.append(f"{name} is missing")
         elif sha256_file(graph) != entry.get("sha256"):
-            problems.append(f"{kind.filename} does not match its sha256 in fusion.json (modified since fusion)")
-        elif entry.get("source_sha256") != manifest.data["files"][kind.filename]["sha256"]:
-            problems.append(f"{kind.filename} was fused from an older export")
+            problems.append(f"{name} does not match its sha256 in {record} (modified since {stage})")
+        elif entry.get("source_sha256") != source_sha256:
+            problems.append(f"{name} was {stale}")
     if problems:
-        raise ArtifactError(f"{folder} failed its check: " + "; ".join(problems) +
-                            f"; re-run `seq2trt fuse {out} --target {target.value} --force`")
+        raise ArtifactError(f"{folder} failed its check: " + "; ".join(problems) + f"; re-run `{command} --force`")
     return report

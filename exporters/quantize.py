@@ -28,7 +28,7 @@ from seq2trt.reference_model.errors import ArtifactError, DependencyError, Input
 from seq2trt.reference_model.io import atomic_write_text, sha256_file, staged_directory
 
 from . import spec
-from .fuse import FUSION_JSON, Target, fused_dir, load_graph, verify_fused
+from .fuse import FUSION_JSON, Target, check_derived_graphs, fused_dir, load_graph, verify_fused
 from .manifest import verify
 
 logger = logging.getLogger(__name__)
@@ -132,28 +132,9 @@ def quantize_artifacts(out: Path, settings: QuantizeSettings = QuantizeSettings(
 def verify_quantized(out: Path) -> dict:
     """Check the int8 graphs against quantization.json, and that they come from the current fused graphs."""
     out = Path(out)
-    folder = quantized_dir(out)
-    path = folder / QUANTIZATION_JSON
-    if not path.exists():
-        raise ArtifactError(f"{path} not found; run `seq2trt quantize {out}` first")
+    if not (quantized_dir(out) / QUANTIZATION_JSON).exists():
+        raise ArtifactError(f"{quantized_dir(out) / QUANTIZATION_JSON} not found; run `seq2trt quantize {out}` first")
     fusion = verify_fused(out, Target.ORT)
-    try:
-        doc = json.loads(path.read_text())
-        files = doc["files"]
-        if not isinstance(files, dict) or not all(isinstance(e, dict) for e in files.values()):
-            raise TypeError("'files' must map each graph to an object")
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
-        raise ArtifactError(f"{path} is malformed ({exc!r}); re-run `seq2trt quantize {out} --force`") from None
-    problems = []
-    for kind in spec.GraphKind:
-        entry, graph = files.get(kind.filename), folder / kind.filename
-        if entry is None or not graph.is_file():
-            problems.append(f"{kind.filename} is missing")
-        elif sha256_file(graph) != entry.get("sha256"):
-            problems.append(f"{kind.filename} does not match its sha256 in {QUANTIZATION_JSON} (modified since)")
-        elif entry.get("source_sha256") != fusion["files"][kind.filename]["sha256"]:
-            problems.append(f"{kind.filename} was quantized from older fused graphs")
-    if problems:
-        raise ArtifactError(f"{folder} failed its check: " + "; ".join(problems) +
-                            f"; re-run `seq2trt quantize {out} --force`")
-    return doc
+    sources = {kind.filename: fusion["files"][kind.filename]["sha256"] for kind in spec.GraphKind}
+    return check_derived_graphs(quantized_dir(out), QUANTIZATION_JSON, sources, "quantization",
+                                "quantized from older fused graphs", f"seq2trt quantize {out}")

@@ -25,6 +25,11 @@ def _load(path: Path) -> dict | None:
         return None
 
 
+def _records(out: Path, pattern: str) -> dict[str, dict | None]:
+    """A stage's JSON records, keyed by the folder each sits in (a fusion target, an engine directory, ...)."""
+    return {p.parent.name: _load(p) for p in sorted(Path(out).glob(pattern))}
+
+
 def _overview(manifest: dict) -> list[str]:
     cfg = manifest["config"]
     files = manifest["files"]
@@ -42,7 +47,7 @@ def _overview(manifest: dict) -> list[str]:
 
 def _fusion(out: Path) -> list[str]:
     lines = ["## Fusion", ""]
-    reports = {p.parent.name: _load(p) for p in sorted((out / "fused").glob("*/fusion.json"))}
+    reports = _records(out, "fused/*/fusion.json")
     if not reports:
         return lines + ["Not run (`seq2trt fuse OUT --target trt|ort`).", ""]
     lines += ["| target | graph | attention blocks fused / expected | nodes before → after | complete |",
@@ -57,7 +62,7 @@ def _fusion(out: Path) -> list[str]:
 
 def _quantization(out: Path) -> list[str]:
     lines = ["## int8 quantization", ""]
-    reports = {p.parent.name: _load(p) for p in sorted((out / "quantized").glob("*/quantization.json"))}
+    reports = _records(out, "quantized/*/quantization.json")
     if not reports:
         return lines + ["Not run (opt-in: `seq2trt quantize OUT` after `seq2trt fuse OUT --target ort`).", ""]
     lines += ["| graphs | graph | MatMuls int8 / all | size (MiB) before → after | scales |", "|---|---|---|---|---|"]
@@ -70,7 +75,7 @@ def _quantization(out: Path) -> list[str]:
 
 def _builds(out: Path) -> list[str]:
     lines = ["## Engines", ""]
-    builds = {p.parent.name: _load(p) for p in sorted((out / "engines").glob("*/build.json"))}
+    builds = _records(out, "engines/*/build.json")
     if not builds:
         return lines + ["No engine built (`seq2trt build OUT --backend tensorrt-rtx`).", ""]
     for name, doc in builds.items():

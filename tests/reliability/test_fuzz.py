@@ -97,6 +97,23 @@ def mutate_graph(model, rng: random.Random) -> str:
 WRONG_VALUES = [None, 0, -1, 1.5, 1e308, True, "", "x", [], {}, [1, "a"], {"a": None}]
 
 
+def damage_graph(path: Path, rng: random.Random, raw: bool) -> str:
+    """Damage a graph file in place, as bytes (`raw`) or so that it still parses; returns what was done."""
+    import onnx
+
+    if raw:
+        how, data = mutate_bytes(path.read_bytes(), rng)
+        path.write_bytes(data)
+        return how
+    model = onnx.load(path)
+    while True:  # plugin-attr damage needs a plugin node, which ORT graphs have none of: draw again
+        with contextlib.suppress(IndexError):
+            how = mutate_graph(model, rng)
+            break
+    onnx.save(model, path)
+    return how
+
+
 def _paths(doc: Any, prefix: tuple = ()) -> list[tuple]:
     """Every key / index path inside a JSON document."""
     items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else []
@@ -223,21 +240,13 @@ def test_damaged_exported_graphs(work, quick_validation):
 def test_damaged_fused_graphs_reach_tensorrt(work):
     """Damage that still parses is what reaches TensorRT's parser, which can crash the process instead of failing:
     the build must refuse such graphs first."""
-    import onnx
-
     out, rng, outcomes = work / "out", random.Random(SEED + 1), Outcomes()
     folder = fused_dir(out, Target.TRT)
     for i in range(24):
         kind = rng.choice(list(spec.GraphKind))
         path = folder / kind.filename
         with restored(path, folder / FUSION_JSON):
-            if i % 4 == 0:
-                how, data = mutate_bytes(path.read_bytes(), rng)
-                path.write_bytes(data)
-            else:
-                model = onnx.load(path)
-                how = mutate_graph(model, rng)
-                onnx.save(model, path)
+            how = damage_graph(path, rng, raw=i % 4 == 0)
             rehash_fusion(out)
             outcomes.run(f"{i} fused {kind.filename} {how} build", lambda: build_engines(
                 out, EngineRequest("tensorrt-rtx", (86,), force=True)))
@@ -278,8 +287,6 @@ def test_damaged_fusion_json(work, stub_build):
 def test_damaged_fused_ort_graphs_and_quantization_json(work, monkeypatch):
     """int8: damaged fused ORT graphs reach ONNX Runtime's quantizer, a damaged quantization.json the checks of
     validate --graphs int8-ort and report; all end in a Seq2TrtError or still work."""
-    import onnx
-
     from seq2trt.exporters.quantize import QUANTIZATION_JSON, quantize_artifacts, quantized_dir, verify_quantized
 
     out, rng, outcomes = work / "out", random.Random(SEED + 6), Outcomes()
@@ -289,16 +296,7 @@ def test_damaged_fused_ort_graphs_and_quantization_json(work, monkeypatch):
         kind = rng.choice(list(spec.GraphKind))
         path = folder / kind.filename
         with restored(path, folder / FUSION_JSON):
-            if i % 3 == 0:
-                how, data = mutate_bytes(path.read_bytes(), rng)
-                path.write_bytes(data)
-            else:
-                model = onnx.load(path)
-                while True:  # plugin-attr damage needs a plugin node, which ORT graphs have none of: draw again
-                    with contextlib.suppress(IndexError):
-                        how = mutate_graph(model, rng)
-                        break
-                onnx.save(model, path)
+            how = damage_graph(path, rng, raw=i % 3 == 0)
             rehash_fusion(out, Target.ORT)
             outcomes.run(f"{i} fused-ort {kind.filename} {how} quantize", lambda: quantize_artifacts(out, force=True))
     quantize_artifacts(out, force=True)
