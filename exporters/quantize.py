@@ -21,6 +21,7 @@ import tempfile
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import onnx
 
@@ -29,7 +30,7 @@ from seq2trt.reference_model.io import atomic_write_text, sha256_file, staged_di
 
 from . import spec
 from .fuse import FUSION_JSON, Target, check_derived_graphs, fused_dir, load_graph, verify_fused
-from .manifest import verify
+from .manifest import read_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -73,20 +74,22 @@ def _quiet_quantizer():
         root.removeFilter(advice)
 
 
-def quantize_graph(source: Path, target: Path, settings: QuantizeSettings) -> dict:
-    """Quantize one graph file into `target`; returns its audit entry."""
+def quantize_graph(source: Path, target: Path, settings: QuantizeSettings,
+                   load: Callable[[Path], onnx.ModelProto]) -> dict:
+    """Quantize one graph file into `target`; returns its audit entry. `load` parses and checks a graph (the
+    source before, the int8 graph after: the contract must still hold)."""
     try:
         from onnxruntime.quantization import QuantType, quantize_dynamic
     except ImportError:
         raise DependencyError("onnxruntime's quantization tools are missing; pip install onnxruntime") from None
-    before = onnx.load(str(source))
+    before = load(source)
     constant, total = _constant_matmuls(before)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch, _quiet_quantizer():
         quantize_dynamic(source, Path(scratch) / target.name, weight_type=QuantType.QInt8,
                          per_channel=settings.per_channel, reduce_range=settings.reduce_range,
                          op_types_to_quantize=["MatMul"], extra_options={"MatMulConstBOnly": True})
         Path(scratch, target.name).replace(target)
-    after = onnx.load(str(target))
+    after = load(target)
     ops = Counter(n.op_type for n in after.graph.node)
     return {"matmuls": total, "constant_weight_matmuls": constant, "quantized": ops.get("MatMulInteger", 0),
             "float_matmuls_left": ops.get("MatMul", 0), "bytes_before": source.stat().st_size,
@@ -106,7 +109,7 @@ def quantize_artifacts(out: Path, settings: QuantizeSettings = QuantizeSettings(
     if not fusion.get("complete"):
         raise InputError(f"{fused_dir(out, Target.ORT)} is a partial fusion; re-run `seq2trt fuse {out} --target ort "
                          "--force` without --allow-partial before quantizing")
-    manifest = verify(out, [kind.filename for kind in spec.GraphKind])
+    manifest = read_manifest(out)  # verify_fused has checked it and the export's hashes
     if manifest.dtype != "fp32":
         raise InputError(f"{out} is a {manifest.dtype} export; int8 dynamic quantization starts from float32 "
                          f"graphs: export with `--dtype fp32` into another folder")
@@ -116,12 +119,11 @@ def quantize_artifacts(out: Path, settings: QuantizeSettings = QuantizeSettings(
     with staged_directory(quantized_dir(out), force, "int8 graphs") as tmp:
         for kind in spec.GraphKind:
             source = source_dir / kind.filename
-            load_graph(source, manifest.config, kind, manifest.dtype)  # a damaged graph fails here, clearly
-            entry = quantize_graph(source, tmp / kind.filename, settings)
+            entry = quantize_graph(source, tmp / kind.filename, settings,
+                                   lambda path: load_graph(path, manifest.config, kind, manifest.dtype))
             if entry["quantized"] != entry["constant_weight_matmuls"]:
                 raise ArtifactError(f"quantizing {source}: {entry['quantized']} of {entry['constant_weight_matmuls']} "
                                     "weight MatMuls became int8; re-fuse the graphs (`seq2trt fuse --force`)")
-            load_graph(tmp / kind.filename, manifest.config, kind, manifest.dtype)  # the contract still holds
             doc["graphs"][kind.value] = entry
             doc["files"][kind.filename] = {"sha256": sha256_file(tmp / kind.filename),
                                            "source_sha256": fusion["files"][kind.filename]["sha256"]}

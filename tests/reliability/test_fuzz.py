@@ -202,7 +202,7 @@ def rehash_fusion(out: Path, target: Target = Target.TRT) -> None:
 def quick_validation(monkeypatch):
     """Validation over one shape case: the files are fuzzed, not the sweep."""
     monkeypatch.setattr(spec, "sweep", lambda limits, batches=None: [spec.ShapeCase(2, 3, 1, 1, True)])
-    return lambda out: run_validation(out, ValidateSettings(samples=0))
+    return lambda out, graphs="plain": run_validation(out, ValidateSettings(graphs=graphs, samples=0))
 
 
 @pytest.fixture
@@ -284,7 +284,7 @@ def test_damaged_fusion_json(work, stub_build):
     outcomes.check(minimum_errors=15)
 
 
-def test_damaged_fused_ort_graphs_and_quantization_json(work, monkeypatch):
+def test_damaged_fused_ort_graphs_and_quantization_json(work, quick_validation):
     """int8: damaged fused ORT graphs reach ONNX Runtime's quantizer, a damaged quantization.json the checks of
     validate --graphs int8-ort and report; all end in a Seq2TrtError or still work."""
     from seq2trt.exporters.quantize import QUANTIZATION_JSON, quantize_artifacts, quantized_dir, verify_quantized
@@ -300,7 +300,6 @@ def test_damaged_fused_ort_graphs_and_quantization_json(work, monkeypatch):
             rehash_fusion(out, Target.ORT)
             outcomes.run(f"{i} fused-ort {kind.filename} {how} quantize", lambda: quantize_artifacts(out, force=True))
     quantize_artifacts(out, force=True)
-    monkeypatch.setattr(spec, "sweep", lambda limits, batches=None: [spec.ShapeCase(2, 3, 1, 1, True)])
     path = quantized_dir(out) / QUANTIZATION_JSON
     text = path.read_text()
     for i in range(30):
@@ -310,8 +309,7 @@ def test_damaged_fused_ort_graphs_and_quantization_json(work, monkeypatch):
             outcomes.run(f"{i} quantization.json {how} verify", lambda: verify_quantized(out))
             outcomes.run(f"{i} quantization.json {how} report", lambda: write_report(out))
             if i % 5 == 0:
-                outcomes.run(f"{i} quantization.json {how} validate", lambda: run_validation(
-                    out, ValidateSettings(graphs="int8-ort", samples=0)))
+                outcomes.run(f"{i} quantization.json {how} validate", lambda: quick_validation(out, "int8-ort"))
     outcomes.check(minimum_errors=25)
 
 
