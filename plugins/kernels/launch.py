@@ -14,6 +14,7 @@ in the op's layouts (`plugins.op`); strides are derived from the shapes.
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -254,11 +255,59 @@ def pack(launch: Launch) -> PackedLaunch:
     return PackedLaunch(launch.key, launch.grid, tuple(values))
 
 
+_TAG_SHIFT = 44  # template pointers: (buffer number + 1) << _TAG_SHIFT, plus the byte offset into that buffer
+
+
+@dataclass(frozen=True)
+class _Template:
+    """One packed launch with its buffer pointers left open: `pointers` lists (parameter position, buffer number,
+    byte offset, must be 16-byte aligned); buffers are numbered inputs, then outputs, then the workspace."""
+    kernel: str
+    grid: tuple[int, int, int]
+    args: tuple[ctypes._SimpleCData | None, ...]
+    pointers: tuple[tuple[int, int, int, bool], ...]
+
+
+@functools.lru_cache(maxsize=4096)
+def _templates(attrs: AttentionAttrs, dtype: str, shapes: tuple, n_outputs: int, workspace: bool) -> tuple:
+    """`plan` and `pack` once per shape signature, on tagged stand-in pointers that say which buffer each pointer
+    parameter addresses (decoding changes the past length every step; an engine reuses each length's plan)."""
+    n_inputs = len(shapes)
+    tag = lambda number: (number + 1) << _TAG_SHIFT  # noqa: E731  16-byte aligned, far above any offset
+    launches = plan(attrs, dtype, shapes, [tag(i) for i in range(n_inputs)],
+                    [tag(n_inputs + i) for i in range(n_outputs)], tag(n_inputs + n_outputs) if workspace else None)
+    templates = []
+    for launch in launches:
+        packed = pack(launch)  # checks the scalar parameters' divisibility once
+        args, pointers = list(packed.args), []
+        for position, (name, ty) in enumerate(SIGNATURES[launch.kernel]):
+            if ty.startswith("*"):
+                value = int(launch.args[name])
+                pointers.append((position, (value >> _TAG_SHIFT) - 1, value & ((1 << _TAG_SHIFT) - 1),
+                                 name in DIVISIBLE_BY_16[launch.kernel]))
+                args[position] = None
+        templates.append(_Template(packed.kernel, packed.grid, tuple(args), tuple(pointers)))
+    return tuple(templates)
+
+
 def launch_plan(call) -> list[PackedLaunch]:
     """The plan of one TensorRT enqueue (`plugins.kernel_launch.AttentionCall`: attrs, dtype, input_shapes,
-    inputs/outputs device pointers, workspace pointer of `workspace_bytes`, or 0 for none)."""
-    return [pack(launch) for launch in plan(call.attrs, call.dtype, call.input_shapes, call.inputs, call.outputs,
-                                            call.workspace or None)]
+    inputs/outputs device pointers, workspace pointer of `workspace_bytes`, or 0 for none): what
+    `pack(plan(...))` gives, from a template cached per shape signature with this call's pointers filled in."""
+    buffers = (*call.inputs, *call.outputs, call.workspace)
+    packed = []
+    for t in _templates(call.attrs, call.dtype, tuple(map(tuple, call.input_shapes)), len(call.outputs),
+                        bool(call.workspace)):
+        args = list(t.args)
+        for position, buffer, offset, aligned in t.pointers:
+            address = buffers[buffer] + offset
+            if aligned and address % 16:
+                name = SIGNATURES[t.kernel.split("-", 1)[0]][position][0]
+                raise InputError(f"{t.kernel.split('-', 1)[0]}: {name}={address} is not a multiple of 16, which the "
+                                 "compiled kernels assume; pass 16-byte aligned buffers")
+            args[position] = ctypes.c_void_p(address)
+        packed.append(PackedLaunch(t.kernel, t.grid, tuple(args)))
+    return packed
 
 
 def random_inputs(kind: AttentionKind, *, batch: int, heads: int, head_dim: int, tgt_len: int, kv_len: int,

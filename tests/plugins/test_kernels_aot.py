@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -165,6 +166,36 @@ def test_pack_orders_arguments_as_the_compiled_kernel():
     assert isinstance(packed.args[-3], ctypes.c_float) and packed.args[-3].value == pytest.approx(0.125)
     assert packed.args[-1].value is None and packed.args[-2].value is None  # null scratch
     assert packed.grid[1:] == (6, 1)
+
+
+def _values(packed) -> list:
+    return [(p.kernel, p.grid, [(type(a).__name__, a.value) for a in p.args]) for p in packed]
+
+
+def test_launch_plan_packs_what_plan_and_pack_give_for_any_pointers():
+    """The plugin's enqueue packs from a template cached per shape signature; every call's own pointers go in."""
+    from seq2trt.plugins.kernel_launch import AttentionCall
+
+    rng = random.Random(0)
+    for attrs, dtype, shapes, ptrs, ws in _plans():
+        n_out = 3 if attrs.kind is AttentionKind.DECODER_SELF else 1
+        for _ in range(2):  # the second call hits the cache with other buffers
+            inputs = [16 * rng.randrange(1, 2**36) for _ in shapes]
+            outputs = [16 * rng.randrange(1, 2**36) for _ in range(n_out)]
+            workspace = 16 * rng.randrange(1, 2**36) if ws is not None else 0
+            call = AttentionCall(attrs, dtype, tuple(map(tuple, shapes)), tuple(inputs), tuple(outputs), workspace, 0)
+            want = [launch.pack(x) for x in launch.plan(attrs, dtype, shapes, inputs, outputs, workspace or None)]
+            assert _values(launch.launch_plan(call)) == _values(want)
+
+
+def test_launch_plan_refuses_misaligned_buffers_from_the_cache():
+    from seq2trt.plugins.kernel_launch import AttentionCall
+
+    attrs = AttentionAttrs(AttentionKind.CROSS, 2, 64, 0.125)
+    shapes = ((1, 4, 128), (1, 2, 9, 64), (1, 2, 9, 64), (1, 9))
+    launch.launch_plan(AttentionCall(attrs, "bf16", shapes, (4096, 8192, 12288, 16384), (20480,), 0, 0))
+    with pytest.raises(InputError, match="K=8200"):
+        launch.launch_plan(AttentionCall(attrs, "bf16", shapes, (4096, 8200, 12288, 16384), (20480,), 0, 0))
 
 
 def test_pack_refuses_misaligned_buffers():
