@@ -8,10 +8,14 @@
 #   kernels/          Triton attention kernels on the device vs the float64 reference, through triton's JIT and,
 #                     when .gpu/kernels/index.json was carried, through the ahead-of-time cubins as the plugin
 #                     launches them; timed against torch's scaled_dot_product_attention (scripts/gpu_kernels.py)
-#   eager_cuda.json   the demo checkpoint on CUDA: held-out exact match and greedy tokens/s vs the CPU model
+#   eager_cuda.json   the demo checkpoint on CUDA: held-out exact match, agreement with the CPU model (greedy and
+#                     beam) and greedy tokens/s; again with every attention block computed by the plugin's kernels
+#                     (triton's JIT, and the AOT cubins launched as the plugin launches them)
 #   validate.json     `seq2trt validate` of the demo export (plain, fused-ort, fused-trt) with the CUDA provider
-#                     when onnxruntime-gpu is present, else the CPU provider (recorded)
+#                     when onnxruntime-gpu is present; without it a record that the step was skipped (CI covers
+#                     the CPU provider)
 #   tensorrt.json     engines built and run where a TensorRT flavour loads, else why none could
+#   gpu_tests.xml     the suite's `gpu`-marked tests (kernels JIT and AOT on the device, TensorRT runner)
 #   summary.json      each step's exit status and seconds
 #
 # What it needs beside it (prepare on a CPU machine, then carry `.whl` and `.gpu`):
@@ -19,6 +23,8 @@
 #   .gpu/ckpt/               the demo checkpoint (seq2trt train -o .gpu/ckpt, or copy the cached one)
 #   .gpu/kernels/            python -m seq2trt.plugins.kernels.aot --targets sm_90 --out .gpu/kernels
 # Steps that lack their input say so in summary.json and the script goes on; it exits non-zero if any step failed.
+# Through the device tool, which returns at most 8 files from $OUT (carry [".whl", ".gpu"]):
+#   bash scripts/gpu_check.sh /tmp/gc; rc=$?; tar czf $OUT/gpu_check.tgz -C /tmp/gc --exclude=./export .; exit $rc
 set -uo pipefail
 
 out="${1:?usage: scripts/gpu_check.sh OUT_DIR}"
@@ -56,13 +62,17 @@ aot=()
 step kernels 240 python3 "$root/scripts/gpu_kernels.py" "$out/kernels" "${aot[@]}"
 
 if [ -d "$root/.gpu/ckpt" ]; then
-    step eager_cuda 90 python3 -m seq2trt.validation.gpu_check eager "$root/.gpu/ckpt" "$out/eager_cuda.json"
+    step eager_cuda 180 python3 -m seq2trt.validation.gpu_check eager "$root/.gpu/ckpt" "$out/eager_cuda.json" \
+        ${aot[1]:+"${aot[1]}"}
     step pipeline 180 python3 -m seq2trt.validation.gpu_check pipeline "$root/.gpu/ckpt" "$out/export" \
         "$out/validate.json"
 else
     status[eager_cuda]=skipped; status[pipeline]=skipped
 fi
 step tensorrt 60 python3 -m seq2trt.validation.gpu_check tensorrt "$out/tensorrt.json"
+# The suite's `gpu`-marked tests that can run here (rootdir and options from the source tree's pyproject.toml).
+step gpu_tests 300 python3 -m pytest -q -rs -m gpu -p no:cacheprovider -p no:benchmark --junitxml="$out/gpu_tests.xml" \
+    "$root/tests/plugins/test_kernels_gpu.py" "$root/tests/validation/test_trt_runner.py"
 
 failed=0
 {

@@ -9,7 +9,8 @@ Writes OUT_DIR/gpu_kernels.json and exits non-zero when a check fails:
   within `kernels.launch.TOLERANCES`; present K/V must equal past ++ new exactly;
 - "aot" (with --aot-index): the same cases through the ahead-of-time cubins, loaded and launched as the TensorRT
   plugin does (`plugins.kernel_launch.CudaDriverLauncher`, cuda-python), no triton JIT involved;
-- "benchmarks": median milliseconds (CUDA events, warmup) of the op through our kernels and through the unfused
+- "benchmarks": median milliseconds (CUDA events, warmup) of the op through our kernels (triton's JIT launcher, and
+  with --aot-index the AOT cubins launched as the plugin's enqueue launches them) and through the unfused
   PyTorch equivalent: head transposes, torch.cat of the past for decoder self-attention, and
   torch.nn.functional.scaled_dot_product_attention with the boolean mask; plus the ratio. Each is timed called
   from Python ("*_ms", launch overhead included) and replayed from a CUDA graph ("*_graph_ms", device time).
@@ -99,30 +100,28 @@ def run_correctness(cases: list[dict], device: str, run) -> list[dict]:
     return results
 
 
-def aot_runner(index: Path):
-    """run(attrs, inputs) through the AOT cubins, launched as the TensorRT plugin launches them."""
+def aot_launcher(index: Path):
+    """prepare(attrs, inputs) -> launch(): the AOT cubins loaded and launched as the TensorRT plugin's enqueue does
+    (`plugins.kernel_launch.CudaDriverLauncher`, cuda-python; `plugins.torch_core.prepare_cubin`), into outputs
+    allocated once; launch() returns them without synchronizing, like an enqueue."""
     import torch
 
-    from seq2trt.plugins.kernel_launch import AttentionCall, CudaDriverLauncher
-    from seq2trt.plugins.kernels.launch import DTYPE_NAMES, workspace_bytes
-    from seq2trt.plugins.op import AttentionKind
+    from seq2trt.plugins.kernel_launch import CudaDriverLauncher
+    from seq2trt.plugins.torch_core import prepare_cubin
 
     major, minor = torch.cuda.get_device_capability()
     launcher = CudaDriverLauncher(index, 10 * major + minor)
+    return lambda attrs, inputs: prepare_cubin(launcher, attrs, inputs)
+
+
+def aot_runner(prepare):
+    """run(attrs, inputs) through the AOT cubins (`aot_launcher`'s prepare), synchronized."""
+    import torch
 
     def run(attrs, inputs):
-        inputs = tuple(x.contiguous() for x in inputs)
-        query = inputs[0]
-        outputs = [torch.empty_like(query)]
-        if attrs.kind is AttentionKind.DECODER_SELF:
-            B, H, P, Dh = inputs[3].shape
-            outputs += [query.new_empty((B, H, P + query.shape[1], Dh)) for _ in range(2)]
-        workspace = torch.empty(workspace_bytes(attrs, query.shape[0]), dtype=torch.uint8, device=query.device)
-        launcher.launch(AttentionCall(attrs, DTYPE_NAMES[query.dtype], tuple(tuple(x.shape) for x in inputs),
-                                      tuple(x.data_ptr() for x in inputs), tuple(x.data_ptr() for x in outputs),
-                                      workspace.data_ptr(), torch.cuda.current_stream().cuda_stream))
+        outputs = prepare(attrs, inputs)()
         torch.cuda.synchronize()
-        return tuple(outputs)
+        return outputs
 
     return run
 
@@ -191,7 +190,10 @@ def graph_ms(fn, warmup: int, iters: int) -> float:
     return median_ms(graph.replay, "cuda", warmup, iters)
 
 
-def run_benchmarks(specs, dtypes, device: str, warmup: int, iters: int) -> list[dict]:
+def run_benchmarks(specs, dtypes, device: str, warmup: int, iters: int, aot_prepare=None) -> list[dict]:
+    """Per spec and dtype: our kernels through triton's JIT launcher and (with aot_prepare) through the AOT cubins as
+    the plugin launches them, against the unfused PyTorch op; called from Python ("*_ms") and on a GPU also
+    replayed from a CUDA graph ("*_graph_ms": device time alone)."""
     from seq2trt.plugins.kernels.launch import attention
 
     results = []
@@ -206,12 +208,19 @@ def run_benchmarks(specs, dtypes, device: str, warmup: int, iters: int) -> list[
                 same = compare(attention(attrs, *inputs), [x.double() for x in torch_attention(attrs, inputs)], dtype)
                 results.append({**case, "triton_ms": ours, "torch_sdpa_ms": sdpa, "speedup": sdpa / ours,
                                 "max_abs_vs_sdpa": same["max_abs"]})
+                timed = {"triton": lambda: attention(attrs, *inputs),
+                         "torch_sdpa": lambda: torch_attention(attrs, inputs)}
+                if aot_prepare is not None:
+                    launch = aot_prepare(attrs, inputs)
+                    results[-1]["aot_ms"] = median_ms(launch, device, warmup, iters)
+                    results[-1]["aot_speedup"] = sdpa / results[-1]["aot_ms"]
+                    timed["aot"] = launch
                 if device == "cuda":
                     try:
-                        ours_g = graph_ms(lambda: attention(attrs, *inputs), warmup, iters)
-                        sdpa_g = graph_ms(lambda: torch_attention(attrs, inputs), warmup, iters)
-                        results[-1] |= {"triton_graph_ms": ours_g, "torch_sdpa_graph_ms": sdpa_g,
-                                        "graph_speedup": sdpa_g / ours_g}
+                        for label, fn in timed.items():
+                            results[-1][f"{label}_graph_ms"] = graph_ms(fn, warmup, iters)
+                        r = results[-1]
+                        r["graph_speedup"] = r["torch_sdpa_graph_ms"] / r["triton_graph_ms"]
                     except Exception as exc:  # the eager figures stand on their own
                         results[-1]["graph_error"] = f"{type(exc).__name__}: {exc}"
             except Exception as exc:
@@ -257,14 +266,16 @@ def main(argv: list[str] | None = None) -> int:
     dtypes = ("fp32", "fp16") if args.device == "cpu" else ("fp32", "fp16", "bf16")
     cases = correctness_cases(args.quick, dtypes)
     report["correctness"] = run_correctness(cases, args.device, lambda a, x: attention(a, *x))
+    aot_prepare = None
     if args.aot_index is not None:
         try:
-            report["aot"] = run_correctness(cases, args.device, aot_runner(args.aot_index))
+            aot_prepare = aot_launcher(args.aot_index)
+            report["aot"] = run_correctness(cases, args.device, aot_runner(aot_prepare))
         except Exception as exc:
             report["aot"] = [{"ok": False, "error": f"{type(exc).__name__}: {exc}"}]
     specs = QUICK_BENCHMARKS if args.quick else BENCHMARKS
     report["benchmarks"] = run_benchmarks(specs, ("fp16",) if args.quick else ("fp16", "bf16"), args.device,
-                                          args.warmup, args.iters)
+                                          args.warmup, args.iters, aot_prepare)
     checks = report["correctness"] + report.get("aot", [])
     report["failed"] = [{k: c.get(k) for k in ("kind", "dtype", "head_dim", "tgt_len", "kv_len", "max_abs", "error")}
                         for c in checks if not c["ok"]]
@@ -276,10 +287,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(report['benchmarks'])} benchmarks; {report['seconds']}s -> {args.out_dir / 'gpu_kernels.json'}")
     for b in report["benchmarks"]:
         if "error" not in b:
-            graph = (f"  graph: triton {b['triton_graph_ms']:.4f} ms  sdpa {b['torch_sdpa_graph_ms']:.4f} ms"
+            aot = f"  aot {b['aot_ms']:.4f} ms" if "aot_ms" in b else ""
+            graph = (f"  | graph: triton {b['triton_graph_ms']:.4f} ms  sdpa {b['torch_sdpa_graph_ms']:.4f} ms"
                      f"  x{b['graph_speedup']:.2f}") if "graph_speedup" in b else ""
-            print(f"  {b['name']:32s} {b['dtype']}  triton {b['triton_ms']:.4f} ms  sdpa {b['torch_sdpa_ms']:.4f} ms"
-                  f"  x{b['speedup']:.2f}{graph}")
+            graph += f"  aot {b['aot_graph_ms']:.4f} ms" if "aot_graph_ms" in b else ""
+            print(f"  {b['name']:30s} {b['dtype']}  triton {b['triton_ms']:.4f} ms{aot}"
+                  f"  sdpa {b['torch_sdpa_ms']:.4f} ms  x{b['speedup']:.2f}{graph}")
     return 0 if report["ok"] else 1
 
 
