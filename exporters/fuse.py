@@ -310,9 +310,11 @@ def _fuse_file(path: Path, target: Target, manifest: Manifest,
                             "with `seq2trt export --force`") from exc
 
 
-def verify_fused(out: Path, target: Target) -> dict:
-    """Check the fused graphs against `fusion.json`, and that they were fused from the current export."""
-    manifest = verify(out, [kind.filename for kind in spec.GraphKind])
+def verify_fused(out: Path, target: Target, manifest: Manifest | None = None) -> dict:
+    """Check the fused graphs against `fusion.json`, and that they were fused from the current export (`manifest`:
+    the export's, already verified with both graphs by the caller; else verified here)."""
+    if manifest is None:
+        manifest = verify(out, [kind.filename for kind in spec.GraphKind])
     sources = {kind.filename: manifest.data["files"][kind.filename]["sha256"] for kind in spec.GraphKind}
     return check_derived_graphs(fused_dir(out, target), FUSION_JSON, sources, "fusion", "fused from an older export",
                                 f"seq2trt fuse {out} --target {target.value}")

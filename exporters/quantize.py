@@ -30,7 +30,7 @@ from seq2trt.reference_model.io import atomic_write_text, sha256_file, staged_di
 
 from . import spec
 from .fuse import FUSION_JSON, Target, check_derived_graphs, fused_dir, load_graph, verify_fused
-from .manifest import read_manifest
+from .manifest import Manifest, read_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -131,12 +131,13 @@ def quantize_artifacts(out: Path, settings: QuantizeSettings = QuantizeSettings(
     return doc
 
 
-def verify_quantized(out: Path) -> dict:
-    """Check the int8 graphs against quantization.json, and that they come from the current fused graphs."""
+def verify_quantized(out: Path, manifest: Manifest | None = None) -> dict:
+    """Check the int8 graphs against quantization.json, and that they come from the current fused graphs (and
+    those from the current export; `manifest` as in `verify_fused`)."""
     out = Path(out)
     if not (quantized_dir(out) / QUANTIZATION_JSON).exists():
         raise ArtifactError(f"{quantized_dir(out) / QUANTIZATION_JSON} not found; run `seq2trt quantize {out}` first")
-    fusion = verify_fused(out, Target.ORT)
+    fusion = verify_fused(out, Target.ORT, manifest)
     sources = {kind.filename: fusion["files"][kind.filename]["sha256"] for kind in spec.GraphKind}
     return check_derived_graphs(quantized_dir(out), QUANTIZATION_JSON, sources, "quantization",
                                 "quantized from older fused graphs", f"seq2trt quantize {out}")

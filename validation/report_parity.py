@@ -138,8 +138,11 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
         from seq2trt.exporters.fuse import Target, verify_fused
         from seq2trt.exporters.quantize import verify_quantized
 
-        verify_quantized(out) if graph_set.quantized else verify_fused(out, Target(graph_set.fused_target))
         manifest = verify(out, [kind.filename for kind in spec.GraphKind])
+        if graph_set.quantized:
+            verify_quantized(out, manifest)
+        else:
+            verify_fused(out, Target(graph_set.fused_target), manifest)
     else:
         manifest = verify(out, [encoder_file, decoder_file])
     cfg, dtype, limits = manifest.config, manifest.dtype, manifest.limits
