@@ -14,6 +14,8 @@
 #   validate.json     `seq2trt validate` of the demo export (plain, fused-ort, fused-trt) with the CUDA provider
 #                     when onnxruntime-gpu is present; without it a record that the step was skipped (CI covers
 #                     the CPU provider)
+#   bench.json/.md    `seq2trt bench` of the demo export: eager on the CPU and on CUDA, ONNX Runtime (plain and fused)
+#                     and TensorRT where engines were built; tokens/s and ratios (latency.md as bench.md)
 #   tensorrt.json     engines built and run where a TensorRT flavour loads, else why none could
 #   gpu_tests.xml     the suite's `gpu`-marked tests (kernels JIT and AOT on the device, TensorRT runner)
 #   summary.json      each step's exit status and seconds
@@ -23,6 +25,7 @@
 #   .gpu/ckpt/               the demo checkpoint (seq2trt train -o .gpu/ckpt, or copy the cached one)
 #   .gpu/kernels/            python -m seq2trt.plugins.kernels.aot --targets sm_90 --out .gpu/kernels
 # Steps that lack their input say so in summary.json and the script goes on; it exits non-zero if any step failed.
+# SEQ2TRT_GPU_STEPS=bench,gpu_tests (comma-separated step names) runs only those steps.
 # Through the device tool, which returns at most 8 files from $OUT (carry [".whl", ".gpu"]):
 #   bash scripts/gpu_check.sh /tmp/gc; rc=$?; tar czf $OUT/gpu_check.tgz -C /tmp/gc --exclude=./export .; exit $rc
 set -uo pipefail
@@ -44,9 +47,13 @@ export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 cd "$out" || exit 2   # never import the source tree's folders as top-level modules
 
 declare -A status seconds
+only="${SEQ2TRT_GPU_STEPS:-}"  # e.g. "bench,gpu_tests": run only these steps (a rerun within the device time left)
 step() {  # step NAME LIMIT_SECONDS COMMAND...
     local name=$1 limit=$2 start
     shift 2
+    if [ -n "$only" ] && [[ ",$only," != *",$name,"* ]]; then
+        status[$name]=skipped; return
+    fi
     start=$(date +%s)
     echo "== $name"
     timeout "$limit" "$@" > "$out/$name.log" 2>&1
@@ -66,13 +73,15 @@ if [ -d "$root/.gpu/ckpt" ]; then
         ${aot[1]:+"${aot[1]}"}
     step pipeline 180 python3 -m seq2trt.validation.gpu_check pipeline "$root/.gpu/ckpt" "$out/export" \
         "$out/validate.json"
+    step bench 180 python3 -m seq2trt.validation.gpu_check bench "$root/.gpu/ckpt" "$out/export" "$out/bench.json"
 else
-    status[eager_cuda]=skipped; status[pipeline]=skipped
+    status[eager_cuda]=skipped; status[pipeline]=skipped; status[bench]=skipped
 fi
 step tensorrt 60 python3 -m seq2trt.validation.gpu_check tensorrt "$out/tensorrt.json"
 # The suite's `gpu`-marked tests that can run here (rootdir and options from the source tree's pyproject.toml).
 step gpu_tests 300 python3 -m pytest -q -rs -m gpu -p no:cacheprovider -p no:benchmark --junitxml="$out/gpu_tests.xml" \
-    "$root/tests/plugins/test_kernels_gpu.py" "$root/tests/validation/test_trt_runner.py"
+    "$root/tests/plugins/test_kernels_gpu.py" "$root/tests/validation/test_trt_runner.py" \
+    "$root/tests/validation/test_bench.py"
 
 failed=0
 {

@@ -14,9 +14,11 @@ Translator each; int8 always with 1 thread (DESIGN.md: 2 threads are pathologica
   settings, machine (load before/after), checks (ct2 agreement), builds (TensorRT build.json, ct2 conversion),
   memory[backend], results[threads][backend][batch] = {tokens_per_s, step_ms_p50/p90/p99, decode_ms_p50/p90/p99},
   encoder_ms[threads][backend][batch][src_len], step_ms_by_past[threads][backend][batch][past_len]
-  (= {p50, p90, p99}), ratios[threads][backend][batch] = {vs_eager, vs_ct2, vs_ct2_int8} (tokens/s ratio, > 1 is
-  faster), threading[threads][backend] (how its threads ran).
+  (= {p50, p90, p99}), ratios[threads][backend][batch] = {vs_eager, vs_ct2, vs_ct2_int8, and vs_eager_cuda
+  when eager-cuda ran} (tokens/s ratio, > 1 is faster; null where the reference did not run),
+  threading[threads][backend] (how its threads ran).
 
+`eager` is the reference model on the CPU, `eager-cuda` the same model on a CUDA device (the GPU baseline).
 ORT backends: `ort` the export, `ort-fused` OUT/fused/ort (`seq2trt fuse --target ort`), `ort-int8`
 OUT/quantized/ort-int8 (`seq2trt quantize`, run at ONNX Runtime's extended level).
 """
@@ -43,8 +45,8 @@ from . import bench_backends as bb
 
 logger = logging.getLogger(__name__)
 
-KNOWN_BACKENDS = ("eager", "ort", "ort-fused", "ort-int8", "tensorrt", "tensorrt-rtx", "ct2", "ct2-int8")
-GPU_BACKENDS = ("tensorrt", "tensorrt-rtx")
+KNOWN_BACKENDS = ("eager", "eager-cuda", "ort", "ort-fused", "ort-int8", "tensorrt", "tensorrt-rtx", "ct2", "ct2-int8")
+GPU_BACKENDS = ("tensorrt", "tensorrt-rtx")  # TensorRT engines; eager-cuda is the eager model on a CUDA device
 Progress = Callable[[str], None]
 
 
@@ -101,6 +103,11 @@ def unavailable(backends: tuple[str, ...]) -> dict[str, str]:
     for name in backends:
         if name in GPU_BACKENDS and not trt_compat.has_gpu():
             why[name] = "TensorRT engines run only on an NVIDIA GPU and this machine has none"
+        elif name == "eager-cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                why[name] = "the eager model on CUDA needs a GPU visible to PyTorch, and this machine has none"
         elif name.startswith("ct2"):
             try:
                 import ctranslate2  # noqa: F401
@@ -111,7 +118,7 @@ def unavailable(backends: tuple[str, ...]) -> dict[str, str]:
 
 def available_backends(out: Path) -> tuple[str, ...]:
     """The backends `bench` can time here for the export in `out` (what the demo asks for)."""
-    names = ["eager", "ort"] + (["ort-fused"] if (Path(out) / "fused" / "ort").is_dir() else []) + \
+    names = ["eager", "eager-cuda", "ort"] + (["ort-fused"] if (Path(out) / "fused" / "ort").is_dir() else []) + \
         (["ort-int8"] if (Path(out) / "quantized" / "ort-int8").is_dir() else []) + [*GPU_BACKENDS, "ct2"]
     return tuple(n for n in names if n not in unavailable(tuple(names)))
 
@@ -206,6 +213,16 @@ class Bench:
 
             return bb.StepModelBackend(name, EagerStepModel(self._reference()), self.cfg, threads,
                                        set_threads=torch.set_num_threads)
+        if name == "eager-cuda":
+            import copy
+
+            import torch
+
+            from seq2trt.reference_model.eager import EagerStepModel
+
+            model = copy.deepcopy(self._reference()).cuda()  # the CPU reference stays where it is
+            return bb.StepModelBackend(name, EagerStepModel(model, device="cuda"), self.cfg, threads,
+                                       set_threads=torch.set_num_threads, sync=torch.cuda.synchronize)
         if name.startswith("ct2"):
             info = self.ct2_models[name]
             used = 1 if name == "ct2-int8" else threads
@@ -321,7 +338,8 @@ class Bench:
         for (name, batch), seconds in raw["decode"].items():
             ratios.setdefault(name, {})[str(batch)] = {
                 label: paired_ratio(raw["decode"].get((ref, batch)), seconds)
-                for ref, label in (("eager", "vs_eager"), ("ct2", "vs_ct2"), ("ct2-int8", "vs_ct2_int8"))}
+                for ref, label in (("eager", "vs_eager"), ("eager-cuda", "vs_eager_cuda"), ("ct2", "vs_ct2"),
+                                   ("ct2-int8", "vs_ct2_int8")) if ref != "eager-cuda" or ref in self.settings.backends}
         logger.debug("summarised %d decode series for %s thread(s)", len(raw["decode"]), t)
 
 

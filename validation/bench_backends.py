@@ -74,9 +74,10 @@ class StepModelBackend:
 
     scope = "process"
 
-    def __init__(self, name: str, model, cfg, threads: int, closers=(), set_threads=None):
+    def __init__(self, name: str, model, cfg, threads: int, closers=(), set_threads=None, sync=None):
         self.name, self.model, self.cfg, self.threads = name, model, cfg, threads
         self._closers, self._set_threads = list(closers), set_threads
+        self._sync = sync or (lambda: None)  # waits for a device's queued work (eager CUDA: encode returns early)
         self._pasts: dict[tuple, Any] = {}
 
     def activate(self) -> None:
@@ -96,6 +97,7 @@ class StepModelBackend:
     def encode_seconds(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> float:
         start = time.perf_counter()
         self.model.encode(input_ids, attention_mask)
+        self._sync()
         return time.perf_counter() - start
 
     def step_seconds(self, input_ids: np.ndarray, attention_mask: np.ndarray, past_len: int, calls: int
@@ -128,7 +130,12 @@ class StepModelBackend:
         """How its threads run: ONNX Runtime's own description (`OrtRunner.threading`), else the count."""
         runners = [getattr(self.model, side, None) for side in ("encoder", "decoder")]
         described = {getattr(r, "threading", None) for r in runners} - {None}
-        return ", ".join(sorted(described)) or f"{self.threads} thread(s)"
+        if described:
+            return ", ".join(sorted(described))
+        device = getattr(self.model, "device", None)  # eager: a torch.device
+        if getattr(device, "type", "cpu") != "cpu":
+            return f"{device} (host: {self.threads} thread(s))"
+        return f"{self.threads} thread(s)"
 
     def close(self) -> None:
         self._pasts.clear()

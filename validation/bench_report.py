@@ -30,15 +30,18 @@ def markdown(doc: dict, images: dict[str, str]) -> str:
     for t, backends in doc["results"].items():
         threading = doc.get("threading", {}).get(t, {})
         how = "; ".join(f"{name}: {text}" for name, text in threading.items())
+        cuda = "eager-cuda" in backends  # the GPU baseline gets its own column where it was measured
         lines += [f"## {t} thread(s)", ""] + ([f"Threading: {how}.", ""] if how else []) + [
-                  "| backend | batch | tokens/s | step p50 (ms) | step p90 | step p99 | decode p50 (ms) | vs eager | vs ct2 "
-                  "| vs ct2 int8 |", "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| backend | batch | tokens/s | step p50 (ms) | step p90 | step p99 | decode p50 (ms) | vs eager | " +
+                  ("vs eager-cuda | " if cuda else "") + "vs ct2 | vs ct2 int8 |",
+                  "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if cuda else "")]
         for backend, by_batch in backends.items():
             for batch, r in sorted(by_batch.items(), key=lambda kv: int(kv[0])):
                 ratio = doc["ratios"].get(t, {}).get(backend, {}).get(batch, {})
                 lines.append(f"| {backend} | {batch} | {r['tokens_per_s']:.1f} | {_fmt(r.get('step_ms_p50'), '.3f')} | "
                              f"{_fmt(r.get('step_ms_p90'), '.3f')} | {_fmt(r.get('step_ms_p99'), '.3f')} | "
-                             f"{_fmt(r.get('decode_ms_p50'), '.1f')} | {_fmt(ratio.get('vs_eager'))}× | "
+                             f"{_fmt(r.get('decode_ms_p50'), '.1f')} | {_fmt(ratio.get('vs_eager'))}× | " +
+                             (f"{_fmt(ratio.get('vs_eager_cuda'))}× | " if cuda else "") +
                              f"{_fmt(ratio.get('vs_ct2'))}× | {_fmt(ratio.get('vs_ct2_int8'))}× |")
         lines.append("")
     lines += ["Ratios are tokens/s ratios (> 1: faster than the reference), medians of per-repetition pairs. "

@@ -3,6 +3,7 @@
     python -m seq2trt.validation.gpu_check env OUT.json
     python -m seq2trt.validation.gpu_check eager CKPT OUT.json [AOT_INDEX]   # eager CUDA, and with the kernels
     python -m seq2trt.validation.gpu_check pipeline CKPT EXPORT_DIR OUT.json
+    python -m seq2trt.validation.gpu_check bench CKPT EXPORT_DIR OUT.json    # seq2trt bench: eager CPU/CUDA, ORT, TRT
     python -m seq2trt.validation.gpu_check tensorrt OUT.json
 
 Every subcommand records what it could not do and why, rather than failing silently; it exits non-zero only
@@ -159,6 +160,39 @@ def pipeline(checkpoint: str, export_dir: str, out: str) -> int:
     return failed
 
 
+def bench(checkpoint: str, export_dir: str, out: str) -> int:
+    """`seq2trt bench` of the demo export on this machine: eager on the CPU and on CUDA, ONNX Runtime (the export and
+    the fused graphs), and TensorRT where engines were built; exports and fuses first when `export_dir` has no
+    export yet. Writes the tokens/s, ratios and threading to OUT.json, and latency.md beside it."""
+    import shutil
+
+    from seq2trt.exporters.fuse import Target, fuse_artifacts
+    from seq2trt.exporters.onnx_export import export
+    from seq2trt.reference_model.checkpoint import load_checkpoint, source_record
+    from seq2trt.validation.bench import BenchSettings, available_backends, run_bench
+
+    export_path = Path(export_dir)
+    if not (export_path / "manifest.json").exists():
+        model, _ = load_checkpoint(Path(checkpoint))
+        export(model, export_path, force=True, source=source_record(Path(checkpoint)))
+    if not (export_path / "fused" / "ort").is_dir():
+        fuse_artifacts(export_path, Target.ORT)
+    wanted = ("eager", "eager-cuda", "ort", "ort-fused", "tensorrt", "tensorrt-rtx")
+    here = available_backends(export_path)
+    backends = tuple(b for b in wanted if b in here and (not b.startswith("tensorrt") or
+                                                          any((export_path / "engines").glob(f"{b}-*"))))
+    start = time.perf_counter()
+    doc = run_bench(export_path, BenchSettings(backends=backends, batch_sizes=(1, 32), repeats=5, warmup=1))
+    shutil.copy(export_path / "reports" / "latency.md", Path(out).with_suffix(".md"))
+    tokens_per_s = {t: {b: {n: r["tokens_per_s"] for n, r in by_batch.items()} for b, by_batch in res.items()}
+                    for t, res in doc["results"].items()}
+    summary = {"backends": backends, "not_run": [b for b in wanted if b not in backends],
+               "seconds": round(time.perf_counter() - start, 1), "machine": doc["machine"],
+               "threading": doc["threading"], "tokens_per_s": tokens_per_s, "ratios": doc["ratios"]}
+    _write(out, summary)
+    return 0
+
+
 def tensorrt(out: str) -> int:
     """Per flavour: does it load, can it target this GPU; where both, build the demo-sized tiny export's engines
     and compare one encoder and one decoder call against ONNX Runtime on the same graphs."""
@@ -219,7 +253,7 @@ def _engines_vs_ort(flavour) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    commands = {"env": env, "eager": eager, "pipeline": pipeline, "tensorrt": tensorrt}
+    commands = {"env": env, "eager": eager, "pipeline": pipeline, "bench": bench, "tensorrt": tensorrt}
     if not argv or argv[0] not in commands:
         print(__doc__)
         return 2

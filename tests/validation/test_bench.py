@@ -131,7 +131,7 @@ def test_paired_ratio_is_the_median_of_pairs():
 
 
 def test_parse_errors_list_what_is_known():
-    with pytest.raises(InputError, match="known backends: eager, ort, ort-fused, ort-int8, tensorrt"):
+    with pytest.raises(InputError, match="known backends: eager, eager-cuda, ort, ort-fused, ort-int8, tensorrt"):
         bench.parse_backends("eager,onnx")
     with pytest.raises(InputError, match="integers >= 1"):
         bench.parse_ints("1,0", "--batch-sizes")
@@ -157,9 +157,32 @@ def test_cli_reports_unknown_and_unavailable_backends(exported, monkeypatch):
     out, _ = exported
     runner = CliRunner()
     result = runner.invoke(cli, ["bench", str(out), "--backends", "eager,trt"])
-    assert result.exit_code == 2 and "known backends: eager, ort" in result.output
+    assert result.exit_code == 2 and "known backends: eager, eager-cuda, ort" in result.output
     monkeypatch.setattr("seq2trt.plugins.trt_compat.has_gpu", lambda: False)
     result = runner.invoke(cli, ["bench", str(out), "--backends", "ort,tensorrt"])
     assert result.exit_code == 2 and "tensorrt: TensorRT engines run only on an NVIDIA GPU" in result.output
     result = runner.invoke(cli, ["bench", str(out), "--backends", "ort", "--batch-sizes", "8"])
     assert result.exit_code == 2 and "exceed the export's max_batch 4" in result.output
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    result = runner.invoke(cli, ["bench", str(out), "--backends", "eager,eager-cuda"])
+    assert result.exit_code == 2 and "eager-cuda: the eager model on CUDA needs a GPU" in result.output
+    assert "available here: eager, ort" in result.output
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_eager_cuda_is_timed_beside_the_cpu_backends(exported, tmp_path):
+    """The GPU baseline: the same reference model on CUDA, timed in the same rounds, with its own ratio column."""
+    import shutil
+
+    out, _ = exported
+    copy = shutil.copytree(out, tmp_path / "out")
+    settings = bench.BenchSettings(backends=("eager", "eager-cuda", "ort"), batch_sizes=(1, 3), repeats=2, warmup=1,
+                                   src_len=8, new_tokens=5)
+    doc = bench.run_bench(copy, settings)
+    assert set(doc["results"]["1"]) == {"eager", "eager-cuda", "ort"}
+    assert all(r["tokens_per_s"] > 0 for by_batch in doc["results"]["1"].values() for r in by_batch.values())
+    ratios = doc["ratios"]["1"]
+    assert ratios["eager-cuda"]["1"]["vs_eager_cuda"] == 1.0 and ratios["ort"]["3"]["vs_eager_cuda"] > 0
+    assert doc["threading"]["1"]["eager-cuda"].startswith("cuda")
+    assert "| vs eager-cuda |" in (copy / "reports" / "latency.md").read_text()
