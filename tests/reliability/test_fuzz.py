@@ -185,6 +185,17 @@ def restored(*paths: Path):
             p.write_bytes(data)
 
 
+def damaged_json(path: Path, rng: random.Random, count: int):
+    """Yield (i, how) `count` times with the JSON file at `path` replaced by a mutation of its original text; each
+    case's file is put back before the next one (and when the loop ends)."""
+    text = path.read_text()
+    for i in range(count):
+        with restored(path):
+            how, damaged = mutate_json(text, rng)
+            path.write_text(damaged)
+            yield i, how
+
+
 def rehash_manifest(out: Path) -> None:
     m = read_manifest(out)
     write_manifest(out, m.config, m.data["settings"], list(m.data["files"]), m.data["source"])
@@ -255,32 +266,22 @@ def test_damaged_fused_graphs_reach_tensorrt(work):
 
 def test_damaged_manifest(work, stub_build, quick_validation):
     out, rng, outcomes = work / "out", random.Random(SEED + 2), Outcomes()
-    path = out / "manifest.json"
-    text = path.read_text()
-    for i in range(60):
-        with restored(path):
-            how, damaged = mutate_json(text, rng)
-            path.write_text(damaged)
-            case = f"{i} manifest {how}"
-            outcomes.run(case + " verify", lambda: verify(out))
-            outcomes.run(case + " fuse", lambda: fuse_artifacts(out, Target.ORT, force=True))
-            outcomes.run(case + " build", lambda: stub_build(out))
-            outcomes.run(case + " report", lambda: write_report(out))
-            if i % 6 == 0:
-                outcomes.run(case + " validate", lambda: quick_validation(out))
+    for i, how in damaged_json(out / "manifest.json", rng, 60):
+        case = f"{i} manifest {how}"
+        outcomes.run(case + " verify", lambda: verify(out))
+        outcomes.run(case + " fuse", lambda: fuse_artifacts(out, Target.ORT, force=True))
+        outcomes.run(case + " build", lambda: stub_build(out))
+        outcomes.run(case + " report", lambda: write_report(out))
+        if i % 6 == 0:
+            outcomes.run(case + " validate", lambda: quick_validation(out))
     outcomes.check(minimum_errors=60)
 
 
 def test_damaged_fusion_json(work, stub_build):
     out, rng, outcomes = work / "out", random.Random(SEED + 3), Outcomes()
-    path = fused_dir(out, Target.TRT) / FUSION_JSON
-    text = path.read_text()
-    for i in range(40):
-        with restored(path):
-            how, damaged = mutate_json(text, rng)
-            path.write_text(damaged)
-            outcomes.run(f"{i} fusion.json {how} build", lambda: stub_build(out))
-            outcomes.run(f"{i} fusion.json {how} report", lambda: write_report(out))
+    for i, how in damaged_json(fused_dir(out, Target.TRT) / FUSION_JSON, rng, 40):
+        outcomes.run(f"{i} fusion.json {how} build", lambda: stub_build(out))
+        outcomes.run(f"{i} fusion.json {how} report", lambda: write_report(out))
     outcomes.check(minimum_errors=15)
 
 
@@ -300,16 +301,11 @@ def test_damaged_fused_ort_graphs_and_quantization_json(work, quick_validation):
             rehash_fusion(out, Target.ORT)
             outcomes.run(f"{i} fused-ort {kind.filename} {how} quantize", lambda: quantize_artifacts(out, force=True))
     quantize_artifacts(out, force=True)
-    path = quantized_dir(out) / QUANTIZATION_JSON
-    text = path.read_text()
-    for i in range(30):
-        with restored(path):
-            how, damaged = mutate_json(text, rng)
-            path.write_text(damaged)
-            outcomes.run(f"{i} quantization.json {how} verify", lambda: verify_quantized(out))
-            outcomes.run(f"{i} quantization.json {how} report", lambda: write_report(out))
-            if i % 5 == 0:
-                outcomes.run(f"{i} quantization.json {how} validate", lambda: quick_validation(out, "int8-ort"))
+    for i, how in damaged_json(quantized_dir(out) / QUANTIZATION_JSON, rng, 30):
+        outcomes.run(f"{i} quantization.json {how} verify", lambda: verify_quantized(out))
+        outcomes.run(f"{i} quantization.json {how} report", lambda: write_report(out))
+        if i % 5 == 0:
+            outcomes.run(f"{i} quantization.json {how} validate", lambda: quick_validation(out, "int8-ort"))
     outcomes.check(minimum_errors=25)
 
 
@@ -317,16 +313,11 @@ def test_damaged_fused_ort_graphs_and_quantization_json(work, quick_validation):
 def test_damaged_build_json(work):
     out, rng, outcomes = work / "out", random.Random(SEED + 4), Outcomes()
     engine_dir = out / ENGINES
-    path = engine_dir / BUILD_JSON
-    text = path.read_text()
-    for i in range(40):
-        with restored(path):
-            how, damaged = mutate_json(text, rng)
-            path.write_text(damaged)
-            case = f"{i} build.json {how}"
-            outcomes.run(case + " engine check", lambda: trt_compat.check_engine(
-                read_build(engine_dir), "tensorrt-rtx", "1.7.1.116", 86))
-            outcomes.run(case + " report", lambda: write_report(out))
+    for i, how in damaged_json(engine_dir / BUILD_JSON, rng, 40):
+        case = f"{i} build.json {how}"
+        outcomes.run(case + " engine check", lambda: trt_compat.check_engine(
+            read_build(engine_dir), "tensorrt-rtx", "1.7.1.116", 86))
+        outcomes.run(case + " report", lambda: write_report(out))
     outcomes.check(minimum_errors=15)
 
 
