@@ -209,6 +209,20 @@ def rehash_fusion(out: Path, target: Target = Target.TRT) -> None:
     path.write_text(json.dumps(doc))
 
 
+def damaged_fused_graphs(out: Path, target: Target, rng: random.Random, count: int, raw_every: int):
+    """Yield (i, filename, how) `count` times with one fused graph (chosen at random) damaged in place — as bytes
+    every `raw_every`-th case, else so that it still parses — and fusion.json rehashed to match, so only the
+    graph's content is wrong; both files are put back before the next case."""
+    folder = fused_dir(out, target)
+    for i in range(count):
+        kind = rng.choice(list(spec.GraphKind))
+        path = folder / kind.filename
+        with restored(path, folder / FUSION_JSON):
+            how = damage_graph(path, rng, raw=i % raw_every == 0)
+            rehash_fusion(out, target)
+            yield i, kind.filename, how
+
+
 @pytest.fixture
 def quick_validation(monkeypatch):
     """Validation over one shape case: the files are fuzzed, not the sweep."""
@@ -252,15 +266,9 @@ def test_damaged_fused_graphs_reach_tensorrt(work):
     """Damage that still parses is what reaches TensorRT's parser, which can crash the process instead of failing:
     the build must refuse such graphs first."""
     out, rng, outcomes = work / "out", random.Random(SEED + 1), Outcomes()
-    folder = fused_dir(out, Target.TRT)
-    for i in range(24):
-        kind = rng.choice(list(spec.GraphKind))
-        path = folder / kind.filename
-        with restored(path, folder / FUSION_JSON):
-            how = damage_graph(path, rng, raw=i % 4 == 0)
-            rehash_fusion(out)
-            outcomes.run(f"{i} fused {kind.filename} {how} build", lambda: build_engines(
-                out, EngineRequest("tensorrt-rtx", (86,), force=True)))
+    for i, name, how in damaged_fused_graphs(out, Target.TRT, rng, 24, raw_every=4):
+        outcomes.run(f"{i} fused {name} {how} build", lambda: build_engines(
+            out, EngineRequest("tensorrt-rtx", (86,), force=True)))
     outcomes.check(minimum_errors=12)
 
 
@@ -292,14 +300,8 @@ def test_damaged_fused_ort_graphs_and_quantization_json(work, quick_validation):
 
     out, rng, outcomes = work / "out", random.Random(SEED + 6), Outcomes()
     fuse_artifacts(out, Target.ORT)
-    folder = fused_dir(out, Target.ORT)
-    for i in range(24):
-        kind = rng.choice(list(spec.GraphKind))
-        path = folder / kind.filename
-        with restored(path, folder / FUSION_JSON):
-            how = damage_graph(path, rng, raw=i % 3 == 0)
-            rehash_fusion(out, Target.ORT)
-            outcomes.run(f"{i} fused-ort {kind.filename} {how} quantize", lambda: quantize_artifacts(out, force=True))
+    for i, name, how in damaged_fused_graphs(out, Target.ORT, rng, 24, raw_every=3):
+        outcomes.run(f"{i} fused-ort {name} {how} quantize", lambda: quantize_artifacts(out, force=True))
     quantize_artifacts(out, force=True)
     for i, how in damaged_json(quantized_dir(out) / QUANTIZATION_JSON, rng, 30):
         outcomes.run(f"{i} quantization.json {how} verify", lambda: verify_quantized(out))
