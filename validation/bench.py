@@ -14,9 +14,9 @@ Translator each; int8 always with 1 thread (DESIGN.md: 2 threads are pathologica
   settings, machine (load before/after), checks (ct2 agreement), builds (TensorRT build.json, ct2 conversion),
   memory[backend], results[threads][backend][batch] = {tokens_per_s, step_ms_p50/p90/p99, decode_ms_p50/p90/p99},
   encoder_ms[threads][backend][batch][src_len], step_ms_by_past[threads][backend][batch][past_len]
-  (= {p50, p90, p99}), ratios[threads][backend][batch] = {vs_eager, vs_ct2, vs_ct2_int8, and vs_eager_cuda
-  when eager-cuda ran} (tokens/s ratio, > 1 is faster; null where the reference did not run),
-  threading[threads][backend] (how its threads ran).
+  (= {p50, p90, p99}), ratios[threads][backend][batch] = {vs_eager, vs_eager_cuda, vs_ct2, vs_ct2_int8:
+  one per reference backend that ran} (tokens/s ratio, > 1 is faster), threading[threads][backend] (how its
+  threads ran).
 
 `eager` is the reference model on the CPU, `eager-cuda` the same model on a CUDA device (the GPU baseline).
 ORT backends: `ort` the export, `ort-fused` OUT/fused/ort (`seq2trt fuse --target ort`), `ort-int8`
@@ -206,23 +206,18 @@ class Bench:
         from .adapter import RunnerStepModel
         from .runners import OrtRunner
 
-        if name == "eager":
-            import torch
-
-            from seq2trt.reference_model.eager import EagerStepModel
-
-            return bb.StepModelBackend(name, EagerStepModel(self._reference()), self.cfg, threads,
-                                       set_threads=torch.set_num_threads)
-        if name == "eager-cuda":
+        if name in ("eager", "eager-cuda"):
             import copy
 
             import torch
 
             from seq2trt.reference_model.eager import EagerStepModel
 
-            model = copy.deepcopy(self._reference()).cuda()  # the CPU reference stays where it is
-            return bb.StepModelBackend(name, EagerStepModel(model, device="cuda"), self.cfg, threads,
-                                       set_threads=torch.set_num_threads, sync=torch.cuda.synchronize)
+            cuda = name == "eager-cuda"  # a copy on the GPU: the CPU reference stays where it is
+            model = copy.deepcopy(self._reference()).cuda() if cuda else self._reference()
+            return bb.StepModelBackend(name, EagerStepModel(model, device="cuda" if cuda else "cpu"), self.cfg,
+                                       threads, set_threads=torch.set_num_threads,
+                                       sync=torch.cuda.synchronize if cuda else None)
         if name.startswith("ct2"):
             info = self.ct2_models[name]
             used = 1 if name == "ct2-int8" else threads
@@ -339,7 +334,7 @@ class Bench:
             ratios.setdefault(name, {})[str(batch)] = {
                 label: paired_ratio(raw["decode"].get((ref, batch)), seconds)
                 for ref, label in (("eager", "vs_eager"), ("eager-cuda", "vs_eager_cuda"), ("ct2", "vs_ct2"),
-                                   ("ct2-int8", "vs_ct2_int8")) if ref != "eager-cuda" or ref in self.settings.backends}
+                                   ("ct2-int8", "vs_ct2_int8")) if ref in self.settings.backends}
         logger.debug("summarised %d decode series for %s thread(s)", len(raw["decode"]), t)
 
 
