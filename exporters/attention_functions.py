@@ -14,12 +14,11 @@ import onnx
 from onnx import TensorProto
 from onnx import helper as h
 
-from seq2trt.plugins.op import INPUTS, OUTPUTS, AttentionKind
+from seq2trt.plugins.op import ATTRIBUTES, INPUTS, OUTPUTS, AttentionKind
 
 from . import spec
 
 LOWEST_FP32 = -3.4028234663852886e38
-ATTRIBUTES = ["kind", "num_heads", "head_dim", "scale"]
 
 
 def _attr_constant(attr: str, out: str, kind: int) -> onnx.NodeProto:
@@ -112,5 +111,5 @@ def attention_functions(opset: int) -> list[onnx.FunctionProto]:
     """The three local functions, importing the graph's own default-domain opset."""
     imports = [h.make_opsetid("", opset)]
     return [h.make_function(spec.MARKED_DOMAIN, spec.MARKED_OP_TYPES[kind], list(INPUTS[kind]),
-                            list(OUTPUTS[kind]), _body(kind), imports, ATTRIBUTES)
+                            list(OUTPUTS[kind]), _body(kind), imports, list(ATTRIBUTES))
             for kind in AttentionKind]

@@ -1,8 +1,8 @@
 """Export a model to the encoder graph and the one KV-cached decoder graph (DESIGN.md, "Graph contract").
 
 `torch.onnx.export(dynamo=True)` traces thin wrappers around `Seq2SeqTransformer.encode`/`cross_kv` and
-`decode_step`. While it traces, `MultiHeadAttention.core` is swapped for `_marked_core`, which emits each
-attention block as one node of domain `spec.MARKED_DOMAIN`; the graph then gets one ONNX local function per
+`decode_step`. The traced copy computes attention with `marked_core` (`Seq2SeqTransformer.use_attention`), which
+emits each attention block as one node of domain `spec.MARKED_DOMAIN`; the graph then gets one ONNX local function per
 kind (`attention_functions`) so it still runs anywhere (spec.py documents the marking for the fuser).
 
 fp16/bf16 exports are strongly typed (every tensor has one dtype, as TensorRT 11 wants), keep LayerNorm in fp32
@@ -11,13 +11,11 @@ fp16/bf16 exports are strongly typed (every tensor has one dtype, as TensorRT 11
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 import time
 import warnings
 from pathlib import Path
-from typing import Iterator
 
 import onnx
 import torch
@@ -26,7 +24,7 @@ import torch.nn as nn
 from seq2trt.plugins.op import AttentionAttrs, AttentionKind
 from seq2trt.reference_model.errors import ArtifactError, ConfigError
 from seq2trt.reference_model.io import staged_directory
-from seq2trt.reference_model.model import MultiHeadAttention, Seq2SeqTransformer
+from seq2trt.reference_model.model import Seq2SeqTransformer
 
 from . import spec
 from .attention_functions import attention_functions
@@ -37,18 +35,15 @@ logger = logging.getLogger(__name__)
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def _marked_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int, scale: float,
-                 key_padding_mask: torch.Tensor | None = None, past=None):
+def marked_core(kind: AttentionKind, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int,
+                scale: float, key_padding_mask: torch.Tensor | None = None, past=None):
     """`attention_core`'s signature; emits one marked node carrying the fused op's inputs and attributes."""
     B, T, D = q.shape
-    Dh = D // num_heads
-    kind = (AttentionKind.DECODER_SELF if past is not None else
-            AttentionKind.CROSS if k.dim() == 4 else AttentionKind.ENCODER_SELF)
-    attrs = AttentionAttrs(kind, num_heads, Dh, float(scale))
-    onnx_attrs = {"kind": int(kind), "num_heads": num_heads, "head_dim": Dh, "scale": float(scale)}
+    attrs = AttentionAttrs(kind, num_heads, D // num_heads, float(scale))
+    onnx_attrs = attrs.marked_attributes()
     op = f"{spec.MARKED_DOMAIN}::{spec.MARKED_OP_TYPES[kind]}"
     if kind is AttentionKind.DECODER_SELF:
-        present_shape = (B, attrs.num_heads, past[0].shape[2] + T, Dh)  # (B, H, P + T, Dh)
+        present_shape = (B, num_heads, past[0].shape[2] + T, attrs.head_dim)  # (B, H, P + T, Dh)
         out, key, value = torch.onnx.ops.symbolic_multi_out(
             op, [q, k, v, past[0], past[1]], onnx_attrs, dtypes=[q.dtype] * 3,
             shapes=[q.shape, present_shape, present_shape], version=spec.MARKED_VERSION)
@@ -57,17 +52,6 @@ def _marked_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: i
     out = torch.onnx.ops.symbolic(op, [q, k, v, mask], onnx_attrs, dtype=q.dtype, shape=q.shape,
                                   version=spec.MARKED_VERSION)
     return out, (k, v)
-
-
-@contextlib.contextmanager
-def marked_attention() -> Iterator[None]:
-    """Swap `MultiHeadAttention.core` for the marking core while exporting; always restore it."""
-    original = MultiHeadAttention.__dict__["core"]
-    MultiHeadAttention.core = staticmethod(_marked_core)
-    try:
-        yield
-    finally:
-        MultiHeadAttention.core = original
 
 
 class Float32LayerNorm(nn.Module):
@@ -82,10 +66,11 @@ class Float32LayerNorm(nn.Module):
 
 
 def export_copy(model: Seq2SeqTransformer, dtype: str) -> Seq2SeqTransformer:
-    """A copy of `model` in `dtype`, eval mode, with fp32 LayerNorms when the dtype is narrower."""
+    """A copy of `model` in `dtype`, eval mode, every attention block marked (`marked_core`), with fp32 LayerNorms
+    when the dtype is narrower."""
     if dtype not in TORCH_DTYPES:
         raise ConfigError(f"unknown dtype {dtype!r}; choose one of {', '.join(TORCH_DTYPES)}")
-    copied = copy.deepcopy(model).eval()
+    copied = copy.deepcopy(model).eval().use_attention(marked_core)
     norms = {name: m for name, m in copied.named_modules() if isinstance(m, nn.LayerNorm)}
     copied = copied.to(TORCH_DTYPES[dtype])
     if dtype != "fp32":
@@ -147,7 +132,7 @@ def trace(model: Seq2SeqTransformer, kind: spec.GraphKind, opset: int) -> onnx.M
     args, dynamic = _examples(model, kind)
     names_in = [s.name for s in spec.inputs(model.cfg, kind)]
     names_out = [s.name for s in spec.outputs(model.cfg, kind)]
-    with marked_attention(), torch.no_grad(), warnings.catch_warnings():
+    with torch.no_grad(), warnings.catch_warnings():
         # Dims that share constraints produce "axis name ... will not be used" notes; the names are checked below.
         warnings.filterwarnings("ignore", message=".*will not be used.*")
         warnings.filterwarnings("ignore", category=FutureWarning)

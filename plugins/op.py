@@ -15,21 +15,17 @@ Layouts (B batch, T query tokens, S source length, P past length, H heads, Dh he
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from enum import IntEnum
 
 import torch
+
+from seq2trt.reference_model.model import AttentionKind  # the model's blocks know their kind; the op shares it
 
 DOMAIN = "seq2trt"
 PLUGIN_NAME = "Seq2TrtAttention"
 PLUGIN_VERSION = "1"
 PLUGIN_NAMESPACE = "seq2trt"
-
-
-class AttentionKind(IntEnum):
-    ENCODER_SELF = 0  # padded self-attention over the source
-    DECODER_SELF = 1  # causal self-attention; appends the new K/V to the past and returns the present
-    CROSS = 2  # attention on the precomputed cross K/V of the source
 
 
 INPUTS: dict[AttentionKind, tuple[str, ...]] = {
@@ -55,15 +51,22 @@ class AttentionAttrs:
         if self.num_heads < 1 or self.head_dim < 1 or not self.scale > 0:
             raise ValueError(f"invalid attention attributes {self}")
 
+    def marked_attributes(self) -> dict:
+        """The op's own attributes (`ATTRIBUTES`), as the exporter's marked nodes carry them."""
+        return {"kind": int(self.kind), "num_heads": self.num_heads, "head_dim": self.head_dim,
+                "scale": float(self.scale)}
+
     def onnx_attributes(self) -> dict:
-        """Node attributes, TensorRT's plugin lookup keys included."""
-        return {"plugin_version": PLUGIN_VERSION, "plugin_namespace": PLUGIN_NAMESPACE, "kind": int(self.kind),
-                "num_heads": self.num_heads, "head_dim": self.head_dim, "scale": float(self.scale)}
+        """Node attributes of the plugin node: TensorRT's plugin lookup keys, then the op's own."""
+        return {"plugin_version": PLUGIN_VERSION, "plugin_namespace": PLUGIN_NAMESPACE, **self.marked_attributes()}
 
     @classmethod
     def from_onnx(cls, attrs: dict) -> "AttentionAttrs":
         return cls(AttentionKind(int(attrs["kind"])), int(attrs["num_heads"]), int(attrs["head_dim"]),
                    float(attrs["scale"]))
+
+
+ATTRIBUTES = tuple(f.name for f in dataclasses.fields(AttentionAttrs))  # the op's own attribute names
 
 
 def output_shapes(attrs: AttentionAttrs, input_shapes: list[tuple]) -> list[tuple]:

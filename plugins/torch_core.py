@@ -1,7 +1,7 @@
 """The attention kernels inside the eager model: every attention block computed by the fused op's kernels.
 
-`kernel_attention(run)` swaps `MultiHeadAttention.core` — the span between the projections that the exporter
-marks and the fuser turns into one plugin node — for a call of the op through `run(attrs, inputs) -> outputs`:
+`kernel_attention(model, run)` has `model` compute every attention block — the span between the projections that
+the exporter marks and the fuser turns into one plugin node — by a call of the op through `run(attrs, inputs) -> outputs`:
 - `triton_run` (default): triton's launcher (`kernels.launch.attention`) on a GPU, or on CPU tensors in triton's
   interpreter (TRITON_INTERPRET=1 set before triton is first imported);
 - `cubin_run(launcher)`: the ahead-of-time cubins through a `kernel_launch.KernelLauncher`, exactly as the
@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from seq2trt.reference_model.model import KV, MultiHeadAttention
+from seq2trt.reference_model.model import KV, MultiHeadAttention, Seq2SeqTransformer
 
 from .op import AttentionAttrs, AttentionKind
 
@@ -63,29 +63,28 @@ def cubin_run(launcher) -> Run:
 
 
 def op_core(run: Run):
-    """A drop-in for `reference_model.model.attention_core` that computes the block with the fused op."""
+    """An implementation of `reference_model.model.attention_core`'s signature that computes the block with the op."""
 
-    def core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int, scale: float,
+    def core(kind: AttentionKind, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int, scale: float,
              key_padding_mask: torch.Tensor | None = None, past: KV | None = None) -> tuple[torch.Tensor, KV]:
-        head_dim = q.shape[-1] // num_heads
-        if past is not None:  # decoder self-attention: appends the new K/V, causal
-            attrs = AttentionAttrs(AttentionKind.DECODER_SELF, num_heads, head_dim, scale)
+        attrs = AttentionAttrs(kind, num_heads, q.shape[-1] // num_heads, scale)
+        if kind is AttentionKind.DECODER_SELF:  # appends the new K/V, causal
             out, present_k, present_v = run(attrs, (q, k, v, past[0], past[1]))
             return out, (present_k, present_v)
-        kind = AttentionKind.ENCODER_SELF if k.dim() == 3 else AttentionKind.CROSS
-        mask = key_padding_mask.to(torch.int32)
-        (out,) = run(AttentionAttrs(kind, num_heads, head_dim, scale), (q, k, v, mask))
+        (out,) = run(attrs, (q, k, v, key_padding_mask.to(torch.int32)))
         return out, (k, v)  # what attention_core returns besides the output is used only by decoder self-attention
 
     return core
 
 
 @contextlib.contextmanager
-def kernel_attention(run: Run = triton_run) -> Iterator[None]:
-    """Within the block, every `MultiHeadAttention` (all models) computes attention with the fused op via `run`."""
-    original = MultiHeadAttention.__dict__["core"]  # the staticmethod itself, so restoring keeps it static
-    MultiHeadAttention.core = staticmethod(op_core(run))
+def kernel_attention(model: Seq2SeqTransformer, run: Run = triton_run) -> Iterator[Seq2SeqTransformer]:
+    """Within the block, every attention block of `model` computes attention with the fused op via `run`."""
+    blocks = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    originals = [m.core for m in blocks]
+    model.use_attention(op_core(run))
     try:
-        yield
+        yield model
     finally:
-        MultiHeadAttention.core = original
+        for block, core in zip(blocks, originals):
+            block.core = core

@@ -2,19 +2,30 @@
 
 A frozen dataclass saved as `config.json` beside the weights and rebuilt with `Seq2SeqConfig(**json)`.
 The presets follow the paper: `base` is Table 3's base model (512/2048/8 heads/6+6), `big` its big model.
+
+Every default is the paper's model. The other values of the architecture fields describe the Hugging Face families
+built the same way (Marian, BART, mBART, M2M100/NLLB): a model family is a config, not a class
+(`reference_model.hf_import` maps their configs onto this one).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from .errors import ConfigError
 
-Activation = Literal["relu", "gelu"]
+Activation = Literal["relu", "gelu", "gelu_tanh", "silu"]
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")  # gelu is the exact (erf) GELU; gelu_tanh its tanh approximation
+# How positions are encoded. sinusoid: the paper's table, sin and cos interleaved (3.5); sinusoid_halves: the same
+# frequencies 10000^(-2i/d) with all sines first, then all cosines (Marian); sinusoid_fairseq: sines then cosines
+# with frequencies 10000^(-i/(d/2 - 1)) (fairseq, M2M100/NLLB); learned: one trained table per stack (BART, mBART).
+Positions = Literal["sinusoid", "sinusoid_halves", "sinusoid_fairseq", "learned"]
+POSITIONS = ("sinusoid", "sinusoid_halves", "sinusoid_fairseq", "learned")
 
 
 @dataclass(frozen=True)
@@ -35,12 +46,25 @@ class Seq2SeqConfig:
     tie_embeddings: bool = True  # target embedding shared with the output projection (paper, 3.4)
     share_vocab: bool = False  # source embedding shared too; needs one vocabulary for both sides
     layer_norm_eps: float = 1e-5  # torch's default
+    positions: Positions = "sinusoid"  # the paper's interleaved sinusoid table
+    position_offset: int = 0  # position p reads row p + offset of its table (BART and M2M100 use 2)
+    embed_norm: bool = False  # a LayerNorm right after embeddings + positions in each stack (BART, mBART)
+    logits_bias: bool = False  # a bias added to the output logits (Marian's and BART's final_logits_bias)
     pad_id: int = 0
-    bos_id: int = 1
+    bos_id: int = 1  # the decoder's first input token (Hugging Face's decoder_start_token_id)
     eos_id: int = 2
+    # Decoding rules that come with a model (Hugging Face's generation settings), applied by every search:
+    forced_bos_id: int | None = None  # the first generated token is forced to this id (mBART/NLLB language codes)
+    forced_eos: bool = False  # the last token allowed by the length limit is forced to eos
+    suppress_ids: tuple[int, ...] = ()  # never generated (Marian never emits its pad id)
 
     def __post_init__(self) -> None:
-        problems = []
+        # JSON has no tuples: config.json gives suppress_ids back as a list.
+        if isinstance(self.suppress_ids, list):
+            object.__setattr__(self, "suppress_ids", tuple(self.suppress_ids))
+        problems = self._type_problems()
+        if problems:
+            raise ConfigError("invalid model config: " + "; ".join(problems))
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "num_heads", "num_encoder_layers",
                      "num_decoder_layers", "d_ff", "max_src_len", "max_tgt_len"):
             value = getattr(self, name)
@@ -50,8 +74,12 @@ class Seq2SeqConfig:
             problems.append(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
         if not 0.0 <= self.dropout < 1.0:
             problems.append(f"dropout must be in [0, 1), got {self.dropout!r}")
-        if self.activation not in ("relu", "gelu"):
-            problems.append(f"activation must be 'relu' or 'gelu', got {self.activation!r}")
+        if self.activation not in ACTIVATIONS:
+            problems.append(f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
+        if self.positions not in POSITIONS:
+            problems.append(f"positions must be one of {', '.join(POSITIONS)}, got {self.positions!r}")
+        if self.position_offset < 0:
+            problems.append(f"position_offset must be >= 0, got {self.position_offset}")
         if not self.layer_norm_eps > 0:
             problems.append(f"layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
         if self.share_vocab and self.src_vocab_size != self.tgt_vocab_size:
@@ -62,14 +90,46 @@ class Seq2SeqConfig:
             for name, value in ids.items():
                 if not 0 <= value < min(self.src_vocab_size, self.tgt_vocab_size):
                     problems.append(f"{name} ({value}) must be a valid id in both vocabularies")
-            if len(set(ids.values())) != 3:
-                problems.append(f"pad_id, bos_id and eos_id must differ, got {ids}")
+            # bos may equal pad (Marian starts decoding with its pad id) or eos (BART starts with eos).
+            if self.pad_id == self.eos_id:
+                problems.append(f"pad_id and eos_id must differ, got {ids}")
+            for name, value in (("forced_bos_id", self.forced_bos_id), *(("suppress_ids", i) for i in self.suppress_ids)):
+                if value is not None and not 0 <= value < self.tgt_vocab_size:
+                    problems.append(f"{name} ({value}) must be a valid target id")
+            if self.eos_id in self.suppress_ids:
+                problems.append(f"suppress_ids must not hold eos_id ({self.eos_id}): nothing could end")
         if problems:
             raise ConfigError("invalid model config: " + "; ".join(problems))
+
+    def _type_problems(self) -> list[str]:
+        """Every field whose value has the wrong JSON type, named (checked before any comparison)."""
+        problems = []
+        for f in dataclasses.fields(self):
+            value, kind = getattr(self, f.name), _FIELD_TYPES.get(f.name)
+            if f.name == "forced_bos_id" and value is None:
+                continue
+            if f.name == "suppress_ids":
+                ok = isinstance(value, tuple) and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+            elif kind is bool:
+                ok = isinstance(value, bool)
+            elif kind is int:
+                ok = isinstance(value, int) and not isinstance(value, bool)
+            elif kind is float:
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            else:
+                ok = isinstance(value, str)
+            if not ok:
+                problems.append(f"{f.name} must be {_TYPE_WORDS[f.name]}, got {value!r}")
+        return problems
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.num_heads
+
+    @property
+    def max_positions(self) -> int:
+        """Rows a position table needs: every position either stack accepts."""
+        return max(self.max_src_len, self.max_tgt_len)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -99,6 +159,15 @@ class Seq2SeqConfig:
         if not isinstance(data, dict):
             raise ConfigError(f"config file {path} must hold a JSON object, got {type(data).__name__}")
         return cls.from_dict(data)
+
+
+_FIELD_TYPES = {"dropout": float, "layer_norm_eps": float, "activation": str, "positions": str,
+                "pre_norm": bool, "scale_embeddings": bool, "tie_embeddings": bool, "share_vocab": bool,
+                "embed_norm": bool, "logits_bias": bool, "forced_eos": bool, "suppress_ids": tuple}
+_FIELD_TYPES.update({f.name: int for f in dataclasses.fields(Seq2SeqConfig) if f.name not in _FIELD_TYPES})
+_TYPE_WORDS = {name: {float: "a finite number", bool: "true or false", str: "a string", int: "an integer",
+                      tuple: "a list of integers"}[kind] for name, kind in _FIELD_TYPES.items()}
+_TYPE_WORDS["forced_bos_id"] = "an integer or null"
 
 
 PRESETS: dict[str, dict[str, Any]] = {

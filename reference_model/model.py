@@ -5,12 +5,21 @@ Sinusoidal positions (3.5), multi-head attention (3.2.2), position-wise FFN (3.3
 `(input_ids, encoder_attention_mask, cross_kv, past_kv) -> (logits, present_kv)` — the KV cache is a value
 passed in and returned, never state hidden in a module, so the same code is traced for export.
 
+The config's other architecture values (position tables, embedding LayerNorm, activations, a logits bias) are the
+Hugging Face families built the same way (Marian, BART, mBART, M2M100/NLLB): one branch each, here.
+
+The attention implementation — everything between an attention block's projections — is chosen by passing it
+in (`Seq2SeqTransformer(cfg, attention=...)` or `use_attention`): `attention_core` here, the exporter's marking
+core, or the fused op's kernels. Each block knows its `AttentionKind`; no implementation re-derives it.
+
 Shapes: B batch, S source length, T new target tokens, P past length, D d_model, H heads, Dh head_dim.
 """
 
 from __future__ import annotations
 
 import math
+from enum import IntEnum
+from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -20,13 +29,32 @@ from .config import Seq2SeqConfig
 KV = tuple[torch.Tensor, torch.Tensor]  # (key, value), each (B, H, L, Dh)
 
 
-def sinusoid_table(num_positions: int, d_model: int) -> torch.Tensor:
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...), interleaved as in the paper."""
+class AttentionKind(IntEnum):
+    """The three uses of attention in the model; also the fused op's `kind` attribute (plugins.op)."""
+    ENCODER_SELF = 0  # padded self-attention over the source
+    DECODER_SELF = 1  # causal self-attention; appends the new K/V to the past and returns the present
+    CROSS = 2  # attention on the precomputed cross K/V of the source
+
+
+def sinusoid_table(num_positions: int, d_model: int, layout: str = "sinusoid") -> torch.Tensor:
+    """Rows 0 .. num_positions - 1 of a sinusoid position table, in float64 (`Seq2SeqConfig.positions`).
+
+    sinusoid: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...), interleaved as in the paper;
+    sinusoid_halves: the same frequencies, sines in the first half and cosines in the second (Marian);
+    sinusoid_fairseq: sines then cosines at frequencies 10000^(-i/(d/2 - 1)) (fairseq's table, M2M100/NLLB).
+    """
     pos = torch.arange(num_positions, dtype=torch.float64)[:, None]  # (L, 1)
+    if layout == "sinusoid_fairseq":
+        half = d_model // 2
+        inv_freq = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float64) / (half - 1))
+        table = torch.cat([torch.sin(pos * inv_freq), torch.cos(pos * inv_freq)], dim=1)  # (L, 2 * half)
+        return torch.nn.functional.pad(table, (0, d_model % 2))  # an odd width ends with a zero column
     inv_freq = torch.exp(-math.log(10000.0) * torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    sin, cos = torch.sin(pos * inv_freq), torch.cos(pos * inv_freq)[:, : d_model // 2]  # (L, ceil(d/2)), (L, d//2)
+    if layout == "sinusoid_halves":
+        return torch.cat([sin, cos], dim=1)
     table = torch.zeros(num_positions, d_model, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(pos * inv_freq)
-    table[:, 1::2] = torch.cos(pos * inv_freq)[:, : d_model // 2]
+    table[:, 0::2], table[:, 1::2] = sin, cos
     return table
 
 
@@ -39,21 +67,23 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Ten
     return probs.to(v.dtype) @ v  # (B, H, T, Dh)
 
 
-def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int, scale: float,
-                   key_padding_mask: torch.Tensor | None = None, past: KV | None = None) -> tuple[torch.Tensor, KV]:
+def attention_core(kind: AttentionKind, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int,
+                   scale: float, key_padding_mask: torch.Tensor | None = None, past: KV | None = None
+                   ) -> tuple[torch.Tensor, KV]:
     """Everything in an attention block between the projections: the unit the fused op replaces.
 
     q (B,T,D) projected queries. k, v: new keys/values (B,T,D) straight from the projections (self-attention)
-    or the precomputed cross-attention K/V (B,H,S,Dh). With `past` (B,H,P,Dh) the new K/V are appended and the
-    attention is causal (decoder self-attention); without it `key_padding_mask` (B,S) of 1/0 masks the keys.
+    or the precomputed cross-attention K/V (B,H,S,Dh) for CROSS. DECODER_SELF appends the new K/V to `past`
+    (B,H,P,Dh) and is causal; the other kinds mask the keys with `key_padding_mask` (B,S) of 1/0.
     Returns the output (B,T,D) and the K/V attended to (B,H,L,Dh) — the present, for decoder self-attention.
+    Every attention implementation has this signature (`Attention`).
     """
     B, T, D = q.shape
     q = q.view(B, T, num_heads, D // num_heads).transpose(1, 2)  # (B, H, T, Dh)
-    if k.dim() == 3:
+    if kind is not AttentionKind.CROSS:
         k = k.view(B, -1, num_heads, D // num_heads).transpose(1, 2)  # (B, H, T, Dh)
         v = v.view(B, -1, num_heads, D // num_heads).transpose(1, 2)
-    if past is not None:
+    if kind is AttentionKind.DECODER_SELF:
         k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)  # (B, H, P + T, Dh)
         allowed = causal_allowed(past[0].shape[2], T, q.device)
     else:
@@ -74,9 +104,13 @@ def causal_allowed(past_len: int, tgt_len: int, device: torch.device) -> torch.T
     return (k_pos[None, :] <= q_pos[:, None])[None, None]
 
 
+Attention = Callable[..., tuple[torch.Tensor, KV]]  # attention_core's signature
+
+
 class MultiHeadAttention(nn.Module):
-    def __init__(self, cfg: Seq2SeqConfig):
+    def __init__(self, cfg: Seq2SeqConfig, kind: AttentionKind, attention: Attention = attention_core):
         super().__init__()
+        self.kind, self.core = kind, attention
         self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
         self.q_proj = nn.Linear(cfg.d_model, cfg.d_model)
@@ -95,11 +129,8 @@ class MultiHeadAttention(nn.Module):
                 past: KV | None = None) -> tuple[torch.Tensor, KV]:
         """x (B,T,D). Self-attention when `kv` is None (K/V projected from x), else cross-attention on `kv`."""
         k, v = (self.k_proj(x), self.v_proj(x)) if kv is None else kv  # (B, T, D) or (B, H, S, Dh)
-        out, present = self.core(self.q_proj(x), k, v, self.num_heads, self.scale, key_padding_mask, past)
+        out, present = self.core(self.kind, self.q_proj(x), k, v, self.num_heads, self.scale, key_padding_mask, past)
         return self.out_proj(out), present
-
-    # Exporters swap this (on the class, inside a context manager) to mark each attention block in the graph.
-    core = staticmethod(attention_core)
 
 
 class FeedForward(nn.Module):
@@ -107,7 +138,8 @@ class FeedForward(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff)
         self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model)
-        self.act = nn.ReLU() if cfg.activation == "relu" else nn.GELU()
+        self.act = {"relu": nn.ReLU, "gelu": nn.GELU, "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
+                    "silu": nn.SiLU}[cfg.activation]()
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -130,9 +162,9 @@ class Residual(nn.Module):
 
 
 class EncoderLayer(nn.Module):
-    def __init__(self, cfg: Seq2SeqConfig):
+    def __init__(self, cfg: Seq2SeqConfig, attention: Attention):
         super().__init__()
-        self.self_attn, self.ffn = MultiHeadAttention(cfg), FeedForward(cfg)
+        self.self_attn, self.ffn = MultiHeadAttention(cfg, AttentionKind.ENCODER_SELF, attention), FeedForward(cfg)
         self.attn_block, self.ffn_block = Residual(cfg), Residual(cfg)
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -141,9 +173,11 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: Seq2SeqConfig):
+    def __init__(self, cfg: Seq2SeqConfig, attention: Attention):
         super().__init__()
-        self.self_attn, self.cross_attn, self.ffn = MultiHeadAttention(cfg), MultiHeadAttention(cfg), FeedForward(cfg)
+        self.self_attn = MultiHeadAttention(cfg, AttentionKind.DECODER_SELF, attention)
+        self.cross_attn = MultiHeadAttention(cfg, AttentionKind.CROSS, attention)
+        self.ffn = FeedForward(cfg)
         self.self_block, self.cross_block, self.ffn_block = Residual(cfg), Residual(cfg), Residual(cfg)
 
     def forward(self, x: torch.Tensor, past: KV, cross: KV, encoder_attention_mask: torch.Tensor
@@ -161,24 +195,35 @@ class DecoderLayer(nn.Module):
 
 
 class Seq2SeqTransformer(nn.Module):
-    def __init__(self, cfg: Seq2SeqConfig):
+    def __init__(self, cfg: Seq2SeqConfig, attention: Attention = attention_core):
         super().__init__()
         self.cfg = cfg
         self.tgt_embed = nn.Embedding(cfg.tgt_vocab_size, cfg.d_model)
         self.src_embed = self.tgt_embed if cfg.share_vocab else nn.Embedding(cfg.src_vocab_size, cfg.d_model)
-        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.num_encoder_layers))
-        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers))
+        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg, attention) for _ in range(cfg.num_encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg, attention) for _ in range(cfg.num_decoder_layers))
         # Pre-LN stacks end with a LayerNorm; post-LN outputs are already normalised.
         self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.pre_norm else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.pre_norm else nn.Identity()
+        # BART and mBART normalise embeddings + positions before the first layer.
+        self.src_embed_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.embed_norm else nn.Identity()
+        self.tgt_embed_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.embed_norm else nn.Identity()
         self.lm_head = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tgt_embed.weight
+        self.logits_bias = nn.Parameter(torch.zeros(cfg.tgt_vocab_size)) if cfg.logits_bias else None
         self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
         self.dropout = nn.Dropout(cfg.dropout)
-        max_len = max(cfg.max_src_len, cfg.max_tgt_len)
-        self.register_buffer("positions", sinusoid_table(max_len, cfg.d_model).float(), persistent=False)
+        if cfg.positions == "learned":  # one table per stack; position p reads row p + offset
+            self.src_positions = nn.Embedding(cfg.max_src_len + cfg.position_offset, cfg.d_model)
+            self.tgt_positions = nn.Embedding(cfg.max_tgt_len + cfg.position_offset, cfg.d_model)
+        else:  # rows offset .. offset + max - 1 of the sinusoid, so position p is row p here
+            self.register_buffer("positions", self._sinusoid().float(), persistent=False)
         self.reset_parameters()
+
+    def _sinusoid(self) -> torch.Tensor:
+        cfg = self.cfg
+        return sinusoid_table(cfg.max_positions + cfg.position_offset, cfg.d_model, cfg.positions)[cfg.position_offset:]
 
     def reset_parameters(self) -> None:
         for p in self.parameters():
@@ -188,20 +233,36 @@ class Seq2SeqTransformer(nn.Module):
         if not self.cfg.share_vocab:
             nn.init.normal_(self.src_embed.weight, std=self.cfg.d_model ** -0.5)
 
+    def use_attention(self, attention: Attention) -> "Seq2SeqTransformer":
+        """Compute every attention block with `attention` (attention_core's signature) from now on."""
+        for module in self.modules():
+            if isinstance(module, MultiHeadAttention):
+                module.core = attention
+        return self
+
     def _apply(self, fn, recurse=True):
         # Rebuild the table from float64, so .double() gives exact positions rather than widened float32 ones.
         super()._apply(fn, recurse)
-        self.positions = sinusoid_table(*self.positions.shape).to(self.positions)
+        if self.cfg.positions != "learned":
+            self.positions = self._sinusoid().to(self.positions)
         return self
 
-    def embed(self, table: nn.Embedding, ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        pos = self.positions[offset: offset + ids.shape[1]]  # (T, D)
-        return self.dropout(table(ids) * self.embed_scale + pos)  # (B, T, D)
+    def position_table(self, decoder: bool) -> torch.Tensor:
+        """(max_len, D): row p is the vector added at position p on that side."""
+        if self.cfg.positions != "learned":
+            return self.positions
+        return (self.tgt_positions if decoder else self.src_positions).weight[self.cfg.position_offset:]
+
+    def embed(self, ids: torch.Tensor, decoder: bool, offset: int = 0) -> torch.Tensor:
+        """ids (B, T) at positions offset .. offset + T - 1 -> (B, T, D), normalised where the config says so."""
+        table, norm = (self.tgt_embed, self.tgt_embed_norm) if decoder else (self.src_embed, self.src_embed_norm)
+        pos = self.position_table(decoder)[offset: offset + ids.shape[1]]  # (T, D)
+        return self.dropout(norm(table(ids) * self.embed_scale + pos))  # (B, T, D)
 
     # -- encoder side -------------------------------------------------------------------------------------
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """(B, S) ids and 1/0 mask -> encoder hidden states (B, S, D)."""
-        x = self.embed(self.src_embed, input_ids)
+        x = self.embed(input_ids, decoder=False)
         for layer in self.encoder_layers:
             x = layer(x, attention_mask)
         return self.encoder_norm(x)
@@ -222,12 +283,13 @@ class Seq2SeqTransformer(nn.Module):
 
         T = 1 for a decoding step, T > 1 for a prefill; positions are P + arange(T), P from the past's shape.
         """
-        x = self.embed(self.tgt_embed, input_ids, past_kv[0][0].shape[2])
+        x = self.embed(input_ids, decoder=True, offset=past_kv[0][0].shape[2])
         present = []
         for layer, past, cross in zip(self.decoder_layers, past_kv, cross_kv):
             x, kv = layer(x, past, cross, encoder_attention_mask)
             present.append(kv)
-        return self.lm_head(self.decoder_norm(x)), present
+        logits = self.lm_head(self.decoder_norm(x))  # (B, T, V)
+        return (logits if self.logits_bias is None else logits + self.logits_bias), present
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 decoder_input_ids: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ import torch
 
 from seq2trt.exporters import spec
 from seq2trt.exporters.manifest import MANIFEST, read_manifest, verify
-from seq2trt.exporters.onnx_export import export, marked_attention
+from seq2trt.exporters.onnx_export import export, export_copy, marked_core
 from seq2trt.plugins.op import AttentionAttrs
 from seq2trt.reference_model.errors import ArtifactError
 from seq2trt.reference_model.model import MultiHeadAttention, attention_core
@@ -149,12 +149,12 @@ def test_parity_catches_a_wrong_graph(exports, model, tmp_path):
     assert not result and any("logits" in f for f in result.failures())
 
 
-def test_marking_restores_the_attention_core():
-    with pytest.raises(RuntimeError):
-        with marked_attention():
-            assert MultiHeadAttention.core is not attention_core
-            raise RuntimeError("export failed")
-    assert MultiHeadAttention.core is attention_core
+def test_marking_is_confined_to_the_export_copy(model):
+    copied = export_copy(model, "fp32")
+    blocks = lambda m: [b for b in m.modules() if isinstance(b, MultiHeadAttention)]
+    assert blocks(copied) and all(b.core is marked_core for b in blocks(copied))
+    assert all(b.core is attention_core for b in blocks(model))  # the user's model still computes attention
+    assert [b.kind for b in blocks(copied)] == [b.kind for b in blocks(model)]
 
 
 def test_existing_output_is_refused_without_force(exports, model):

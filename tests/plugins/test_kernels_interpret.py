@@ -104,10 +104,10 @@ def test_reference_matches_model_attention_core(kind, past_len):
     expected = reference_attention(attrs, *inputs)
     q, k, v = inputs[:3]
     if kind is AttentionKind.DECODER_SELF:
-        out, present = attention_core(q, k, v, attrs.num_heads, attrs.scale, past=(inputs[3], inputs[4]))
+        out, present = attention_core(attrs.kind, q, k, v, attrs.num_heads, attrs.scale, past=(inputs[3], inputs[4]))
         got = (out, *present)
     else:
-        out, _ = attention_core(q, k, v, attrs.num_heads, attrs.scale, key_padding_mask=inputs[3])
+        out, _ = attention_core(attrs.kind, q, k, v, attrs.num_heads, attrs.scale, key_padding_mask=inputs[3])
         got = (out,)
     assert len(got) == len(expected)
     for g, e in zip(got, expected):

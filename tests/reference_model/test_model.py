@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from seq2trt.reference_model.model import attention_core, sinusoid_table
+from seq2trt.reference_model.model import AttentionKind, attention_core, sinusoid_table
 
 
 def test_sinusoid_table_is_the_papers_formula():
@@ -42,7 +42,7 @@ def test_attention_core_matches_naive_causal(past_len):
     B, H, T, Dh = 2, 3, 4, 5
     q, k, v = (torch.randn(B, T, H * Dh, dtype=torch.float64) for _ in range(3))
     past = tuple(torch.randn(B, H, past_len, Dh, dtype=torch.float64) for _ in range(2))
-    out, (pk, pv) = attention_core(q, k, v, H, 0.3, past=past)
+    out, (pk, pv) = attention_core(AttentionKind.DECODER_SELF, q, k, v, H, 0.3, past=past)
     split = lambda x: x.view(B, T, H, Dh).transpose(1, 2)
     assert torch.equal(pk, torch.cat([past[0], split(k)], 2)) and torch.equal(pv, torch.cat([past[1], split(v)], 2))
     ref = naive_attention(split(q), pk, pv, lambda b, t, j: j <= past_len + t, 0.3)
@@ -55,7 +55,7 @@ def test_attention_core_matches_naive_padded():
     q = torch.randn(B, T, H * Dh, dtype=torch.float64)
     k, v = (torch.randn(B, H, S, Dh, dtype=torch.float64) for _ in range(2))
     mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2])
-    out, _ = attention_core(q, k, v, H, 0.5, key_padding_mask=mask)
+    out, _ = attention_core(AttentionKind.CROSS, q, k, v, H, 0.5, key_padding_mask=mask)
     ref = naive_attention(q.view(B, T, H, Dh).transpose(1, 2), k, v, lambda b, t, j: bool(mask[b, j]), 0.5)
     torch.testing.assert_close(out, ref.transpose(1, 2).reshape(B, T, H * Dh), rtol=0, atol=1e-12)
 
