@@ -42,8 +42,6 @@ class BuildSettings:
     timing_cache: Path | None = None  # enterprise TensorRT only; ignored by TensorRT-RTX
     plugin: bool = True  # register the attention plugin before parsing
     allow_tf32: bool = False  # fp32 graphs stay fp32 (TensorRT would otherwise run their matmuls in TF32)
-    # Enterprise TensorRT >= 10.9 may take single-kernel attention as tensorrt.plugin AOT layers (never run yet).
-    route: trt_compat.PluginRoute = trt_compat.PluginRoute.PYTHON_V3
 
 
 @dataclass
@@ -163,7 +161,6 @@ def parse(trt, builder, onnx_path: Path, settings: BuildSettings):
     except Exception as exc:  # protobuf's DecodeError: not an ONNX file
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ArtifactError(f"{onnx_path} is not a valid ONNX model ({first}); re-export (and re-fuse) it") from exc
-    text = None
     if graph_has_plugin(model):
         if not settings.plugin:
             raise InputError(f"{onnx_path} holds {PLUGIN_NAME} plugin nodes but the plugin is disabled; build the "
@@ -172,15 +169,9 @@ def parse(trt, builder, onnx_path: Path, settings: BuildSettings):
 
         trt_compat.ensure_plugin_loading(trt, settings.flavour)
         tensorrt_plugin.register(trt)
-        if settings.route is trt_compat.PluginRoute.QDP_AOT:
-            from seq2trt.plugins import tensorrt_aot
-
-            tensorrt_aot.register_aot(trt)
-            text = tensorrt_aot.aot_graph(model)[0].SerializeToString()
     network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
     parser = trt.OnnxParser(network, builder.logger)
-    ok = parser.parse_from_file(str(onnx_path)) if text is None else parser.parse(text, str(onnx_path))
-    if not ok:
+    if not parser.parse_from_file(str(onnx_path)):
         errors = "; ".join(str(parser.get_error(i).desc()) for i in range(parser.num_errors))
         raise InputError(f"TensorRT's ONNX parser rejected {onnx_path}: {errors}")
     return network, parser, model
@@ -212,7 +203,7 @@ def describe(trt, network) -> NetworkInfo:
         if layer.type == trt.LayerType.PLUGIN_V3:
             layer.__class__ = trt.IPluginV3Layer
             core = layer.plugin.get_capability_interface(trt.PluginCapabilityType.CORE)
-            plugins += str(getattr(core, "plugin_name", "")).startswith(PLUGIN_NAME)  # IPluginV3 and AOT layers
+            plugins += str(getattr(core, "plugin_name", "")) == PLUGIN_NAME
     return NetworkInfo(tensors(network.get_input, network.num_inputs), tensors(network.get_output, network.num_outputs),
                        dict(sorted(types.items())), int(plugins), types.get("ATTENTION_OUTPUT", 0))
 

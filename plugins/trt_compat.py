@@ -2,7 +2,8 @@
 
 Nothing else in seq2trt imports either flavour directly: it asks `load(flavour)` for the module and this module
 for what differs — which extra installs it, which compute capabilities it can target and how targets are set,
-which plugin route it accepts, whether it has a timing cache, and whether a built engine can run here.
+what its ONNX parser needs before it meets a plugin node, whether it has a timing cache, and whether a built
+engine can run here.
 
 TensorRT-RTX facts this relies on (measured, see DESIGN.md "Toolchain facts"): it builds real engines with no
 GPU for explicit targets (`IBuilderConfig.set_compute_capability`, SM75/80/86/89/120/121, no SM90); only
@@ -34,11 +35,6 @@ class Flavour(str, Enum):
     TENSORRT_RTX = "tensorrt-rtx"
 
 
-class PluginRoute(str, Enum):
-    PYTHON_V3 = "python-ipluginv3"  # IPluginV3 + IPluginCreatorV3One Python classes: both flavours
-    QDP_AOT = "tensorrt.plugin-aot"  # enterprise >= 10.9: decorator plugin with PTX, runs without Python
-
-
 @dataclass(frozen=True)
 class FlavourInfo:
     module: str
@@ -47,18 +43,14 @@ class FlavourInfo:
     # Explicit targets the builder can compile for without that GPU present; empty: only the current GPU.
     explicit_targets: tuple[int, ...]
     timing_cache: bool
-    plugin_routes: tuple[PluginRoute, ...]
     builds_without_gpu: bool
 
 
 FLAVOURS: dict[Flavour, FlavourInfo] = {
-    Flavour.TENSORRT: FlavourInfo("tensorrt", "trt", "tensorrt-cu13", (), True,
-                                  (PluginRoute.PYTHON_V3, PluginRoute.QDP_AOT), False),
+    Flavour.TENSORRT: FlavourInfo("tensorrt", "trt", "tensorrt-cu13", (), True, False),
     Flavour.TENSORRT_RTX: FlavourInfo("tensorrt_rtx", "rtx", "tensorrt-rtx-cu13", (75, 80, 86, 89, 120, 121), False,
-                                      (PluginRoute.PYTHON_V3,), True),
+                                      True),
 }
-
-QDP_MIN_VERSION = (10, 9)  # first enterprise release with `tensorrt.plugin.aot_impl`
 
 
 def flavour_of(name: str | Flavour) -> Flavour:
@@ -85,10 +77,6 @@ def available(flavour: str | Flavour) -> bool:
     except DependencyError:
         return False
     return True
-
-
-def version_tuple(trt: ModuleType) -> tuple[int, ...]:
-    return tuple(int(p) for p in trt.__version__.split(".")[:3] if p.isdigit())
 
 
 # --- targets -------------------------------------------------------------------------------------------------
@@ -163,17 +151,7 @@ def builds_without_gpu(flavour: str | Flavour, targets: Sequence[int | str]) -> 
     return FLAVOURS[flavour_of(flavour)].builds_without_gpu and CURRENT not in targets
 
 
-# --- plugin route ----------------------------------------------------------------------------------------------
-
-def plugin_routes(trt: ModuleType, flavour: str | Flavour) -> tuple[PluginRoute, ...]:
-    """Routes this installed flavour accepts: TensorRT-RTX only Python IPluginV3 classes (its `plugin` module is a
-    broken stub); enterprise >= 10.9 also the ahead-of-time `tensorrt.plugin` route."""
-    flavour = flavour_of(flavour)
-    routes = FLAVOURS[flavour].plugin_routes
-    if flavour is Flavour.TENSORRT and version_tuple(trt) < QDP_MIN_VERSION:
-        routes = (PluginRoute.PYTHON_V3,)
-    return routes
-
+# --- plugin loading --------------------------------------------------------------------------------------------
 
 def ensure_plugin_loading(trt: ModuleType, flavour: str | Flavour) -> None:
     """What a flavour needs before its ONNX parser may meet a plugin node."""

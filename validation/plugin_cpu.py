@@ -91,7 +91,3 @@ def for_cpu(model: bytes, dtype: str) -> bytes:
     return proto.SerializeToString()
 
 
-def plugin_node_count(model: onnx.ModelProto) -> int:
-    return sum(n.domain == DOMAIN and n.op_type == PLUGIN_NAME for n in model.graph.node)
-
-

@@ -174,7 +174,7 @@ def test_parse_targets():
 
 def test_missing_flavour_names_the_extra(monkeypatch):
     monkeypatch.setitem(trt_compat.FLAVOURS, trt_compat.Flavour.TENSORRT, trt_compat.FlavourInfo(
-        "seq2trt_no_such_module", "trt", "tensorrt-cu13", (), True, (), False))
+        "seq2trt_no_such_module", "trt", "tensorrt-cu13", (), True, False))
     with pytest.raises(DependencyError, match=r"pip install 'seq2trt\[trt\]'"):
         trt_compat.load("tensorrt")
 
@@ -342,26 +342,3 @@ def test_enqueue_launches_the_planned_kernels(trt, tmp_path, kind):
     assert (workspace in touched) == (in_shapes[0][1] == 1)  # one query token: flash-decoding uses the workspace
     assert {a[2] for a in driver.attributes} == {64 * 1024}  # > 48 KiB shared memory was opted into
     assert len(driver.loaded) == len({e.kernel for e in expected})  # each module loaded once
-
-
-# --- the enterprise tensorrt.plugin AOT route (code only: enterprise TensorRT does not install here) -------------
-
-def test_aot_graph_renames_only_single_kernel_kinds():
-    from seq2trt.plugins.tensorrt_aot import AOT_OP_TYPE, aot_graph
-
-    nodes = [helper.make_node(PLUGIN_NAME, list(INPUTS[k]), [f"{o}{int(k)}" for o in OUTPUTS[k]], domain=DOMAIN,
-                              **AttentionAttrs(k, 2, 32, 0.5).onnx_attributes()) for k in AttentionKind]
-    model = helper.make_model(helper.make_graph(nodes, "g", [], []))
-    out, renamed = aot_graph(model)
-    assert renamed == 2
-    assert [n.op_type for n in out.graph.node] == [AOT_OP_TYPE, PLUGIN_NAME, AOT_OP_TYPE]
-    assert [n.op_type for n in model.graph.node] == [PLUGIN_NAME] * 3  # the input is left alone
-
-
-@needs_rtx
-def test_aot_route_refuses_tensorrt_rtx(trt):
-    from seq2trt.plugins.tensorrt_aot import register_aot
-
-    assert trt_compat.plugin_routes(trt, "tensorrt-rtx") == (trt_compat.PluginRoute.PYTHON_V3,)
-    with pytest.raises(DependencyError, match="enterprise TensorRT >= 10.9"):
-        register_aot(trt)
