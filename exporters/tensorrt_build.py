@@ -136,11 +136,11 @@ def graph_has_plugin(model) -> bool:
     return any(n.op_type == PLUGIN_NAME and n.domain == DOMAIN for n in model.graph.node)
 
 
-def plugin_workspace(model, profiles: Profiles, dtype: str) -> int:
-    """The most scratch any plugin node needs at the profiles' largest batch (0 without plugin nodes)."""
+def plugin_workspace_bytes(model, profiles: Profiles) -> int:
+    """The largest workspace any plugin node asks for at the profiles' largest batch (0 without plugin nodes)."""
     from onnx import helper
 
-    from seq2trt.plugins import kernel_launch
+    from seq2trt.plugins.kernels.launch import workspace_bytes
     from seq2trt.plugins.op import AttentionAttrs
 
     max_batch = max((hi[0] for _lo, _opt, hi in profiles.values() if len(hi)), default=1)
@@ -148,7 +148,7 @@ def plugin_workspace(model, profiles: Profiles, dtype: str) -> int:
     for node in model.graph.node:
         if node.op_type == PLUGIN_NAME and node.domain == DOMAIN:
             attrs = AttentionAttrs.from_onnx({a.name: helper.get_attribute_value(a) for a in node.attribute})
-            need = max(need, kernel_launch.workspace_size(attrs, dtype, [(max_batch,)]))
+            need = max(need, workspace_bytes(attrs, max_batch))
     return need
 
 
@@ -263,7 +263,7 @@ def _build(onnx_path: Path, profiles: Profiles, targets, dtype: str | None, sett
     if dtype is not None and dtype != found:
         raise InputError(f"{onnx_path.name} is a {found} graph, not {dtype}: TensorRT networks are strongly typed, "
                          f"so precision comes from the export; re-export with --dtype {dtype}")
-    need = plugin_workspace(model, profiles, found) if settings.workspace_bytes is not None else 0
+    need = plugin_workspace_bytes(model, profiles) if settings.workspace_bytes is not None else 0
     if need and need > settings.workspace_bytes:  # TensorRT-RTX can abort instead of failing cleanly
         raise InputError(f"the attention plugin needs {need / 2**20:.1f} MiB of workspace at batch "
                          f"{max(hi[0] for _l, _o, hi in profiles.values())}; raise the workspace limit to at least "

@@ -1,29 +1,29 @@
-"""Launching the precompiled attention kernels on TensorRT's stream: the plugin's one door to the GPU.
+"""Launching the precompiled attention kernels with the CUDA driver: the TensorRT plugin's one door to the GPU.
 
 The TensorRT plugin (`tensorrt_plugin`) knows only `KernelLauncher`: given one `AttentionCall` (the op's
 attributes, dtype, concrete shapes, device pointers, workspace and TensorRT's stream) it enqueues the kernels.
-`CudaDriverLauncher` is the implementation: it loads the kernels compiled ahead of time by
-`seq2trt.plugins.kernels.aot` (PTX/cubin plus index.json) with the CUDA driver API (cuda-python
-`cuModuleLoadData`, once per kernel and process; PTX is JIT-compiled by the driver at that load, never per call)
-and launches them with `cuLaunchKernel` on the given stream. Which kernels a call needs, in what order, with what
-grid and arguments, is `kernels.launch.launch_plan` — it owns the kernels' signatures, so this module never
-spells them.
-
-Nothing here runs without a GPU; `workspace_size` is pure Python because the builder asks for it on CPU.
+- `launch_plan(call)`: the call's launches, packed for cuLaunchKernel. Which kernels, in what order, with what grid
+  and arguments, is `kernels.launch.plan`, and each kernel's parameter order is `kernels.launch.SIGNATURES` (plus
+  the two scratch pointers every Triton 3.9 kernel takes), so this module never spells them; here they become
+  ctypes values, from a template cached per shape signature. Pure Python: it runs, and is tested, without a GPU.
+- `CudaDriverLauncher`: loads the kernels compiled ahead of time by `kernels.aot` (its index, `aot.read_index`)
+  with the CUDA driver API (cuda-python `cuModuleLoadData`, once per kernel and process; PTX is JIT-compiled by
+  the driver at that load, never per call) and launches them with `cuLaunchKernel` on the given stream.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Protocol
 
-from seq2trt.reference_model.errors import DependencyError
+from seq2trt.reference_model.errors import ArtifactError, DependencyError, InputError
 
+from .kernels import aot
+from .kernels.launch import DIVISIBLE_BY_16, SCRATCH_PARAMS, SIGNATURES, Launch, plan
 from .op import AttentionAttrs
 
 logger = logging.getLogger(__name__)
@@ -36,71 +36,90 @@ class AttentionCall:
     input_shapes: tuple[tuple[int, ...], ...]
     inputs: tuple[int, ...]  # device pointers, in `op.INPUTS[kind]` order
     outputs: tuple[int, ...]  # device pointers, in `op.OUTPUTS[kind]` order
-    workspace: int  # device pointer to `workspace_size(...)` bytes
+    workspace: int  # device pointer to `kernels.launch.workspace_bytes(...)` bytes
     stream: int  # cudaStream_t of TensorRT's enqueue
-
-
-@dataclass(frozen=True)
-class KernelLaunch:
-    """One cuLaunchKernel: the kernel's index key, grid, and its arguments as ctypes values in signature order."""
-    kernel: str
-    grid: tuple[int, int, int]
-    args: tuple[ctypes._SimpleCData, ...]
 
 
 class KernelLauncher(Protocol):
     def launch(self, call: AttentionCall) -> None: ...
 
 
-def _launch_module():
-    """`seq2trt.plugins.kernels.launch`: the kernels' launch plans (imports torch, not triton)."""
-    try:
-        from seq2trt.plugins.kernels import launch
-    except ImportError as exc:
-        raise DependencyError(f"the attention kernels' launch plans (seq2trt.plugins.kernels.launch) are not "
-                              f"importable ({exc}); the TensorRT plugin cannot size or run them") from exc
-    return launch
-
-
-def workspace_size(attrs: AttentionAttrs, dtype: str, max_shapes: Sequence[tuple[int, ...]]) -> int:
-    """Scratch bytes for any call up to the profile's largest batch (flash-decoding partials; the kernels' own
-    formula, `kernels.launch.workspace_bytes`, since one query token takes flash-decoding in every kind)."""
-    return int(_launch_module().workspace_bytes(attrs, max_shapes[0][0]))
+_CTYPES = {"i32": ctypes.c_int32, "fp32": ctypes.c_float}
 
 
 @dataclass(frozen=True)
-class KernelImage:
-    """One compiled kernel as the kernels' AOT index lists it."""
-    key: str
-    function: str  # the entry point's mangled name in the image
-    image: Path  # cubin for this compute capability, or PTX
-    num_warps: int
-    shared: int  # dynamic shared memory bytes
+class PackedLaunch:
+    """One cuLaunchKernel: the compiled variant's index key, grid, and its parameters as ctypes values."""
+    kernel: str
+    grid: tuple[int, int, int]
+    args: tuple[ctypes._SimpleCData, ...]
 
 
-def read_index(index_path: Path, compute_capability: int) -> dict[str, KernelImage]:
-    """Kernels for one GPU from the AOT index: the cubin built for this compute capability, else the PTX of the
-    newest target not above it (the driver JIT-compiles PTX forward, never backward).
+def pack(launch: Launch) -> PackedLaunch:
+    """Arguments in the compiled kernel's parameter order; pointers as c_void_p; null scratch pointers last."""
+    values = []
+    for name, ty in SIGNATURES[launch.kernel]:
+        value = launch.args[name]
+        if name in DIVISIBLE_BY_16[launch.kernel] and int(value) % 16:
+            raise InputError(f"{launch.kernel}: {name}={int(value)} is not a multiple of 16, which the compiled "
+                             "kernels assume; pass 16-byte aligned buffers")
+        values.append(ctypes.c_void_p(int(value)) if ty.startswith("*") else _CTYPES[ty](value))
+    values += [ctypes.c_void_p(0) for _ in SCRATCH_PARAMS]
+    return PackedLaunch(launch.key, launch.grid, tuple(values))
 
-    Index (`seq2trt.plugins.kernels.aot`): {"kernels": [{"key", "name", "target": "sm_86", "cubin", "ptx",
-    "num_warps", "shared", "global_scratch_size"}, ...]}, paths relative to the index's directory.
-    """
-    root = Path(index_path).parent
-    best: dict[str, tuple[int, KernelImage]] = {}
-    for e in json.loads(Path(index_path).read_text())["kernels"]:
-        cc = int(e["target"].removeprefix("sm_"))
-        if cc > compute_capability:
-            continue
-        exact = cc == compute_capability
-        rank = 1000 if exact else cc
-        if e["key"] in best and best[e["key"]][0] >= rank:
-            continue
-        if e.get("global_scratch_size", 0):
-            raise RuntimeError(f"kernel {e['key']} needs {e['global_scratch_size']} B of global scratch, which this "
-                               "launcher does not allocate; recompile it without")
-        image = root / (e["cubin"] if exact else e["ptx"])
-        best[e["key"]] = (rank, KernelImage(e["key"], e["name"], image, int(e["num_warps"]), int(e.get("shared", 0))))
-    return {key: image for key, (_, image) in best.items()}
+
+_TAG_SHIFT = 44  # template pointers: (buffer number + 1) << _TAG_SHIFT, plus the byte offset into that buffer
+
+
+@dataclass(frozen=True)
+class _Template:
+    """One packed launch with its buffer pointers left open: `pointers` lists (parameter position, buffer number,
+    byte offset, must be 16-byte aligned); buffers are numbered inputs, then outputs, then the workspace."""
+    kernel: str
+    grid: tuple[int, int, int]
+    args: tuple[ctypes._SimpleCData | None, ...]
+    pointers: tuple[tuple[int, int, int, bool], ...]
+
+
+@functools.lru_cache(maxsize=4096)
+def _templates(attrs: AttentionAttrs, dtype: str, shapes: tuple, n_outputs: int, workspace: bool) -> tuple:
+    """`plan` and `pack` once per shape signature, on tagged stand-in pointers that say which buffer each pointer
+    parameter addresses (decoding changes the past length every step; an engine reuses each length's plan)."""
+    n_inputs = len(shapes)
+    tag = lambda number: (number + 1) << _TAG_SHIFT  # noqa: E731  16-byte aligned, far above any offset
+    launches = plan(attrs, dtype, shapes, [tag(i) for i in range(n_inputs)],
+                    [tag(n_inputs + i) for i in range(n_outputs)], tag(n_inputs + n_outputs) if workspace else None)
+    templates = []
+    for launch in launches:
+        packed = pack(launch)  # checks the scalar parameters' divisibility once
+        args, pointers = list(packed.args), []
+        for position, (name, ty) in enumerate(SIGNATURES[launch.kernel]):
+            if ty.startswith("*"):
+                value = int(launch.args[name])
+                pointers.append((position, (value >> _TAG_SHIFT) - 1, value & ((1 << _TAG_SHIFT) - 1),
+                                 name in DIVISIBLE_BY_16[launch.kernel]))
+                args[position] = None
+        templates.append(_Template(packed.kernel, packed.grid, tuple(args), tuple(pointers)))
+    return tuple(templates)
+
+
+def launch_plan(call: AttentionCall) -> list[PackedLaunch]:
+    """The launches of one TensorRT enqueue: what `pack(plan(...))` gives, from a template cached per shape
+    signature with this call's pointers filled in (a workspace pointer of 0: no workspace, no flash-decoding)."""
+    buffers = (*call.inputs, *call.outputs, call.workspace)
+    packed = []
+    for t in _templates(call.attrs, call.dtype, tuple(map(tuple, call.input_shapes)), len(call.outputs),
+                        bool(call.workspace)):
+        args = list(t.args)
+        for position, buffer, offset, aligned in t.pointers:
+            address = buffers[buffer] + offset
+            if aligned and address % 16:
+                name = SIGNATURES[t.kernel.split("-", 1)[0]][position][0]
+                raise InputError(f"{t.kernel.split('-', 1)[0]}: {name}={address} is not a multiple of 16, which the "
+                                 "compiled kernels assume; pass 16-byte aligned buffers")
+            args[position] = ctypes.c_void_p(address)
+        packed.append(PackedLaunch(t.kernel, t.grid, tuple(args)))
+    return packed
 
 
 def _driver():
@@ -126,8 +145,8 @@ class CudaDriverLauncher:
     """Loads kernel images lazily (once each) into the current CUDA context and launches them on a stream."""
 
     def __init__(self, index_path: Path, compute_capability: int, plan=None):
-        self.images = read_index(index_path, compute_capability)
-        self.plan = plan or _launch_module().launch_plan
+        self.images = aot.read_index(index_path, compute_capability)
+        self.plan = plan or launch_plan
         self.cuda = _driver()
         self._functions: dict[str, object] = {}
         self._modules: list = []  # loaded once, kept for the process's life
@@ -135,7 +154,8 @@ class CudaDriverLauncher:
     def _function(self, key: str):
         if key not in self._functions:
             if key not in self.images:
-                raise KeyError(f"no compiled kernel {key!r} in the AOT index; recompile the kernels for this GPU")
+                raise ArtifactError(f"no compiled kernel {key!r} in the AOT index; recompile the kernels for this "
+                                    "GPU (`python -m seq2trt.plugins.kernels.aot`)")
             img = self.images[key]
             data = img.image.read_bytes()
             if img.image.suffix == ".ptx":
@@ -150,11 +170,11 @@ class CudaDriverLauncher:
         return self._functions[key]
 
     def launch(self, call: AttentionCall) -> None:
-        for launch in self.plan(call):
-            img, function = self.images[launch.kernel], self._function(launch.kernel)
+        for packed in self.plan(call):
+            function, img = self._function(packed.kernel), self.images[packed.kernel]
             # cuLaunchKernel takes an array of pointers to each argument value.
-            pointers = (ctypes.c_void_p * len(launch.args))(*[ctypes.addressof(a) for a in launch.args])
-            _check(self.cuda.cuLaunchKernel(function, *launch.grid, 32 * img.num_warps, 1, 1, img.shared,
+            pointers = (ctypes.c_void_p * len(packed.args))(*[ctypes.addressof(a) for a in packed.args])
+            _check(self.cuda.cuLaunchKernel(function, *packed.grid, 32 * img.num_warps, 1, 1, img.shared,
                                             self.cuda.CUstream(call.stream), ctypes.addressof(pointers), 0))
 
 
@@ -166,9 +186,7 @@ def default_launcher(device: int = 0) -> KernelLauncher:
     dev = _check(cuda.cuDeviceGet(device))
     major = _check(cuda.cuDeviceGetAttribute(cuda.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
     minor = _check(cuda.cuDeviceGetAttribute(cuda.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
-    from seq2trt.plugins.kernels import aot
-
-    index = aot.default_dir() / "index.json"  # SEQ2TRT_KERNEL_DIR, else ~/.cache/seq2trt/kernels
+    index = aot.index_path()
     if not index.exists():
         raise DependencyError(f"no compiled attention kernels at {index}; run `python -m seq2trt.plugins.kernels.aot "
                               f"--targets sm_{10 * major + minor}` (or set SEQ2TRT_KERNEL_DIR)")

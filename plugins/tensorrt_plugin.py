@@ -8,8 +8,9 @@ PLUGIN_NAMESPACE, which is what the ONNX parser looks up for a node `op_type=PLU
 
 The plugin's fields are the node's attributes (`AttentionAttrs`). Output shapes follow `op.output_shapes`,
 written with TensorRT's expression builder; output dtypes equal the query's; each float input/output takes the
-query's dtype (fp32, fp16 or bf16), the key padding mask int32, all linear. `enqueue` hands one `AttentionCall` to
-a `kernel_launch.KernelLauncher` (precompiled kernels, CUDA driver API); nothing else here touches the GPU.
+query's dtype (fp32, fp16 or bf16), the key padding mask int32, all linear. The workspace is the kernels'
+(`kernels.launch.workspace_bytes`). `enqueue` hands one `AttentionCall` to a `kernel_launch.KernelLauncher`
+(precompiled kernels, CUDA driver API); nothing else here touches the GPU.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from types import ModuleType
 import numpy as np
 
 from . import kernel_launch
+from .kernels.launch import workspace_bytes
 from .op import INPUTS, OUTPUTS, PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION, AttentionAttrs, AttentionKind
 
 logger = logging.getLogger(__name__)
@@ -132,8 +134,7 @@ def plugin_classes(trt: ModuleType) -> tuple[type, type]:
             pass
 
         def get_workspace_size(self, inputs, outputs):
-            dtype = float_types(trt)[inputs[0].desc.type]
-            return kernel_launch.workspace_size(self.attrs, dtype, [tuple(d.max) for d in inputs])
+            return workspace_bytes(self.attrs, tuple(inputs[0].max)[0])  # for any batch up to the profile's largest
 
         def get_valid_tactics(self):
             return []

@@ -6,7 +6,7 @@ target (sm_80, sm_86, sm_89, sm_90). PTX versions stay loadable by a CUDA 13.0 d
 triton's CUDA 12.9 ptxas, whose limit is 8.8).
 
 Layout of the output directory (also the cache):
-    <out>/index.json                  every artifact of the last call: what the TensorRT plugin reads
+    <out>/index.json                  every artifact of the last call: what the TensorRT plugin reads (`read_index`)
     <out>/<target>/<key>.ptx|.cubin   the code; <key> is `launch.variant_key`
     <out>/<target>/<key>.json         its manifest: entry point, shared memory, warps, parameters, constexprs,
                                       pointer/stride divisibility assumptions, sha256 of both files, cache key
@@ -50,6 +50,42 @@ COMPILE_OPTIONS = {"enable_fp_fusion": True}  # triton 3.9's default, spelled ou
 
 def default_dir() -> Path:
     return Path(os.environ.get("SEQ2TRT_KERNEL_DIR", Path.home() / ".cache" / "seq2trt" / "kernels"))
+
+
+def index_path(out_dir: str | Path | None = None) -> Path:
+    """The index of a kernel directory (by default `default_dir()`): what `compile_all` writes and the plugin reads."""
+    return Path(out_dir if out_dir is not None else default_dir()) / "index.json"
+
+
+@dataclass(frozen=True)
+class KernelImage:
+    """One compiled kernel as the index lists it, for one GPU."""
+    key: str
+    function: str  # the entry point's mangled name in the image
+    image: Path  # cubin for this compute capability, or PTX
+    num_warps: int
+    shared: int  # dynamic shared memory bytes
+
+
+def read_index(path: Path, compute_capability: int) -> dict[str, KernelImage]:
+    """Kernels for one GPU from an index written by `compile_all`: the cubin built for this compute capability,
+    else the PTX of the newest target not above it (the driver JIT-compiles PTX forward, never backward)."""
+    root = Path(path).parent
+    best: dict[str, tuple[int, KernelImage]] = {}
+    for e in json.loads(Path(path).read_text())["kernels"]:
+        cc = int(e["target"].removeprefix("sm_"))
+        if cc > compute_capability:
+            continue
+        exact = cc == compute_capability
+        rank = 1000 if exact else cc
+        if e["key"] in best and best[e["key"]][0] >= rank:
+            continue
+        if e.get("global_scratch_size", 0):
+            raise RuntimeError(f"kernel {e['key']} needs {e['global_scratch_size']} B of global scratch, which the "
+                               "plugin's launches pass as null; recompile it without")
+        image = root / (e["cubin"] if exact else e["ptx"])
+        best[e["key"]] = (rank, KernelImage(e["key"], e["name"], image, int(e["num_warps"]), int(e.get("shared", 0))))
+    return {key: image for key, (_, image) in best.items()}
 
 
 @dataclass(frozen=True)
@@ -267,7 +303,7 @@ def compile_all(out_dir: str | Path, targets: Iterable[str] = tuple(TARGETS), va
     index = {"triton_version": _triton().__version__, "targets": targets, "created": time.time(),
              "seconds": round(time.perf_counter() - start, 3), "kernels": entries}
     out_dir.mkdir(parents=True, exist_ok=True)
-    _write(out_dir / "index.json", json.dumps(index, indent=1).encode())
+    _write(index_path(out_dir), json.dumps(index, indent=1).encode())
     return index
 
 
@@ -300,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     total = sum(e["cubin_bytes"] for e in index["kernels"])
     print(f"{len(index['kernels'])} artifacts ({total / 1e6:.1f} MB of cubin) in {index['seconds']:.1f}s "
-          f"-> {args.out / 'index.json'}")
+          f"-> {index_path(args.out)}")
     return 0
 
 

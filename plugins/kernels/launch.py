@@ -1,11 +1,11 @@
-"""Launch plans for the attention kernels, and launchers on torch tensors.
+"""Launch plans for the attention kernels, and the launcher on torch tensors.
 
 `plan` is the one place that says which kernels an op call runs, in what order, with which grid, arguments and
-block sizes. Two callers share it, so the interpreter tests check exactly what the TensorRT plugin launches:
+block sizes; `SIGNATURES` says in which order each compiled kernel takes its parameters. Two callers share them,
+so the interpreter tests check exactly what the TensorRT plugin launches:
 - `attention(attrs, *inputs)`: the op on torch tensors through triton's launcher (a GPU, or CPU tensors under
   TRITON_INTERPRET=1 set before triton is first imported); returns what `plugins.op.reference_attention` returns;
-- `launch_plan(call)`: the same plan on raw device pointers, arguments packed as ctypes in each compiled kernel's
-  parameter order (`SIGNATURES`, plus the two scratch pointers every Triton 3.9 kernel takes), for cuLaunchKernel.
+- `plugins.kernel_launch`: the same plan on raw device pointers, packed as ctypes for cuLaunchKernel.
 
 This module imports triton only to launch (`attention`), so the plugin can plan without it. Inputs are contiguous
 in the op's layouts (`plugins.op`); strides are derived from the shapes.
@@ -13,8 +13,6 @@ in the op's layouts (`plugins.op`); strides are derived from the shapes.
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -55,7 +53,8 @@ SIGNATURES: dict[str, tuple[tuple[str, str], ...]] = {
 }
 SCRATCH_PARAMS = ("global_scratch", "profile_scratch")  # appended by Triton 3.9 to every compiled kernel
 # Compiled code assumes these are multiples of 16 (pointers: addresses in bytes), as triton's JIT would specialise:
-# head_dim >= 32 makes every token/head/batch stride a multiple of 16. `pack` checks them before any launch.
+# head_dim >= 32 makes every token/head/batch stride a multiple of 16. `kernel_launch.pack` checks them before any
+# launch.
 DIVISIBLE_BY_16: dict[str, tuple[str, ...]] = {
     kernel: tuple(n for n, ty in sig if (ty.startswith("*") and n not in ("MidL", "Mask"))
                   or (n.startswith("stride_") and n != "stride_mb") or n == "keys_per_split")
@@ -229,85 +228,6 @@ def attention(attrs: AttentionAttrs, *inputs: torch.Tensor, num_splits: int | No
         KERNELS[launch.kernel][launch.grid](**launch.args, **launch.constexprs,
                                             num_warps=launch.num_warps, num_stages=launch.num_stages)
     return tuple(outputs)
-
-
-_CTYPES = {"i32": ctypes.c_int32, "fp32": ctypes.c_float}
-
-
-@dataclass(frozen=True)
-class PackedLaunch:
-    """One cuLaunchKernel: the compiled variant's index key, grid, and its parameters as ctypes values."""
-    kernel: str
-    grid: tuple[int, int, int]
-    args: tuple[ctypes._SimpleCData, ...]
-
-
-def pack(launch: Launch) -> PackedLaunch:
-    """Arguments in the compiled kernel's parameter order; pointers as c_void_p; null scratch pointers last."""
-    values = []
-    for name, ty in SIGNATURES[launch.kernel]:
-        value = launch.args[name]
-        if name in DIVISIBLE_BY_16[launch.kernel] and int(value) % 16:
-            raise InputError(f"{launch.kernel}: {name}={int(value)} is not a multiple of 16, which the compiled "
-                             "kernels assume; pass 16-byte aligned buffers")
-        values.append(ctypes.c_void_p(int(value)) if ty.startswith("*") else _CTYPES[ty](value))
-    values += [ctypes.c_void_p(0) for _ in SCRATCH_PARAMS]
-    return PackedLaunch(launch.key, launch.grid, tuple(values))
-
-
-_TAG_SHIFT = 44  # template pointers: (buffer number + 1) << _TAG_SHIFT, plus the byte offset into that buffer
-
-
-@dataclass(frozen=True)
-class _Template:
-    """One packed launch with its buffer pointers left open: `pointers` lists (parameter position, buffer number,
-    byte offset, must be 16-byte aligned); buffers are numbered inputs, then outputs, then the workspace."""
-    kernel: str
-    grid: tuple[int, int, int]
-    args: tuple[ctypes._SimpleCData | None, ...]
-    pointers: tuple[tuple[int, int, int, bool], ...]
-
-
-@functools.lru_cache(maxsize=4096)
-def _templates(attrs: AttentionAttrs, dtype: str, shapes: tuple, n_outputs: int, workspace: bool) -> tuple:
-    """`plan` and `pack` once per shape signature, on tagged stand-in pointers that say which buffer each pointer
-    parameter addresses (decoding changes the past length every step; an engine reuses each length's plan)."""
-    n_inputs = len(shapes)
-    tag = lambda number: (number + 1) << _TAG_SHIFT  # noqa: E731  16-byte aligned, far above any offset
-    launches = plan(attrs, dtype, shapes, [tag(i) for i in range(n_inputs)],
-                    [tag(n_inputs + i) for i in range(n_outputs)], tag(n_inputs + n_outputs) if workspace else None)
-    templates = []
-    for launch in launches:
-        packed = pack(launch)  # checks the scalar parameters' divisibility once
-        args, pointers = list(packed.args), []
-        for position, (name, ty) in enumerate(SIGNATURES[launch.kernel]):
-            if ty.startswith("*"):
-                value = int(launch.args[name])
-                pointers.append((position, (value >> _TAG_SHIFT) - 1, value & ((1 << _TAG_SHIFT) - 1),
-                                 name in DIVISIBLE_BY_16[launch.kernel]))
-                args[position] = None
-        templates.append(_Template(packed.kernel, packed.grid, tuple(args), tuple(pointers)))
-    return tuple(templates)
-
-
-def launch_plan(call) -> list[PackedLaunch]:
-    """The plan of one TensorRT enqueue (`plugins.kernel_launch.AttentionCall`: attrs, dtype, input_shapes,
-    inputs/outputs device pointers, workspace pointer of `workspace_bytes`, or 0 for none): what
-    `pack(plan(...))` gives, from a template cached per shape signature with this call's pointers filled in."""
-    buffers = (*call.inputs, *call.outputs, call.workspace)
-    packed = []
-    for t in _templates(call.attrs, call.dtype, tuple(map(tuple, call.input_shapes)), len(call.outputs),
-                        bool(call.workspace)):
-        args = list(t.args)
-        for position, buffer, offset, aligned in t.pointers:
-            address = buffers[buffer] + offset
-            if aligned and address % 16:
-                name = SIGNATURES[t.kernel.split("-", 1)[0]][position][0]
-                raise InputError(f"{t.kernel.split('-', 1)[0]}: {name}={address} is not a multiple of 16, which the "
-                                 "compiled kernels assume; pass 16-byte aligned buffers")
-            args[position] = ctypes.c_void_p(address)
-        packed.append(PackedLaunch(t.kernel, t.grid, tuple(args)))
-    return packed
 
 
 def random_inputs(kind: AttentionKind, *, batch: int, heads: int, head_dim: int, tgt_len: int, kv_len: int,

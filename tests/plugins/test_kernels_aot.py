@@ -4,12 +4,14 @@ Compiles run in child processes — the module CLI, then `compile_all` — becau
 (TRITON_INTERPRET=1) in the same process would replace triton's compiler. The representative subset is every
 kernel mode at head_dim 64 in all three dtypes for sm_80 and sm_90 (36 artifacts); the full sweep (216) is
 `python -m seq2trt.plugins.kernels.aot --out DIR`. Also here, without triton: the launch plan asks only for
-variants that the compiler builds, and packs arguments as the compiled kernels take them.
+variants that the compiler builds, and the plugin's launcher (`kernel_launch`) packs arguments as the compiled
+kernels take them.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import os
 import random
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from seq2trt.plugins import kernel_launch
 from seq2trt.plugins.kernels import aot, launch
 from seq2trt.plugins.op import AttentionAttrs, AttentionKind
 from seq2trt.reference_model.errors import InputError
@@ -157,7 +160,7 @@ def test_pack_orders_arguments_as_the_compiled_kernel():
     shapes = [(3, 1, 128), (3, 1, 128), (3, 1, 128), (3, 2, 40, 64), (3, 2, 40, 64)]
     plan = launch.plan(attrs, "fp16", shapes, [4096, 8192, 12288, 16384, 20480], [24576, 28672, 32768], 65536)
     assert [p.kernel for p in plan] == ["attn_decode_split", "attn_decode_reduce"]  # the step appends in the split
-    packed = launch.pack(plan[0])
+    packed = kernel_launch.pack(plan[0])
     assert len(packed.args) == len(launch.SIGNATURES["attn_decode_split"]) + 2
     assert [a.value for a in packed.args[:8]] == [4096, 16384, 20480, 4096, 8192, 12288, 28672, 32768]
     prefill = launch.plan(attrs, "fp16", [(3, 5, 128)] * 3 + shapes[3:], [4096 * i for i in range(1, 6)],
@@ -174,8 +177,6 @@ def _values(packed) -> list:
 
 def test_launch_plan_packs_what_plan_and_pack_give_for_any_pointers():
     """The plugin's enqueue packs from a template cached per shape signature; every call's own pointers go in."""
-    from seq2trt.plugins.kernel_launch import AttentionCall
-
     rng = random.Random(0)
     for attrs, dtype, shapes, ptrs, ws in _plans():
         n_out = 3 if attrs.kind is AttentionKind.DECODER_SELF else 1
@@ -183,19 +184,20 @@ def test_launch_plan_packs_what_plan_and_pack_give_for_any_pointers():
             inputs = [16 * rng.randrange(1, 2**36) for _ in shapes]
             outputs = [16 * rng.randrange(1, 2**36) for _ in range(n_out)]
             workspace = 16 * rng.randrange(1, 2**36) if ws is not None else 0
-            call = AttentionCall(attrs, dtype, tuple(map(tuple, shapes)), tuple(inputs), tuple(outputs), workspace, 0)
-            want = [launch.pack(x) for x in launch.plan(attrs, dtype, shapes, inputs, outputs, workspace or None)]
-            assert _values(launch.launch_plan(call)) == _values(want)
+            call = kernel_launch.AttentionCall(attrs, dtype, tuple(map(tuple, shapes)), tuple(inputs), tuple(outputs),
+                                               workspace, 0)
+            want = [kernel_launch.pack(x)
+                    for x in launch.plan(attrs, dtype, shapes, inputs, outputs, workspace or None)]
+            assert _values(kernel_launch.launch_plan(call)) == _values(want)
 
 
 def test_launch_plan_refuses_misaligned_buffers_from_the_cache():
-    from seq2trt.plugins.kernel_launch import AttentionCall
-
     attrs = AttentionAttrs(AttentionKind.CROSS, 2, 64, 0.125)
     shapes = ((1, 4, 128), (1, 2, 9, 64), (1, 2, 9, 64), (1, 9))
-    launch.launch_plan(AttentionCall(attrs, "bf16", shapes, (4096, 8192, 12288, 16384), (20480,), 0, 0))
+    call = kernel_launch.AttentionCall(attrs, "bf16", shapes, (4096, 8192, 12288, 16384), (20480,), 0, 0)
+    kernel_launch.launch_plan(call)
     with pytest.raises(InputError, match="K=8200"):
-        launch.launch_plan(AttentionCall(attrs, "bf16", shapes, (4096, 8200, 12288, 16384), (20480,), 0, 0))
+        kernel_launch.launch_plan(dataclasses.replace(call, inputs=(4096, 8200, 12288, 16384)))
 
 
 def test_pack_refuses_misaligned_buffers():
@@ -203,7 +205,7 @@ def test_pack_refuses_misaligned_buffers():
     shapes = [(1, 4, 128), (1, 2, 9, 64), (1, 2, 9, 64), (1, 9)]
     (fwd,) = launch.plan(attrs, "bf16", shapes, [4096, 8200, 12288, 16384], [20480])
     with pytest.raises(InputError, match="K=8200"):
-        launch.pack(fwd)
+        kernel_launch.pack(fwd)
 
 
 def test_workspace_covers_the_largest_decode():
@@ -217,16 +219,16 @@ def test_workspace_covers_the_largest_decode():
 
 
 def test_index_path_follows_the_kernel_dir(monkeypatch, tmp_path):
-    from seq2trt.plugins import kernels
-
     monkeypatch.setenv("SEQ2TRT_KERNEL_DIR", str(tmp_path))
-    assert kernels.index_path() == tmp_path / "index.json"
+    assert aot.index_path() == tmp_path / "index.json"
+    assert aot.index_path(tmp_path / "elsewhere") == tmp_path / "elsewhere" / "index.json"
 
 
 def test_planning_does_not_import_triton():
     """The plugin sizes and plans launches where triton may be absent (TensorRT builders, the engine runtime)."""
-    code = ("import sys; from seq2trt.plugins import kernels; from seq2trt.plugins.kernels import aot, launch; "
-            "assert kernels.launch_plan and 'triton' not in sys.modules, "
+    code = ("import sys; from seq2trt.plugins import kernel_launch, tensorrt_plugin; "
+            "from seq2trt.plugins.kernels import aot, launch; "
+            "assert kernel_launch.launch_plan and 'triton' not in sys.modules, "
             "sorted(m for m in sys.modules if 'triton' in m)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

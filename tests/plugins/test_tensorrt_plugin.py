@@ -286,7 +286,7 @@ def fake_index(tmp_path, keys, shared=1024):
 
 
 def test_read_index_prefers_exact_cubin_then_older_ptx(tmp_path):
-    from seq2trt.plugins.kernel_launch import read_index
+    from seq2trt.plugins.kernels.aot import read_index
 
     index = fake_index(tmp_path, ["k1"])
     assert read_index(index, 86)["k1"].image == tmp_path / "sm_86" / "k1.cubin"
@@ -297,9 +297,9 @@ def test_read_index_prefers_exact_cubin_then_older_ptx(tmp_path):
 @needs_rtx
 @pytest.mark.parametrize("kind", list(AttentionKind))
 def test_enqueue_launches_the_planned_kernels(trt, tmp_path, kind):
-    """enqueue -> AttentionCall -> kernels.launch.launch_plan -> cuLaunchKernel with the packed arguments."""
+    """enqueue -> AttentionCall -> kernel_launch.launch_plan -> cuLaunchKernel with the packed arguments."""
     from seq2trt.plugins import kernel_launch, tensorrt_plugin
-    from seq2trt.plugins.kernels import launch
+    from seq2trt.plugins.kernels import aot
 
     attrs = AttentionAttrs(kind, 2, 32, 32 ** -0.5)
     B, T, S, P = 2, 1, 5, 3
@@ -312,13 +312,13 @@ def test_enqueue_launches_the_planned_kernels(trt, tmp_path, kind):
     inputs = [0x10000 * (i + 1) for i in range(len(in_shapes))]
     outputs = [0x100000 * (i + 1) for i in range(len(OUTPUTS[kind]))]
     workspace, stream = 0x7000000, 0x1234
-    expected = launch.launch_plan(kernel_launch.AttentionCall(attrs, "fp16", tuple(in_shapes), tuple(inputs),
+    expected = kernel_launch.launch_plan(kernel_launch.AttentionCall(attrs, "fp16", tuple(in_shapes), tuple(inputs),
                                                               tuple(outputs), workspace, stream))
 
     driver = FakeDriver([[type(a) for a in e.args] for e in expected])
     launcher = kernel_launch.CudaDriverLauncher.__new__(kernel_launch.CudaDriverLauncher)
-    launcher.images = kernel_launch.read_index(fake_index(tmp_path, {e.kernel for e in expected}, 64 * 1024), 86)
-    launcher.plan, launcher.cuda, launcher._functions, launcher._modules = launch.launch_plan, driver, {}, []
+    launcher.images = aot.read_index(fake_index(tmp_path, {e.kernel for e in expected}, 64 * 1024), 86)
+    launcher.plan, launcher.cuda, launcher._functions, launcher._modules = kernel_launch.launch_plan, driver, {}, []
 
     def desc(shape, dtype):
         d = trt.PluginTensorDesc()
