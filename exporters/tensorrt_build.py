@@ -138,18 +138,12 @@ def graph_has_plugin(model) -> bool:
 
 def plugin_workspace_bytes(model, profiles: Profiles) -> int:
     """The largest workspace any plugin node asks for at the profiles' largest batch (0 without plugin nodes)."""
-    from onnx import helper
-
     from seq2trt.plugins.kernels.launch import workspace_bytes
-    from seq2trt.plugins.op import AttentionAttrs
+    from seq2trt.plugins.op import attrs_from_node
 
     max_batch = max((hi[0] for _lo, _opt, hi in profiles.values() if len(hi)), default=1)
-    need = 0
-    for node in model.graph.node:
-        if node.op_type == PLUGIN_NAME and node.domain == DOMAIN:
-            attrs = AttentionAttrs.from_onnx({a.name: helper.get_attribute_value(a) for a in node.attribute})
-            need = max(need, workspace_bytes(attrs, max_batch))
-    return need
+    return max((workspace_bytes(attrs_from_node(node), max_batch) for node in model.graph.node
+                if node.op_type == PLUGIN_NAME and node.domain == DOMAIN), default=0)
 
 
 def parse(trt, builder, onnx_path: Path, settings: BuildSettings):

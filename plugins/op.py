@@ -113,3 +113,10 @@ def reference_attention(attrs: AttentionAttrs, *inputs: torch.Tensor) -> tuple[t
     if attrs.kind is AttentionKind.DECODER_SELF:
         return out, present_key, present_value
     return (out,)
+
+
+def attrs_from_node(node) -> AttentionAttrs:
+    """The attributes of a plugin node (an onnx NodeProto), read as `AttentionAttrs.from_onnx` reads them."""
+    from onnx import helper
+
+    return AttentionAttrs.from_onnx({a.name: helper.get_attribute_value(a) for a in node.attribute})

@@ -21,17 +21,21 @@ from types import ModuleType
 
 import numpy as np
 
+from seq2trt.reference_model.errors import InputError
+
 from . import kernel_launch
 from .kernels.launch import workspace_bytes
 from .op import INPUTS, OUTPUTS, PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION, AttentionAttrs, AttentionKind
 
 logger = logging.getLogger(__name__)
 
-# Node attributes the parser hands over as plugin fields. plugin_version / plugin_namespace select the creator;
-# they arrive as fields too and are checked against ours.
-INT_FIELDS = ("kind", "num_heads", "head_dim")
-FLOAT_FIELDS = ("scale",)
-TEXT_FIELDS = {"plugin_version": PLUGIN_VERSION, "plugin_namespace": PLUGIN_NAMESPACE}
+# Node attributes the parser hands over as plugin fields, typed as `AttentionAttrs.onnx_attributes` writes them (any
+# instance will do). plugin_version / plugin_namespace select the creator; they arrive as fields too and are checked
+# against ours.
+_ATTRIBUTES = AttentionAttrs(AttentionKind.ENCODER_SELF, 1, 1, 1.0).onnx_attributes()
+INT_FIELDS = tuple(name for name, value in _ATTRIBUTES.items() if isinstance(value, int))
+FLOAT_FIELDS = tuple(name for name, value in _ATTRIBUTES.items() if isinstance(value, float))
+TEXT_FIELDS = {name: value for name, value in _ATTRIBUTES.items() if isinstance(value, str)}
 MASK_INPUT = "key_padding_mask"
 
 
@@ -47,12 +51,12 @@ def attrs_from_fields(fields) -> AttentionAttrs:
         if f.name in TEXT_FIELDS:
             text = _text(f.data).rstrip("\x00")
             if text != TEXT_FIELDS[f.name]:
-                raise ValueError(f"{PLUGIN_NAME}: field {f.name}={text!r}, this plugin is {TEXT_FIELDS[f.name]!r}")
+                raise InputError(f"{PLUGIN_NAME}: field {f.name}={text!r}, this plugin is {TEXT_FIELDS[f.name]!r}")
         elif f.name in INT_FIELDS or f.name in FLOAT_FIELDS:
             values[f.name] = np.asarray(f.data).reshape(-1)[0].item()
     missing = [n for n in INT_FIELDS + FLOAT_FIELDS if n not in values]
     if missing:
-        raise ValueError(f"{PLUGIN_NAME}: node lacks attribute(s) {', '.join(missing)}; re-run the fuser")
+        raise InputError(f"{PLUGIN_NAME}: node lacks attribute(s) {', '.join(missing)}; re-run the fuser")
     return AttentionAttrs.from_onnx(values)
 
 

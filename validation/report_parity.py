@@ -45,7 +45,7 @@ class GraphSet:
 
 def _plugin_graph_options(dtype: str) -> dict:
     """Plugin nodes run the op's PyTorch reference inside ONNX Runtime (bf16: on the graph's fp32 twin)."""
-    from .plugin_cpu import for_cpu, register_reference_ops
+    from seq2trt.plugins.plugin_cpu import for_cpu, register_reference_ops
     from .runners import emulate_bf16
 
     prepare = (lambda m: for_cpu(emulate_bf16(m), "fp32")) if dtype == "bf16" else (lambda m: for_cpu(m, dtype))

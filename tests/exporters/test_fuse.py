@@ -17,8 +17,8 @@ from seq2trt.exporters.fuse import FUSION_JSON, Target, fuse, fuse_artifacts, fu
 from seq2trt.exporters.manifest import read_manifest, write_manifest
 from seq2trt.exporters.onnx_export import export
 from seq2trt.plugins.op import DOMAIN, PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION, AttentionAttrs, AttentionKind
+from seq2trt.plugins.plugin_cpu import for_cpu, register_reference_ops
 from seq2trt.reference_model.errors import ArtifactError, CheckFailed
-from seq2trt.validation.plugin_cpu import for_cpu, register_reference_ops
 from seq2trt.validation.runners import emulate_bf16
 
 PRESET_OVERRIDES = {"post-ln": {}, "pre-ln-gelu": {"pre_norm": True, "activation": "gelu"}}

@@ -95,10 +95,10 @@ def test_fields_refuse_wrong_version_and_missing_attributes(trt):
     from seq2trt.plugins import tensorrt_plugin
 
     wrong = [trt.PluginField("plugin_version", np.array(list(b"2\0"), dtype=np.int8), trt.PluginFieldType.CHAR)]
-    with pytest.raises(ValueError, match="plugin_version"):
+    with pytest.raises(InputError, match="plugin_version"):
         tensorrt_plugin.attrs_from_fields(wrong)
     partial = [trt.PluginField("kind", np.array([0], dtype=np.int32), trt.PluginFieldType.INT32)]
-    with pytest.raises(ValueError, match="num_heads"):
+    with pytest.raises(InputError, match="num_heads"):
         tensorrt_plugin.attrs_from_fields(partial)
 
 

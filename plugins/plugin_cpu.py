@@ -16,11 +16,16 @@ import functools
 import numpy as np
 import onnx
 
-from seq2trt.plugins.op import DOMAIN, INPUTS, OUTPUTS, PLUGIN_NAME, AttentionAttrs, AttentionKind, reference_attention
 from seq2trt.reference_model.errors import DependencyError
+
+from .op import (DOMAIN, INPUTS, OUTPUTS, PLUGIN_NAME, AttentionAttrs, AttentionKind, attrs_from_node,
+                 reference_attention)
 
 CONTRIB_DOMAIN = "ai.onnx.contrib"
 CPU_DTYPES = ("fp32", "fp16")
+# Name and Python type of every node attribute, read off `AttentionAttrs.onnx_attributes` (any instance will do).
+_ATTRIBUTE_TYPES = {name: type(value)
+                    for name, value in AttentionAttrs(AttentionKind.ENCODER_SELF, 1, 1, 1.0).onnx_attributes().items()}
 
 
 def contrib_op_type(kind: AttentionKind) -> str:
@@ -45,9 +50,8 @@ def register_reference_ops() -> str:
     except ImportError:
         raise DependencyError("running plugin graphs on CPU needs onnxruntime-extensions; "
                               "pip install 'seq2trt[dev]'") from None
-    attrs = {"kind": PyCustomOpDef.dt_int64, "num_heads": PyCustomOpDef.dt_int64,
-             "head_dim": PyCustomOpDef.dt_int64, "scale": PyCustomOpDef.dt_float,
-             "plugin_version": PyCustomOpDef.dt_string, "plugin_namespace": PyCustomOpDef.dt_string}
+    ort_types = {int: PyCustomOpDef.dt_int64, float: PyCustomOpDef.dt_float, str: PyCustomOpDef.dt_string}
+    attrs = {name: ort_types[python_type] for name, python_type in _ATTRIBUTE_TYPES.items()}
     f = PyCustomOpDef.dt_float
     for kind in AttentionKind:
         types = [PyCustomOpDef.dt_int32 if name == "key_padding_mask" else f for name in INPUTS[kind]]
@@ -69,7 +73,7 @@ def for_cpu(model: bytes, dtype: str) -> bytes:
         if node.domain != DOMAIN or node.op_type != PLUGIN_NAME:
             nodes.append(node)
             continue
-        kind = AttentionKind(next(a.i for a in node.attribute if a.name == "kind"))
+        kind = attrs_from_node(node).kind
         node.domain, node.op_type = CONTRIB_DOMAIN, contrib_op_type(kind)
         if dtype == "fp16":
             for i, (name, value) in enumerate(zip(INPUTS[kind], list(node.input))):
