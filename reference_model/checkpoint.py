@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pickle
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -37,8 +38,10 @@ def canonical_state_dict(model: Seq2SeqTransformer) -> dict[str, torch.Tensor]:
 
 
 def save_checkpoint(out: Path, model: Seq2SeqTransformer, vocabs: tuple[Vocab, Vocab] | None = None,
-                    force: bool = False, extra_files: dict[str, str] | None = None) -> Path:
-    """Write a checkpoint directory atomically (refusing to replace an existing one without `force`)."""
+                    force: bool = False, extra_files: dict[str, str] | None = None,
+                    extra_writer: Callable[[Path], None] | None = None) -> Path:
+    """Write a checkpoint directory atomically (refusing to replace an existing one without `force`);
+    `extra_writer(staging_dir)` adds files of its own before the directory is renamed into place."""
     from safetensors.torch import save_file
 
     with staged_directory(out, force, "checkpoint") as tmp:
@@ -48,6 +51,8 @@ def save_checkpoint(out: Path, model: Seq2SeqTransformer, vocabs: tuple[Vocab, V
             save_vocabs(tmp / VOCAB, *vocabs)
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
+        if extra_writer is not None:
+            extra_writer(tmp)
     return Path(out)
 
 

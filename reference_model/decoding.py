@@ -35,6 +35,37 @@ class DecodeSettings:
     eos_id: int
     pad_id: int
     max_new_tokens: int  # eos included
+    # The model's own decoding rules (Seq2SeqConfig: Hugging Face's forced bos/eos and suppressed tokens).
+    forced_bos_id: int | None = None
+    forced_eos: bool = False
+    suppress_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def for_model(cls, cfg, max_new_tokens: int | None = None) -> "DecodeSettings":
+        """The settings a `Seq2SeqConfig` implies; `max_new_tokens` defaults to every position the decoder has."""
+        return cls(cfg.bos_id, cfg.eos_id, cfg.pad_id, cfg.max_tgt_len - 1 if max_new_tokens is None else max_new_tokens,
+                   cfg.forced_bos_id, cfg.forced_eos, tuple(cfg.suppress_ids))
+
+    @property
+    def constrained(self) -> bool:
+        return self.forced_bos_id is not None or self.forced_eos or bool(self.suppress_ids)
+
+    def constrain(self, scores: np.ndarray, step: int) -> np.ndarray:
+        """Scores (b, V) of generated position `step` with the model's rules applied, as Hugging Face's logits
+        processors apply them: -inf for suppressed ids; only the forced id left at step 0 (forced bos) and at the
+        last step the length limit allows (forced eos)."""
+        if not self.constrained:
+            return scores
+        scores = scores.copy()
+        forced = self.forced_bos_id if step == 0 else None
+        if self.forced_eos and step == self.max_new_tokens - 1:
+            forced = self.eos_id
+        if forced is not None:
+            scores[:] = -np.inf
+            scores[:, forced] = 0.0
+        if self.suppress_ids:
+            scores[:, list(self.suppress_ids)] = -np.inf
+        return scores
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -63,7 +94,7 @@ def greedy_decode(model: StepModel, input_ids: np.ndarray, attention_mask: np.nd
         logits, past = model.step(next_ids, mask, encoder_state, past)
         if on_step is not None:
             on_step(step, rows, logits)
-        tokens = logits.argmax(-1)  # (b,) int64
+        tokens = (settings.constrain(logits, step) if settings.constrained else logits).argmax(-1)  # (b,) int64
         history.append((rows, tokens))
         if eos in tokens.tolist():  # rows that produced eos leave the batch
             keep = np.flatnonzero(tokens != eos)
@@ -126,7 +157,7 @@ def beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndar
     for step in range(settings.max_new_tokens):
         logits, past = model.step(next_ids, mask, encoder_state, past)
         V = logits.shape[-1]
-        cand = (scores[:, :, None] + log_softmax(logits).reshape(B, K, V)).reshape(B, K * V)
+        cand = (scores[:, :, None] + settings.constrain(log_softmax(logits), step).reshape(B, K, V)).reshape(B, K * V)
         top = np.argsort(-cand, axis=1, kind="stable")[:, : 2 * K]  # (B, 2K): enough to refill K live beams
         new_scores = np.full((B, K), -np.inf)
         origin = np.repeat(np.arange(B) * K, K).reshape(B, K)  # defaults keep done rows in place
@@ -162,3 +193,81 @@ def beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndar
                 if np.isfinite(scores[b, k]):
                     finished[b].add(beams[b * K + k], scores[b, k], ended=False)
     return [finished[b].hyps[0][1] if finished[b].hyps else [] for b in range(B)]
+
+
+def _top(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest entries of each row, best first (ties: lower index first)."""
+    part = np.argpartition(-scores, k - 1, axis=1)[:, :k] if k < scores.shape[1] else np.tile(
+        np.arange(scores.shape[1]), (len(scores), 1))
+    order = np.argsort(-np.take_along_axis(scores, part, 1), axis=1, kind="stable")
+    return np.take_along_axis(part, order, 1)
+
+
+def hf_beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndarray, settings: DecodeSettings,
+                   beam_size: int = 4, length_penalty: float = 1.0, early_stopping: bool | str = False
+                   ) -> list[list[int]]:
+    """Hugging Face's beam search (transformers 4.57 `GenerationMixin._beam_search`), step for step, for the
+    models imported from it: float32 log-probabilities; each step keeps the 2K best continuations; a hypothesis
+    that ends (eos, or the length limit) among the K best is scored `sum_logprobs / length ** length_penalty`,
+    length counting the generated tokens with eos; `early_stopping` True stops a source once K hypotheses ended,
+    False / "never" stop it when no live beam can still beat the worst kept one (HF's heuristic for each).
+    Returns the best hypothesis of each source without eos."""
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+    B, K, N = input_ids.shape[0], beam_size, settings.max_new_tokens
+    expand = np.repeat(np.arange(B), K)  # (B*K,) source row of every beam
+    encoder_state = model.select(model.encode(input_ids, attention_mask), expand)
+    mask = attention_mask[expand]
+    past = model.empty_past(B * K)
+    running = np.zeros((B, K, 0), dtype=np.int64)  # generated tokens of each live beam
+    running_scores = np.zeros((B, K), dtype=np.float32)
+    running_scores[:, 1:] = -1e9  # all beams start identical: expand only the first
+    finished = np.zeros((B, K, N), dtype=np.int64)
+    finished_len = np.zeros((B, K), dtype=np.int64)
+    finished_scores = np.full((B, K), -1e9, dtype=np.float32)
+    is_finished = np.zeros((B, K), dtype=bool)
+    improvable = np.ones(B, dtype=bool)  # HF's is_early_stop_heuristic_unsatisfied
+    top_k_mask = np.arange(2 * K) < K
+    next_ids = np.full((B * K, 1), settings.bos_id, dtype=np.int64)
+    for step in range(N):
+        logits, past = model.step(next_ids, mask, encoder_state, past)
+        logp = settings.constrain(log_softmax(logits).astype(np.float32), step)
+        V = logp.shape[-1]
+        acc = (logp.reshape(B, K, V) + running_scores[:, :, None]).reshape(B, K * V)
+        top = _top(acc, 2 * K)  # (B, 2K)
+        top_scores, top_beam, top_token = np.take_along_axis(acc, top, 1), top // V, top % V
+        top_seqs = np.concatenate([np.take_along_axis(running, top_beam[:, :, None], 1), top_token[:, :, None]], 2)
+        ends = (top_token == settings.eos_id) | (step + 1 >= N)  # (B, 2K)
+        # The K best continuations that did not end go on.
+        live_scores = top_scores + ends.astype(np.float32) * np.float32(-1e9)
+        keep = _top(live_scores, K)
+        running, running_scores = np.take_along_axis(top_seqs, keep[:, :, None], 1), np.take_along_axis(live_scores, keep, 1)
+        origin = (np.take_along_axis(top_beam, keep, 1) + np.arange(B)[:, None] * K).reshape(-1)
+        # Ended ones among the K best join the finished hypotheses, when they can still matter.
+        ended = top_scores / np.float32((step + 1) ** length_penalty)
+        blocked = (is_finished.all(1) & (early_stopping is True)) | ~improvable
+        ended = ended + np.float32(-1e9) * (blocked[:, None] | ~(ends & top_k_mask[None]))
+        merged_scores = np.concatenate([finished_scores, ended], 1)
+        best = _top(merged_scores, K)
+        padded = np.zeros((B, 2 * K, N), dtype=np.int64)
+        padded[:, :, : step + 1] = top_seqs
+        merged = np.concatenate([finished, padded], 1)
+        merged_len = np.concatenate([finished_len, np.full((B, 2 * K), step + 1)], 1)
+        merged_done = np.concatenate([is_finished, ends & top_k_mask[None]], 1)
+        finished = np.take_along_axis(merged, best[:, :, None], 1)
+        finished_len, finished_scores = np.take_along_axis(merged_len, best, 1), np.take_along_axis(merged_scores, best, 1)
+        is_finished = np.take_along_axis(merged_done, best, 1)
+        # Can a live beam still beat the worst kept hypothesis? (HF's heuristic, per source.)
+        best_length = N if early_stopping == "never" and length_penalty > 0 else step + 1
+        best_running = running_scores[:, 0] / np.float32(best_length ** length_penalty)
+        worst = np.where(is_finished, finished_scores.min(1, keepdims=True), np.float32(-1e9))
+        improvable &= (best_running[:, None] > worst).any(1)
+        if not improvable.any() or (is_finished.all() and early_stopping is True) or ends.all():
+            break
+        past = model.select(past, origin)
+        next_ids = running[:, :, -1].reshape(-1, 1)
+    out = []
+    for b in range(B):
+        tokens = finished[b, 0, : finished_len[b, 0]].tolist()
+        out.append(tokens[: tokens.index(settings.eos_id)] if settings.eos_id in tokens else tokens)
+    return out

@@ -1,0 +1,41 @@
+"""`seq2trt import hf`: bring a Hugging Face checkpoint (Marian, BART, mBART, M2M100/NLLB) into seq2trt."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .main import err_console
+
+
+@click.group("import")
+def import_group() -> None:
+    """Import a checkpoint trained elsewhere as a seq2trt checkpoint."""
+
+
+@import_group.command("hf")
+@click.argument("src", type=click.Path(path_type=Path))
+@click.option("-o", "--out", "out", type=click.Path(path_type=Path), required=True,
+              help="seq2trt checkpoint directory to write.")
+@click.option("--force", is_flag=True, help="Replace an existing checkpoint directory.")
+def hf(src: Path, out: Path, force: bool) -> None:
+    """Import the Hugging Face model directory SRC (as save_pretrained or a hub download writes it; never
+    downloads) after proving it equal to transformers' own model and generate; the proof goes to OUT/import.json."""
+    from seq2trt.reference_model.hf_import import import_hf
+    from seq2trt.reference_model.io import refuse_existing
+
+    refuse_existing(out, force, "checkpoint")  # before any work; the write is atomic
+    with err_console.status("importing") as status:
+        record = import_hf(src, out, force=force, progress=lambda msg: status.update(msg))
+    v = record["verification"]
+    sets = [name for name in ("seeded", "texts") if name in v]
+    n = sum(v[s]["sources"] for s in sets)
+    logits = max(v[s]["logits_max_abs_err"] for s in sets)
+    click.echo(f"imported {record['family']} from {src}: equal to transformers on {n} sources ({' + '.join(sets)}; "
+               f"greedy and beam-{v['beam_size']} tokens identical, step logits within {logits:.2g}); "
+               f"checkpoint in {out}" + ("" if record["tokenizer_files"] else " (no tokenizer in the source: "
+                                          "translate takes --ids-file)"))
+
+
+COMMANDS = [import_group]

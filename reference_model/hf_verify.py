@@ -1,0 +1,165 @@
+"""Prove an imported model equal to transformers' own model on the same Hugging Face directory.
+
+transformers is the judge: the model it loads from the source directory (local files only) against our eager model
+with the imported weights, on seeded random sources and, when the source has a tokenizer, on texts that tokenizer
+made. Checked: encoder states and every greedy step's logits (fp32, within `LOGIT_TOLERANCE` of the logits'
+scale), and the tokens of greedy search and of beam search (4 beams, the source's length penalty and early
+stopping) against `generate` itself. The figures become the checkpoint's import.json.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from .decoding import DecodeSettings, greedy_decode, hf_beam_search
+from .eager import EagerStepModel
+from .errors import CheckpointError, DependencyError
+from .model import Seq2SeqTransformer
+from .vocab import pad_batch
+
+logger = logging.getLogger(__name__)
+
+LOGIT_TOLERANCE = 1e-4  # max |ours - transformers| / max(1, max |transformers|), fp32 both sides
+BEAM_SIZE = 4
+
+
+def load_transformers_model(src: Path):
+    """transformers' own model for `src`, fp32, eager attention, from local files only."""
+    try:
+        from transformers import AutoModelForSeq2SeqLM
+    except ImportError as exc:
+        raise DependencyError(f"importing a Hugging Face model needs `transformers` ({exc}); "
+                              "install it with: pip install 'seq2trt[hf]'") from None
+    try:
+        model = AutoModelForSeq2SeqLM.from_pretrained(str(src), local_files_only=True, dtype=torch.float32,
+                                                      attn_implementation="eager")
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"transformers cannot load {src}: {str(exc).splitlines()[0]}") from None
+    return model.eval()
+
+
+def load_tokenizer(folder: Path):
+    """The Hugging Face tokenizer saved in `folder`, or None when it holds no tokenizer file."""
+    from transformers import AutoTokenizer
+
+    from .hf_import import tokenizer_files
+
+    if not tokenizer_files(folder):
+        return None
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except Exception as exc:  # tokenizer classes raise anything from OSError to AttributeError on bad files
+        raise CheckpointError(f"the tokenizer files in {folder} cannot be loaded ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else ''}); re-save them with "
+                              "tokenizer.save_pretrained, or remove them to import without a tokenizer") from None
+
+
+def seeded_sources(cfg, count: int, seed: int = 0, max_len: int = 24) -> list[list[int]]:
+    """Random source ids (no pad, no eos inside), varied lengths, each ending with eos."""
+    rng = np.random.default_rng(seed)
+    allowed = np.setdiff1d(np.arange(cfg.src_vocab_size), [cfg.pad_id, cfg.eos_id])
+    hi = max(2, min(max_len, cfg.max_src_len - 1))
+    return [rng.choice(allowed, size=int(n)).tolist() + [cfg.eos_id] for n in rng.integers(1, hi + 1, size=count)]
+
+
+def text_sources(tokenizer, cfg, count: int, seed: int = 1) -> tuple[list[str], list[list[int]]]:
+    """Texts made by the source's tokenizer (random pieces decoded), and their ids as the tokenizer encodes them."""
+    rng = np.random.default_rng(seed)
+    special = set(tokenizer.all_special_ids)
+    pieces = [i for i in range(min(len(tokenizer), cfg.src_vocab_size)) if i not in special]
+    texts = [tokenizer.decode(rng.choice(pieces, size=int(n)).tolist(), skip_special_tokens=True).strip() or "a"
+             for n in rng.integers(2, 12, size=count)]
+    ids = [row[: cfg.max_src_len] for row in tokenizer(texts)["input_ids"]]
+    return texts, ids
+
+
+def _generated(sequences: torch.Tensor, eos_id: int) -> list[list[int]]:
+    """generate's rows -> tokens after the decoder start, up to (without) eos."""
+    out = []
+    for row in sequences[:, 1:].tolist():
+        out.append(row[: row.index(eos_id)] if eos_id in row else row)
+    return out
+
+
+def _scaled_err(ours: np.ndarray, theirs: np.ndarray) -> tuple[float, float]:
+    err = float(np.abs(ours - theirs).max()) if ours.size else 0.0
+    return err, err / max(1.0, float(np.abs(theirs).max()) if theirs.size else 1.0)
+
+
+def compare(hf_model, model: Seq2SeqTransformer, sources: list[list[int]], gen: dict[str, Any],
+            max_new_tokens: int) -> dict[str, Any]:
+    """Encoder states, step logits, greedy and beam tokens of ours vs transformers on `sources`."""
+    cfg = model.cfg
+    ids, mask = pad_batch(sources, cfg.pad_id)
+    t_ids, t_mask = torch.as_tensor(ids), torch.as_tensor(mask)
+    settings = DecodeSettings.for_model(cfg, max_new_tokens)
+    step_model = EagerStepModel(model)
+    with torch.inference_mode():
+        theirs_enc = hf_model.get_encoder()(input_ids=t_ids, attention_mask=t_mask).last_hidden_state.numpy()
+        ours_enc = model.encode(t_ids, t_mask).numpy()
+    valid = mask.astype(bool)
+    enc_err, enc_rel = _scaled_err(ours_enc[valid], theirs_enc[valid])
+
+    recorded: list[tuple[int, np.ndarray, np.ndarray]] = []
+    ours_greedy = greedy_decode(step_model, ids, mask, settings,
+                                on_step=lambda step, rows, logits: recorded.append((step, rows.copy(), logits.copy())))
+    decoder_in = [[cfg.bos_id] + toks for toks in ours_greedy]
+    width = max(len(d) for d in decoder_in)
+    dec = torch.full((len(sources), width), cfg.pad_id, dtype=torch.int64)
+    for row, d in enumerate(decoder_in):
+        dec[row, : len(d)] = torch.as_tensor(d)
+    with torch.inference_mode():
+        theirs_logits = hf_model(input_ids=t_ids, attention_mask=t_mask, decoder_input_ids=dec).logits.double().numpy()
+    ours_steps = np.concatenate([logits for _, _, logits in recorded])
+    theirs_steps = np.concatenate([theirs_logits[rows, step] for step, rows, _ in recorded])
+    logit_err, logit_rel = _scaled_err(ours_steps, theirs_steps)
+
+    common = dict(input_ids=t_ids, attention_mask=t_mask, max_new_tokens=max_new_tokens, do_sample=False)
+    with torch.inference_mode():
+        theirs_greedy = _generated(hf_model.generate(**common, num_beams=1), cfg.eos_id)
+        theirs_beam = _generated(hf_model.generate(**common, num_beams=BEAM_SIZE, length_penalty=gen["length_penalty"],
+                                                   early_stopping=gen["early_stopping"]), cfg.eos_id)
+    ours_beam = hf_beam_search(step_model, ids, mask, settings, BEAM_SIZE, gen["length_penalty"], gen["early_stopping"])
+    return {"sources": len(sources), "encoder_max_abs_err": enc_err, "encoder_scaled_err": enc_rel,
+            "step_logits_compared": int(len(ours_steps)), "logits_max_abs_err": logit_err, "logits_scaled_err": logit_rel,
+            "greedy_equal": sum(a == b for a, b in zip(ours_greedy, theirs_greedy)),
+            "beam_equal": sum(a == b for a, b in zip(ours_beam, theirs_beam)),
+            "greedy_mismatches": [i for i, (a, b) in enumerate(zip(ours_greedy, theirs_greedy)) if a != b],
+            "beam_mismatches": [i for i, (a, b) in enumerate(zip(ours_beam, theirs_beam)) if a != b]}
+
+
+def verify(src: Path, model: Seq2SeqTransformer, gen: dict[str, Any], progress: Callable[[str], None] = lambda m: None,
+           count: int = 8, max_new_tokens: int = 24) -> dict[str, Any]:
+    """The import's proof: `compare` on seeded sources, and on tokenizer-made texts when there is a tokenizer."""
+    import transformers
+
+    hf_model = load_transformers_model(src)
+    cfg = model.cfg
+    new_tokens = max(1, min(max_new_tokens, cfg.max_tgt_len - 1))
+    sets = {"seeded": seeded_sources(cfg, count)}
+    tokenizer = load_tokenizer(src)
+    if tokenizer is not None:
+        _, sets["texts"] = text_sources(tokenizer, cfg, count)
+    report: dict[str, Any] = {"transformers": transformers.__version__, "beam_size": BEAM_SIZE,
+                              "max_new_tokens": new_tokens, "tolerance_scaled": LOGIT_TOLERANCE,
+                              "length_penalty": gen["length_penalty"], "early_stopping": gen["early_stopping"]}
+    failures = []
+    for name, sources in sets.items():
+        progress(f"comparing {len(sources)} {name} sources with transformers")
+        result = compare(hf_model, model, sources, gen, new_tokens)
+        report[name] = result
+        for what in ("encoder", "logits"):
+            if not result[f"{what}_scaled_err"] <= LOGIT_TOLERANCE:
+                failures.append(f"{name}: {what} differ by {result[f'{what}_max_abs_err']:.3g} "
+                                f"(scaled {result[f'{what}_scaled_err']:.3g} > {LOGIT_TOLERANCE})")
+        for what in ("greedy", "beam"):
+            if result[f"{what}_equal"] != len(sources):
+                failures.append(f"{name}: {what} tokens differ from transformers' generate on sources "
+                                f"{result[f'{what}_mismatches']} ({result[f'{what}_equal']}/{len(sources)} equal)")
+    report["failures"], report["passed"] = failures, not failures
+    return report
