@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence, TypeVar
 
 import numpy as np
 
@@ -76,11 +76,68 @@ def numpy_dtype(dtype: str) -> np.dtype:
     return np.dtype(DTYPES[dtype][0])
 
 
+KV_SIDES = ("encoder", "decoder")  # cross-attention K/V (from the encoder) and self-attention K/V (the decoder's)
+KV_PARTS = ("key", "value")
+_KV_PREFIX = {"past": "past_key_values", "present": "present"}
+T = TypeVar("T")
+
+
 def kv_name(layer: int, side: str, part: str, io: str) -> str:
     """`past_key_values.{layer}.{side}.{part}` (io='past') or `present.{layer}.{side}.{part}` (io='present')."""
-    if side not in ("encoder", "decoder") or part not in ("key", "value") or io not in ("past", "present"):
+    if side not in KV_SIDES or part not in KV_PARTS or io not in _KV_PREFIX:
         raise ValueError(f"bad KV name parts {(side, part, io)}")
-    return f"{'past_key_values' if io == 'past' else 'present'}.{layer}.{side}.{part}"
+    return f"{_KV_PREFIX[io]}.{layer}.{side}.{part}"
+
+
+@dataclass(frozen=True)
+class KVName:
+    """The parts of a KV tensor name (`kv_name`'s arguments)."""
+
+    layer: int
+    side: str
+    part: str
+    io: str
+
+
+def parse_kv_name(name: str) -> KVName | None:
+    """The parts of a KV tensor name, or None for any other tensor name."""
+    prefix, _, rest = name.partition(".")
+    layer, _, rest = rest.partition(".")
+    side, _, part = rest.partition(".")
+    io = next((io for io, p in _KV_PREFIX.items() if p == prefix), None)
+    if io is None or not layer.isdigit() or side not in KV_SIDES or part not in KV_PARTS:
+        return None
+    return KVName(int(layer), side, part, io)
+
+
+def flatten_kv(kv: Sequence[tuple[T, T]]) -> list[T]:
+    """Per-layer (key, value) pairs -> one flat list in graph order: layer-major, key before value."""
+    return [x for key, value in kv for x in (key, value)]
+
+
+def unflatten_kv(flat: Sequence[T]) -> list[tuple[T, T]]:
+    """The inverse of `flatten_kv`."""
+    if len(flat) % 2:
+        raise ValueError(f"a flat KV list holds (key, value) pairs, got {len(flat)} items")
+    return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
+
+
+def kv_names(cfg: Seq2SeqConfig, side: str, io: str) -> list[str]:
+    """The K/V tensor names of one side of every decoder layer, in the flatten order."""
+    return flatten_kv([(kv_name(i, side, "key", io), kv_name(i, side, "value", io))
+                       for i in range(cfg.num_decoder_layers)])
+
+
+def present_to_past(cfg: Seq2SeqConfig, side: str) -> dict[str, str]:
+    """Output name -> the decoder input it feeds: side 'encoder', the encoder's `present.{i}.encoder.*` -> the
+    decoder's `past_key_values.{i}.encoder.*`; side 'decoder', a step's `present.{i}.decoder.*` -> the next step's
+    `past_key_values.{i}.decoder.*`."""
+    return {name: present_to_past_name(name) for name in kv_names(cfg, side, "present")}
+
+
+def kv_feed(cfg: Seq2SeqConfig, side: str, outputs: Mapping[str, T]) -> dict[str, T]:
+    """The decoder inputs of one side taken from a graph's outputs (`present_to_past`)."""
+    return {past: outputs[present] for present, past in present_to_past(cfg, side).items()}
 
 
 def block_name(kind: AttentionKind, layer: int) -> str:
@@ -109,29 +166,27 @@ def inputs(cfg: Seq2SeqConfig, kind: GraphKind) -> list[TensorSpec]:
         return [TensorSpec("input_ids", "int64", (BATCH, SRC_LEN)), TensorSpec("attention_mask", "int64", (BATCH, SRC_LEN))]
     specs = [TensorSpec("input_ids", "int64", (BATCH, TGT_LEN)), TensorSpec("encoder_attention_mask", "int64", (BATCH, SRC_LEN))]
     for side, length in (("encoder", SRC_LEN), ("decoder", PAST_LEN)):
-        specs += [TensorSpec(kv_name(i, side, part, "past"), "float", (BATCH, *kv[0], length, *kv[1]))
-                  for i in range(cfg.num_decoder_layers) for part in ("key", "value")]
+        specs += [TensorSpec(name, "float", (BATCH, *kv[0], length, *kv[1])) for name in kv_names(cfg, side, "past")]
     return specs
 
 
 def outputs(cfg: Seq2SeqConfig, kind: GraphKind) -> list[TensorSpec]:
     if kind is GraphKind.ENCODER:
         return [TensorSpec("encoder_hidden_states", "float", (BATCH, SRC_LEN, cfg.d_model))] + [
-            TensorSpec(kv_name(i, "encoder", part, "present"), "float", (BATCH, cfg.num_heads, SRC_LEN, cfg.head_dim))
-            for i in range(cfg.num_decoder_layers) for part in ("key", "value")]
+            TensorSpec(name, "float", (BATCH, cfg.num_heads, SRC_LEN, cfg.head_dim))
+            for name in kv_names(cfg, "encoder", "present")]
     return [TensorSpec("logits", "float", (BATCH, TGT_LEN, cfg.tgt_vocab_size))] + [
-        TensorSpec(kv_name(i, "decoder", part, "present"), "float", (BATCH, cfg.num_heads, PRESENT_LEN, cfg.head_dim))
-        for i in range(cfg.num_decoder_layers) for part in ("key", "value")]
-
-
-def encoder_to_decoder_name(name: str) -> str:
-    """`present.{i}.encoder.*` (encoder output) -> `past_key_values.{i}.encoder.*` (decoder input)."""
-    return name.replace("present.", "past_key_values.", 1)
+        TensorSpec(name, "float", (BATCH, cfg.num_heads, PRESENT_LEN, cfg.head_dim))
+        for name in kv_names(cfg, "decoder", "present")]
 
 
 def present_to_past_name(name: str) -> str:
-    """`present.{i}.decoder.*` (decoder output) -> `past_key_values.{i}.decoder.*` (next step's input)."""
-    return name.replace("present.", "past_key_values.", 1)
+    """The decoder input a `present.{i}.{side}.*` output feeds: `past_key_values.{i}.{side}.*` (the encoder's cross
+    K/V feed every decoder step; a decoder step's self-attention K/V feed the next step)."""
+    parts = parse_kv_name(name)
+    if parts is None or parts.io != "present":
+        raise ValueError(f"{name!r} is not a present.{{i}}.{{side}}.{{key|value}} output name")
+    return kv_name(parts.layer, parts.side, parts.part, "past")
 
 
 @dataclass(frozen=True)

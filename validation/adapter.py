@@ -30,27 +30,31 @@ class RunnerStepModel:
         if encoder.kind is not spec.GraphKind.ENCODER or decoder.kind is not spec.GraphKind.DECODER:
             raise ValueError(f"need an encoder and a decoder runner, got {encoder.kind} and {decoder.kind}")
         self.encoder, self.decoder = encoder, decoder
-        cfg = decoder.cfg
-        # decoder output name -> next step's input name, computed once: a step is ~0.3 ms at batch 1 and every
-        # microsecond of Python around it shows in tokens/s.
-        self._present_to_past = {spec.kv_name(i, "decoder", p, "present"): spec.kv_name(i, "decoder", p, "past")
-                                 for i in range(cfg.num_decoder_layers) for p in ("key", "value")} if cfg else None
+        # output name -> decoder input name per side, computed once the config is known (an eager runner loads its
+        # model when activated): a step is ~0.3 ms at batch 1 and every microsecond of Python around it shows.
+        self._present_to_past: dict[str, dict[str, str]] = {}
 
     @property
     def cfg(self):
         return self.decoder.cfg
 
+    def _names(self, side: str) -> dict[str, str]:
+        names = self._present_to_past.get(side)
+        if names is None:
+            names = self._present_to_past[side] = spec.present_to_past(self.cfg, side)
+        return names
+
     def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> State:
         out = self.encoder.infer({"input_ids": input_ids.astype(np.int64),
                                   "attention_mask": attention_mask.astype(np.int64)})
-        return {spec.encoder_to_decoder_name(k): v for k, v in out.items() if k.startswith("present.")}
+        return {past: out[present] for present, past in self._names("encoder").items()}
 
     def empty_past(self, batch: int) -> State:
         cfg = self.cfg
-        dtype = self.decoder.input_metadata()[spec.kv_name(0, "decoder", "key", "past")][0]
+        names = list(self._names("decoder").values())
+        dtype = self.decoder.input_metadata()[names[0]][0]
         empty = np.zeros((batch, cfg.num_heads, 0, cfg.head_dim), dtype=dtype)  # (B, H, 0, Dh)
-        return {spec.kv_name(i, "decoder", p, "past"): empty
-                for i in range(cfg.num_decoder_layers) for p in ("key", "value")}
+        return dict.fromkeys(names, empty)
 
     def step(self, input_ids: np.ndarray, encoder_attention_mask: np.ndarray, encoder_state: State,
              past: State) -> tuple[np.ndarray, State]:
@@ -65,7 +69,7 @@ class RunnerStepModel:
                              f"{self.decoder.limits.max_tgt_len}; lower --max-new-tokens or re-export with a larger "
                              "--max-tgt-len")
         out = self.decoder.infer(feed, check=False) if past_len else self.decoder.infer(feed)
-        names = self._present_to_past or {k: spec.present_to_past_name(k) for k in out if k.startswith("present.")}
+        names = self._names("decoder")
         logits = out["logits"][:, -1]  # (B, V); float32 as it is, narrower types widened for the loops' arithmetic
         return (logits if logits.dtype == np.float32 else logits.astype(np.float64),
                 {past: out[present] for present, past in names.items()})

@@ -118,9 +118,18 @@ def unavailable(backends: tuple[str, ...]) -> dict[str, str]:
 
 def available_backends(out: Path) -> tuple[str, ...]:
     """The backends `bench` can time here for the export in `out` (what the demo asks for)."""
-    names = ["eager", "eager-cuda", "ort"] + (["ort-fused"] if (Path(out) / "fused" / "ort").is_dir() else []) + \
-        (["ort-int8"] if (Path(out) / "quantized" / "ort-int8").is_dir() else []) + [*GPU_BACKENDS, "ct2"]
+    names = ["eager", "eager-cuda", "ort"] + [name for name, (folder, _) in _ort_folders(out).items()
+                                              if name != "ort" and folder.is_dir()] + [*GPU_BACKENDS, "ct2"]
     return tuple(n for n in names if n not in unavailable(tuple(names)))
+
+
+def _ort_folders(out: Path) -> dict[str, tuple[Path, str]]:
+    """ORT backend -> (the folder of its graphs, the stage that writes them)."""
+    from seq2trt.exporters.fuse import Target, fused_dir
+    from seq2trt.exporters.quantize import quantized_dir
+
+    return {"ort": (Path(out), "export"), "ort-fused": (fused_dir(out, Target.ORT), "fuse --target ort"),
+            "ort-int8": (quantized_dir(out), "quantize")}
 
 
 def _stats_ms(seconds: list[float]) -> dict[str, float]:
@@ -228,8 +237,7 @@ class Bench:
             engines = bb.engine_dir(self.out, name)
             runners = [runner_for(engines, kind, self.cfg, self.limits) for kind in _kinds()]
         else:
-            folder, stage = {"ort": (self.out, "export"), "ort-fused": (self.out / "fused" / "ort", "fuse --target ort"),
-                             "ort-int8": (self.out / "quantized" / "ort-int8", "quantize")}[name]
+            folder, stage = _ort_folders(self.out)[name]
             if not (folder / "encoder.onnx").exists():
                 raise InputError(f"{folder} holds no encoder.onnx; run `seq2trt {stage} {self.out}` first")
             runners = [OrtRunner(folder / kind.filename, self.cfg, kind, self.manifest.dtype, self.limits,

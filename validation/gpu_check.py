@@ -240,8 +240,10 @@ def _engines_vs_ort(flavour) -> dict:
     cfg, limits, rng = model.cfg, spec.Limits.for_model(model.cfg), np.random.default_rng(0)
     feeds = {spec.GraphKind.ENCODER: {"input_ids": rng.integers(3, 13, (2, 5)), "attention_mask": np.ones((2, 5), np.int64)}}
     dec = {"input_ids": rng.integers(3, 17, (2, 1)), "encoder_attention_mask": np.ones((2, 5), np.int64)}
-    for s in spec.inputs(cfg, spec.GraphKind.DECODER)[2:]:
-        dec[s.name] = rng.standard_normal((2, cfg.num_heads, 5 if ".encoder." in s.name else 3, cfg.head_dim)).astype(np.float32)
+    sizes = {spec.BATCH: 2, spec.SRC_LEN: 5, spec.PAST_LEN: 3}
+    for s in spec.inputs(cfg, spec.GraphKind.DECODER):
+        if s.dtype == "float":  # the cross and past K/V, shaped by their axes
+            dec[s.name] = rng.standard_normal(tuple(sizes.get(a, a) for a in s.axes)).astype(np.float32)
     feeds[spec.GraphKind.DECODER] = dec
     result = {"engines": str(engine_dir), "max_abs": {}}
     for kind, feed in feeds.items():

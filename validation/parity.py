@@ -155,14 +155,14 @@ def case_feeds(reference_encoder: Runner, reference_decoder: Runner, case: spec.
     ids, mask = _source(cfg, case, rng)
     encoder_feed = {"input_ids": ids, "attention_mask": mask}
     enc = reference_encoder.infer(encoder_feed)
-    cross = {spec.encoder_to_decoder_name(k): v for k, v in enc.items() if k.startswith("present.")}
+    cross = spec.kv_feed(cfg, "encoder", enc)
     empty = np.zeros((case.batch, cfg.num_heads, 0, cfg.head_dim))
-    past = {spec.kv_name(i, "decoder", p, "past"): empty for i in range(cfg.num_decoder_layers) for p in ("key", "value")}
+    past = dict.fromkeys(spec.kv_names(cfg, "decoder", "past"), empty)
     if case.past_len:
         prefix = rng.integers(3, cfg.tgt_vocab_size, size=(case.batch, case.past_len), dtype=np.int64)
         prefix[:, 0] = cfg.bos_id
         out = reference_decoder.infer({"input_ids": prefix, "encoder_attention_mask": mask, **cross, **past})
-        past = {spec.present_to_past_name(k): v for k, v in out.items() if k.startswith("present.")}
+        past = spec.kv_feed(cfg, "decoder", out)
     new = rng.integers(3, cfg.tgt_vocab_size, size=(case.batch, case.tgt_len), dtype=np.int64)
     decoder_feed = {"input_ids": new, "encoder_attention_mask": mask, **cross, **past}
     np_dtype = spec.numpy_dtype(dtype)

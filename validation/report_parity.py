@@ -1,7 +1,7 @@
 """`validate`: graph-level and end-to-end parity of an export directory, written to `reports/parity.json` / `.md`.
 
-`GRAPH_SETS` maps a `--graphs` name to the encoder/decoder files it validates; `BACKENDS` maps a `--backend`
-name to the runner class. Both are small lookups so later graph sets (fused ones) and backends plug in.
+`GRAPH_SETS` maps a `--graphs` name to the folder of the encoder/decoder files it validates; `BACKENDS` maps a
+`--backend` name to the runner class. Both are small lookups so later graph sets (fused ones) and backends plug in.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from typing import Callable
 import numpy as np
 
 from seq2trt.exporters import spec
+from seq2trt.exporters.fuse import Target, fused_dir, verify_fused
 from seq2trt.exporters.manifest import Manifest, verify
+from seq2trt.exporters.quantize import quantized_dir, verify_quantized
 from seq2trt.reference_model.decoding import DecodeSettings
 from seq2trt.reference_model.errors import CheckpointError, CheckFailed, InputError
 from seq2trt.reference_model.io import atomic_write_text, sha256_file
@@ -33,13 +35,12 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class GraphSet:
-    """The encoder and decoder files of one `--graphs` choice (relative to the export directory), and any
-    extra runner options they need for a dtype (e.g. `prepare` / `custom_op_libraries` for plugin graphs)."""
+    """The folder of one `--graphs` choice's encoder and decoder files (from the export directory), and any extra
+    runner options they need for a dtype (e.g. `prepare` / `custom_op_libraries` for plugin graphs)."""
 
-    encoder: str
-    decoder: str
+    folder: Callable[[Path], Path]
     runner_options: Callable[[str], dict] | None = None
-    fused_target: str | None = None  # fused graphs are checked against fusion.json, not the manifest
+    fused_target: Target | None = None  # fused graphs are checked against fusion.json, not the manifest
     quantized: bool = False  # int8 graphs: checked against quantization.json, judged by the int8 tolerances
 
 
@@ -52,16 +53,15 @@ def _plugin_graph_options(dtype: str) -> dict:
     return {"prepare": prepare, "custom_op_libraries": (register_reference_ops(),)}
 
 
-def _fused(target: str, runner_options: Callable[[str], dict] | None = None) -> GraphSet:
-    return GraphSet(*(f"fused/{target}/{kind.filename}" for kind in spec.GraphKind), runner_options, target)
+def _fused(target: Target, runner_options: Callable[[str], dict] | None = None) -> GraphSet:
+    return GraphSet(lambda out: fused_dir(out, target), runner_options, target)
 
 
 GRAPH_SETS: dict[str, GraphSet] = {
-    "plain": GraphSet(spec.GraphKind.ENCODER.filename, spec.GraphKind.DECODER.filename),
-    "fused-ort": _fused("ort"),
-    "fused-trt": _fused("trt", _plugin_graph_options),
-    "int8-ort": GraphSet(*(f"quantized/ort-int8/{kind.filename}" for kind in spec.GraphKind),
-                         lambda dtype: {"optimization": "extended"}, quantized=True),
+    "plain": GraphSet(Path),
+    "fused-ort": _fused(Target.ORT),
+    "fused-trt": _fused(Target.TRT, _plugin_graph_options),
+    "int8-ort": GraphSet(quantized_dir, lambda dtype: {"optimization": "extended"}, quantized=True),
 }
 # --backend name -> runner class taking (graph path, cfg, kind, dtype, limits, **options).
 BACKENDS: dict[str, Callable[..., Runner]] = {"ort": OrtRunner}
@@ -133,18 +133,11 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
     """Validate `out`, write its reports, and return the parity document; raise CheckFailed when anything fails."""
     out = Path(out)
     graph_set = GRAPH_SETS[settings.graphs]
-    encoder_file, decoder_file = graph_set.encoder, graph_set.decoder
-    if graph_set.fused_target or graph_set.quantized:
-        from seq2trt.exporters.fuse import Target, verify_fused
-        from seq2trt.exporters.quantize import verify_quantized
-
-        manifest = verify(out, [kind.filename for kind in spec.GraphKind])
-        if graph_set.quantized:
-            verify_quantized(out, manifest)
-        else:
-            verify_fused(out, Target(graph_set.fused_target), manifest)
-    else:
-        manifest = verify(out, [encoder_file, decoder_file])
+    manifest = verify(out, [kind.filename for kind in spec.GraphKind])  # every graph set derives from the export
+    if graph_set.quantized:
+        verify_quantized(out, manifest)
+    elif graph_set.fused_target:
+        verify_fused(out, graph_set.fused_target, manifest)
     cfg, dtype, limits = manifest.config, manifest.dtype, manifest.limits
     if settings.max_new_tokens is not None and not 1 <= settings.max_new_tokens <= limits.max_tgt_len - 1:
         raise InputError(f"--max-new-tokens {settings.max_new_tokens} is outside [1, {limits.max_tgt_len - 1}] (the "
@@ -154,8 +147,8 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
     runner = BACKENDS[settings.backend]
     options = {"device": settings.device, "intra_op_threads": settings.threads,
                **(graph_set.runner_options(dtype) if graph_set.runner_options else {})}
-    candidates = tuple(runner(out / f, cfg, kind, dtype, limits, **options)
-                       for f, kind in ((encoder_file, spec.GraphKind.ENCODER), (decoder_file, spec.GraphKind.DECODER)))
+    candidates = tuple(runner(graph_set.folder(out) / kind.filename, cfg, kind, dtype, limits, **options)
+                       for kind in spec.GraphKind)
     reference = model.double()
     references = tuple(EagerRunner(reference, kind, limits, name="eager-fp64") for kind in spec.GraphKind)
     with contextlib.ExitStack() as stack:  # runners leave in reverse order, restoring thread settings

@@ -135,13 +135,12 @@ class EagerRunner(Runner):
         with torch.inference_mode():
             if self.kind is spec.GraphKind.ENCODER:
                 hidden = self.model.encode(t["input_ids"], t["attention_mask"])
-                values = [hidden] + [x for kv in self.model.cross_kv(hidden) for x in kv]
+                values = [hidden] + spec.flatten_kv(self.model.cross_kv(hidden))
             else:
-                kv = lambda side: [tuple(t[spec.kv_name(i, side, p, "past")] for p in ("key", "value"))
-                                   for i in range(self.cfg.num_decoder_layers)]
+                kv = lambda side: spec.unflatten_kv([t[name] for name in spec.kv_names(self.cfg, side, "past")])
                 logits, present = self.model.decode_step(t["input_ids"], t["encoder_attention_mask"],
                                                          kv("encoder"), kv("decoder"))
-                values = [logits] + [x for pair in present for x in pair]
+                values = [logits] + spec.flatten_kv(present)
         names = [s.name for s in spec.outputs(self.cfg, self.kind)]
         return {n: _to_numpy(v, self._np_dtype) for n, v in zip(names, values)}
 

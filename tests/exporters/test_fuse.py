@@ -43,7 +43,7 @@ def feeds(cfg, rng, batch=3, src=7, tgt=2, past=5):
     dec = {"input_ids": rng.randint(3, cfg.tgt_vocab_size, (batch, tgt)).astype(np.int64),
            "encoder_attention_mask": mask}
     for s in spec.inputs(cfg, spec.GraphKind.DECODER)[2:]:
-        length = src if ".encoder." in s.name else past
+        length = src if spec.parse_kv_name(s.name).side == "encoder" else past
         dec[s.name] = rng.randn(batch, cfg.num_heads, length, cfg.head_dim)
     return {spec.GraphKind.ENCODER: enc, spec.GraphKind.DECODER: dec}
 

@@ -18,8 +18,40 @@ def test_names_follow_optimum():
     assert "past_key_values.1.decoder.value" in dec_in and len(dec_in) == 2 + 4 * CFG.num_decoder_layers
     enc_out = [s.name for s in spec.outputs(CFG, spec.GraphKind.ENCODER)]
     assert enc_out[0] == "encoder_hidden_states" and enc_out[-1] == "present.1.encoder.value"
-    assert spec.encoder_to_decoder_name("present.1.encoder.key") == "past_key_values.1.encoder.key"
+    assert spec.present_to_past_name("present.1.encoder.key") == "past_key_values.1.encoder.key"
     assert spec.present_to_past_name("present.0.decoder.value") == "past_key_values.0.decoder.value"
+    with pytest.raises(ValueError, match="not a present"):
+        spec.present_to_past_name("past_key_values.0.decoder.value")
+
+
+def test_kv_flatten_order_is_the_graphs():
+    """Layer-major, key before value: the order of the graphs' KV inputs and outputs."""
+    pairs = [("k0", "v0"), ("k1", "v1"), ("k2", "v2")]
+    assert spec.flatten_kv(pairs) == ["k0", "v0", "k1", "v1", "k2", "v2"]
+    assert spec.unflatten_kv(spec.flatten_kv(pairs)) == pairs
+    with pytest.raises(ValueError, match="pairs"):
+        spec.unflatten_kv(["k0", "v0", "k1"])
+    dec_in = [s.name for s in spec.inputs(CFG, spec.GraphKind.DECODER)]
+    assert dec_in[2:] == spec.kv_names(CFG, "encoder", "past") + spec.kv_names(CFG, "decoder", "past")
+    assert spec.kv_names(CFG, "decoder", "present") == [f"present.{i}.decoder.{p}" for i in range(2)
+                                                        for p in ("key", "value")]
+    dec_out = [s.name for s in spec.outputs(CFG, spec.GraphKind.DECODER)]
+    assert dec_out[1:] == spec.kv_names(CFG, "decoder", "present")
+
+
+def test_kv_names_parse_and_map_onto_the_next_inputs():
+    assert spec.parse_kv_name("present.3.encoder.value") == spec.KVName(3, "encoder", "value", "present")
+    assert spec.parse_kv_name("past_key_values.0.decoder.key") == spec.KVName(0, "decoder", "key", "past")
+    for other in ("logits", "input_ids", "present.x.decoder.key", "present.0.cross.key", "present.0.decoder.query"):
+        assert spec.parse_kv_name(other) is None
+    assert spec.present_to_past(CFG, "encoder") == {f"present.{i}.encoder.{p}": f"past_key_values.{i}.encoder.{p}"
+                                                    for i in range(2) for p in ("key", "value")}
+    outputs = {"logits": 0, "present.0.decoder.key": 1, "present.0.decoder.value": 2, "present.1.decoder.key": 3,
+               "present.1.decoder.value": 4}
+    assert spec.kv_feed(CFG, "decoder", outputs) == {"past_key_values.0.decoder.key": 1,
+                                                    "past_key_values.0.decoder.value": 2,
+                                                    "past_key_values.1.decoder.key": 3,
+                                                    "past_key_values.1.decoder.value": 4}
 
 
 def test_profiles_cover_a_zero_past_and_the_model_limits():
@@ -51,7 +83,7 @@ def test_sweep_has_the_boundaries():
 def _feed(batch=2, src=5, tgt=1, past=3, dtype=np.float32):
     feed = {"input_ids": np.zeros((batch, tgt), np.int64), "encoder_attention_mask": np.ones((batch, src), np.int64)}
     for s in spec.inputs(CFG, spec.GraphKind.DECODER)[2:]:
-        length = src if ".encoder." in s.name else past
+        length = src if spec.parse_kv_name(s.name).side == "encoder" else past
         feed[s.name] = np.zeros((batch, CFG.num_heads, length, CFG.head_dim), dtype)
     return feed
 
