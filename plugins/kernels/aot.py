@@ -121,7 +121,8 @@ def all_variants() -> list[Variant]:
     return out
 
 
-def parse_targets(text: str | Iterable[str]) -> list[str]:
+def parse_kernel_targets(text: str | Iterable[str]) -> list[str]:
+    """`"sm_80,sm_90"` (or names) -> ["sm_80", "sm_90"]: targets the kernels compile for (`TARGETS`), in order."""
     names = [t.strip() for t in (text.split(",") if isinstance(text, str) else text) if t.strip()]
     bad = [t for t in names if t not in TARGETS]
     if bad or not names:
@@ -275,7 +276,7 @@ def compile_all(out_dir: str | Path, targets: Iterable[str] = tuple(TARGETS), va
     progress(done, total, entry) is called after each artifact. jobs: worker processes (default: CPU count).
     """
     _triton()
-    out_dir, targets = Path(out_dir), parse_targets(targets)
+    out_dir, targets = Path(out_dir), parse_kernel_targets(targets)
     wanted = [(v, t) for t in targets for v in (all_variants() if variants is None else variants)]
     entries, todo, start = {}, [], time.perf_counter()
 
@@ -330,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{done}/{total}] {entry['target']} {entry['key']} shared={entry['shared']} {how}", flush=True)
 
     try:
-        index = compile_all(args.out, parse_targets(args.targets), variants, progress, args.jobs)
+        index = compile_all(args.out, parse_kernel_targets(args.targets), variants, progress, args.jobs)
     except (InputError, DependencyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -129,7 +129,7 @@ def test_cli_refuses_to_compile_under_the_interpreter(tmp_path, triton_cache):
 
 def test_unknown_target_is_refused():
     with pytest.raises(InputError, match="sm_70"):
-        aot.parse_targets("sm_80,sm_70")
+        aot.parse_kernel_targets("sm_80,sm_70")
 
 
 def _plans():
