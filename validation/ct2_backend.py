@@ -199,7 +199,7 @@ class Ct2Translator:
 
 
 @dataclass
-class Agreement:
+class GreedyComparison:
     """Greedy tokens of a candidate against the eager model's, on the same sources."""
 
     sequences: int
@@ -243,7 +243,7 @@ def eager_greedy(model, input_ids: np.ndarray, attention_mask: np.ndarray, max_n
 
 
 def compare_greedy(reference: tuple[list[list[int]], list[list[np.ndarray]]], candidate: list[list[int]], eos_id: int,
-                   candidate_logits: list[np.ndarray] | None = None, tie_margin: float = 1e-4) -> Agreement:
+                   candidate_logits: list[np.ndarray] | None = None, tie_margin: float = 1e-4) -> GreedyComparison:
     """Token-for-token agreement; a divergence where the reference's two candidates are within `tie_margin` is a tie."""
     ref_tokens, ref_logits = reference
     identical = ties = 0
@@ -267,12 +267,12 @@ def compare_greedy(reference: tuple[list[list[int]], list[list[np.ndarray]]], ca
             ties += 1
         mismatches.append(f"source {i}: diverges at step {step} (eager {ref_next}, candidate {got_next}, "
                           f"eager margin {margin if margin is None else f'{margin:.2e}'})")
-    return Agreement(len(ref_tokens), identical, ties, tie_margin, max(by_step) if by_step else None, mismatches,
-                     by_step if candidate_logits is not None else None)
+    return GreedyComparison(len(ref_tokens), identical, ties, tie_margin, max(by_step) if by_step else None,
+                            mismatches, by_step if candidate_logits is not None else None)
 
 
 def check_agreement(model, translator: Ct2Translator, input_ids: np.ndarray, attention_mask: np.ndarray,
-                    max_new_tokens: int, require: bool = True) -> Agreement:
+                    max_new_tokens: int, require: bool = True) -> GreedyComparison:
     """Decode the same sources with both; raise `CheckFailed` (when `require`) unless every sequence agrees."""
     reference = eager_greedy(model, input_ids, attention_mask, max_new_tokens)
     result = translator.greedy(input_ids, attention_mask, max_new_tokens, return_logits=True)

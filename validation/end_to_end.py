@@ -68,7 +68,9 @@ class PairedStepModel:
 
 
 @dataclass
-class Agreement:
+class SequenceAgreement:
+    """How far a candidate's freely decoded sequences agree with the reference's, token by token."""
+
     samples: int
     token_agreement: float
     sequence_match: float
@@ -76,7 +78,7 @@ class Agreement:
     divergent_samples: list[int] = field(default_factory=list)  # indices, first 20
 
 
-def agreement(reference: list[list[int]], candidate: list[list[int]], eos_id: int) -> Agreement:
+def agreement(reference: list[list[int]], candidate: list[list[int]], eos_id: int) -> SequenceAgreement:
     matched = total = exact = 0
     first: int | None = None
     divergent = []
@@ -91,15 +93,16 @@ def agreement(reference: list[list[int]], candidate: list[list[int]], eos_id: in
             step = same.index(False)
             first = step if first is None else min(first, step)
             divergent.append(i)
-    return Agreement(len(reference), matched / max(total, 1), exact / max(len(reference), 1), first, divergent[:20])
+    return SequenceAgreement(len(reference), matched / max(total, 1), exact / max(len(reference), 1), first,
+                             divergent[:20])
 
 
 @dataclass
 class EndToEndResult:
     dtype: str
     samples: int
-    greedy: Agreement
-    beam: Agreement
+    greedy: SequenceAgreement
+    beam: SequenceAgreement
     beam_size: int
     max_logit_abs_err: float  # along the eager greedy path: the target
     beam_max_logit_abs_err: float  # along the eager beam search: reported
