@@ -13,6 +13,8 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
+from .errors import ConfigError
+
 
 class StepModel(Protocol):
     def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> Any:
@@ -69,7 +71,7 @@ class DecodeSettings:
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+            raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
 
 StepHook = Callable[[int, np.ndarray, np.ndarray], None]  # (step, rows (b,), logits (b, V))
