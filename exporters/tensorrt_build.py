@@ -3,7 +3,7 @@
 Load -> validate -> transform -> save, CTranslate2-converter style: register the attention plugin, parse the graph
 into a strongly typed network (precision comes from the graph's own types, as TensorRT 11 requires), set one
 optimization profile from `profiles` ({input name: (min, opt, max) shape}, from `exporters.spec`), the compute
-capability targets, workspace and builder optimization level, then serialize. The plan bytes come back with a
+capability targets, workspace limit and builder optimization level, then serialize. The plan bytes come back with a
 description of the network (layer types, how many plugin layers) for build.json and the tests.
 
 Flavour differences (targets, timing cache, the RTX parser's library) are `plugins.trt_compat`'s business.
@@ -37,7 +37,9 @@ FLOAT_DTYPES = {"fp32": "FLOAT", "fp16": "HALF", "bf16": "BF16"}
 @dataclass(frozen=True)
 class BuildSettings:
     flavour: trt_compat.Flavour = trt_compat.Flavour.TENSORRT_RTX
-    workspace_bytes: int | None = None  # None: TensorRT's default (the device's memory)
+    # TensorRT's cap on its workspace memory pool, in bytes (what every layer's workspace, the plugin's included, must
+    # fit in); None: TensorRT's default (the device's memory).
+    workspace_limit: int | None = None
     optimization_level: int = 3  # TensorRT's default; 0-5, higher searches longer for faster tactics
     timing_cache: Path | None = None  # enterprise TensorRT only; ignored by TensorRT-RTX
     plugin: bool = True  # register the attention plugin before parsing
@@ -257,8 +259,8 @@ def _build(onnx_path: Path, profiles: Profiles, targets, dtype: str | None, sett
     if dtype is not None and dtype != found:
         raise InputError(f"{onnx_path.name} is a {found} graph, not {dtype}: TensorRT networks are strongly typed, "
                          f"so precision comes from the export; re-export with --dtype {dtype}")
-    need = plugin_workspace_bytes(model, profiles) if settings.workspace_bytes is not None else 0
-    if need and need > settings.workspace_bytes:  # TensorRT-RTX can abort instead of failing cleanly
+    need = plugin_workspace_bytes(model, profiles) if settings.workspace_limit is not None else 0
+    if need and need > settings.workspace_limit:  # TensorRT-RTX can abort instead of failing cleanly
         raise InputError(f"the attention plugin needs {need / 2**20:.1f} MiB of workspace at batch "
                          f"{max(hi[0] for _l, _o, hi in profiles.values())}; raise the workspace limit to at least "
                          f"{-(-need // 2**20)} MiB or lower the maximum batch")
@@ -269,8 +271,8 @@ def _build(onnx_path: Path, profiles: Profiles, targets, dtype: str | None, sett
     config.builder_optimization_level = settings.optimization_level
     if found == "fp32" and not settings.allow_tf32:
         config.clear_flag(trt.BuilderFlag.TF32)
-    if settings.workspace_bytes is not None:
-        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, settings.workspace_bytes)
+    if settings.workspace_limit is not None:
+        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, settings.workspace_limit)
     trt_compat.attach_timing_cache(settings.flavour, config, settings.timing_cache)
     info = describe(trt, network)
     start = time.perf_counter()

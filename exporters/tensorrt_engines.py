@@ -44,7 +44,7 @@ class EngineRequest:
     limits: spec.Limits | None = None  # None: the export's limits
     plugin: bool = True
     optimization_level: int = 3
-    workspace_bytes: int | None = None
+    workspace_limit: int | None = None  # bytes; `tensorrt_build.BuildSettings.workspace_limit`
     force: bool = False
     timing_cache: Path | None = None  # enterprise TensorRT only
 
@@ -57,15 +57,16 @@ def source_graphs(out: Path, plugin: bool) -> dict[spec.GraphKind, tuple[Path, s
     """Graph kind -> (ONNX path, its verified sha256): the export's graphs (manifest.json) for --no-plugin, else
     the fused TensorRT graphs (fusion.json, fused from this very export)."""
     out = Path(out)
-    manifest = manifest_mod.verify(out, [k.filename for k in spec.GraphKind])
+    manifest = manifest_mod.verify(out, [graph.filename for graph in spec.GraphKind])
     if not plugin:
-        return {k: (out / k.filename, manifest.data["files"][k.filename]["sha256"]) for k in spec.GraphKind}
+        return {graph: (out / graph.filename, manifest.data["files"][graph.filename]["sha256"])
+                for graph in spec.GraphKind}
     if not (fuse.fused_dir(out, fuse.Target.TRT) / fuse.FUSION_JSON).exists():
         raise ArtifactError(f"{out} has no fused TensorRT graphs: run `seq2trt fuse {out} --target trt` first, or "
                             "build the unfused graphs with --no-plugin")
     report = fuse.verify_fused(out, fuse.Target.TRT)
     folder = fuse.fused_dir(out, fuse.Target.TRT)
-    return {k: (folder / k.filename, report["files"][k.filename]["sha256"]) for k in spec.GraphKind}
+    return {graph: (folder / graph.filename, report["files"][graph.filename]["sha256"]) for graph in spec.GraphKind}
 
 
 def _seq2trt_version() -> str | None:
@@ -92,12 +93,12 @@ def build_engines(out: Path, request: EngineRequest,
     if engine_dir.is_dir() and any(engine_dir.iterdir()) and not request.force:  # refuse before any work
         raise ArtifactError(f"engine directory {engine_dir} already exists; pass --force to replace it")
     graphs = source_graphs(out, request.plugin)
-    for kind, (path, _digest) in graphs.items():  # a damaged graph can crash TensorRT's parser, not just fail it
-        fuse.load_graph(path, cfg, kind, manifest.dtype)
+    for graph, (path, _digest) in graphs.items():  # a damaged graph can crash TensorRT's parser, not just fail it
+        fuse.load_graph(path, cfg, graph, manifest.dtype)
     profiles = spec.profiles(cfg, limits)
     if request.timing_cache is not None and not trt_compat.FLAVOURS[flavour].timing_cache:
         logger.warning("%s has no timing cache; --timing-cache is ignored", flavour.value)
-    settings = BuildSettings(flavour, request.workspace_bytes, request.optimization_level, request.timing_cache,
+    settings = BuildSettings(flavour, request.workspace_limit, request.optimization_level, request.timing_cache,
                              plugin=request.plugin)
     record = {"graphs": {}}
     lock = engine_dir.parent / f".{engine_dir.name}.lock"
@@ -105,16 +106,16 @@ def build_engines(out: Path, request: EngineRequest,
     # raised at the end; the staged directory is then removed and the old engines stay.
     with locked(lock, str(engine_dir)), staged_directory(engine_dir, request.force, "engine") as tmp, \
             deferred_interrupt():
-        for done, (kind, (path, digest)) in enumerate(graphs.items()):
-            report = (lambda phase, _d, _t, k=kind, n=done: progress(k.value, phase, n)) if progress else None
-            result = build(path, profiles[kind], request.targets, dtype, settings, report)
-            atomic_write_bytes(tmp / f"{kind.value}.plan", result.plan)
-            record["graphs"][kind.value] = {
+        for done, (graph, (path, digest)) in enumerate(graphs.items()):
+            report = (lambda phase, _d, _t, g=graph, n=done: progress(g.value, phase, n)) if progress else None
+            result = build(path, profiles[graph], request.targets, dtype, settings, report)
+            atomic_write_bytes(tmp / f"{graph.value}.plan", result.plan)
+            record["graphs"][graph.value] = {
                 "source": str(path.relative_to(out)), "source_sha256": digest,
-                "plan": f"{kind.value}.plan", "plan_bytes": len(result.plan),
+                "plan": f"{graph.value}.plan", "plan_bytes": len(result.plan),
                 "plan_sha256": hashlib.sha256(result.plan).hexdigest(),
                 "build_seconds": round(result.seconds, 3), "profiles": {n: [list(s) for s in p]
-                                                                        for n, p in profiles[kind].items()},
+                                                                        for n, p in profiles[graph].items()},
                 **result.network.to_json()}
             record["tensorrt_version"] = result.tensorrt_version
         if progress:
@@ -126,7 +127,7 @@ def build_engines(out: Path, request: EngineRequest,
             "plugin": {"name": PLUGIN_NAME, "version": PLUGIN_VERSION, "namespace": PLUGIN_NAMESPACE,
                        "used": request.plugin,
                        "layers": {k: g["plugin_layers"] for k, g in record["graphs"].items()}},
-            "builder_optimization_level": request.optimization_level, "workspace_bytes": request.workspace_bytes,
+            "builder_optimization_level": request.optimization_level, "workspace_bytes": request.workspace_limit,
             "seq2trt_version": _seq2trt_version(), "spec_revision": spec.SPEC_REVISION,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         })

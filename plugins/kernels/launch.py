@@ -123,7 +123,8 @@ def decode_workspace_bytes(batch_heads: int, head_dim: int, num_splits: int = MA
 
 
 def workspace_bytes(attrs: AttentionAttrs, max_batch: int) -> int:
-    """Scratch for any call of this op up to max_batch: one query token takes flash-decoding, for every kind."""
+    """The op's workspace: scratch for any call up to max_batch (one query token takes flash-decoding, in every kind),
+    whatever the dtype (the partials are fp32). What the TensorRT plugin asks for, within the builder's limit."""
     return decode_workspace_bytes(max_batch * attrs.num_heads, attrs.head_dim)
 
 

@@ -130,7 +130,7 @@ def test_refusals(tmp_path, build):
     with pytest.raises(InputError, match="plugin is disabled"):
         build(path, profiles, "sm_86", settings=BuildSettings(plugin=False))
     with pytest.raises(InputError, match="plugin needs .* MiB of workspace at batch 4"):
-        build(path, profiles, "sm_86", settings=BuildSettings(workspace_bytes=1024))
+        build(path, profiles, "sm_86", settings=BuildSettings(workspace_limit=1024))
 
 
 # --- the build stage on a real export of a tiny model ------------------------------------------------------------

@@ -34,9 +34,9 @@ def test_activation_without_gpu_says_so(make_model):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.skipif(not HAS_RTX, reason="tensorrt_rtx is not installed (pip install 'seq2trt[rtx]')")
-@pytest.mark.parametrize("kind", list(spec.GraphKind))
+@pytest.mark.parametrize("graph", list(spec.GraphKind))
 @pytest.mark.parametrize("plugin", [False, True])
-def test_engine_matches_onnxruntime(tmp_path, monkeypatch, make_model, kind, plugin):
+def test_engine_matches_onnxruntime(tmp_path, monkeypatch, make_model, graph, plugin):
     """Unfused engines, and fused engines whose attention runs the AOT-compiled kernels through the plugin."""
     from seq2trt.exporters.fuse import Target, fuse_artifacts
     from seq2trt.exporters.onnx_export import export
@@ -60,15 +60,15 @@ def test_engine_matches_onnxruntime(tmp_path, monkeypatch, make_model, kind, plu
     engine_dir = build_engines(out, EngineRequest("tensorrt-rtx", ("current",), plugin=plugin))
     rng = np.random.default_rng(0)
     B, S, T, P = 3, 9, 2, 5
-    feed = {"input_ids": rng.integers(3, model.cfg.src_vocab_size, (B, S if kind is spec.GraphKind.ENCODER else T)),
-            "attention_mask" if kind is spec.GraphKind.ENCODER else "encoder_attention_mask":
+    feed = {"input_ids": rng.integers(3, model.cfg.src_vocab_size, (B, S if graph is spec.GraphKind.ENCODER else T)),
+            "attention_mask" if graph is spec.GraphKind.ENCODER else "encoder_attention_mask":
                 np.ones((B, S), dtype=np.int64)}
-    if kind is spec.GraphKind.DECODER:
-        for s in spec.inputs(model.cfg, kind)[2:]:
+    if graph is spec.GraphKind.DECODER:
+        for s in spec.inputs(model.cfg, graph)[2:]:
             length = S if ".encoder." in s.name else P
             feed[s.name] = rng.standard_normal((B, model.cfg.num_heads, length, model.cfg.head_dim)).astype(np.float32)
-    with OrtRunner(out / kind.filename, model.cfg, kind, "fp32", limits) as ort, \
-            runner_for(engine_dir, kind, model.cfg) as trt:
+    with OrtRunner(out / graph.filename, model.cfg, graph, "fp32", limits) as ort, \
+            runner_for(engine_dir, graph, model.cfg) as trt:
         want, got = ort.infer(feed), trt.infer(feed)
     assert set(got) == set(want)
     for name in want:
