@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 from .errors import InputError
 from .vocab import Vocab
@@ -55,6 +55,13 @@ class Task:
     target_vocab: Vocab
     sample: Callable[[random.Random], tuple[str, str]]  # a training pair
     heldout: Callable[[int], list[tuple[str, str]]]  # the fixed held-out pairs, first n
+
+    def exact_match(self, outputs: Sequence[Sequence[int]], pairs: Sequence[tuple[str, str]]) -> float:
+        """The task's metric: the fraction of `outputs` (target ids, eos excluded, one per pair of `pairs` in order)
+        whose text is exactly the pair's target."""
+        if len(outputs) != len(pairs) or not pairs:
+            raise ValueError(f"exact match needs one output per pair, got {len(outputs)} outputs for {len(pairs)} pairs")
+        return sum(self.target_vocab.decode(o) == target for o, (_, target) in zip(outputs, pairs)) / len(pairs)
 
 
 def _is_heldout(n: int) -> bool:

@@ -108,13 +108,11 @@ def heldout_exact_match(model: Seq2SeqTransformer, task: Task, count: int, batch
     pairs = task.heldout(count)
     step_model = EagerStepModel(model)
     settings = DecodeSettings(BOS_ID, EOS_ID, PAD_ID, model.cfg.max_tgt_len - 1)
-    correct = 0
+    outputs = []
     for i in range(0, len(pairs), batch_size):
-        chunk = pairs[i: i + batch_size]
-        src_ids, src_mask = pad_batch([task.source_vocab.encode(s) + [EOS_ID] for s, _ in chunk])
-        outputs = greedy_decode(step_model, src_ids, src_mask, settings)
-        correct += sum(task.target_vocab.decode(out) == ref for out, (_, ref) in zip(outputs, chunk))
-    return correct / len(pairs)
+        src_ids, src_mask = pad_batch([task.source_vocab.encode(s) + [EOS_ID] for s, _ in pairs[i: i + batch_size]])
+        outputs += greedy_decode(step_model, src_ids, src_mask, settings)
+    return task.exact_match(outputs, pairs)
 
 
 def default_cache_root() -> Path:

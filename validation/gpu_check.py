@@ -93,20 +93,17 @@ def eager(checkpoint: str, out: str, aot_index: str | None = None) -> int:
     ids, mask = pad_batch([task.source_vocab.encode(s) + [cfg.eos_id] for s, _ in pairs])
     cpu, gpu = EagerStepModel(model), EagerStepModel(gpu_model.cuda(), device="cuda")
 
-    def exact(outputs) -> float:
-        return sum(task.target_vocab.decode(o) == t for o, (_, t) in zip(outputs, pairs)) / len(pairs)
-
     cpu_outputs = greedy_decode(cpu, ids, mask, settings)
     cpu_beam = beam_search(cpu, ids[:200], mask[:200], settings, beam_size=4)
     runs = {"eager": contextlib.nullcontext}
-    runs["kernels_triton"] = lambda: kernel_attention(triton_run)
+    runs["kernels_triton"] = lambda: kernel_attention(gpu_model, triton_run)
     if aot_index:
         from seq2trt.plugins.kernel_launch import CudaDriverLauncher
 
         major, minor = torch.cuda.get_device_capability()
         launcher = CudaDriverLauncher(Path(aot_index), 10 * major + minor)
-        runs["kernels_cubin"] = lambda: kernel_attention(cubin_run(launcher))
-    doc = {"heldout_examples": len(pairs), "heldout_exact_match_cpu": exact(cpu_outputs),
+        runs["kernels_cubin"] = lambda: kernel_attention(gpu_model, cubin_run(launcher))
+    doc = {"heldout_examples": len(pairs), "heldout_exact_match_cpu": task.exact_match(cpu_outputs, pairs),
            "beam_examples": len(cpu_beam)}
     ok = True
     for name, context in runs.items():
@@ -115,7 +112,7 @@ def eager(checkpoint: str, out: str, aot_index: str | None = None) -> int:
                 outputs = greedy_decode(gpu, ids, mask, settings)
                 beam = beam_search(gpu, ids[:200], mask[:200], settings, beam_size=4)
                 speed = {f"B{b}": _greedy_tokens_per_s(gpu, ids[:b], mask[:b], settings) for b in (1, 32)}
-            doc[name] = {"heldout_exact_match": exact(outputs),
+            doc[name] = {"heldout_exact_match": task.exact_match(outputs, pairs),
                          "greedy_sequence_match_vs_cpu": sum(a == b for a, b in zip(outputs, cpu_outputs)) / len(pairs),
                          "beam_sequence_match_vs_cpu": sum(a == b for a, b in zip(beam, cpu_beam)) / len(cpu_beam),
                          "greedy_tokens_per_s": speed}

@@ -123,9 +123,8 @@ def heldout_exact_match(task_name: str, samples: int) -> tuple[str, Callable[[li
     from seq2trt.reference_model.tasks import get_task
 
     task = get_task(task_name)
-    references = [target for _, target in task.heldout(samples)]
-    score = lambda outputs: sum(task.target_vocab.decode(o) == r for o, r in zip(outputs, references)) / len(outputs)
-    return "held-out exact match", score
+    pairs = task.heldout(samples)
+    return "held-out exact match", lambda outputs: task.exact_match(outputs, pairs)
 
 
 def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | None = None,

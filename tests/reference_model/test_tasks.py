@@ -32,3 +32,13 @@ def test_vocabularies_encode_and_refuse_unknown_symbols():
         task.source_vocab.encode("12x")
     with pytest.raises(InputError, match="unknown task"):
         get_task("poetry")
+
+
+def test_exact_match_scores_whole_texts_in_order():
+    task = get_task("numbers")
+    pairs = [("42", "forty two"), ("7", "seven"), ("100", "one hundred")]
+    ids = lambda text: task.target_vocab.encode(text)
+    assert task.exact_match([ids("forty two"), ids("seven"), ids("one hundred")], pairs) == 1.0
+    assert task.exact_match([ids("forty two"), ids("seven one"), ids("seven")], pairs) == pytest.approx(1 / 3)
+    with pytest.raises(ValueError, match="one output per pair"):
+        task.exact_match([ids("forty two")], pairs)
