@@ -37,7 +37,7 @@ def demo(out: Path, samples: int, force: bool) -> None:
     from seq2trt.reference_model.train import demo_checkpoint
     from seq2trt.validation.bench import BenchSettings, run_bench, unavailable
     from seq2trt.validation.report import write_report
-    from seq2trt.validation.report_parity import ValidateSettings, run_validation
+    from seq2trt.validation.validate import ValidateSettings, run_validation
 
     from .export_commands import quiet_exporters
     from .progress import progress_bar

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from seq2trt.exporters.spec import DEFAULT_OPSET, DTYPES
-from seq2trt.validation.report_parity import BACKENDS, GRAPH_SETS, ValidateSettings
+from seq2trt.validation.validate import BACKENDS, GRAPH_SETS, ValidateSettings
 
 # The exporter's libraries log every graph pass at INFO and warn about optional torchvision ops.
 _CHATTY = ("onnxscript", "onnx_ir", "torch.onnx", "torch.export", "torch._export")
@@ -70,7 +70,7 @@ def validate(out: Path, backend: str, graphs: str, samples: int, beam_size: int,
              checkpoint: Path | None, device: str, threads: int, seed: int) -> None:
     """Check OUT's graphs against the eager model: graph-level parity over the spec's shape sweep, then greedy
     and beam decoding end to end. Writes OUT/reports/parity.json and parity.md; exits 1 on any failure."""
-    from seq2trt.validation.report_parity import run_validation
+    from seq2trt.validation.validate import run_validation
 
     settings = ValidateSettings(backend=backend, graphs=graphs, samples=samples, beam_size=beam_size,
                                 max_new_tokens=max_new_tokens, device=device, threads=threads, seed=seed)

@@ -180,7 +180,7 @@ class Bench:
     # -- preparation ----------------------------------------------------------------------------------------
     def _reference(self):
         if self.model is None:
-            from .report_parity import load_reference
+            from .reference import load_reference
 
             self.model, self.task = load_reference(self.manifest, self.checkpoint)
         return self.model
@@ -188,7 +188,7 @@ class Bench:
     def _prepare_ct2(self) -> dict:
         """Convert the weights for each requested CTranslate2 variant and check its greedy tokens."""
         from . import ct2_backend
-        from .report_parity import e2e_sources
+        from .reference import e2e_sources
 
         checks = {}
         model = self._reference()

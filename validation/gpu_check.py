@@ -138,7 +138,7 @@ def pipeline(checkpoint: str, export_dir: str, out: str) -> int:
     from seq2trt.exporters.onnx_export import export
     from seq2trt.reference_model.checkpoint import load_checkpoint, source_record
     from seq2trt.reference_model.errors import Seq2TrtError
-    from seq2trt.validation.report_parity import ValidateSettings, run_validation
+    from seq2trt.validation.validate import ValidateSettings, run_validation
 
     model, _ = load_checkpoint(Path(checkpoint))
     export(model, Path(export_dir), force=True, source=source_record(Path(checkpoint)))

@@ -101,7 +101,7 @@ def _parity(out: Path) -> list[str]:
                      f"{'yes' if doc.get('passed') else 'NO'} | {agree('greedy')} | {agree('beam')} | {err} | "
                      f"{metric} |")
     for name, doc in docs.items():
-        lines += ["", _demote(report_parity._markdown(doc))]
+        lines += ["", _demote(report_parity.markdown(doc))]
     return lines + [""]
 
 

@@ -31,7 +31,7 @@ from seq2trt.reference_model.checkpoint import load_checkpoint
 from seq2trt.reference_model.errors import Seq2TrtError
 from seq2trt.reference_model.io import sha256_file
 from seq2trt.validation.report import write_report
-from seq2trt.validation.report_parity import ValidateSettings, run_validation
+from seq2trt.validation.validate import ValidateSettings, run_validation
 
 SEED = 9
 HAS_RTX = importlib.util.find_spec("tensorrt_rtx") is not None

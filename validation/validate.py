@@ -1,0 +1,157 @@
+"""`validate`: graph-level and end-to-end parity of an export directory, written to `reports/parity.json` / `.md`.
+
+`GRAPH_SETS` maps a `--graphs` name to the folder of the encoder/decoder files it validates; `BACKENDS` maps a
+`--backend` name to the runner class. Both are small lookups so later graph sets (fused ones) and backends plug in.
+The reports are rendered by `report_parity`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from seq2trt.exporters import spec
+from seq2trt.exporters.fuse import Target, fused_dir, verify_fused
+from seq2trt.exporters.manifest import Manifest, verify
+from seq2trt.exporters.quantize import quantized_dir, verify_quantized
+from seq2trt.reference_model.decoding import DecodeSettings
+from seq2trt.reference_model.errors import CheckFailed, InputError
+
+from .adapter import RunnerStepModel
+from .end_to_end import EndToEndResult, end_to_end
+from .parity import GraphParity, graph_parity
+from .reference import e2e_sources, load_reference
+from .report_parity import write_reports
+from .runners import EagerRunner, OrtRunner, Runner
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GraphSet:
+    """The folder of one `--graphs` choice's encoder and decoder files (from the export directory), and any extra
+    runner options they need for a dtype (e.g. `prepare` / `custom_op_libraries` for plugin graphs)."""
+
+    folder: Callable[[Path], Path]
+    runner_options: Callable[[str], dict] | None = None
+    fused_target: Target | None = None  # fused graphs are checked against fusion.json, not the manifest
+    quantized: bool = False  # int8 graphs: checked against quantization.json, judged by the int8 tolerances
+
+
+def _plugin_graph_options(dtype: str) -> dict:
+    """Plugin nodes run the op's PyTorch reference inside ONNX Runtime (bf16: on the graph's fp32 twin)."""
+    from seq2trt.plugins.plugin_cpu import for_cpu, register_reference_ops
+    from .runners import emulate_bf16
+
+    prepare = (lambda m: for_cpu(emulate_bf16(m), "fp32")) if dtype == "bf16" else (lambda m: for_cpu(m, dtype))
+    return {"prepare": prepare, "custom_op_libraries": (register_reference_ops(),)}
+
+
+def _fused(target: Target, runner_options: Callable[[str], dict] | None = None) -> GraphSet:
+    return GraphSet(lambda out: fused_dir(out, target), runner_options, target)
+
+
+GRAPH_SETS: dict[str, GraphSet] = {
+    "plain": GraphSet(Path),
+    "fused-ort": _fused(Target.ORT),
+    "fused-trt": _fused(Target.TRT, _plugin_graph_options),
+    "int8-ort": GraphSet(quantized_dir, lambda dtype: {"optimization": "extended"}, quantized=True),
+}
+# --backend name -> runner class taking (graph path, cfg, kind, dtype, limits, **options).
+BACKENDS: dict[str, Callable[..., Runner]] = {"ort": OrtRunner}
+
+
+@dataclass(frozen=True)
+class ValidateSettings:
+    backend: str = "ort"
+    graphs: str = "plain"
+    samples: int = 1000
+    beam_size: int = 4
+    max_new_tokens: int | None = None  # None: the limits' max_tgt_len - 1 (32 for models without a task)
+    device: str = "cpu"
+    threads: int = 1  # small decoding calls: one thread is fastest and robust on a shared CPU
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise InputError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        if self.graphs not in GRAPH_SETS:
+            raise InputError(f"unknown graph set {self.graphs!r}; choose one of {', '.join(GRAPH_SETS)}")
+        if self.samples < 0 or self.beam_size < 1:
+            raise InputError(f"--samples must be >= 0 and --beam >= 1, got {self.samples} and {self.beam_size}")
+
+
+def heldout_exact_match(task_name: str, samples: int) -> tuple[str, Callable[[list[list[int]]], float]]:
+    """The task's metric on greedy outputs of its first `samples` held-out sources: exact match of the text."""
+    from seq2trt.reference_model.tasks import get_task
+
+    task = get_task(task_name)
+    pairs = task.heldout(samples)
+    return "held-out exact match", lambda outputs: task.exact_match(outputs, pairs)
+
+
+def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | None = None,
+                   progress: Callable[[str], None] | None = None) -> dict:
+    """Validate `out`, write its reports, and return the parity document; raise CheckFailed when anything fails."""
+    out = Path(out)
+    graph_set = GRAPH_SETS[settings.graphs]
+    manifest = verify(out, [kind.filename for kind in spec.GraphKind])  # every graph set derives from the export
+    if graph_set.quantized:
+        verify_quantized(out, manifest)
+    elif graph_set.fused_target:
+        verify_fused(out, graph_set.fused_target, manifest)
+    cfg, dtype, limits = manifest.config, manifest.dtype, manifest.limits
+    if settings.max_new_tokens is not None and not 1 <= settings.max_new_tokens <= limits.max_tgt_len - 1:
+        raise InputError(f"--max-new-tokens {settings.max_new_tokens} is outside [1, {limits.max_tgt_len - 1}] (the "
+                         f"export's max_tgt_len {limits.max_tgt_len}, bos included); lower it or re-export with a "
+                         "larger --max-tgt-len")
+    model, task_name = load_reference(manifest, checkpoint)
+    runner = BACKENDS[settings.backend]
+    options = {"device": settings.device, "intra_op_threads": settings.threads,
+               **(graph_set.runner_options(dtype) if graph_set.runner_options else {})}
+    candidates = tuple(runner(graph_set.folder(out) / kind.filename, cfg, kind, dtype, limits, **options)
+                       for kind in spec.GraphKind)
+    reference = model.double()
+    references = tuple(EagerRunner(reference, kind, limits, name="eager-fp64") for kind in spec.GraphKind)
+    with contextlib.ExitStack() as stack:  # runners leave in reverse order, restoring thread settings
+        for r in candidates + references:
+            stack.enter_context(r)
+        if progress:
+            progress("graph-level parity over the spec sweep")
+        precision = "int8" if graph_set.quantized else dtype  # which tolerances and targets judge the graphs
+        graphs = graph_parity(candidates, references, spec.sweep(limits), seed=settings.seed, tolerances=precision)
+        e2e = None
+        if settings.samples:
+            sources, origin = e2e_sources(cfg, task_name, settings.samples, settings.seed)
+            cap = limits.max_tgt_len - 1 if task_name else min(32, limits.max_tgt_len - 1)
+            decode = DecodeSettings(cfg.bos_id, cfg.eos_id, cfg.pad_id, settings.max_new_tokens or cap)
+            e2e = end_to_end(RunnerStepModel(*candidates), RunnerStepModel(*references), sources, decode, precision,
+                             beam_size=settings.beam_size, batch_size=limits.max_batch, progress=progress,
+                             task_metric=heldout_exact_match(task_name, settings.samples) if task_name else None)
+    document = parity_document(manifest, settings, graphs, e2e, origin if settings.samples else None)
+    write_reports(out, document)
+    failures = graphs.failures() + (e2e.failures() if e2e is not None else [])
+    if failures:
+        raise CheckFailed(f"parity failed for {out} ({len(failures)} failing checks; see "
+                          f"{out}/reports/parity.md):\n  " + "\n  ".join(failures))
+    return document
+
+
+def parity_document(manifest: Manifest, settings: ValidateSettings, graphs: GraphParity,
+                    e2e: EndToEndResult | None, e2e_origin: str | None) -> dict:
+    e2e_doc = None if e2e is None else {**e2e.to_dict(), "inputs": e2e_origin}
+    return {
+        "passed": bool(graphs) and (e2e is None or bool(e2e)),
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "backend": settings.backend, "graphs_set": settings.graphs, "dtype": manifest.dtype,
+        "settings": {k: v for k, v in vars(settings).items()},
+        "reference": "eager PyTorch, float64",
+        "graphs": graphs.summary(),
+        "graph_failures": graphs.failures(),
+        "cases": len(graphs.cases),
+        "end_to_end": e2e_doc,
+    }
