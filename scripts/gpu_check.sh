@@ -3,7 +3,8 @@
 #
 #   scripts/gpu_check.sh OUT_DIR
 #
-# Runs every GPU-only check of seq2trt and writes JSON results into OUT_DIR, within about 8 minutes:
+# Runs every GPU-only check of seq2trt and writes JSON results into OUT_DIR, within about 8 minutes (each step but
+# kernels and gpu_tests is a subcommand of scripts/gpu_check.py):
 #   env.json          the machine: GPU, driver, torch / triton / onnxruntime versions, providers, TensorRT flavours
 #   kernels/          Triton attention kernels on the device vs the float64 reference, through triton's JIT and,
 #                     when .gpu/kernels/index.json was carried, through the ahead-of-time cubins as the plugin
@@ -62,22 +63,22 @@ step() {  # step NAME LIMIT_SECONDS COMMAND...
     tail -n 5 "$out/$name.log"
 }
 
-step env 60 python3 -m seq2trt.validation.gpu_check env "$out/env.json"
+step env 60 python3 "$root/scripts/gpu_check.py" env "$out/env.json"
 
 aot=()
 [ -f "$root/.gpu/kernels/index.json" ] && aot=(--aot-index "$root/.gpu/kernels/index.json")
 step kernels 240 python3 "$root/scripts/gpu_kernels.py" "$out/kernels" "${aot[@]}"
 
 if [ -d "$root/.gpu/ckpt" ]; then
-    step eager_cuda 180 python3 -m seq2trt.validation.gpu_check eager "$root/.gpu/ckpt" "$out/eager_cuda.json" \
+    step eager_cuda 180 python3 "$root/scripts/gpu_check.py" eager "$root/.gpu/ckpt" "$out/eager_cuda.json" \
         ${aot[1]:+"${aot[1]}"}
-    step pipeline 180 python3 -m seq2trt.validation.gpu_check pipeline "$root/.gpu/ckpt" "$out/export" \
+    step pipeline 180 python3 "$root/scripts/gpu_check.py" pipeline "$root/.gpu/ckpt" "$out/export" \
         "$out/validate.json"
-    step bench 180 python3 -m seq2trt.validation.gpu_check bench "$root/.gpu/ckpt" "$out/export" "$out/bench.json"
+    step bench 180 python3 "$root/scripts/gpu_check.py" bench "$root/.gpu/ckpt" "$out/export" "$out/bench.json"
 else
     status[eager_cuda]=skipped; status[pipeline]=skipped; status[bench]=skipped
 fi
-step tensorrt 60 python3 -m seq2trt.validation.gpu_check tensorrt "$out/tensorrt.json"
+step tensorrt 60 python3 "$root/scripts/gpu_check.py" tensorrt "$out/tensorrt.json"
 # The suite's `gpu`-marked tests that can run here (rootdir and options from the source tree's pyproject.toml).
 step gpu_tests 300 python3 -m pytest -q -rs -m gpu -p no:cacheprovider -p no:benchmark --junitxml="$out/gpu_tests.xml" \
     "$root/tests/plugins/test_kernels_gpu.py" "$root/tests/validation/test_trt_runner.py" \

@@ -1,10 +1,10 @@
 """The Python half of `scripts/gpu_check.sh`: each GPU-only check as a subcommand writing one JSON file.
 
-    python -m seq2trt.validation.gpu_check env OUT.json
-    python -m seq2trt.validation.gpu_check eager CKPT OUT.json [AOT_INDEX]   # eager CUDA, and with the kernels
-    python -m seq2trt.validation.gpu_check pipeline CKPT EXPORT_DIR OUT.json
-    python -m seq2trt.validation.gpu_check bench CKPT EXPORT_DIR OUT.json    # seq2trt bench: eager CPU/CUDA, ORT, TRT
-    python -m seq2trt.validation.gpu_check tensorrt OUT.json
+    python scripts/gpu_check.py env OUT.json
+    python scripts/gpu_check.py eager CKPT OUT.json [AOT_INDEX]   # eager CUDA, and with the kernels
+    python scripts/gpu_check.py pipeline CKPT EXPORT_DIR OUT.json
+    python scripts/gpu_check.py bench CKPT EXPORT_DIR OUT.json    # seq2trt bench: eager CPU/CUDA, ORT, TRT
+    python scripts/gpu_check.py tensorrt OUT.json
 
 Every subcommand records what it could not do and why, rather than failing silently; it exits non-zero only
 when a check ran and failed.
