@@ -48,6 +48,7 @@ class Seq2SeqConfig:
     layer_norm_eps: float = 1e-5  # torch's default
     positions: Positions = "sinusoid"  # the paper's interleaved sinusoid table
     position_offset: int = 0  # position p reads row p + offset of its table (BART and M2M100 use 2)
+    pad_position_zero: bool = False  # a pad token gets no position vector (fairseq's table has a zero pad row: M2M100)
     embed_norm: bool = False  # a LayerNorm right after embeddings + positions in each stack (BART, mBART)
     logits_bias: bool = False  # a bias added to the output logits (Marian's and BART's final_logits_bias)
     pad_id: int = 0
@@ -163,7 +164,7 @@ class Seq2SeqConfig:
 
 _FIELD_TYPES = {"dropout": float, "layer_norm_eps": float, "activation": str, "positions": str,
                 "pre_norm": bool, "scale_embeddings": bool, "tie_embeddings": bool, "share_vocab": bool,
-                "embed_norm": bool, "logits_bias": bool, "forced_eos": bool, "suppress_ids": tuple}
+                "embed_norm": bool, "logits_bias": bool, "pad_position_zero": bool, "forced_eos": bool, "suppress_ids": tuple}
 _FIELD_TYPES.update({f.name: int for f in dataclasses.fields(Seq2SeqConfig) if f.name not in _FIELD_TYPES})
 _TYPE_WORDS = {name: {float: "a finite number", bool: "true or false", str: "a string", int: "an integer",
                       tuple: "a list of integers"}[kind] for name, kind in _FIELD_TYPES.items()}

@@ -35,13 +35,13 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                "silu": "silu", "swish": "silu"}
 
-# Family -> (position table, offset from the pad id?, fixed offset, embedding LayerNorm, pre-LN, logits bias)
+# Family -> its architecture fields of Seq2SeqConfig (position_offset None: the pad id + 1, fairseq's rule)
 _FAMILY = {
     "marian": dict(positions="sinusoid_halves", position_offset=0, embed_norm=False, pre_norm=False, logits_bias=True),
     "bart": dict(positions="learned", position_offset=2, embed_norm=True, pre_norm=False, logits_bias=True),
     "mbart": dict(positions="learned", position_offset=2, embed_norm=True, pre_norm=True, logits_bias=True),
-    "m2m_100": dict(positions="sinusoid_fairseq", position_offset=None, embed_norm=False, pre_norm=True,
-                    logits_bias=False),
+    "m2m_100": dict(positions="sinusoid_fairseq", position_offset=None, pad_position_zero=True, embed_norm=False,
+                    pre_norm=True, logits_bias=False),
 }
 
 # Generation settings we reproduce, and the neutral value of every other one we know to change the search.

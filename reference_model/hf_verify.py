@@ -2,8 +2,8 @@
 
 transformers is the judge: the model it loads from the source directory (local files only) against our eager model
 with the imported weights, on seeded random sources and, when the source has a tokenizer, on texts that tokenizer
-made. Checked: encoder states and every greedy step's logits (fp32, within `LOGIT_TOLERANCE` of the logits'
-scale), and the tokens of greedy search and of beam search (4 beams, the source's length penalty and early
+made. Checked: encoder states and the logits of every step of `generate`'s own greedy search (fp32, within
+`LOGIT_TOLERANCE` of the logits' scale), and the tokens of greedy search and of beam search (4 beams, the source's length penalty and early
 stopping) against `generate` itself. The figures become the checkpoint's import.json.
 """
 
@@ -108,22 +108,23 @@ def compare(hf_model, model: Seq2SeqTransformer, sources: list[list[int]], gen: 
     recorded: list[tuple[int, np.ndarray, np.ndarray]] = []
     ours_greedy = greedy_decode(step_model, ids, mask, settings,
                                 on_step=lambda step, rows, logits: recorded.append((step, rows.copy(), logits.copy())))
-    decoder_in = [[cfg.bos_id] + toks for toks in ours_greedy]
-    width = max(len(d) for d in decoder_in)
-    dec = torch.full((len(sources), width), cfg.pad_id, dtype=torch.int64)
-    for row, d in enumerate(decoder_in):
-        dec[row, : len(d)] = torch.as_tensor(d)
-    with torch.inference_mode():
-        theirs_logits = hf_model(input_ids=t_ids, attention_mask=t_mask, decoder_input_ids=dec).logits.double().numpy()
-    ours_steps = np.concatenate([logits for _, _, logits in recorded])
-    theirs_steps = np.concatenate([theirs_logits[rows, step] for step, rows, _ in recorded])
-    logit_err, logit_rel = _scaled_err(ours_steps, theirs_steps)
-
     common = dict(input_ids=t_ids, attention_mask=t_mask, max_new_tokens=max_new_tokens, do_sample=False)
     with torch.inference_mode():
-        theirs_greedy = _generated(hf_model.generate(**common, num_beams=1), cfg.eos_id)
+        greedy = hf_model.generate(**common, num_beams=1, output_logits=True, return_dict_in_generate=True)
         theirs_beam = _generated(hf_model.generate(**common, num_beams=BEAM_SIZE, length_penalty=gen["length_penalty"],
                                                    early_stopping=gen["early_stopping"]), cfg.eos_id)
+    theirs_greedy = _generated(greedy.sequences, cfg.eos_id)
+    theirs_logits = torch.stack(greedy.logits, 1).double().numpy()  # (B, steps, V): generate's own steps, raw
+    # Step logits compared wherever both searches fed the same tokens so far (everywhere, when the tokens agree).
+    ours_steps, theirs_steps = [], []
+    for step, rows, logits in recorded:
+        same = [i for i, r in enumerate(rows) if step < theirs_logits.shape[1] and
+                (ours_greedy[r] + [cfg.eos_id])[:step] == (theirs_greedy[r] + [cfg.eos_id])[:step]]
+        ours_steps.append(logits[same])
+        theirs_steps.append(theirs_logits[rows[same], step])
+    ours_steps, theirs_steps = np.concatenate(ours_steps), np.concatenate(theirs_steps)
+    logit_err, logit_rel = _scaled_err(ours_steps, theirs_steps)
+
     ours_beam = hf_beam_search(step_model, ids, mask, settings, BEAM_SIZE, gen["length_penalty"], gen["early_stopping"])
     return {"sources": len(sources), "encoder_max_abs_err": enc_err, "encoder_scaled_err": enc_rel,
             "step_logits_compared": int(len(ours_steps)), "logits_max_abs_err": logit_err, "logits_scaled_err": logit_rel,

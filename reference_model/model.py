@@ -257,6 +257,8 @@ class Seq2SeqTransformer(nn.Module):
         """ids (B, T) at positions offset .. offset + T - 1 -> (B, T, D), normalised where the config says so."""
         table, norm = (self.tgt_embed, self.tgt_embed_norm) if decoder else (self.src_embed, self.src_embed_norm)
         pos = self.position_table(decoder)[offset: offset + ids.shape[1]]  # (T, D)
+        if self.cfg.pad_position_zero:  # fairseq: a pad token reads the table's zero padding row
+            pos = pos * (ids != self.cfg.pad_id).unsqueeze(-1).to(pos.dtype)  # (B, T, D)
         return self.dropout(norm(table(ids) * self.embed_scale + pos))  # (B, T, D)
 
     # -- encoder side -------------------------------------------------------------------------------------

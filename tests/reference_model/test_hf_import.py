@@ -1,0 +1,145 @@
+"""`seq2trt import hf`: small random models of each family, made here with the family's own config class, are
+imported and then judged by transformers itself (its model and its `generate` on the same directory)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+pytest.importorskip("transformers", reason="the hf extra is not installed")
+
+from seq2trt.cli.main import cli  # noqa: E402
+from seq2trt.reference_model import hf_import  # noqa: E402
+from seq2trt.reference_model.checkpoint import load_checkpoint  # noqa: E402
+from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode, hf_beam_search  # noqa: E402
+from seq2trt.reference_model.eager import EagerStepModel  # noqa: E402
+from seq2trt.reference_model.hf_verify import load_transformers_model, seeded_sources  # noqa: E402
+from seq2trt.reference_model.vocab import pad_batch  # noqa: E402
+
+# (family, config options, generation settings): post-/pre-LN, every activation, tied/untied, scale on/off,
+# shared/separate vocabularies, forced bos, suppressed ids, the three early-stopping modes and length penalties.
+CASES = {
+    "marian-swish-scaled": ("marian", dict(activation_function="swish", scale_embedding=True),
+                            dict(bad_words_ids=[[96]], num_beams=4)),
+    "marian-separate-embeddings-untied": ("marian", dict(share_encoder_decoder_embeddings=False,
+                                                         activation_function="gelu", tie_word_embeddings=False, scale_embedding=True), {}),
+    "bart-forced-bos-early": ("bart", {}, dict(forced_bos_token_id=0, early_stopping=True, length_penalty=0.6, num_beams=4)),
+    # (transformers 4.57 does not reload a BART or M2M100 saved with tie_word_embeddings=False: it re-initialises the
+    # encoder and decoder embeddings, so its own model is not the one saved; our import then fails, as it should.)
+    "bart-relu-scaled": ("bart", dict(activation_function="relu", scale_embedding=True), {}),
+    "mbart-gelu_new-never": ("mbart", dict(activation_function="gelu_new", scale_embedding=True),
+                             dict(early_stopping="never", length_penalty=1.2, num_beams=5)),
+    "m2m_100-forced-lang": ("m2m_100", {}, dict(forced_bos_token_id=5, length_penalty=0.8, num_beams=4)),
+    "m2m_100-silu-unscaled": ("m2m_100", dict(activation_function="silu", scale_embedding=False), {}),
+}
+
+
+# Without the sqrt(d_model) factor, embeddings at std 0.35 drown in the sinusoid and decode 3 tokens over and over.
+STD = {"m2m_100-silu-unscaled": 1.0}
+
+
+def _generate(hf_model, ids, mask, new_tokens: int, eos: int, **kwargs) -> list[list[int]]:
+    with torch.inference_mode():
+        rows = hf_model.generate(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
+                                 max_new_tokens=new_tokens, do_sample=False, **kwargs)[:, 1:].tolist()
+    return [r[: r.index(eos)] if eos in r else r for r in rows]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_import_equals_transformers_generate(case, make_hf_model, tmp_path):
+    family, config, generation = CASES[case]
+    src = make_hf_model(tmp_path / "src", family, config, generation, std=STD.get(case, 0.35))
+    result = CliRunner().invoke(cli, ["import", "hf", str(src), "-o", str(tmp_path / "ckpt")])
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "ckpt" / "import.json").read_text())
+    assert record["family"] == family and record["verification"]["passed"]
+
+    # The judge, independently of the import's own proof: other sources, the checkpoint as written.
+    model, _ = load_checkpoint(tmp_path / "ckpt")
+    hf_model = load_transformers_model(src)
+    gen = json.loads((tmp_path / "ckpt" / "generation.json").read_text())
+    ids, mask = pad_batch(seeded_sources(model.cfg, 6, seed=42), model.cfg.pad_id)
+    settings = DecodeSettings.for_model(model.cfg, 20)
+    step = EagerStepModel(model)
+    ours = greedy_decode(step, ids, mask, settings)
+    assert ours == _generate(hf_model, ids, mask, 20, model.cfg.eos_id, num_beams=1)
+    assert len({t for row in ours for t in row}) > 3, "degenerate outputs cannot tell a wrong model apart"
+    beam = hf_beam_search(step, ids, mask, settings, 4, gen["length_penalty"], gen["early_stopping"])
+    assert beam == _generate(hf_model, ids, mask, 20, model.cfg.eos_id, num_beams=4,
+                             length_penalty=gen["length_penalty"], early_stopping=gen["early_stopping"])
+    assert beam != ours or case.startswith("bart-forced"), "beam search never differed from greedy"
+    if generation.get("forced_bos_token_id") is not None:
+        assert all(row[0] == generation["forced_bos_token_id"] for row in ours)
+    if generation.get("bad_words_ids"):
+        assert all(96 not in row for row in ours + beam)
+
+
+@pytest.mark.parametrize("family, patch", [
+    ("bart", lambda mp: mp.setitem(hf_import.ACTIVATIONS, "gelu", "gelu_tanh")),  # close, but not BART's GELU
+    ("marian", lambda mp: mp.setitem(hf_import._FAMILY, "marian", {**hf_import._FAMILY["marian"],
+                                                                     "positions": "sinusoid"})),  # interleaved
+    ("m2m_100", lambda mp: mp.setitem(hf_import._FAMILY, "m2m_100", {**hf_import._FAMILY["m2m_100"],
+                                                                       "position_offset": 0})),
+    ("mbart", lambda mp: mp.setitem(hf_import._FAMILY, "mbart", {**hf_import._FAMILY["mbart"],
+                                                                   "logits_bias": False})),
+], ids=["bart-activation", "marian-positions", "m2m_100-offset", "mbart-unknown-bias"])
+def test_a_wrong_mapping_fails_the_import_and_writes_nothing(family, patch, make_hf_model, tmp_path, monkeypatch):
+    """Negative controls: a mapping that loads but computes something else fails transformers' judgement (exit 1);
+    one whose tensors do not fit is refused before (exit 2). Either way nothing is written."""
+    src = make_hf_model(tmp_path / "src", family)
+    patch(monkeypatch)
+    result = CliRunner().invoke(cli, ["import", "hf", str(src), "-o", str(tmp_path / "ckpt")])
+    if family == "mbart":  # final_logits_bias has nowhere to go
+        assert result.exit_code == 2 and "unexpected keys ['logits_bias']" in result.output, result.output
+    else:
+        assert result.exit_code == 1, result.output
+        assert "failed its verification against transformers" in result.output
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_unsupported_models_and_options_are_named(make_hf_model, tmp_path):
+    import transformers
+
+    transformers.T5ForConditionalGeneration(transformers.T5Config(vocab_size=50, d_model=16, d_ff=32, num_layers=1,
+                                                                  num_heads=2, d_kv=8)).save_pretrained(tmp_path / "t5")
+    result = CliRunner().invoke(cli, ["import", "hf", str(tmp_path / "t5"), "-o", str(tmp_path / "a")])
+    assert result.exit_code == 2 and "'t5' model" in result.output and "marian, bart, mbart, m2m_100" in result.output
+
+    src = make_hf_model(tmp_path / "ngram", "bart", generation=dict(no_repeat_ngram_size=3, num_beams=4))
+    result = CliRunner().invoke(cli, ["import", "hf", str(src), "-o", str(tmp_path / "b")])
+    assert result.exit_code == 2 and "no_repeat_ngram_size=3" in result.output
+
+    src = make_hf_model(tmp_path / "heads", "marian", config=dict(decoder_attention_heads=2))
+    result = CliRunner().invoke(cli, ["import", "hf", str(src), "-o", str(tmp_path / "c")])
+    assert result.exit_code == 2 and "decoder_attention_heads=2" in result.output
+    assert not any((tmp_path / n).exists() for n in "abc")
+
+
+def test_pickled_code_in_bin_weights_is_refused(make_hf_model, tmp_path):
+    src = make_hf_model(tmp_path / "src", "bart")
+    state = {k: torch.zeros(1) for k in ("a",)}
+    state["payload"] = np.dtype  # anything that needs code to unpickle
+    (src / "model.safetensors").unlink()
+    torch.save(state, src / "pytorch_model.bin")
+    result = CliRunner().invoke(cli, ["import", "hf", str(src), "-o", str(tmp_path / "ckpt")])
+    assert result.exit_code == 2 and "refusing" in result.output and "pickled" in result.output
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_bin_weights_import_and_existing_output_needs_force(make_hf_model, tmp_path):
+    from safetensors.torch import load_file
+
+    src = make_hf_model(tmp_path / "src", "m2m_100")
+    torch.save(load_file(str(src / "model.safetensors")), src / "pytorch_model.bin")
+    (src / "model.safetensors").unlink()
+    out = tmp_path / "ckpt"
+    assert CliRunner().invoke(cli, ["import", "hf", str(src), "-o", str(out)]).exit_code == 0
+    before = (out / "model.safetensors").read_bytes()
+    result = CliRunner().invoke(cli, ["import", "hf", str(src), "-o", str(out)])
+    assert result.exit_code == 2 and "--force" in result.output
+    assert (out / "model.safetensors").read_bytes() == before
+    assert "--ids-file" in CliRunner().invoke(cli, ["import", "hf", str(src), "-o", str(out), "--force"]).output
