@@ -29,7 +29,8 @@ from seq2trt.reference_model.errors import ArtifactError, DependencyError, Input
 from seq2trt.reference_model.io import atomic_write_text, sha256_file, staged_directory
 
 from . import spec
-from .fuse import FUSION_JSON, Target, check_derived_graphs, fused_dir, load_graph, verify_fused
+from .artifact_checks import check_derived_graphs, load_graph
+from .fuse import FUSION_JSON, Target, fused_dir, verify_fused
 from .manifest import Manifest, read_manifest
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,8 @@ from click.testing import CliRunner
 
 from seq2trt.cli.main import cli
 from seq2trt.exporters import spec
-from seq2trt.exporters.fuse import Target, fuse_artifacts, load_graph
+from seq2trt.exporters.artifact_checks import load_graph
+from seq2trt.exporters.fuse import Target, fuse_artifacts
 from seq2trt.exporters.manifest import verify
 from seq2trt.exporters.onnx_export import export
 from seq2trt.exporters.quantize import (QUANTIZATION_JSON, QuantizeSettings, quantize_artifacts, quantized_dir,
