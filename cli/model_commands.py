@@ -1,7 +1,9 @@
-"""`seq2trt train` and `seq2trt translate`: the reference model on its own."""
+"""`seq2trt train` and `seq2trt translate`: training on a built-in task, and decoding through any backend."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 from pathlib import Path
 
@@ -9,12 +11,13 @@ import click
 
 from seq2trt.reference_model.checkpoint import load_checkpoint, save_checkpoint
 from seq2trt.reference_model.config import PRESETS
-from seq2trt.reference_model.decoding import DecodeSettings, beam_search, greedy_decode
+from seq2trt.reference_model.decoding import DecodeSettings, beam_search, greedy_decode, hf_beam_search
 from seq2trt.reference_model.eager import EagerStepModel
 from seq2trt.reference_model.errors import CheckpointError, InputError
 from seq2trt.reference_model.tasks import TASKS
 from seq2trt.reference_model.train import TrainSettings, train as train_model
 from seq2trt.reference_model.vocab import pad_batch
+from seq2trt.validation.backends import DECODE_BACKENDS
 
 
 @click.command()
@@ -50,36 +53,133 @@ def train(out: Path, task: str, preset: str, steps: int, batch_size: int, lr: fl
                f"({metrics['train_seconds']:.0f} s of training); checkpoint in {out}")
 
 
-@click.command()
-@click.argument("checkpoint", type=click.Path(path_type=Path))
-@click.argument("texts", nargs=-1, required=True)
-@click.option("--beam", type=int, default=1, show_default=True, help="Beam size; 1 is greedy search.")
-@click.option("--alpha", type=float, default=0.6, show_default=True, help="Beam length penalty (GNMT).")
-def translate(checkpoint: Path, texts: tuple[str, ...], beam: int, alpha: float) -> None:
-    """Decode TEXTS with the eager model of CHECKPOINT (greedy, or beam search with --beam N)."""
-    if beam < 1:
-        raise InputError(f"--beam must be >= 1, got {beam}")
-    model, vocabs = load_checkpoint(checkpoint)
-    if vocabs is None:
-        raise CheckpointError(f"{checkpoint} has no vocab.json, so text cannot be encoded; "
-                              "save the checkpoint with its vocabularies")
-    cfg = model.cfg
+def _read_ids_file(path: Path) -> list[list[int]]:
+    """JSON lines, one list of source token ids per line (used as given: include eos where the model expects it)."""
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read --ids-file {path}: {exc}") from None
     sources = []
-    for text in texts:
-        ids = vocabs[0].encode(text.strip()) + [cfg.eos_id]
-        if len(ids) == 1:
-            raise InputError("empty source text; give at least one symbol")
-        if len(ids) > cfg.max_src_len:
-            raise InputError(f"source {text!r} is {len(ids)} tokens with eos, over the model's max_src_len "
-                             f"{cfg.max_src_len}; shorten it")
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            ids = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path}:{number} is not JSON ({exc.msg}); each line is a list of token ids") from None
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise InputError(f"{path}:{number} must be a JSON list of integer token ids, got {line[:80]!r}")
         sources.append(ids)
-    ids, mask = pad_batch(sources, cfg.pad_id)
-    settings = DecodeSettings(cfg.bos_id, cfg.eos_id, cfg.pad_id, cfg.max_tgt_len - 1)
-    step_model = EagerStepModel(model)
-    outputs = greedy_decode(step_model, ids, mask, settings) if beam == 1 else \
-        beam_search(step_model, ids, mask, settings, beam_size=beam, alpha=alpha)
-    for out in outputs:
-        click.echo(vocabs[1].decode(out))
+    if not sources:
+        raise InputError(f"--ids-file {path} holds no sources")
+    return sources
+
+
+def _check_sources(sources: list[list[int]], cfg, max_src_len: int, origin: str) -> None:
+    for n, ids in enumerate(sources, 1):
+        if not ids:
+            raise InputError(f"{origin} {n} is empty; give at least one token")
+        if len(ids) > max_src_len:
+            raise InputError(f"{origin} {n} is {len(ids)} tokens, over the limit of {max_src_len}; shorten it")
+        bad = [i for i in ids if not 0 <= i < cfg.src_vocab_size]
+        if bad:
+            raise InputError(f"{origin} {n} holds ids outside the source vocabulary [0, {cfg.src_vocab_size}): "
+                             f"{bad[:5]}")
+
+
+@contextlib.contextmanager
+def _step_model(source: Path, backend: str, checkpoint: Path | None, threads: int):
+    """(StepModel, config, checkpoint folder, max_src_len, max_batch or None) for a checkpoint or an export."""
+    if (source / "manifest.json").exists():
+        from seq2trt.validation.backends import open_step_model
+
+        with open_step_model(source, backend, checkpoint, threads) as (model, manifest):
+            recorded = (manifest.data.get("source") or {}).get("checkpoint")
+            folder = Path(checkpoint or recorded or source)
+            yield model, manifest.config, folder, manifest.limits.max_src_len, manifest.limits.max_batch
+        return
+    if backend != "eager":
+        raise InputError(f"--backend {backend} runs exported graphs: {source} is a checkpoint, not an export "
+                         f"directory; export it first (`seq2trt export {source} -o OUT`) and translate OUT")
+    model, _ = load_checkpoint(source)
+    yield EagerStepModel(model), model.cfg, source, model.cfg.max_src_len, None
+
+
+def _search(folder: Path, beam: int | None, alpha: float):
+    """decode(step_model, ids, mask, settings) for the checkpoint: Hugging Face's beam search with its generation
+    settings for an imported model, GNMT's length penalty (`alpha`) otherwise; greedy at one beam."""
+    from seq2trt.reference_model.hf_import import GENERATION
+
+    generation = json.loads((folder / GENERATION).read_text()) if (folder / GENERATION).exists() else None
+    beams = beam if beam is not None else (generation or {}).get("num_beams", 1)
+    if beams < 1:
+        raise InputError(f"--beam must be >= 1, got {beams}")
+    if beams == 1:
+        return 1, greedy_decode
+    if generation is not None:
+        return beams, lambda m, ids, mask, s: hf_beam_search(m, ids, mask, s, beams, generation["length_penalty"],
+                                                             generation["early_stopping"])
+    return beams, lambda m, ids, mask, s: beam_search(m, ids, mask, s, beam_size=beams, alpha=alpha)
+
+
+@click.command()
+@click.argument("source", type=click.Path(path_type=Path))
+@click.argument("texts", nargs=-1)
+@click.option("--backend", type=click.Choice(DECODE_BACKENDS), default="eager", show_default=True,
+              help="eager runs the checkpoint's model; the others run an export directory's graphs or engines.")
+@click.option("--ids-file", type=click.Path(path_type=Path), help="JSON lines: one list of source token ids each.")
+@click.option("--output-ids", type=click.Path(path_type=Path), help="Write the generated ids here as JSON lines.")
+@click.option("--beam", type=int, default=None,
+              help="Beam size; 1 is greedy. Default: the imported model's num_beams, else 1.")
+@click.option("--alpha", type=float, default=0.6, show_default=True,
+              help="GNMT length penalty of beam search for models trained here (imported ones use their own).")
+@click.option("--src-lang", help="Source language code (mBART-50, M2M100/NLLB tokenizers).")
+@click.option("--tgt-lang", help="Target language code, forced as the first generated token.")
+@click.option("--max-new-tokens", type=int, default=None, help="Tokens to generate at most, eos included.")
+@click.option("--batch-size", type=int, default=32, show_default=True, help="Sources decoded together.")
+@click.option("--checkpoint", type=click.Path(path_type=Path), help="The export's checkpoint, if it moved.")
+@click.option("--threads", type=int, default=1, show_default=True, help="ONNX Runtime threads.")
+def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path | None, output_ids: Path | None,
+              beam: int | None, alpha: float, src_lang: str | None, tgt_lang: str | None,
+              max_new_tokens: int | None, batch_size: int, checkpoint: Path | None, threads: int) -> None:
+    """Decode TEXTS (or --ids-file) with SOURCE: a checkpoint (eager) or an export directory (any --backend).
+
+    Prints one line per source (text when the checkpoint has a tokenizer, else the ids), in input order, as
+    each batch finishes; --output-ids also writes the ids as JSON lines."""
+    from seq2trt.reference_model.io import atomic_write_text
+    from seq2trt.reference_model.text import load_codec
+
+    if bool(texts) == bool(ids_file):
+        raise InputError("give either TEXTS or --ids-file F (JSON lines of source ids), not both or neither")
+    if not alpha == alpha or batch_size < 1 or threads < 1:
+        raise InputError("--alpha must be a number, --batch-size and --threads >= 1")
+    with _step_model(source, backend, checkpoint, threads) as (step_model, cfg, folder, max_src_len, max_batch):
+        codec = None
+        if texts or src_lang or tgt_lang:
+            codec = load_codec(folder, cfg.eos_id, src_lang, tgt_lang)
+        elif (folder / "vocab.json").exists() or (folder / "tokenizer").is_dir():
+            codec = load_codec(folder, cfg.eos_id)
+        sources = [codec.encode(t) for t in texts] if texts else _read_ids_file(ids_file)
+        _check_sources(sources, cfg, max_src_len, "source" if texts else f"{ids_file} line")
+        beams, decode = _search(folder, beam, alpha)
+        limit = cfg.max_tgt_len - 1
+        if max_new_tokens is not None and not 1 <= max_new_tokens <= limit:
+            raise InputError(f"--max-new-tokens must be in [1, {limit}], got {max_new_tokens}")
+        settings = DecodeSettings.for_model(cfg, max_new_tokens)
+        if codec is not None and codec.forced_bos_id is not None:
+            settings = dataclasses.replace(settings, forced_bos_id=codec.forced_bos_id)
+        rows = batch_size if max_batch is None else min(batch_size, max_batch // beams)
+        if rows < 1:
+            raise InputError(f"--beam {beams} needs batches of {beams} rows, over the export's max_batch {max_batch}; "
+                             "re-export with --max-batch >= batch x beam, or use a smaller --beam")
+        outputs: list[list[int]] = []
+        for start in range(0, len(sources), rows):
+            ids, mask = pad_batch(sources[start: start + rows], cfg.pad_id)
+            for out in decode(step_model, ids, mask, settings):
+                outputs.append(out)
+                click.echo(codec.decode(out) if codec is not None else json.dumps(out))
+    if output_ids is not None:
+        atomic_write_text(output_ids, "".join(json.dumps(o) + "\n" for o in outputs))
 
 
 COMMANDS = [train, translate]
