@@ -33,7 +33,7 @@ def hf(src: Path, out: Path, force: bool) -> None:
     n = sum(v[s]["sources"] for s in sets)
     logits = max(v[s]["logits_max_abs_err"] for s in sets)
     click.echo(f"imported {record['family']} from {src}: equal to transformers on {n} sources ({' + '.join(sets)}; "
-               f"greedy and beam-{v['beam_size']} tokens identical, step logits within {logits:.2g}); "
+               f"greedy and beam-{v['beam_size']} tokens identical, step logits within {logits:.1e}); "
                f"checkpoint in {out}" + ("" if record["tokenizer_files"] else " (no tokenizer in the source: "
                                           "translate takes --ids-file)"))
 

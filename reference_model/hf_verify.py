@@ -10,6 +10,7 @@ stopping) against `generate` itself. The figures become the checkpoint's import.
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -52,7 +53,9 @@ def load_tokenizer(folder: Path):
     if not tokenizer_files(folder):
         return None
     try:
-        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        with warnings.catch_warnings():  # Marian's tokenizer recommends sacremoses on every load
+            warnings.filterwarnings("ignore", message=".*sacremoses.*")
+            return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except Exception as exc:  # tokenizer classes raise anything from OSError to AttributeError on bad files
         raise CheckpointError(f"the tokenizer files in {folder} cannot be loaded ({type(exc).__name__}: "
                               f"{str(exc).splitlines()[0] if str(exc) else ''}); re-save them with "

@@ -76,3 +76,36 @@ def hf_model_dir(path: Path, family: str, config: dict | None = None, generation
 @pytest.fixture(scope="session")
 def make_hf_model():
     return hf_model_dir
+
+
+def marian_tokenizer_dir(path: Path, vocab_size: int = 80) -> tuple[Path, int]:
+    """A Marian tokenizer (sentencepiece trained here on generated text, vocab.json with Marian's ids: eos 0,
+    unk 1, pad last) saved into `path`; returns (path, vocabulary size)."""
+    import json
+    import random
+
+    import sentencepiece as spm
+    from transformers import MarianTokenizer
+
+    rng = random.Random(0)
+    syllables = ["ka", "lo", "mi", "ne", "su", "ta", "ri", "po", "de", "an", "el", "or"]
+    lines = [" ".join("".join(rng.choices(syllables, k=rng.randint(1, 3))) for _ in range(rng.randint(3, 9)))
+             for _ in range(400)]
+    path.mkdir(parents=True, exist_ok=True)
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=str(path / "sp"),
+                                   vocab_size=vocab_size - 2, model_type="unigram", character_coverage=1.0,
+                                   bos_id=-1, eos_id=1, unk_id=0, pad_id=-1, minloglevel=2)
+    processor = spm.SentencePieceProcessor(model_file=str(path / "sp.model"))
+    pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size()) if i > 1]
+    vocab = {"</s>": 0, "<unk>": 1, **{p: i + 2 for i, p in enumerate(pieces)}}
+    vocab["<pad>"] = len(vocab)
+    (path / "vocab.json").write_text(json.dumps(vocab))
+    MarianTokenizer(str(path / "sp.model"), str(path / "sp.model"), str(path / "vocab.json")).save_pretrained(path)
+    for name in ("sp.model", "sp.vocab"):
+        (path / name).unlink()
+    return path, len(vocab)
+
+
+@pytest.fixture(scope="session")
+def make_marian_tokenizer():
+    return marian_tokenizer_dir

@@ -1,0 +1,118 @@
+"""`seq2trt translate` on a checkpoint and on an export, through every CPU backend: its words and ids are compared
+with an independent decode — the eager model for models trained here, transformers' `generate` (and the source's
+own tokenizer) for imported ones."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from seq2trt.cli.main import cli
+from seq2trt.reference_model.checkpoint import save_checkpoint
+from seq2trt.reference_model.decoding import DecodeSettings, beam_search, greedy_decode
+from seq2trt.reference_model.eager import EagerStepModel
+from seq2trt.reference_model.tasks import get_task
+from seq2trt.reference_model.vocab import pad_batch
+
+HAS_HF = importlib.util.find_spec("transformers") is not None
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def numbers_checkpoint(make_model, tmp_path_factory):
+    task = get_task("numbers")
+    model = make_model(seed=5, dtype=torch.float32, src_vocab_size=len(task.source_vocab),
+                       tgt_vocab_size=len(task.target_vocab))
+    path = save_checkpoint(tmp_path_factory.mktemp("ckpt") / "ckpt", model, (task.source_vocab, task.target_vocab))
+    return path, model, task
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_translate_words_are_the_eager_decode(numbers_checkpoint, beam):
+    path, model, task = numbers_checkpoint
+    texts = ["40213", "7", "999999", "120"]
+    result = invoke("translate", path, *texts, "--beam", beam, "--batch-size", 3)  # two batches
+    assert result.exit_code == 0, result.output
+    ids, mask = pad_batch([task.source_vocab.encode(t) + [model.cfg.eos_id] for t in texts], model.cfg.pad_id)
+    settings = DecodeSettings.for_model(model.cfg)
+    step = EagerStepModel(model)
+    want = greedy_decode(step, ids, mask, settings) if beam == 1 else beam_search(step, ids, mask, settings, beam)
+    assert result.output.splitlines() == [task.target_vocab.decode(w) for w in want]
+    assert len({line for line in result.output.splitlines()}) > 1
+
+
+def test_translate_refuses_bad_input(numbers_checkpoint, tmp_path):
+    path, _, _ = numbers_checkpoint
+    result = invoke("translate", path, "12", "--backend", "ort")
+    assert result.exit_code == 2 and "export it first" in result.output
+    result = invoke("translate", path)
+    assert result.exit_code == 2 and "either TEXTS or --ids-file" in result.output
+    (tmp_path / "ids.jsonl").write_text("[3, 4, 2]\n[3, \"x\"]\n")
+    result = invoke("translate", path, "--ids-file", tmp_path / "ids.jsonl")
+    assert result.exit_code == 2 and "ids.jsonl:2" in result.output
+    (tmp_path / "ids.jsonl").write_text("[3, 4, 99999]\n")
+    result = invoke("translate", path, "--ids-file", tmp_path / "ids.jsonl")
+    assert result.exit_code == 2 and "outside the source vocabulary" in result.output
+    result = invoke("translate", path, "12", "--tgt-lang", "de")
+    assert result.exit_code == 2 and "no language codes" in result.output
+
+
+@pytest.fixture(scope="module")
+def imported_marian(make_hf_model, make_marian_tokenizer, tmp_path_factory):
+    """A Marian with its own sentencepiece tokenizer, imported and exported (fp32, ORT graphs fused)."""
+    root = tmp_path_factory.mktemp("marian")
+    src, n = make_marian_tokenizer(root / "src")
+    make_hf_model(src, "marian", dict(vocab_size=n, pad_token_id=n - 1, decoder_start_token_id=n - 1,
+                                      activation_function="swish", scale_embedding=True),
+                  dict(bad_words_ids=[[n - 1]], num_beams=4, length_penalty=0.8))
+    assert invoke("import", "hf", src, "-o", root / "ckpt").exit_code == 0
+    assert invoke("export", root / "ckpt", "-o", root / "out", "--max-batch", 8).exit_code == 0
+    assert invoke("fuse", root / "out", "--target", "ort").exit_code == 0
+    return root
+
+
+def _hf_generate(root, sources, **kwargs) -> list[list[int]]:
+    from seq2trt.reference_model.hf_verify import load_transformers_model
+
+    hf_model = load_transformers_model(root / "src")
+    ids, mask = pad_batch(sources, hf_model.config.pad_token_id)
+    with torch.inference_mode():
+        rows = hf_model.generate(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
+                                 do_sample=False, max_new_tokens=63, **kwargs)[:, 1:].tolist()
+    eos = hf_model.config.eos_token_id
+    return [r[: r.index(eos)] if eos in r else r for r in rows]
+
+
+@pytest.mark.skipif(not HAS_HF, reason="the hf extra is not installed")
+@pytest.mark.parametrize("beam", [1, 4])
+def test_translate_text_of_an_imported_model_is_transformers_generate(imported_marian, beam):
+    from transformers import AutoTokenizer
+
+    root = imported_marian
+    texts = ["kalo mine suta", "ri po de an", "taelor"]
+    result = invoke("translate", root / "ckpt", *texts, "--beam", beam)
+    assert result.exit_code == 0, result.output
+    tokenizer = AutoTokenizer.from_pretrained(str(root / "src"))
+    want = _hf_generate(root, tokenizer(texts)["input_ids"], num_beams=beam)
+    assert result.output.splitlines() == [tokenizer.decode(w, skip_special_tokens=True) for w in want]
+
+
+@pytest.mark.skipif(not HAS_HF, reason="the hf extra is not installed")
+@pytest.mark.parametrize("backend", ["eager", "ort", "ort-fused"])
+def test_translate_ids_through_each_backend_are_transformers_generate(imported_marian, backend, tmp_path):
+    root = imported_marian
+    sources = [[5, 9, 13, 0], [22, 0], [7, 7, 30, 41, 12, 0], [60, 3, 0], [11, 0]]
+    (tmp_path / "ids.jsonl").write_text("".join(json.dumps(s) + "\n" for s in sources))
+    for beam in (1, 4):
+        result = invoke("translate", root / "out", "--backend", backend, "--ids-file", tmp_path / "ids.jsonl",
+                        "--beam", beam, "--output-ids", tmp_path / "out.jsonl")
+        assert result.exit_code == 0, result.output
+        got = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+        assert got == _hf_generate(root, sources, num_beams=beam), (backend, beam)
