@@ -69,7 +69,16 @@ def markdown(doc: dict, images: dict[str, str]) -> str:
                          f"{_fmt(mem.get('load_rss_delta_mb'), '.1f')} |")
         lines.append("")
     if doc.get("builds"):
-        lines += ["## Builds", "", "```", json.dumps(doc["builds"], indent=2), "```", ""]
+        lines += ["## Builds", "", "| build | graph | seconds | size (MiB) |", "|:---|:---|---|---|"]
+        for name, build in doc["builds"].items():
+            if "convert_seconds" in build:  # a CTranslate2 conversion: one model.bin
+                lines.append(f"| {name} conversion | model.bin | {_fmt(build['convert_seconds'])} | "
+                             f"{_fmt(build['model_bytes'] / 2**20, '.1f')} |")
+                continue
+            for graph, g in build.items():  # a TensorRT engine directory: one plan per graph
+                size = None if g.get("plan_bytes") is None else g["plan_bytes"] / 2**20
+                lines.append(f"| {name} | {graph}.plan | {_fmt(g.get('build_seconds'))} | {_fmt(size, '.1f')} |")
+        lines.append("")
     for title, name in images.items():
         lines += [f"![{title}]({name})", ""]
     return "\n".join(lines)

@@ -12,7 +12,9 @@ import json
 import re
 from pathlib import Path
 
+from seq2trt.exporters import spec
 from seq2trt.exporters.manifest import verify
+from seq2trt.reference_model.config import Seq2SeqConfig
 from seq2trt.reference_model.io import atomic_write_text
 
 from . import bench_report, report_parity
@@ -37,10 +39,14 @@ def _overview(manifest: dict) -> list[str]:
              f"- model: {cfg['num_encoder_layers']}+{cfg['num_decoder_layers']} layers, d_model {cfg['d_model']}, "
              f"{cfg['num_heads']} heads, d_ff {cfg['d_ff']}, vocab {cfg['src_vocab_size']}/{cfg['tgt_vocab_size']}, "
              f"{'pre' if cfg['pre_norm'] else 'post'}-LN, {cfg['activation']}",
-             f"- export: dtype {manifest['dtype']}, opset {manifest['opset']}, limits {manifest['settings'].get('limits')}, "
-             f"created {manifest.get('created')}",
-             "- tools: " + ", ".join(f"{k} {v}" for k, v in manifest.get("tools", {}).items() if v),
-             "", "| file | bytes | sha256 |", "|---|---|---|"]
+             f"- export: dtype {manifest['dtype']}, opset {manifest['opset']}, created {manifest.get('created')}",
+             "- tools: " + ", ".join(f"{k} {v}" for k, v in manifest.get("tools", {}).items() if v)]
+    limits = manifest["settings"].get("limits") or {}
+    if limits:
+        lines += ["", "Serving limits (they size the TensorRT profiles and bound what the runners accept):", "",
+                  "| " + " | ".join(k.replace("_", " ") for k in limits) + " |", "|---:" * len(limits) + "|",
+                  "| " + " | ".join(str(v) for v in limits.values()) + " |"]
+    lines += ["", "| file | bytes | sha256 |", "|---|---|---|"]
     lines += [f"| {name} | {meta['bytes']:,} | `{meta['sha256'][:16]}…` |" for name, meta in files.items()]
     return lines + [""]
 
@@ -73,14 +79,55 @@ def _quantization(out: Path) -> list[str]:
     return lines + ["", "Accuracy cost: the int8-ort run under Parity; speed: ort-int8 under Latency.", ""]
 
 
-def _builds(out: Path) -> list[str]:
+def _builds(out: Path, cfg: Seq2SeqConfig) -> list[str]:
     lines = ["## Engines", ""]
-    builds = _records(out, "engines/*/build.json")
+    records = _records(out, "engines/*/build.json")
+    builds = {name: doc for name, doc in records.items() if doc is not None}
+    lines += [f"engines/{name}/build.json is unreadable; rebuild with --force.\n" for name in records if name not in builds]
     if not builds:
-        return lines + ["No engine built (`seq2trt build OUT --backend tensorrt-rtx`).", ""]
+        return lines + ([] if records else ["No engine built (`seq2trt build OUT --backend tensorrt-rtx`).", ""])
+    lines += ["| engines | TensorRT | targets | dtype | plugin | optimization level | workspace | created |",
+              "|---|:---|:---|:---|:---|---|---|:---|"]
     for name, doc in builds.items():
-        lines += [f"### {name}", "", "```json", json.dumps(doc, indent=2)[:4000], "```", ""]
-    return lines
+        plugin = doc.get("plugin") or {}
+        used = (f"{plugin.get('name')} v{plugin.get('version')}, " + " + ".join(
+            f"{n} {graph}" for graph, n in (plugin.get("layers") or {}).items()) + " layers") if plugin.get("used") \
+            else "not used"
+        workspace = doc.get("workspace_bytes")
+        lines.append(f"| {name} | {doc.get('flavour')} {doc.get('tensorrt_version')} | "
+                     f"{', '.join(f'sm_{cc}' for cc in doc.get('compute_capabilities') or [])} | {doc.get('dtype')} | "
+                     f"{used} | {doc.get('builder_optimization_level')} | "
+                     f"{'default' if workspace is None else f'{workspace / 2**20:.0f} MiB'} | "
+                     f"{str(doc.get('created'))[:16].replace('T', ' ')} |")
+    lines += ["", "| engines | graph | plan (MiB) | build (s) | layers | plugin layers | built from |",
+              "|---|:---|---|---|---|---|:---|"]
+    for name, doc in builds.items():
+        for graph, g in doc["graphs"].items():
+            lines.append(f"| {name} | {graph} | {g['plan_bytes'] / 2**20:.1f} | {g['build_seconds']:.2f} | "
+                         f"{sum((g.get('layer_types') or {}).values())} | {g.get('plugin_layers', '–')} | "
+                         f"`{g.get('source')}` (`{str(g.get('source_sha256'))[:16]}…`) |")
+    lines += ["", "Optimization profiles, min / opt / max of each dynamic axis:", "",
+              "| engines | axis | " + " | ".join(kind.value for kind in spec.GraphKind) + " |",
+              "|---|:---|" + "---|" * len(spec.GraphKind)]
+    for name, doc in builds.items():
+        ranges = {kind: _axis_ranges(cfg, kind, doc["graphs"].get(kind.value, {}).get("profiles", {}))
+                  for kind in spec.GraphKind}
+        for axis in dict.fromkeys(a for r in ranges.values() for a in r):
+            lines.append(f"| {name} | {axis} | " + " | ".join(ranges[kind].get(axis, "–") for kind in spec.GraphKind)
+                         + " |")
+    return lines + [""]
+
+
+def _axis_ranges(cfg: Seq2SeqConfig, kind: spec.GraphKind, profiles: dict) -> dict[str, str]:
+    """Dynamic axis -> "min / opt / max", read off a graph's profiles (input -> [min, opt, max] shapes) through the
+    spec's axes; an axis the inputs disagree on lists each range."""
+    seen: dict[str, dict[str, None]] = {}
+    for tensor in spec.inputs(cfg, kind):
+        shapes = profiles.get(tensor.name)
+        for i, axis in enumerate(tensor.axes):
+            if shapes and isinstance(axis, str):
+                seen.setdefault(axis, {})[" / ".join(str(shape[i]) for shape in shapes)] = None
+    return {axis: "; ".join(values) for axis, values in seen.items()}
 
 
 def _parity(out: Path) -> list[str]:
@@ -101,7 +148,7 @@ def _parity(out: Path) -> list[str]:
                      f"{'yes' if doc.get('passed') else 'NO'} | {agree('greedy')} | {agree('beam')} | {err} | "
                      f"{metric} |")
     for name, doc in docs.items():
-        lines += ["", _demote(report_parity.markdown(doc))]
+        lines += ["", _demote(report_parity.markdown(doc), 2)]  # each run nested under "## Parity"
     return lines + [""]
 
 
@@ -113,18 +160,20 @@ def _latency(out: Path) -> list[str]:
     return [_demote(bench_report.markdown(doc, images)), ""]
 
 
-def _demote(markdown: str) -> str:
-    """Nest a stage's own report one heading level down."""
-    return re.sub(r"^(#+) ", r"#\1 ", markdown, flags=re.MULTILINE)
+def _demote(markdown: str, levels: int = 1) -> str:
+    """Nest a stage's own report `levels` heading levels down."""
+    return re.sub(r"^(#+) ", "#" * levels + r"\1 ", markdown, flags=re.MULTILINE)
 
 
 def render_markdown(out: Path) -> str:
-    manifest = verify(out, []).data
+    manifest = verify(out, [])
     lines = [f"# seq2trt report: {Path(out).resolve().name}", ""]
-    for title, section, arg in (("Model and export", _overview, manifest), ("Fusion", _fusion, out),
-                                ("int8 quantization", _quantization, out), ("Engines", _builds, out), ("Parity", _parity, out), ("Latency", _latency, out)):
+    sections = (("Model and export", lambda: _overview(manifest.data)), ("Fusion", lambda: _fusion(out)),
+                ("int8 quantization", lambda: _quantization(out)), ("Engines", lambda: _builds(out, manifest.config)),
+                ("Parity", lambda: _parity(out)), ("Latency", lambda: _latency(out)))
+    for title, section in sections:
         try:
-            lines += section(arg)
+            lines += section()
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:  # a stage's JSON is damaged
             lines += [f"## {title}", "", f"A file of this stage is malformed ({type(exc).__name__}: {exc}); "
                       "re-run the stage with --force.", ""]
@@ -145,7 +194,8 @@ def render_html(markdown: str, reports: Path) -> str:
 
     body = re.sub(r'src="([^"/]+\.png)"', inline, body)
     style = ("body{font-family:system-ui,sans-serif;max-width:72rem;margin:2rem auto;padding:0 1rem}"
-             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.2rem .5rem;text-align:right}"
+             "table{border-collapse:collapse;margin:.5rem 0 1rem}"
+             "td,th{border:1px solid #ccc;padding:.2rem .5rem;text-align:right}"
              "td:first-child,th:first-child{text-align:left}img{max-width:100%}pre{background:#f5f5f5;padding:.5rem}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>seq2trt report</title>"
             f"<style>{style}</style></head><body>{body}</body></html>\n")

@@ -9,9 +9,9 @@ from seq2trt.reference_model.io import atomic_write_text
 
 
 def markdown(doc: dict) -> str:
-    lines = [f"# Parity: {'PASSED' if doc['passed'] else 'FAILED'}", "",
-             f"backend `{doc['backend']}`, graphs `{doc['graphs_set']}`, dtype `{doc['dtype']}`, reference "
-             f"{doc['reference']}, {doc['cases']} graph cases", "", "## Graph level (worst case per output)", "",
+    lines = [f"# Parity of the {doc['graphs_set']} graphs on {doc['backend']}, {doc['dtype']}: "
+             f"{'PASSED' if doc['passed'] else 'FAILED'}", "",
+             f"Reference {doc['reference']}; {doc['cases']} graph cases.", "", "## Graph level (worst case per output)", "",
              "| graph | output | max abs | max rel | mean abs | p99 abs | min cosine | NaN/Inf | atol / rtol | failed |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for graph, outputs in doc["graphs"].items():

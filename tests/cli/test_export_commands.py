@@ -43,7 +43,7 @@ def test_validate_passes_and_writes_reports(exported):
     assert set(doc["graphs"]) == {"encoder", "decoder"} and "logits" in doc["graphs"]["decoder"]
     e2e = doc["end_to_end"]
     assert e2e["samples"] == 6 and e2e["token_agreement"] == 1.0 and e2e["max_logit_abs_err"] < 1e-4
-    assert "# Parity: PASSED" in (out / "reports" / "parity.md").read_text()
+    assert "# Parity of the plain graphs on ort, fp32: PASSED" in (out / "reports" / "parity.md").read_text()
 
 
 def test_validate_refuses_a_tampered_graph(exported, tmp_path):
