@@ -163,7 +163,7 @@ def bench(checkpoint: str, export_dir: str, out: str) -> int:
     export yet. Writes the tokens/s, ratios and threading to OUT.json, and latency.md beside it."""
     import shutil
 
-    from seq2trt.exporters.fuse import Target, fuse_artifacts
+    from seq2trt.exporters.fuse import Target, fuse_artifacts, fused_dir
     from seq2trt.exporters.onnx_export import export
     from seq2trt.reference_model.checkpoint import load_checkpoint, source_record
     from seq2trt.validation.bench import BenchSettings, available_backends, run_bench
@@ -172,7 +172,7 @@ def bench(checkpoint: str, export_dir: str, out: str) -> int:
     if not (export_path / "manifest.json").exists():
         model, _ = load_checkpoint(Path(checkpoint))
         export(model, export_path, force=True, source=source_record(Path(checkpoint)))
-    if not (export_path / "fused" / "ort").is_dir():
+    if not fused_dir(export_path, Target.ORT).is_dir():
         fuse_artifacts(export_path, Target.ORT)
     wanted = ("eager", "eager-cuda", "ort", "ort-fused", "tensorrt", "tensorrt-rtx")
     here = available_backends(export_path)
