@@ -6,8 +6,6 @@ from pathlib import Path
 
 import click
 
-from .main import err_console
-
 
 @click.group("import")
 def import_group() -> None:
@@ -24,6 +22,8 @@ def hf(src: Path, out: Path, force: bool) -> None:
     downloads) after proving it equal to transformers' own model and generate; the proof goes to OUT/import.json."""
     from seq2trt.reference_model.hf_import import import_hf
     from seq2trt.reference_model.io import refuse_existing
+
+    from .main import err_console
 
     refuse_existing(out, force, "checkpoint")  # before any work; the write is atomic
     with err_console.status("importing") as status:
