@@ -35,8 +35,10 @@ TOLERANCES: dict[str, dict[str, Tolerance]] = {
     "fp16": {"*": Tolerance(atol=5e-2, rtol=1e-2, min_cosine=0.9995)},
     "bf16": {"*": Tolerance(atol=4e-1, rtol=8e-2, min_cosine=0.995)},  # 8x fp16: 3 fewer mantissa bits
     # int8 weights and run-time uint8 activations (quantize --per-tensor, the default): on the demo model's sweep the
-    # largest |d| is 0.42 (an encoder key), the lowest cosine 0.99970; cosine is the check that matters here.
-    "int8": {"*": Tolerance(atol=1.0, rtol=1e-1, min_cosine=0.999)},
+    # largest |d| is 0.42 (an encoder key), the lowest cosine 0.99970 for the demo model trained on an AMD machine,
+    # 0.99885 (decoder logits, B1-S32-T4-P0) for the one the same seed trains on an Intel Xeon (its weights differ:
+    # held-out exact match 0.979 against 0.994). 0.998 keeps a margin over both; cosine is the check that matters.
+    "int8": {"*": Tolerance(atol=1.0, rtol=1e-1, min_cosine=0.998)},
 }
 
 
