@@ -13,7 +13,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from seq2trt.reference_model.config import Seq2SeqConfig
+from seq2trt.reference_model.config import LATER_FIELDS, Seq2SeqConfig
 from seq2trt.reference_model.errors import ArtifactError
 from seq2trt.reference_model.io import atomic_write_text, sha256_file
 
@@ -109,8 +109,8 @@ def _schema_problems(data: dict) -> list[str]:
     try:
         if not isinstance(data["config"], dict):
             raise TypeError("'config' must be an object")
-        missing = sorted({f.name for f in dataclasses.fields(Seq2SeqConfig)} - set(data["config"]))
-        if missing:  # the export wrote every field; a default would describe another model
+        missing = sorted({f.name for f in dataclasses.fields(Seq2SeqConfig)} - set(data["config"]) - set(LATER_FIELDS))
+        if missing:  # the export wrote every field (but those added later); a default would describe another model
             raise ValueError(f"'config' lacks {missing}")
         Seq2SeqConfig.from_dict(data["config"])
         limits = data["settings"]["limits"] if isinstance(data["settings"], dict) else None

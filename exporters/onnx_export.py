@@ -87,7 +87,7 @@ class EncoderGraph(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
         hidden = self.model.encode(input_ids, attention_mask)  # (B, S, D)
-        return (hidden, *[t for kv in self.model.cross_kv(hidden) for t in kv])
+        return (hidden, *spec.flatten_kv(self.model.cross_kv(hidden)))
 
 
 class DecoderGraph(nn.Module):
@@ -98,7 +98,7 @@ class DecoderGraph(nn.Module):
     def forward(self, input_ids: torch.Tensor, encoder_attention_mask: torch.Tensor, cross: tuple, past: tuple
                 ) -> tuple[torch.Tensor, ...]:
         logits, present = self.model.decode_step(input_ids, encoder_attention_mask, list(cross), list(past))
-        return (logits, *[t for kv in present for t in kv])
+        return (logits, *spec.flatten_kv(present))
 
 
 def _examples(model: Seq2SeqTransformer, kind: spec.GraphKind) -> tuple[tuple, tuple]:

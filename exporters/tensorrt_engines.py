@@ -28,6 +28,7 @@ from seq2trt.reference_model.errors import ArtifactError, InputError
 from seq2trt.reference_model.io import atomic_write_bytes, atomic_write_text, locked, sha256_file, staged_directory
 
 from . import fuse, spec
+from .artifact_checks import load_graph
 from . import manifest as manifest_mod
 from .tensorrt_build import BuildSettings, build, deferred_interrupt
 
@@ -94,7 +95,7 @@ def build_engines(out: Path, request: EngineRequest,
         raise ArtifactError(f"engine directory {engine_dir} already exists; pass --force to replace it")
     graphs = source_graphs(out, request.plugin)
     for graph, (path, _digest) in graphs.items():  # a damaged graph can crash TensorRT's parser, not just fail it
-        fuse.load_graph(path, cfg, graph, manifest.dtype)
+        load_graph(path, cfg, graph, manifest.dtype)
     profiles = spec.profiles(cfg, limits)
     if request.timing_cache is not None and not trt_compat.FLAVOURS[flavour].timing_cache:
         logger.warning("%s has no timing cache; --timing-cache is ignored", flavour.value)

@@ -9,7 +9,7 @@ the exporter marks and the fuser turns into one plugin node — by a call of the
 
 The shared decoding loops then run on that model (`reference_model.eager.EagerStepModel`), so the kernels are
 checked end to end — token agreement with the eager model on the demo task — where no TensorRT can run an engine
-(the GPU test machine: `python -m seq2trt.validation.gpu_check eager`), and on CPU in the interpreter in tests.
+(the GPU test machine: `python3 scripts/gpu_check.py eager`), and on CPU in the interpreter in tests.
 """
 
 from __future__ import annotations

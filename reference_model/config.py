@@ -162,6 +162,11 @@ class Seq2SeqConfig:
         return cls.from_dict(data)
 
 
+# Fields added with the Hugging Face families (2026-11-30). Their defaults are what every earlier config meant,
+# so records written before them (export manifests) may lack them; every other field must be present.
+LATER_FIELDS = ("positions", "position_offset", "pad_position_zero", "embed_norm", "logits_bias", "forced_bos_id",
+                "forced_eos", "suppress_ids")
+
 _FIELD_TYPES = {"dropout": float, "layer_norm_eps": float, "activation": str, "positions": str,
                 "pre_norm": bool, "scale_embeddings": bool, "tie_embeddings": bool, "share_vocab": bool,
                 "embed_norm": bool, "logits_bias": bool, "pad_position_zero": bool, "forced_eos": bool, "suppress_ids": tuple}

@@ -144,7 +144,7 @@ def beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndar
                 beam_size: int = 4, alpha: float = 0.6) -> list[list[int]]:
     """Beam search with GNMT length penalty. Returns the best hypothesis of each source, without bos/eos."""
     if beam_size < 1:
-        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+        raise ConfigError(f"beam_size must be >= 1, got {beam_size}")
     B, K = input_ids.shape[0], beam_size
     expand = np.repeat(np.arange(B), K)  # (B*K,) source row of every beam
     encoder_state = model.select(model.encode(input_ids, attention_mask), expand)
@@ -215,7 +215,7 @@ def hf_beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.n
     False / "never" stop it when no live beam can still beat the worst kept one (HF's heuristic for each).
     Returns the best hypothesis of each source without eos."""
     if beam_size < 1:
-        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+        raise ConfigError(f"beam_size must be >= 1, got {beam_size}")
     B, K, N = input_ids.shape[0], beam_size, settings.max_new_tokens
     expand = np.repeat(np.arange(B), K)  # (B*K,) source row of every beam
     encoder_state = model.select(model.encode(input_ids, attention_mask), expand)

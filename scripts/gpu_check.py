@@ -88,7 +88,7 @@ def eager(checkpoint: str, out: str, aot_index: str | None = None) -> int:
     metrics = json.loads((Path(checkpoint) / "metrics.json").read_text())
     task = get_task(metrics["task"])
     cfg = model.cfg
-    settings = DecodeSettings(cfg.bos_id, cfg.eos_id, cfg.pad_id, cfg.max_tgt_len - 1)
+    settings = DecodeSettings.for_model(cfg)
     pairs = task.heldout(1000)
     ids, mask = pad_batch([task.source_vocab.encode(s) + [cfg.eos_id] for s, _ in pairs])
     cpu, gpu = EagerStepModel(model), EagerStepModel(gpu_model.cuda(), device="cuda")

@@ -128,7 +128,7 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
         if settings.samples:
             sources, origin = e2e_sources(cfg, task_name, settings.samples, settings.seed)
             cap = limits.max_tgt_len - 1 if task_name else min(32, limits.max_tgt_len - 1)
-            decode = DecodeSettings(cfg.bos_id, cfg.eos_id, cfg.pad_id, settings.max_new_tokens or cap)
+            decode = DecodeSettings.for_model(cfg, settings.max_new_tokens or cap)
             e2e = end_to_end(RunnerStepModel(*candidates), RunnerStepModel(*references), sources, decode, precision,
                              beam_size=settings.beam_size, batch_size=limits.max_batch, progress=progress,
                              task_metric=heldout_exact_match(task_name, settings.samples) if task_name else None)

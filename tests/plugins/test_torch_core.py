@@ -4,7 +4,7 @@ cross-attention, decoder prefill and cached steps), so decoding with them agrees
 
 The interpreter must be on before triton is first imported, so the decoding runs in a child process: this file run
 as a script, printing one JSON line. On the GPU machine the same swap runs with the AOT cubins
-(`python -m seq2trt.validation.gpu_check eager`).
+(`python3 scripts/gpu_check.py eager`).
 """
 
 from __future__ import annotations
