@@ -54,6 +54,10 @@ _NEUTRAL_GENERATION = {"do_sample": False, "no_repeat_ngram_size": 0, "encoder_n
                        "remove_invalid_values": False, "num_return_sequences": 1}
 
 
+_REQUIRED = ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+             "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "pad_token_id", "eos_token_id")
+
+
 def _read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
@@ -77,10 +81,15 @@ def generation_settings(src: Path, hf: dict) -> dict[str, Any]:
     bad_words = gen.get("bad_words_ids") or []
     if any(not isinstance(w, list) or len(w) != 1 for w in bad_words):
         unsupported.append(f"bad_words_ids={bad_words!r} (only single-token entries are supported)")
+    eos = gen.get("eos_token_id")
+    if isinstance(eos, list):
+        if len(eos) != 1:
+            unsupported.append(f"eos_token_id={eos!r} (one end-of-sequence id is supported)")
+        gen["eos_token_id"] = eos[0] if eos else None
     forced_eos = gen.get("forced_eos_token_id")
     if isinstance(forced_eos, list):
         forced_eos = forced_eos[0] if len(forced_eos) == 1 else forced_eos
-    if forced_eos is not None and forced_eos != hf.get("eos_token_id"):
+    if forced_eos is not None and forced_eos != gen.get("eos_token_id"):
         unsupported.append(f"forced_eos_token_id={forced_eos!r} (only the eos id is supported)")
     if unsupported:
         raise ConfigError(f"generation settings of {src} use options seq2trt does not reproduce: "
@@ -106,6 +115,9 @@ def config_from_hf(src: Path) -> tuple[str, Seq2SeqConfig, dict[str, Any]]:
     if family not in FAMILIES:
         raise ConfigError(f"{src} holds a {family!r} model; seq2trt imports {', '.join(FAMILIES)} "
                           "(Marian/opus-mt, BART, mBART, M2M100 and NLLB dense)")
+    missing = [k for k in _REQUIRED if hf.get(k) is None]
+    if missing:
+        raise CheckpointError(f"{src / 'config.json'} lacks {missing}; is it a complete {family} config?")
     problems = []
     for enc, dec in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")):
         if hf.get(enc) != hf.get(dec):

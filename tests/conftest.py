@@ -78,34 +78,66 @@ def make_hf_model():
     return hf_model_dir
 
 
-def marian_tokenizer_dir(path: Path, vocab_size: int = 80) -> tuple[Path, int]:
-    """A Marian tokenizer (sentencepiece trained here on generated text, vocab.json with Marian's ids: eos 0,
-    unk 1, pad last) saved into `path`; returns (path, vocabulary size)."""
-    import json
+def _sentencepiece(path: Path, vocab_size: int) -> list[str]:
+    """Train a unigram sentencepiece model (path/sp.model) on generated text; return its pieces after unk and eos."""
     import random
 
     import sentencepiece as spm
-    from transformers import MarianTokenizer
 
     rng = random.Random(0)
     syllables = ["ka", "lo", "mi", "ne", "su", "ta", "ri", "po", "de", "an", "el", "or"]
     lines = [" ".join("".join(rng.choices(syllables, k=rng.randint(1, 3))) for _ in range(rng.randint(3, 9)))
              for _ in range(400)]
     path.mkdir(parents=True, exist_ok=True)
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=str(path / "sp"),
-                                   vocab_size=vocab_size - 2, model_type="unigram", character_coverage=1.0,
-                                   bos_id=-1, eos_id=1, unk_id=0, pad_id=-1, minloglevel=2)
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=str(path / "sp"), vocab_size=vocab_size,
+                                   model_type="unigram", character_coverage=1.0, bos_id=-1, eos_id=1, unk_id=0,
+                                   pad_id=-1, minloglevel=2)
     processor = spm.SentencePieceProcessor(model_file=str(path / "sp.model"))
-    pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size()) if i > 1]
+    return [processor.id_to_piece(i) for i in range(processor.get_piece_size()) if i > 1]
+
+
+def _drop_training_files(path: Path) -> None:
+    for name in ("sp.model", "sp.vocab"):
+        (path / name).unlink()
+
+
+def marian_tokenizer_dir(path: Path, vocab_size: int = 80) -> tuple[Path, int]:
+    """A Marian tokenizer (sentencepiece trained here on generated text, vocab.json with Marian's ids: eos 0,
+    unk 1, pad last) saved into `path`; returns (path, vocabulary size)."""
+    import json
+
+    from transformers import MarianTokenizer
+
+    pieces = _sentencepiece(path, vocab_size - 2)
     vocab = {"</s>": 0, "<unk>": 1, **{p: i + 2 for i, p in enumerate(pieces)}}
     vocab["<pad>"] = len(vocab)
     (path / "vocab.json").write_text(json.dumps(vocab))
     MarianTokenizer(str(path / "sp.model"), str(path / "sp.model"), str(path / "vocab.json")).save_pretrained(path)
-    for name in ("sp.model", "sp.vocab"):
-        (path / name).unlink()
+    _drop_training_files(path)
     return path, len(vocab)
+
+
+def m2m100_tokenizer_dir(path: Path) -> tuple[Path, int]:
+    """An M2M100 tokenizer (sentencepiece trained here, fairseq ids: bos 0, pad 1, eos 2, unk 3, then the 100
+    language codes `__xx__` and 8 made-up words after the pieces); returns (path, model vocabulary size)."""
+    import json
+
+    from transformers import M2M100Tokenizer
+
+    pieces = _sentencepiece(path, 60)
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, **{p: i + 4 for i, p in enumerate(pieces)}}
+    (path / "vocab.json").write_text(json.dumps(vocab))
+    tokenizer = M2M100Tokenizer(str(path / "vocab.json"), str(path / "sp.model"), src_lang="en", tgt_lang="de")
+    tokenizer.save_pretrained(path)
+    _drop_training_files(path)
+    return path, len(vocab) + len(tokenizer.lang_code_to_id) + 8
 
 
 @pytest.fixture(scope="session")
 def make_marian_tokenizer():
     return marian_tokenizer_dir
+
+
+@pytest.fixture(scope="session")
+def make_m2m100_tokenizer():
+    return m2m100_tokenizer_dir

@@ -116,3 +116,32 @@ def test_translate_ids_through_each_backend_are_transformers_generate(imported_m
         assert result.exit_code == 0, result.output
         got = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
         assert got == _hf_generate(root, sources, num_beams=beam), (backend, beam)
+
+
+@pytest.mark.skipif(not HAS_HF, reason="the hf extra is not installed")
+def test_translate_with_language_codes_is_transformers_generate(make_hf_model, make_m2m100_tokenizer, tmp_path):
+    """M2M100/NLLB: --src-lang sets the tokenizer's source code, --tgt-lang forces the target code first."""
+    from transformers import AutoTokenizer
+
+    src, n = make_m2m100_tokenizer(tmp_path / "src")
+    make_hf_model(src, "m2m_100", dict(vocab_size=n))
+    assert invoke("import", "hf", src, "-o", tmp_path / "ckpt").exit_code == 0
+    texts = ["kalo mine suta", "ri po"]
+    for tgt in ("de", "fr"):
+        result = invoke("translate", tmp_path / "ckpt", *texts, "--src-lang", "en", "--tgt-lang", tgt)
+        assert result.exit_code == 0, result.output
+        tokenizer = AutoTokenizer.from_pretrained(str(src), src_lang="en")
+        want = _hf_generate(tmp_path, tokenizer(texts)["input_ids"], num_beams=1,
+                            forced_bos_token_id=tokenizer.get_lang_id(tgt))
+        assert all(w[0] == tokenizer.get_lang_id(tgt) for w in want)
+        assert result.output.splitlines() == [tokenizer.decode(w, skip_special_tokens=True) for w in want]
+    result = invoke("translate", tmp_path / "ckpt", *texts, "--tgt-lang", "xx")
+    assert result.exit_code == 2 and "language 'xx' is not in the tokenizer" in result.output
+
+
+@pytest.mark.skipif(not HAS_HF, reason="the hf extra is not installed")
+def test_translate_text_without_a_tokenizer_names_ids_file(make_hf_model, tmp_path):
+    src = make_hf_model(tmp_path / "src", "bart")
+    assert invoke("import", "hf", src, "-o", tmp_path / "ckpt").exit_code == 0
+    result = invoke("translate", tmp_path / "ckpt", "hello")
+    assert result.exit_code == 2 and "no tokenizer" in result.output and "--ids-file" in result.output

@@ -143,3 +143,19 @@ def test_bin_weights_import_and_existing_output_needs_force(make_hf_model, tmp_p
     assert result.exit_code == 2 and "--force" in result.output
     assert (out / "model.safetensors").read_bytes() == before
     assert "--ids-file" in CliRunner().invoke(cli, ["import", "hf", str(src), "-o", str(out), "--force"]).output
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda src: (src / "config.json").write_text("{not json"), "not valid JSON"),
+    (lambda src: (src / "model.safetensors").write_bytes((src / "model.safetensors").read_bytes()[:200]),
+     "truncated or not a safetensors file"),
+    (lambda src: (src / "model.safetensors").unlink(), "holds no weights"),
+    (lambda src: (src / "config.json").write_text('{"model_type": "bart", "d_model": 32}'), "lacks"),
+    (lambda src: (src / "config.json").write_text('{"d_model": 32}'), "names no model_type"),
+], ids=["config-not-json", "weights-truncated", "weights-missing", "config-incomplete", "not-hf"])
+def test_damaged_or_foreign_sources_are_named_and_nothing_is_written(damage, message, make_hf_model, tmp_path):
+    src = make_hf_model(tmp_path / "src", "bart")
+    damage(src)
+    result = CliRunner().invoke(cli, ["import", "hf", str(src), "-o", str(tmp_path / "ckpt")])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert "Traceback" not in result.output and not (tmp_path / "ckpt").exists()
