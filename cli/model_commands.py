@@ -75,12 +75,12 @@ def _read_ids_file(path: Path) -> list[list[int]]:
     return sources
 
 
-def _check_sources(sources: list[list[int]], cfg, max_src_len: int, origin: str) -> None:
+def _check_sources(sources: list[list[int]], cfg, max_src_len: int, limit_name: str, origin: str) -> None:
     for n, ids in enumerate(sources, 1):
         if not ids:
             raise InputError(f"{origin} {n} is empty; give at least one token")
         if len(ids) > max_src_len:
-            raise InputError(f"{origin} {n} is {len(ids)} tokens, over the limit of {max_src_len}; shorten it")
+            raise InputError(f"{origin} {n} is {len(ids)} tokens, over {limit_name} {max_src_len}; shorten it")
         bad = [i for i in ids if not 0 <= i < cfg.src_vocab_size]
         if bad:
             raise InputError(f"{origin} {n} holds ids outside the source vocabulary [0, {cfg.src_vocab_size}): "
@@ -89,20 +89,22 @@ def _check_sources(sources: list[list[int]], cfg, max_src_len: int, origin: str)
 
 @contextlib.contextmanager
 def _step_model(source: Path, backend: str, checkpoint: Path | None, threads: int):
-    """(StepModel, config, checkpoint folder, max_src_len, max_batch or None) for a checkpoint or an export."""
+    """(StepModel, config, checkpoint folder, (max_src_len, its name), max_batch or None) for a checkpoint or an
+    export."""
     if (source / "manifest.json").exists():
         from seq2trt.validation.backends import open_step_model
 
         with open_step_model(source, backend, checkpoint, threads) as (model, manifest):
             recorded = (manifest.data.get("source") or {}).get("checkpoint")
             folder = Path(checkpoint or recorded or source)
-            yield model, manifest.config, folder, manifest.limits.max_src_len, manifest.limits.max_batch
+            yield (model, manifest.config, folder, (manifest.limits.max_src_len, "the export's max_src_len"),
+                   manifest.limits.max_batch)
         return
     if backend != "eager":
         raise InputError(f"--backend {backend} runs exported graphs: {source} is a checkpoint, not an export "
                          f"directory; export it first (`seq2trt export {source} -o OUT`) and translate OUT")
     model, _ = load_checkpoint(source)
-    yield EagerStepModel(model), model.cfg, source, model.cfg.max_src_len, None
+    yield EagerStepModel(model), model.cfg, source, (model.cfg.max_src_len, "the model's max_src_len"), None
 
 
 def _search(folder: Path, beam: int | None, alpha: float):
@@ -153,14 +155,16 @@ def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path
         raise InputError("give either TEXTS or --ids-file F (JSON lines of source ids), not both or neither")
     if not alpha == alpha or batch_size < 1 or threads < 1:
         raise InputError("--alpha must be a number, --batch-size and --threads >= 1")
-    with _step_model(source, backend, checkpoint, threads) as (step_model, cfg, folder, max_src_len, max_batch):
+    if any(not t.strip() for t in texts):
+        raise InputError("empty source text; give at least one symbol")
+    with _step_model(source, backend, checkpoint, threads) as (step_model, cfg, folder, src_limit, max_batch):
         codec = None
         if texts or src_lang or tgt_lang:
             codec = load_codec(folder, cfg.eos_id, src_lang, tgt_lang)
         elif (folder / "vocab.json").exists() or (folder / "tokenizer").is_dir():
             codec = load_codec(folder, cfg.eos_id)
         sources = [codec.encode(t) for t in texts] if texts else _read_ids_file(ids_file)
-        _check_sources(sources, cfg, max_src_len, "source" if texts else f"{ids_file} line")
+        _check_sources(sources, cfg, *src_limit, "source" if texts else f"{ids_file} line")
         beams, decode = _search(folder, beam, alpha)
         limit = cfg.max_tgt_len - 1
         if max_new_tokens is not None and not 1 <= max_new_tokens <= limit:
