@@ -51,6 +51,7 @@ class Seq2SeqConfig:
     pad_position_zero: bool = False  # a pad token gets no position vector (fairseq's table has a zero pad row: M2M100)
     embed_norm: bool = False  # a LayerNorm right after embeddings + positions in each stack (BART, mBART)
     logits_bias: bool = False  # a bias added to the output logits (Marian's and BART's final_logits_bias)
+    bias: bool = True  # attention and FFN projections with biases (the paper); tutorial models often have none
     pad_id: int = 0
     bos_id: int = 1  # the decoder's first input token (Hugging Face's decoder_start_token_id)
     eos_id: int = 2
@@ -164,12 +165,12 @@ class Seq2SeqConfig:
 
 # Fields added with the Hugging Face families (2026-11-30). Their defaults are what every earlier config meant,
 # so records written before them (export manifests) may lack them; every other field must be present.
-LATER_FIELDS = ("positions", "position_offset", "pad_position_zero", "embed_norm", "logits_bias", "forced_bos_id",
-                "forced_eos", "suppress_ids")
+LATER_FIELDS = ("positions", "position_offset", "pad_position_zero", "embed_norm", "logits_bias", "bias",
+                "forced_bos_id", "forced_eos", "suppress_ids")
 
 _FIELD_TYPES = {"dropout": float, "layer_norm_eps": float, "activation": str, "positions": str,
                 "pre_norm": bool, "scale_embeddings": bool, "tie_embeddings": bool, "share_vocab": bool,
-                "embed_norm": bool, "logits_bias": bool, "pad_position_zero": bool, "forced_eos": bool, "suppress_ids": tuple}
+                "embed_norm": bool, "logits_bias": bool, "pad_position_zero": bool, "bias": bool, "forced_eos": bool, "suppress_ids": tuple}
 _FIELD_TYPES.update({f.name: int for f in dataclasses.fields(Seq2SeqConfig) if f.name not in _FIELD_TYPES})
 _TYPE_WORDS = {name: {float: "a finite number", bool: "true or false", str: "a string", int: "an integer",
                       tuple: "a list of integers"}[kind] for name, kind in _FIELD_TYPES.items()}

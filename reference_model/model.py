@@ -113,10 +113,10 @@ class MultiHeadAttention(nn.Module):
         self.kind, self.core = kind, attention
         self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
-        self.q_proj = nn.Linear(cfg.d_model, cfg.d_model)
-        self.k_proj = nn.Linear(cfg.d_model, cfg.d_model)
-        self.v_proj = nn.Linear(cfg.d_model, cfg.d_model)
-        self.out_proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.q_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.k_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.v_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.out_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
 
     def project_cross(self, h: torch.Tensor) -> KV:
         """Encoder output (B,S,D) -> this block's cross-attention K/V, each (B,H,S,Dh)."""
@@ -136,8 +136,8 @@ class MultiHeadAttention(nn.Module):
 class FeedForward(nn.Module):
     def __init__(self, cfg: Seq2SeqConfig):
         super().__init__()
-        self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff)
-        self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
+        self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
         self.act = {"relu": nn.ReLU, "gelu": nn.GELU, "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
                     "silu": nn.SiLU}[cfg.activation]()
         self.dropout = nn.Dropout(cfg.dropout)
