@@ -134,7 +134,8 @@ def _search(folder: Path, beam: int | None, alpha: float):
 @click.option("--beam", type=int, default=None,
               help="Beam size; 1 is greedy. Default: the imported model's num_beams, else 1.")
 @click.option("--alpha", type=float, default=0.6, show_default=True,
-              help="GNMT length penalty of beam search for models trained here (imported ones use their own).")
+              help="GNMT length penalty of beam search for models trained here (imported ones use their own); "
+                   "with --backend ort-generate, Hugging Face's length_penalty (score / length ** alpha).")
 @click.option("--src-lang", help="Source language code (mBART-50, M2M100/NLLB tokenizers).")
 @click.option("--tgt-lang", help="Target language code, forced as the first generated token.")
 @click.option("--max-new-tokens", type=int, default=None, help="Tokens to generate at most, eos included.")
@@ -166,6 +167,10 @@ def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path
         sources = [codec.encode(t) for t in texts] if texts else _read_ids_file(ids_file)
         _check_sources(sources, cfg, *src_limit, "source" if texts else f"{ids_file} line")
         beams, decode = _search(folder, beam, alpha)
+        if backend == "ort-generate":  # the search runs inside the graph (Hugging Face's, --alpha its length_penalty)
+            from seq2trt.validation.generate_backend import generate_search, read_generation
+
+            decode = generate_search(read_generation(folder), beams, alpha)
         limit = cfg.max_tgt_len - 1
         if max_new_tokens is not None and not 1 <= max_new_tokens <= limit:
             raise InputError(f"--max-new-tokens must be in [1, {limit}], got {max_new_tokens}")

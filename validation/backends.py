@@ -13,7 +13,7 @@ from seq2trt.exporters import spec
 from seq2trt.exporters.manifest import Manifest, verify
 from seq2trt.reference_model.errors import InputError
 
-DECODE_BACKENDS = ("eager", "ort", "ort-fused", "ort-int8", "tensorrt", "tensorrt-rtx")
+DECODE_BACKENDS = ("eager", "ort", "ort-fused", "ort-int8", "tensorrt", "tensorrt-rtx", "ort-generate")
 ENGINE_BACKENDS = ("tensorrt", "tensorrt-rtx")
 
 
@@ -46,6 +46,12 @@ def open_step_model(out: Path, backend: str, checkpoint: Path | None = None, thr
 
         model, _ = load_reference(manifest, checkpoint)
         yield EagerStepModel(model), manifest
+        return
+    if backend == "ort-generate":  # the whole search in one session run: not a StepModel (generate_backend)
+        from .generate_backend import GenerateModel
+
+        with GenerateModel(out, manifest, threads) as generate:
+            yield generate, manifest
         return
     from .adapter import RunnerStepModel
 
