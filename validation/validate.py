@@ -40,6 +40,7 @@ class GraphSet:
     runner_options: Callable[[str], dict] | None = None
     fused_target: Target | None = None  # fused graphs are checked against fusion.json, not the manifest
     quantized: bool = False  # int8 graphs: checked against quantization.json, judged by the int8 tolerances
+    whole_search: bool = False  # generate.onnx: the search itself, judged end to end only (generate_validate)
 
 
 def _plugin_graph_options(dtype: str) -> dict:
@@ -60,6 +61,7 @@ GRAPH_SETS: dict[str, GraphSet] = {
     "fused-ort": _fused(Target.ORT),
     "fused-trt": _fused(Target.TRT, _plugin_graph_options),
     "int8-ort": GraphSet(quantized_dir, lambda dtype: {"optimization": "extended"}, quantized=True),
+    "generate": GraphSet(lambda out: Path(out) / "generate" / "ort", whole_search=True),
 }
 # --backend name -> runner class taking (graph path, cfg, kind, dtype, limits, **options).
 BACKENDS: dict[str, Callable[..., Runner]] = {"ort": OrtRunner}
@@ -99,6 +101,10 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
     """Validate `out`, write its reports, and return the parity document; raise CheckFailed when anything fails."""
     out = Path(out)
     graph_set = GRAPH_SETS[settings.graphs]
+    if graph_set.whole_search:
+        from .generate_validate import run_generate_validation
+
+        return run_generate_validation(out, settings, checkpoint, progress)
     manifest = verify(out, [kind.filename for kind in spec.GraphKind])  # every graph set derives from the export
     if graph_set.quantized:
         verify_quantized(out, manifest)
