@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import json
 from pathlib import Path
 
 import click
 
-from seq2trt.reference_model.checkpoint import load_checkpoint, save_checkpoint
+from seq2trt.reference_model.checkpoint import save_checkpoint
 from seq2trt.reference_model.config import PRESETS
-from seq2trt.reference_model.decoding import DecodeSettings, beam_search, greedy_decode, hf_beam_search
-from seq2trt.reference_model.eager import EagerStepModel
-from seq2trt.reference_model.errors import CheckpointError, InputError
+from seq2trt.reference_model.errors import InputError
 from seq2trt.reference_model.tasks import TASKS
 from seq2trt.reference_model.train import TrainSettings, train as train_model
-from seq2trt.reference_model.vocab import pad_batch
 from seq2trt.validation.backends import DECODE_BACKENDS
+from seq2trt.validation.decode_jobs import (batch_rows, check_sources, choose_search, decode_batches, decode_settings,
+                                            generation_config, open_decoder)
 
 
 @click.command()
@@ -35,6 +32,7 @@ def train(out: Path, task: str, preset: str, steps: int, batch_size: int, lr: fl
           eval_examples: int, force: bool) -> None:
     """Train a model on a built-in task (CPU) and write its checkpoint and metrics.json."""
     from seq2trt.reference_model.config import preset as make_preset
+    from seq2trt.reference_model.checkpoint import is_checkpoint
     from seq2trt.reference_model.io import refuse_existing
     from seq2trt.reference_model.tasks import get_task
 
@@ -43,7 +41,7 @@ def train(out: Path, task: str, preset: str, steps: int, batch_size: int, lr: fl
     get_task(task), make_preset(preset)  # fail on a bad name before any work
     settings = TrainSettings(task=task, preset=preset, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
                              eval_examples=eval_examples)
-    refuse_existing(out, force, "checkpoint")  # before any work; the write below is atomic
+    refuse_existing(out, force, "checkpoint", kind=is_checkpoint)  # before any work; the write below is atomic
     with progress_bar(f"training {preset} on {task}", steps) as update:
         model, metrics = train_model(settings, lambda step, loss: update(step, f"loss {loss:.3f}"))
     t = get_task(task)
@@ -73,55 +71,6 @@ def _read_ids_file(path: Path) -> list[list[int]]:
     if not sources:
         raise InputError(f"--ids-file {path} holds no sources")
     return sources
-
-
-def _check_sources(sources: list[list[int]], cfg, max_src_len: int, limit_name: str, origin: str) -> None:
-    for n, ids in enumerate(sources, 1):
-        if not ids:
-            raise InputError(f"{origin} {n} is empty; give at least one token")
-        if len(ids) > max_src_len:
-            raise InputError(f"{origin} {n} is {len(ids)} tokens, over {limit_name} {max_src_len}; shorten it")
-        bad = [i for i in ids if not 0 <= i < cfg.src_vocab_size]
-        if bad:
-            raise InputError(f"{origin} {n} holds ids outside the source vocabulary [0, {cfg.src_vocab_size}): "
-                             f"{bad[:5]}")
-
-
-@contextlib.contextmanager
-def _step_model(source: Path, backend: str, checkpoint: Path | None, threads: int):
-    """(StepModel, config, checkpoint folder, (max_src_len, its name), max_batch or None) for a checkpoint or an
-    export."""
-    if (source / "manifest.json").exists():
-        from seq2trt.validation.backends import open_step_model
-
-        with open_step_model(source, backend, checkpoint, threads) as (model, manifest):
-            recorded = (manifest.data.get("source") or {}).get("checkpoint")
-            folder = Path(checkpoint or recorded or source)
-            yield (model, manifest.config, folder, (manifest.limits.max_src_len, "the export's max_src_len"),
-                   manifest.limits.max_batch)
-        return
-    if backend != "eager":
-        raise InputError(f"--backend {backend} runs exported graphs: {source} is a checkpoint, not an export "
-                         f"directory; export it first (`seq2trt export {source} -o OUT`) and translate OUT")
-    model, _ = load_checkpoint(source)
-    yield EagerStepModel(model), model.cfg, source, (model.cfg.max_src_len, "the model's max_src_len"), None
-
-
-def _search(folder: Path, beam: int | None, alpha: float):
-    """decode(step_model, ids, mask, settings) for the checkpoint: Hugging Face's beam search with its generation
-    settings for an imported model, GNMT's length penalty (`alpha`) otherwise; greedy at one beam."""
-    from seq2trt.reference_model.hf_import import GENERATION
-
-    generation = json.loads((folder / GENERATION).read_text()) if (folder / GENERATION).exists() else None
-    beams = beam if beam is not None else (generation or {}).get("num_beams", 1)
-    if beams < 1:
-        raise InputError(f"--beam must be >= 1, got {beams}")
-    if beams == 1:
-        return 1, greedy_decode
-    if generation is not None:
-        return beams, lambda m, ids, mask, s: hf_beam_search(m, ids, mask, s, beams, generation["length_penalty"],
-                                                             generation["early_stopping"])
-    return beams, lambda m, ids, mask, s: beam_search(m, ids, mask, s, beam_size=beams, alpha=alpha)
 
 
 @click.command()
@@ -158,35 +107,25 @@ def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path
         raise InputError("--alpha must be a number, --batch-size and --threads >= 1")
     if any(not t.strip() for t in texts):
         raise InputError("empty source text; give at least one symbol")
-    with _step_model(source, backend, checkpoint, threads) as (step_model, cfg, folder, src_limit, max_batch):
+    with open_decoder(source, backend, checkpoint, threads) as (step_model, cfg, folder, src_limit, max_batch):
         codec = None
         if texts or src_lang or tgt_lang:
             codec = load_codec(folder, cfg.eos_id, src_lang, tgt_lang)
         elif (folder / "vocab.json").exists() or (folder / "tokenizer").is_dir():
             codec = load_codec(folder, cfg.eos_id)
         sources = [codec.encode(t) for t in texts] if texts else _read_ids_file(ids_file)
-        _check_sources(sources, cfg, *src_limit, "source" if texts else f"{ids_file} line")
-        beams, decode = _search(folder, beam, alpha)
+        check_sources(sources, cfg, *src_limit, "source" if texts else f"{ids_file} line")
+        beams, decode = choose_search(generation_config(folder), beam, alpha)
         if backend == "ort-generate":  # the search runs inside the graph (Hugging Face's, --alpha its length_penalty)
             from seq2trt.validation.generate_backend import generate_search, read_generation
 
             decode = generate_search(read_generation(folder), beams, alpha)
-        limit = cfg.max_tgt_len - 1
-        if max_new_tokens is not None and not 1 <= max_new_tokens <= limit:
-            raise InputError(f"--max-new-tokens must be in [1, {limit}], got {max_new_tokens}")
-        settings = DecodeSettings.for_model(cfg, max_new_tokens)
-        if codec is not None and codec.forced_bos_id is not None:
-            settings = dataclasses.replace(settings, forced_bos_id=codec.forced_bos_id)
-        rows = batch_size if max_batch is None else min(batch_size, max_batch // beams)
-        if rows < 1:
-            raise InputError(f"--beam {beams} needs batches of {beams} rows, over the export's max_batch {max_batch}; "
-                             "re-export with --max-batch >= batch x beam, or use a smaller --beam")
+        settings = decode_settings(cfg, max_new_tokens, codec.forced_bos_id if codec is not None else None)
+        rows = batch_rows(batch_size, max_batch, beams)
         outputs: list[list[int]] = []
-        for start in range(0, len(sources), rows):
-            ids, mask = pad_batch(sources[start: start + rows], cfg.pad_id)
-            for out in decode(step_model, ids, mask, settings):
-                outputs.append(out)
-                click.echo(codec.decode(out) if codec is not None else json.dumps(out))
+        for out in decode_batches(step_model, sources, cfg.pad_id, decode, settings, rows):
+            outputs.append(out)
+            click.echo(codec.decode(out) if codec is not None else json.dumps(out))
     if output_ids is not None:
         atomic_write_text(output_ids, "".join(json.dumps(o) + "\n" for o in outputs))
 
