@@ -31,6 +31,7 @@ def _done(start: float, message: str) -> None:
 def demo(out: Path, samples: int, force: bool) -> None:
     """Run the whole pipeline on the demo model (numbers -> words) and write a report."""
     from seq2trt.exporters.fuse import Target, fuse_artifacts
+    from seq2trt.exporters.manifest import MANIFEST
     from seq2trt.plugins import trt_compat
     from seq2trt.reference_model.checkpoint import load_checkpoint, source_record
     from seq2trt.reference_model.io import refuse_existing
@@ -42,7 +43,7 @@ def demo(out: Path, samples: int, force: bool) -> None:
     from .export_commands import quiet_exporters
     from .progress import progress_bar
 
-    refuse_existing(out, force, "demo")  # before any work
+    refuse_existing(out, force, "demo", kind=MANIFEST)  # before any work
     start = time.perf_counter()
     t = _step("train the demo model (cached after the first run)")
     with progress_bar("training", 500) as update:

@@ -32,14 +32,14 @@ def quiet_exporters() -> None:
 def export(checkpoint: Path, out: Path, dtype: str, opset: int, max_batch: int, max_src_len: int | None,
            max_tgt_len: int | None, force: bool) -> None:
     """Export CHECKPOINT to OUT/encoder.onnx, OUT/decoder.onnx and OUT/manifest.json."""
-    from seq2trt.exporters.manifest import read_manifest
+    from seq2trt.exporters.manifest import MANIFEST, read_manifest
     from seq2trt.exporters.onnx_export import export as export_model
     from seq2trt.exporters.spec import Limits
     from seq2trt.reference_model.checkpoint import load_checkpoint, source_record
     from seq2trt.reference_model.io import refuse_existing
 
     quiet_exporters()
-    refuse_existing(out, force, "export")  # before any work
+    refuse_existing(out, force, "export", kind=MANIFEST, protect=(checkpoint,))  # before any work
     model, _ = load_checkpoint(checkpoint)
     limits = Limits.for_model(model.cfg, max_batch, max_src_len, max_tgt_len)
     start = time.perf_counter()

@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import importlib
 import logging
+import signal
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
-import click
-from rich.console import Console
-from rich.logging import RichHandler
-from rich.markup import escape
+try:  # Ctrl-C while these load (the first fraction of a second) is an interruption, not a traceback
+    import click
+    from rich.console import Console
+    from rich.logging import RichHandler
+    from rich.markup import escape
 
-from seq2trt.reference_model.errors import Seq2TrtError
+    from seq2trt.reference_model.errors import Seq2TrtError, Terminated
+except KeyboardInterrupt:
+    sys.stderr.write("interrupted: nothing was written\n")
+    sys.exit(130)
 
 err_console = Console(stderr=True)
 
@@ -39,9 +44,20 @@ class Seq2TrtGroup(click.Group):
                 raise
             err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
             sys.exit(exc.exit_code)
-        except KeyboardInterrupt:
-            err_console.print("[bold red]interrupted[/]: nothing was left half-written")
-            sys.exit(130)
+        except KeyboardInterrupt as exc:
+            what = "terminated" if isinstance(exc, Terminated) else "interrupted"
+            err_console.print(f"[bold red]{what}[/]: nothing was left half-written")
+            sys.exit(Terminated.exit_code if isinstance(exc, Terminated) else 130)
+
+    # Verbs are imported when first needed, inside `invoke` (torch takes seconds to load: Ctrl-C or SIGTERM then
+    # ends in one line, not a traceback).
+    def get_command(self, ctx: click.Context, cmd_name: str):
+        _register()
+        return super().get_command(ctx, cmd_name)
+
+    def list_commands(self, ctx: click.Context):
+        _register()
+        return super().list_commands(ctx)
 
 
 @click.group(cls=Seq2TrtGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -66,16 +82,24 @@ COMMAND_MODULES = ("model_commands", "import_commands", "export_commands", "fuse
 
 
 def _register() -> None:
+    if cli.commands:
+        return
     for name in COMMAND_MODULES:
         for command in importlib.import_module(f"seq2trt.cli.{name}").COMMANDS:
             cli.add_command(command)
 
 
-_register()
+def _terminate(signum, frame) -> None:
+    raise Terminated()
 
 
 def main() -> None:
-    cli(prog_name="seq2trt")
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        cli(prog_name="seq2trt")
+    except KeyboardInterrupt as exc:  # outside a verb (start-up, --help): nothing was being written
+        sys.stderr.write(f"{'terminated' if isinstance(exc, Terminated) else 'interrupted'}: nothing was written\n")
+        sys.exit(Terminated.exit_code if isinstance(exc, Terminated) else 130)
 
 
 if __name__ == "__main__":

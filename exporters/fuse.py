@@ -136,7 +136,7 @@ def fuse_artifacts(out: Path, target: Target, allow_partial: bool = False, force
     """
     manifest = verify(out, [kind.filename for kind in spec.GraphKind])
     audit = FusionAudit(target.value)
-    with staged_directory(fused_dir(out, target), force, f"fused {target.value}") as tmp:
+    with staged_directory(fused_dir(out, target), force, f"fused {target.value}", kind=FUSION_JSON) as tmp:
         files = {}
         for kind in spec.GraphKind:
             model, graph_audit = _fuse_file(manifest.path(kind.filename), target, manifest, kind)

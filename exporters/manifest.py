@@ -15,7 +15,7 @@ from typing import Any
 
 from seq2trt.reference_model.config import LATER_FIELDS, Seq2SeqConfig
 from seq2trt.reference_model.errors import ArtifactError
-from seq2trt.reference_model.io import atomic_write_text, sha256_file
+from seq2trt.reference_model.io import atomic_write_text, recover_tree, sha256_file
 
 from . import spec
 
@@ -72,6 +72,7 @@ class Manifest:
 
 
 def read_manifest(out: Path) -> Manifest:
+    recover_tree(out)  # a replacement of this export or of a folder in it that a killed run left half done
     path = Path(out) / MANIFEST
     if not path.exists():
         raise ArtifactError(f"{path} not found; {out} is not an export directory (run `seq2trt export` first)")

@@ -28,7 +28,7 @@ from seq2trt.reference_model.model import Seq2SeqTransformer
 
 from . import spec
 from .attention_functions import attention_functions
-from .manifest import write_manifest
+from .manifest import MANIFEST, write_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -205,7 +205,8 @@ def export(model: Seq2SeqTransformer, out: Path, dtype: str = "fp32", opset: int
     limits = limits or spec.Limits.for_model(model.cfg)
     exported = export_copy(model, dtype)
     timings = {}
-    with staged_directory(out, force, "export") as tmp:
+    protect = (Path(source["checkpoint"]),) if source and source.get("checkpoint") else ()
+    with staged_directory(out, force, "export", kind=MANIFEST, protect=protect) as tmp:
         for kind in spec.GraphKind:
             start = time.perf_counter()
             proto = trace(exported, kind, opset)

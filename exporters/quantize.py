@@ -117,7 +117,7 @@ def quantize_artifacts(out: Path, settings: QuantizeSettings = QuantizeSettings(
     source_dir = fused_dir(out, Target.ORT)
     doc = {"method": "onnxruntime dynamic quantization (int8 weights, uint8 activations quantized at run time)",
            "onnxruntime": onnxruntime.__version__, **asdict(settings), "graphs": {}, "files": {}}
-    with staged_directory(quantized_dir(out), force, "int8 graphs") as tmp:
+    with staged_directory(quantized_dir(out), force, "int8 graphs", kind=QUANTIZATION_JSON) as tmp:
         for kind in spec.GraphKind:
             source = source_dir / kind.filename
             entry = quantize_graph(source, tmp / kind.filename, settings,

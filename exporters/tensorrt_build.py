@@ -23,7 +23,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 from seq2trt.plugins import trt_compat
 from seq2trt.plugins.op import DOMAIN, PLUGIN_NAME
-from seq2trt.reference_model.errors import ArtifactError, InputError
+from seq2trt.reference_model.errors import ArtifactError, InputError, Terminated
 
 logger = logging.getLogger(__name__)
 
@@ -125,13 +125,16 @@ def deferred_interrupt() -> Iterator[threading.Event]:
     if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
         yield interrupted
         return
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.set())
+    received = []  # SIGTERM is held the same way and ends as `Terminated`
+    previous = {sig: signal.signal(sig, lambda signum, frame: (received.append(signum), interrupted.set()))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield interrupted
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if interrupted.is_set():
-            raise KeyboardInterrupt
+            raise Terminated() if signal.SIGTERM in received else KeyboardInterrupt
 
 
 def graph_has_plugin(model) -> bool:

@@ -25,7 +25,8 @@ from typing import Callable
 from seq2trt.plugins import trt_compat
 from seq2trt.plugins.op import PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION
 from seq2trt.reference_model.errors import ArtifactError, InputError
-from seq2trt.reference_model.io import atomic_write_bytes, atomic_write_text, locked, sha256_file, staged_directory
+from seq2trt.reference_model.io import (atomic_write_bytes, atomic_write_text, locked, refuse_existing, sha256_file,
+                                        staged_directory)
 
 from . import fuse, spec
 from .artifact_checks import load_graph
@@ -91,8 +92,7 @@ def build_engines(out: Path, request: EngineRequest,
     flavour = trt_compat.flavour_of(request.backend)
     trt_compat.load(flavour)  # a missing TensorRT says which extra to install before any work
     engine_dir = out / "engines" / engine_dir_name(flavour.value, request.targets, dtype, request.plugin)
-    if engine_dir.is_dir() and any(engine_dir.iterdir()) and not request.force:  # refuse before any work
-        raise ArtifactError(f"engine directory {engine_dir} already exists; pass --force to replace it")
+    refuse_existing(engine_dir, request.force, "engine", kind=BUILD_JSON)  # before any work
     graphs = source_graphs(out, request.plugin)
     for graph, (path, _digest) in graphs.items():  # a damaged graph can crash TensorRT's parser, not just fail it
         load_graph(path, cfg, graph, manifest.dtype)
@@ -105,8 +105,8 @@ def build_engines(out: Path, request: EngineRequest,
     lock = engine_dir.parent / f".{engine_dir.name}.lock"
     # Ctrl-C is held from the first TensorRT call to the last (TensorRT calls back into Python throughout) and
     # raised at the end; the staged directory is then removed and the old engines stay.
-    with locked(lock, str(engine_dir)), staged_directory(engine_dir, request.force, "engine") as tmp, \
-            deferred_interrupt():
+    with locked(lock, str(engine_dir)), \
+            staged_directory(engine_dir, request.force, "engine", kind=BUILD_JSON) as tmp, deferred_interrupt():
         for done, (graph, (path, digest)) in enumerate(graphs.items()):
             report = (lambda phase, _d, _t, g=graph, n=done: progress(g.value, phase, n)) if progress else None
             result = build(path, profiles[graph], request.targets, dtype, settings, report)

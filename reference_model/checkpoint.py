@@ -37,14 +37,20 @@ def canonical_state_dict(model: Seq2SeqTransformer) -> dict[str, torch.Tensor]:
     return {k: v.detach().contiguous() for k, v in model.state_dict().items() if k not in aliases}
 
 
+def is_checkpoint(folder: Path) -> bool:
+    """A seq2trt checkpoint directory: its config and its weights (what `--force` may replace)."""
+    return (folder / CONFIG).is_file() and any((folder / n).is_file() for n in (WEIGHTS, LEGACY_WEIGHTS))
+
+
 def save_checkpoint(out: Path, model: Seq2SeqTransformer, vocabs: tuple[Vocab, Vocab] | None = None,
                     force: bool = False, extra_files: dict[str, str] | None = None,
-                    extra_writer: Callable[[Path], None] | None = None) -> Path:
-    """Write a checkpoint directory atomically (refusing to replace an existing one without `force`);
-    `extra_writer(staging_dir)` adds files of its own before the directory is renamed into place."""
+                    extra_writer: Callable[[Path], None] | None = None, protect: tuple[Path, ...] = ()) -> Path:
+    """Write a checkpoint directory atomically (refusing to replace an existing one without `force`, or anything
+    but a checkpoint, or a folder holding `protect`); `extra_writer(staging_dir)` adds files of its own before the
+    directory is renamed into place."""
     from safetensors.torch import save_file
 
-    with staged_directory(out, force, "checkpoint") as tmp:
+    with staged_directory(out, force, "checkpoint", kind=is_checkpoint, protect=protect) as tmp:
         save_file(canonical_state_dict(model), str(tmp / WEIGHTS), metadata={"format": "pt"})
         model.cfg.save(tmp / CONFIG)
         if vocabs is not None:

@@ -33,6 +33,13 @@ class DependencyError(Seq2TrtError, ImportError):
     """An optional dependency is not installed; the message names the extra to install."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is (the CLI's handler) so that it unwinds like Ctrl-C: staged output is
+    removed and the previous artifacts stay. A KeyboardInterrupt, so every Ctrl-C path handles it too."""
+
+    exit_code = 143  # 128 + SIGTERM, as a shell reports a process killed by it
+
+
 class CheckFailed(Seq2TrtError):
     """A check ran to the end and failed (parity, fusion audit, accuracy target)."""
 

@@ -280,5 +280,6 @@ def import_hf(src: Path, out: Path, force: bool = False, progress: Callable[[str
                           + "; ".join(report["failures"]))
     progress("writing the checkpoint")
     extra = {GENERATION: json.dumps(gen, indent=2) + "\n", IMPORT_RECORD: json.dumps(record, indent=2) + "\n"}
-    save_checkpoint(out, model, force=force, extra_files=extra, extra_writer=lambda tmp: _copy_tokenizer(src, tmp))
+    save_checkpoint(out, model, force=force, extra_files=extra, extra_writer=lambda tmp: _copy_tokenizer(src, tmp),
+                    protect=(src,))
     return record

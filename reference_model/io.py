@@ -4,6 +4,11 @@ Every artifact is written under a temporary name and renamed into place, so an i
 (disk full, Ctrl-C, an exception) leaves the previous artifact intact and no half-written file behind. A full
 disk, a quota or a read-only / forbidden folder becomes an `ArtifactError` that says so. `locked(path)` is an
 advisory inter-process lock (flock) for stages that must not run twice at once on the same output.
+
+`--force` replaces only an artifact of the kind the command writes (`refuse_existing`), never the current
+directory or a folder holding what the command reads. A directory is replaced by two renames under a lock, with a
+journal beside it: a process killed between them leaves a state that `recover` (called by the next run of any
+verb on that directory) finishes, and staging folders or lock files of processes that are gone are removed.
 """
 
 from __future__ import annotations
@@ -12,12 +17,14 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterable, Iterator, Union
 
 from .errors import ArtifactError
 
@@ -30,14 +37,14 @@ _WRITE_ERRNOS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "dis
 
 
 def write_error(exc: BaseException, path: Path, kept: str = "nothing was changed",
-                only_writes: bool = False) -> ArtifactError | None:
+                only_writes: bool = False) -> "WriteError | None":
     """The ArtifactError for a failed write the user can fix, or None for anything else. `only_writes`: the error
     may come from a read too, so only errors that a write alone can cause (space, quota, read-only) count."""
     why = _WRITE_ERRNOS.get(exc.errno) if isinstance(exc, OSError) else None
     if why is None or (only_writes and exc.errno in (errno.EACCES, errno.EPERM)):
         return None
     fix = "free some space" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "choose a folder you can write to"
-    return ArtifactError(f"cannot write {path}: {why}; {kept}; {fix} and run the command again")
+    return WriteError(path, why, kept, fix)
 
 
 def sha256_file(path: Path) -> str:
@@ -82,56 +89,282 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
-def refuse_existing(out: Path, force: bool = False, what: str = "output") -> None:
-    """Raise if `out` cannot be (re)placed: a file, or a non-empty directory without `force`. Touches nothing."""
+# A directory kind: the file name that marks it (manifest.json, build.json, ...) or a test of the directory.
+Kind = Union[str, Callable[[Path], bool]]
+
+
+def _is_kind(folder: Path, kind: Kind) -> bool:
+    return kind(folder) if callable(kind) else (folder / kind).is_file()
+
+
+def _within(path: Path, folder: Path) -> bool:
+    """`path` is `folder` or lies inside it (both resolved)."""
+    return path == folder or folder in path.parents
+
+
+def refuse_existing(out: Path, force: bool = False, what: str = "output", kind: Kind | None = None,
+                    protect: Iterable[Path] = ()) -> None:
+    """Raise if `out` cannot be (re)placed; touches nothing.
+
+    Refused always: a file; the current directory or a folder holding it; a folder that is or holds any `protect`
+    path (the source a stage reads). A non-empty directory only with `force`, and then only when it is a seq2trt
+    artifact of this `kind` (the file that marks it, e.g. manifest.json, or a test of the folder): `--force`
+    replaces what this command wrote before, never an unrelated folder.
+    """
     out = Path(out)
+    resolved = out.resolve()
+    cwd = _cwd()
+    if cwd is not None and _within(cwd, resolved):
+        raise ArtifactError(f"{what} path {out} is the current directory or holds it; replacing it would delete "
+                            "the folder you are working in; choose a new folder for the output")
+    for source in protect:
+        if _within(Path(source).resolve(), resolved):
+            raise ArtifactError(f"{what} path {out} holds {source}, which this command reads; writing there would "
+                                "replace it; choose another folder for the output")
     if out.exists() and not out.is_dir():
         raise ArtifactError(f"{what} path {out} exists and is not a directory; choose another path")
-    if out.is_dir() and any(out.iterdir()) and not force:
+    if not (out.is_dir() and any(out.iterdir())):
+        return
+    if not force:
         raise ArtifactError(f"{what} directory {out} already exists; pass --force to replace it")
+    if kind is not None and not _is_kind(out, kind):
+        marker = kind if isinstance(kind, str) else f"a seq2trt {what}"
+        names = sorted(p.name for p in out.iterdir())
+        raise ArtifactError(f"{what} directory {out} is not a seq2trt {what} (no {marker} in it; it holds "
+                            f"{_short(names)}); --force only replaces a {what} written by seq2trt; choose another "
+                            "folder, or remove this one yourself if it really should go")
+
+
+def _cwd() -> Path | None:
+    try:
+        return Path.cwd().resolve()
+    except FileNotFoundError:  # the working directory was deleted: it holds nothing to protect
+        return None
+
+
+def _short(names: list[str], n: int = 5) -> str:
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
+class WriteError(ArtifactError):
+    """A failed write the user can fix (space, quota, permissions), naming the path and what was kept."""
+
+    def __init__(self, path: Path, why: str, kept: str, fix: str):
+        self.path, self.why, self.fix = Path(path), why, fix
+        super().__init__(f"cannot write {path}: {why}; {kept}; {fix} and run the command again")
 
 
 @contextlib.contextmanager
-def staged_directory(out: Path, force: bool = False, what: str = "output") -> Iterator[Path]:
+def staged_directory(out: Path, force: bool = False, what: str = "output", kind: Kind | None = None,
+                     protect: Iterable[Path] = ()) -> Iterator[Path]:
     """Yield a fresh temporary directory beside `out`; on success it replaces `out` in one rename.
 
-    An existing non-empty `out` is refused unless `force`; on any failure the temporary directory is removed
-    and `out` is left exactly as it was.
+    `out` must pass `refuse_existing(out, force, what, kind, protect)`. On any failure the temporary directory
+    is removed and `out` is left exactly as it was; a replacement that a killed process left half done, and
+    staging folders of processes that are gone, are repaired first (`recover`).
     """
     out = Path(out)
-    refuse_existing(out, force, what)
+    refuse_existing(out, force, what, kind, protect)
+    recover(out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".partial", dir=out.parent))
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; an artifact directory is an ordinary one
     except OSError as exc:
         raise (write_error(exc, out) or exc) from exc
     try:
         yield tmp
-        _swap_into_place(tmp, out)
+        _swap_into_place(tmp, out, force)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        kept = f"the previous {out.name} is intact" if out.exists() else "nothing was written"
+        kept = f"the previous {what} in {out} is intact" if out.exists() else f"nothing was written to {out}"
+        if isinstance(exc, WriteError):  # name the file as the user knows it, not the hidden staging path
+            inside = _relative_to(exc.path, tmp)
+            if inside is not None:
+                raise WriteError(out / inside, exc.why, kept, exc.fix) from exc.__cause__
         error = write_error(exc, out, kept, only_writes=True)
         if error is not None:
             raise error from exc
         raise
 
 
-def _swap_into_place(tmp: Path, out: Path) -> None:
-    """Rename `tmp` to `out`; an existing `out` is set aside first and put back if the second rename fails."""
-    old = None
-    if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
-        os.replace(out, old)  # onto the empty directory mkdtemp made
+def _relative_to(path: Path, folder: Path) -> Path | None:
     try:
-        os.replace(tmp, out)
-    except BaseException:
-        if old is not None and not out.exists():
+        return path.relative_to(folder)
+    except ValueError:
+        return None
+
+
+def _journal(out: Path) -> Path:
+    """The record of a replacement in progress: which staged folder replaces `out` and where the old one went."""
+    return out.parent / f".{out.name}.swap"
+
+
+def _swap_lock(out: Path) -> Path:
+    return out.parent / f".{out.name}.swap.lock"
+
+
+def _swap_into_place(tmp: Path, out: Path, force: bool = True) -> None:
+    """Rename `tmp` to `out`; an existing `out` is set aside first and put back if the second rename fails.
+
+    Replacements of one `out` take turns (a lock beside it), and each writes a journal first, so that a process
+    killed between the two renames leaves a state the next run repairs (`recover`). What came in the meantime is
+    checked again under the lock: a folder another process put at `out` is replaced only as `force` allows.
+    """
+    with locked(_swap_lock(out), str(out)):
+        _recover_locked(out)
+        old = None
+        if out.exists():
+            if out.is_dir() and any(out.iterdir()) and not force:
+                raise ArtifactError(f"{out} was written by another seq2trt process meanwhile; pass --force to "
+                                    "replace it")
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+            atomic_write_text(_journal(out), json.dumps({"new": tmp.name, "old": old.name, "pid": os.getpid()}))
+            os.replace(out, old)  # onto the empty directory mkdtemp made
+        try:
+            os.replace(tmp, out)
+        except BaseException:
+            if old is not None and not out.exists():
+                os.replace(old, out)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(_journal(out))
+            raise
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(_journal(out))
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _leftovers(out: Path) -> dict[str, list[Path]]:
+    """Hidden folders and files beside `out` that its writers leave while they run."""
+    name = re.escape(out.name)
+    patterns = {"partial": rf"\.{name}\.(\d+)\.[a-z0-9_]{{8}}\.partial", "old": rf"\.{name}\.[a-z0-9_]{{8}}\.old",
+                "journal": rf"\.{name}\.swap", "lock": rf"\.{name}\.(swap\.)?lock"}
+    found: dict[str, list[Path]] = {k: [] for k in patterns}
+    try:
+        entries = list(out.parent.iterdir()) if out.name else []
+    except OSError:
+        return found
+    for entry in entries:
+        for key, pattern in patterns.items():
+            if re.fullmatch(pattern, entry.name):
+                found[key].append(entry)
+    return found
+
+
+def recover(out: Path) -> None:
+    """Repair what a killed writer of `out` left: finish a replacement stopped between its two renames (the new
+    folder was complete), put back an old folder set aside, remove staging folders whose process is gone and
+    lock files nobody holds. Every verb calls it on the directories it reads or writes; cheap when all is well."""
+    out = Path(out)
+    found = _leftovers(out)
+    stale_partials = [p for p in found["partial"] if not _owner_alive(p)]
+    if not (found["journal"] or found["old"] or stale_partials or found["lock"]):
+        return
+    try:
+        with locked(_swap_lock(out), str(out)):
+            _recover_locked(out)
+    except (ArtifactError, PermissionError) as exc:  # a folder we may only read: leave it to its owner
+        logger.debug("cannot repair %s: %s", out, exc)
+
+
+_HIDDEN_WORK = re.compile(r"\.(.+?)(\.\d+\.[a-z0-9_]{8}\.partial|\.[a-z0-9_]{8}\.old|\.swap)")
+
+
+def recover_tree(root: Path, depth: int = 3) -> None:
+    """`recover` every directory under `root` (itself included, `depth` levels down) that a killed writer left
+    work beside: an artifact directory's readers call it, so a half-done replacement of any of its folders (fused
+    graphs, engines, ...) is repaired by the next verb that reads it."""
+    root = Path(root)
+    recover(root)
+    folders = [root]
+    for _ in range(depth):
+        found = []
+        for folder in folders:
+            try:
+                entries = list(folder.iterdir())
+            except OSError:
+                continue
+            for name in {m.group(1) for e in entries if (m := _HIDDEN_WORK.fullmatch(e.name))}:
+                recover(folder / name)
+            found += [e for e in entries if e.is_dir() and not e.name.startswith(".")]
+        folders = found
+
+
+def _recover_locked(out: Path) -> None:
+    """`recover`'s work, with the swap lock held (so no replacement of `out` is in progress)."""
+    found = _leftovers(out)
+    journal = _journal(out)
+    if journal.exists():  # its writer held the lock we hold now: it died between its renames
+        try:
+            record = json.loads(journal.read_text())
+            new, old = out.parent / record["new"], out.parent / record["old"]
+        except (OSError, ValueError, KeyError, TypeError):
+            new = old = None
+        if new is not None and not out.exists() and new.is_dir():
+            os.replace(new, out)
+            logger.warning("finished replacing %s, which an interrupted run left half done", out)
+        os.unlink(journal)
+    for old in _leftovers(out)["old"]:
+        if not out.exists():
             os.replace(old, out)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+            logger.warning("restored %s, which an interrupted run had set aside", out)
+        else:
+            shutil.rmtree(old, ignore_errors=True)
+    for partial in found["partial"]:
+        if partial.exists() and not _owner_alive(partial):
+            shutil.rmtree(partial, ignore_errors=True)
+            logger.info("removed %s, left by a run that is gone", partial.name)
+    for lock in found["lock"]:
+        if lock.name != _swap_lock(out).name:
+            _remove_if_unheld(lock)
+
+
+def _remove_if_unheld(lock: Path) -> None:
+    """Remove a lock file no process holds (its holder was killed); `locked` waiters then retry on a new one."""
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                os.unlink(lock)
+    except OSError:
+        pass  # held: its owner is alive
+    finally:
+        os.close(fd)
+
+
+def _owner_alive(partial: Path) -> bool:
+    """The process named in a staging folder's name is running and started before the folder was last changed
+    (a later process given the same pid is not its owner)."""
+    pid = int(partial.name.rsplit(".", 3)[-3])
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    started = _process_start(pid)
+    try:
+        return started is None or started <= partial.stat().st_mtime + 2
+    except FileNotFoundError:
+        return True  # renamed into place meanwhile
+
+
+def _process_start(pid: int) -> float | None:
+    """Start time of `pid` in seconds since the epoch (Linux /proc), or None where that cannot be read."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime"))
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
 
 
 @contextlib.contextmanager

@@ -1,0 +1,252 @@
+"""Issue 17, data loss: what `--force` may replace, replacements killed between their two renames, staging left by
+dead processes, and SIGTERM / Ctrl-C at any moment. Each test damages or races a private copy of the tiny artifact
+(conftest.artifact) and checks that nothing the user owns is lost and no traceback is printed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from seq2trt.cli.main import cli
+from seq2trt.reference_model.io import recover, recover_tree, staged_directory
+
+
+@pytest.fixture
+def work(artifact, tmp_path) -> Path:
+    shutil.copytree(artifact, tmp_path / "w")
+    return tmp_path / "w"
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*"))}
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def one_error_line(result, code: int, *fragments: str) -> str:
+    assert result.exit_code == code, result.output
+    assert "Traceback" not in result.output and (result.exception is None or isinstance(result.exception, SystemExit))
+    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, result.output
+    assert all(f in lines[0] for f in fragments), lines[0]
+    return lines[0]
+
+
+# --- --force replaces only an artifact of the same kind -------------------------------------------------------------
+
+def unrelated(folder: Path) -> Path:
+    (folder / "thesis").mkdir(parents=True)
+    (folder / "thesis" / "chapter1.tex").write_text("years of work")
+    return folder
+
+
+@pytest.mark.parametrize("verb", ["export", "train", "demo"])
+def test_force_refuses_an_unrelated_folder(work, verb):
+    target = unrelated(work / "mine")
+    args = {"export": ["export", work / "ckpt", "-o", target, "--force"],
+            "train": ["train", "-o", target, "--steps", "1", "--force"],
+            "demo": ["demo", "-o", target, "--force"]}[verb]
+    before = snapshot(work)
+    one_error_line(invoke(*args), 2, f"{target}", "is not a seq2trt", "--force only replaces")
+    assert snapshot(work) == before
+
+
+def test_force_refuses_an_unrelated_fused_folder(work):
+    shutil.rmtree(work / "out" / "fused" / "trt")
+    unrelated(work / "out" / "fused" / "trt")
+    before = snapshot(work)
+    one_error_line(invoke("fuse", work / "out", "--force"), 2, "is not a seq2trt fused trt", "fusion.json")
+    assert snapshot(work) == before
+
+
+@pytest.mark.parametrize("where", ["the-checkpoint", "its-parent", "a-file-in-it"])
+def test_export_never_replaces_the_checkpoint_it_reads(work, where):
+    ckpt = work / "ckpt"
+    source, out = {"the-checkpoint": (ckpt, ckpt), "its-parent": (ckpt, work),
+                   "a-file-in-it": (ckpt / "model.safetensors", ckpt)}[where]
+    (work / "manifest.json").write_text("{}")  # the parent even looks like an export
+    (ckpt / "manifest.json").write_text("{}")
+    before = snapshot(work)
+    one_error_line(invoke("export", source, "-o", out, "--force"), 2, "which this command reads",
+                   "choose another folder")
+    assert snapshot(work) == before
+
+
+def test_force_never_replaces_the_current_directory(work, monkeypatch):
+    monkeypatch.chdir(work / "out")
+    before = snapshot(work)
+    for args in (["export", work / "ckpt", "-o", ".", "--force"], ["export", work / "ckpt", "-o", work, "--force"],
+                 ["train", "-o", "..", "--force"]):
+        one_error_line(invoke(*args), 2, "current directory")
+    assert snapshot(work) == before
+
+
+def test_import_never_replaces_its_source(work):
+    from seq2trt.reference_model.checkpoint import save_checkpoint
+    from seq2trt.reference_model.errors import ArtifactError
+
+    from seq2trt.reference_model.checkpoint import load_checkpoint
+
+    model, vocabs = load_checkpoint(work / "ckpt")
+    before = snapshot(work)
+    with pytest.raises(ArtifactError, match="which this command reads"):
+        save_checkpoint(work / "ckpt", model, vocabs, force=True, protect=(work / "ckpt",))
+    one_error_line(invoke("import", "hf", work / "ckpt", "-o", work / "ckpt", "--force"), 2, "which this command reads")
+    assert snapshot(work) == before
+
+
+def test_force_still_replaces_its_own_kind(work):
+    """The positive control: fuse --force over fused graphs (fusion.json) replaces them."""
+    (work / "out" / "fused" / "trt" / "fusion.json").touch()  # changed: the new fusion writes it again
+    result = invoke("fuse", work / "out", "--force")
+    assert result.exit_code == 0, result.output
+    assert json.loads((work / "out" / "fused" / "trt" / "fusion.json").read_text())["files"]
+
+
+# --- a replacement killed between its two renames is repaired by the next run --------------------------------------
+
+KILLED_SWAP = textwrap.dedent("""
+    import os, shutil, sys
+    from pathlib import Path
+    from seq2trt.reference_model.io import staged_directory
+    out, when = Path(sys.argv[1]), sys.argv[2]
+    real = os.replace
+    def replace(src, dst):
+        if when == "before" and str(dst).endswith(".old"):
+            os._exit(9)  # killed after the journal, before the old folder moved
+        real(src, dst)
+        if when == "between" and str(dst).endswith(".old"):
+            os._exit(9)  # killed with the old folder set aside and the new one not yet in place
+    os.replace = replace
+    with staged_directory(out, force=True) as tmp:  # the same files again, and a marker saying which copy
+        shutil.copytree(out, tmp, dirs_exist_ok=True)
+        (tmp / "marker").write_text("new")
+""")
+
+
+def killed_swap(out: Path, when: str) -> None:
+    proc = subprocess.run([sys.executable, "-c", KILLED_SWAP, str(out), when], capture_output=True, text=True)
+    assert proc.returncode == 9, proc.stderr
+
+
+def hidden(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
+@pytest.mark.parametrize("when, content", [("between", "new"), ("before", "old")])
+def test_a_swap_killed_midway_is_repaired_by_the_next_run(tmp_path, when, content):
+    out = tmp_path / "art"
+    out.mkdir()
+    (out / "marker").write_text("old")
+    killed_swap(out, when)
+    assert hidden(tmp_path), "the kill left nothing to repair"
+    if when == "between":
+        assert not out.exists()  # the state issue 17 found: no folder at all
+    recover(out)
+    assert (out / "marker").read_text() == content
+    assert hidden(tmp_path) == []
+
+
+def test_the_next_verb_on_the_export_repairs_its_fused_graphs(work):
+    fused = work / "out" / "fused" / "trt"
+    killed_swap(fused, "between")
+    assert not fused.exists()
+    result = invoke("report", work / "out")  # any verb reading the export
+    assert result.exit_code == 0, result.output
+    assert (fused / "marker").read_text() == "new" and hidden(fused.parent) == []
+
+
+def test_two_forced_replacements_racing_both_finish_and_leave_nothing_hidden(tmp_path):
+    out = tmp_path / "art"
+    script = textwrap.dedent("""
+        import sys
+        from pathlib import Path
+        from seq2trt.reference_model.io import staged_directory
+        for i in range(30):
+            with staged_directory(Path(sys.argv[1]), force=True, kind="marker") as tmp:
+                (tmp / "marker").write_text(sys.argv[2])
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(out), name], stderr=subprocess.PIPE, text=True)
+             for name in ("a", "b")]
+    errors = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errors
+    assert (out / "marker").read_text() in ("a", "b")
+    assert hidden(tmp_path) == []
+
+
+def test_staging_of_a_dead_process_and_unheld_locks_are_cleaned(tmp_path):
+    out = tmp_path / "art"
+    out.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        stale = tmp_path / f".art.{dead.pid}.abcdefgh.partial"
+        live = tmp_path / f".art.{alive.pid}.abcdefgh.partial"
+        time.sleep(0.1)
+        for folder in (stale, live):
+            folder.mkdir()
+            (folder / "encoder.plan").write_bytes(b"x" * 100)
+        (tmp_path / ".art.lock").touch()  # left by a killed build
+        (tmp_path / ".art.abcdefgh.old").mkdir()  # a copy set aside by a killed run, without its journal
+        recover_tree(tmp_path)
+        assert hidden(tmp_path) == [live.name]  # the running process keeps its staging folder
+    finally:
+        alive.kill()
+        alive.wait()
+
+
+def test_staged_directory_runs_recovery_first(tmp_path):
+    out = tmp_path / "art"
+    out.mkdir()
+    killed_swap(out, "between")
+    with staged_directory(out, force=True, kind="marker") as tmp:
+        (tmp / "marker").write_text("newest")
+    assert (out / "marker").read_text() == "newest" and hidden(tmp_path) == []
+
+
+# --- signals: SIGTERM like Ctrl-C, and Ctrl-C while the CLI starts ---------------------------------------------------
+
+def seq2trt(*args, cwd=None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "seq2trt.cli.main", *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=cwd)
+
+
+def test_sigterm_mid_export_exits_143_with_one_line_and_keeps_the_old_export(work):
+    before = snapshot(work)
+    proc = seq2trt("export", work / "ckpt", "-o", work / "out", "--force")
+    deadline = time.monotonic() + 120
+    while not list(work.glob(".out.*.partial")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stderr
+    assert "terminated" in stderr and "Traceback" not in stderr, stderr
+    assert snapshot(work) == before
+
+
+@pytest.mark.parametrize("delay", [0.3, 1.0, 2.5])  # after the interpreter itself started
+def test_ctrl_c_while_starting_is_one_line(tmp_path, delay):
+    proc = seq2trt("train", "-o", tmp_path / "ck", "--preset", "tiny", "--steps", "1")
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert "Traceback" not in stderr, stderr
+    assert proc.returncode in (130, -signal.SIGINT), (proc.returncode, stderr)
+    assert not (tmp_path / "ck").exists()
