@@ -12,7 +12,9 @@ from seq2trt.validation.bench import KNOWN_BACKENDS, BenchSettings
 @click.command()
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option("--backends", default="eager,ort,ct2", show_default=True,
-              help=f"Comma-separated, from: {', '.join(KNOWN_BACKENDS)}.")
+              help=f"Comma-separated, from: {', '.join(KNOWN_BACKENDS)}. hf (transformers' generate) and optimum "
+              "(Optimum's ONNX Runtime export) run on the Hugging Face directory the checkpoint was imported from "
+              "(`seq2trt import hf`); for such a checkpoint ct2 converts that directory with CTranslate2's converter.")
 @click.option("--batch-sizes", default="1,8,32", show_default=True, help="Comma-separated batch sizes.")
 @click.option("--threads", default="1", show_default=True,
               help="CPU threads per backend; comma-separated to measure several (e.g. 1,2). ct2-int8 always uses 1.")
@@ -23,10 +25,13 @@ from seq2trt.validation.bench import KNOWN_BACKENDS, BenchSettings
               help="Source length of the decoding runs (clipped to the export's limit).")
 @click.option("--new-tokens", type=int, default=BenchSettings.new_tokens, show_default=True,
               help="Tokens decoded per source (eos does not stop a row, so every backend does the same work).")
+@click.option("--curves/--no-curves", default=True, show_default=True,
+              help="Also time the encoder by source length and the decoder step by past length (up to the export's "
+              "limits; each past is built by a prefill, slow with a large vocabulary).")
 @click.option("--checkpoint", type=click.Path(path_type=Path), default=None,
               help="The checkpoint OUT was exported from (default: the one its manifest names).")
 def bench(out: Path, backends: str, batch_sizes: str, threads: str, repeats: int, warmup: int, src_len: int,
-          new_tokens: int, checkpoint: Path | None) -> None:
+          new_tokens: int, curves: bool, checkpoint: Path | None) -> None:
     """Time the backends on the export in OUT; write OUT/reports/latency.json, latency.md and plots."""
     from seq2trt.validation.bench import parse_backends, parse_ints, run_bench
 
@@ -34,7 +39,7 @@ def bench(out: Path, backends: str, batch_sizes: str, threads: str, repeats: int
 
     settings = BenchSettings(backends=parse_backends(backends), batch_sizes=parse_ints(batch_sizes, "--batch-sizes"),
                              threads=parse_ints(threads, "--threads"), repeats=repeats, warmup=warmup,
-                             src_len=src_len, new_tokens=new_tokens)
+                             src_len=src_len, new_tokens=new_tokens, curves=curves)
     total = len(settings.threads) * (settings.warmup + settings.repeats)
     with progress_bar("bench", total) as update:
         done = [0]

@@ -6,17 +6,23 @@ stops a row, so every backend does the same work); p50/p90/p99 after warm-up; pe
 sizes from build.json. Backends run round-robin within each repetition (the starting backend rotates), so a
 load spike on a shared machine hits all of them; ratios are medians of per-repetition paired ratios.
 
-CTranslate2 is converted from the reference weights, checked against the eager model's greedy tokens (float32
-must agree; int8's agreement is reported as its accuracy cost), then timed in worker processes, one
-Translator each; int8 always with 1 thread (DESIGN.md: 2 threads are pathological there).
+CTranslate2 is converted from the reference weights (from the Hugging Face directory, by CTranslate2's own
+converter, when the checkpoint was imported), checked against the eager model's greedy tokens (float32 must agree;
+int8's agreement is reported as its accuracy cost), then timed in worker processes, one Translator each; int8
+always with 1 thread (DESIGN.md: 2 threads are pathological there).
+
+For an imported checkpoint, `hf` (transformers' eager `generate`) and `optimum` (Optimum's ONNX Runtime export,
+`ORTModelForSeq2SeqLM.generate`) time what users of that Hugging Face directory run today (hf_backends.py), on the
+same sources, batch sizes, new tokens and threads, each checked against the eager model's greedy tokens first.
 
 `OUT/reports/latency.json`:
-  settings, machine (load before/after), checks (ct2 agreement), builds (TensorRT build.json, ct2 conversion),
+  settings, machine (load before/after), checks (agreement of ct2, hf, optimum with the eager model), builds
+  (TensorRT build.json, ct2 conversion, Optimum export),
   memory[backend], results[threads][backend][batch] = {tokens_per_s, step_ms_p50/p90/p99, decode_ms_p50/p90/p99},
   encoder_ms[threads][backend][batch][src_len], step_ms_by_past[threads][backend][batch][past_len]
-  (= {p50, p90, p99}), ratios[threads][backend][batch] = {vs_eager, vs_eager_cuda, vs_ct2, vs_ct2_int8:
-  one per reference backend that ran} (tokens/s ratio, > 1 is faster), threading[threads][backend] (how its
-  threads ran).
+  (= {p50, p90, p99}; absent with --no-curves), ratios[threads][backend][batch] = {vs_eager, vs_eager_cuda, vs_hf,
+  vs_optimum, vs_ct2, vs_ct2_int8: one per reference backend that ran} (tokens/s ratio, > 1 is faster),
+  threading[threads][backend] (how its threads ran).
 
 `eager` is the reference model on the CPU, `eager-cuda` the same model on a CUDA device (the GPU baseline).
 ORT backends: `ort` the export, `ort-fused` OUT/fused/ort (`seq2trt fuse --target ort`), `ort-int8`
@@ -25,12 +31,12 @@ OUT/quantized/ort-int8 (`seq2trt quantize`, run at ONNX Runtime's extended level
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import logging
 import os
 import platform
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -39,14 +45,17 @@ import numpy as np
 
 from seq2trt.exporters.manifest import Manifest, verify
 from seq2trt.reference_model.errors import DependencyError, InputError
-from seq2trt.reference_model.vocab import pad_batch
 
 from . import bench_backends as bb
+from . import bench_prepare
+from .bench_prepare import HF_BACKENDS
 
 logger = logging.getLogger(__name__)
 
-KNOWN_BACKENDS = ("eager", "eager-cuda", "ort", "ort-fused", "ort-int8", "tensorrt", "tensorrt-rtx", "ct2", "ct2-int8")
+KNOWN_BACKENDS = ("eager", "eager-cuda", "ort", "ort-fused", "ort-int8", "tensorrt", "tensorrt-rtx", "ct2", "ct2-int8",
+                  "hf", "optimum")
 GPU_BACKENDS = ("tensorrt", "tensorrt-rtx")  # TensorRT engines; eager-cuda is the eager model on a CUDA device
+REFERENCES = ("eager", "eager-cuda", "hf", "optimum", "ct2", "ct2-int8")  # each gets a vs_<name> ratio when it ran
 Progress = Callable[[str], None]
 
 
@@ -78,7 +87,8 @@ class BenchSettings:
     src_len: int = 32  # clipped to the export's limits
     new_tokens: int = 32  # clipped to the export's limits
     step_calls: int = 2  # decoder calls per past length per repetition
-    check_samples: int = 40  # sources of the ct2 agreement check
+    curves: bool = True  # encoder by source length and step by past length (a big vocabulary's prefills are slow)
+    check_samples: int = 40  # sources of each anchor's agreement check (ct2, hf, optimum)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -87,7 +97,7 @@ class BenchSettings:
             raise InputError(f"repeats, step_calls and check_samples must be >= 1 and warmup >= 0, got "
                              f"{self.repeats}, {self.step_calls}, {self.check_samples} and {self.warmup}")
         multi = [t for t in self.threads if t != 1]
-        if len(multi) > 1 and any(b.startswith("ort") for b in self.backends):
+        if len(multi) > 1 and any(b.startswith("ort") or b == "optimum" for b in self.backends):
             raise InputError(f"--threads {','.join(map(str, self.threads))}: ONNX Runtime runs one shared thread pool "
                              "per process, so one bench run measures 1 and at most one other count; run the bench "
                              "once per count (e.g. --threads 1,2 then --threads 4 into another copy)")
@@ -113,23 +123,31 @@ def unavailable(backends: tuple[str, ...]) -> dict[str, str]:
                 import ctranslate2  # noqa: F401
             except ImportError:
                 why[name] = "CTranslate2 is not installed (pip install 'seq2trt[ct2]')"
+        elif name in HF_BACKENDS:
+            import importlib.util
+
+            needs = ("transformers",) + (("optimum.onnxruntime",) if name == "optimum" else ())
+            if any(importlib.util.find_spec(module.split(".")[0]) is None for module in needs):
+                why[name] = f"{' and '.join(needs)} not installed (pip install 'seq2trt[hf]')"
     return why
 
 
 def available_backends(out: Path) -> tuple[str, ...]:
-    """The backends `bench` can time here for the export in `out` (what the demo asks for)."""
-    names = ["eager", "eager-cuda", "ort"] + [name for name, (folder, _) in _ort_folders(out).items()
-                                              if name != "ort" and folder.is_dir()] + [*GPU_BACKENDS, "ct2"]
-    return tuple(n for n in names if n not in unavailable(tuple(names)))
-
-
-def _ort_folders(out: Path) -> dict[str, tuple[Path, str]]:
-    """ORT backend -> (the folder of its graphs, the stage that writes them)."""
+    """The backends `bench` can time here for the export in `out` (what the demo asks for): hf and optimum when the
+    checkpoint its manifest names was imported."""
     from seq2trt.exporters.fuse import Target, fused_dir
     from seq2trt.exporters.quantize import quantized_dir
+    from seq2trt.reference_model.hf_import import IMPORT_RECORD
 
-    return {"ort": (Path(out), "export"), "ort-fused": (fused_dir(out, Target.ORT), "fuse --target ort"),
-            "ort-int8": (quantized_dir(out), "quantize")}
+    derived = {"ort-fused": fused_dir(out, Target.ORT), "ort-int8": quantized_dir(out)}
+    try:
+        checkpoint = json.loads((Path(out) / "manifest.json").read_text())["source"]["checkpoint"]
+        imported = (Path(checkpoint) / IMPORT_RECORD).is_file()
+    except (OSError, ValueError, KeyError, TypeError):
+        imported = False
+    names = ["eager", "eager-cuda", "ort", *(n for n, folder in derived.items() if folder.is_dir()), *GPU_BACKENDS,
+             "ct2", *(HF_BACKENDS if imported else ())]
+    return tuple(n for n in names if n not in unavailable(tuple(names)))
 
 
 def _stats_ms(seconds: list[float]) -> dict[str, float]:
@@ -148,8 +166,10 @@ def _grid(maximum: int, start: int) -> list[int]:
 
 
 def _sources(cfg, batch: int, length: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Seeded ids of real tokens (no specials), eos last; every row of the same length."""
-    ids = rng.integers(3, cfg.src_vocab_size, size=(batch, length)).astype(np.int64)
+    """Seeded ids of real tokens (no specials: an imported Marian's pad is its last id), eos last; every row of the
+    same length."""
+    allowed = np.setdiff1d(np.arange(3, cfg.src_vocab_size), [cfg.pad_id, cfg.bos_id, cfg.eos_id])
+    ids = rng.choice(allowed, size=(batch, length)).astype(np.int64)
     ids[:, -1] = cfg.eos_id
     return ids, np.ones_like(ids)
 
@@ -173,6 +193,7 @@ class Bench:
         self.src_len = min(settings.src_len, self.limits.max_src_len)
         self.new_tokens = min(settings.new_tokens, self.limits.max_tgt_len - 1)
         self.checkpoint = checkpoint
+        self.source = bench_prepare.imported_source(self.manifest, checkpoint, settings.backends)
         self.model = self.task = None
         self.ct2_models: dict[str, dict] = {}
         self.doc: dict = {}
@@ -185,36 +206,7 @@ class Bench:
             self.model, self.task = load_reference(self.manifest, self.checkpoint)
         return self.model
 
-    def _prepare_ct2(self) -> dict:
-        """Convert the weights for each requested CTranslate2 variant and check its greedy tokens."""
-        from . import ct2_backend
-        from .reference import e2e_sources
-
-        checks = {}
-        model = self._reference()
-        sources, origin = e2e_sources(self.cfg, self.task, self.settings.check_samples, self.settings.seed)
-        ids, mask = pad_batch(sources, self.cfg.pad_id)
-        for name in (n for n in self.settings.backends if n.startswith("ct2")):
-            quantization = "int8" if name == "ct2-int8" else "float32"
-            self.progress(f"converting to CTranslate2 {quantization} and checking its greedy tokens")
-            start = time.perf_counter()
-            model_dir = ct2_backend.convert(model, self.out / "ct2" / quantization, quantization, force=True)
-            seconds = time.perf_counter() - start
-            translator = ct2_backend.Ct2Translator(model_dir, threads=1)
-            agreement = ct2_backend.check_agreement(model, translator, ids, mask, self.limits.max_tgt_len - 1,
-                                                    require=quantization == "float32")
-            self.ct2_models[name] = {"dir": model_dir, "compute_type": ct2_backend.compute_type(quantization),
-                                     "source_tokens": translator.source_tokens}
-            del translator  # one Translator per process while timing
-            checks[name] = {"sources": origin, **agreement.to_dict()}
-            self.doc.setdefault("builds", {})[name] = {
-                "convert_seconds": round(seconds, 3), "model_bytes": (model_dir / "model.bin").stat().st_size}
-        return checks
-
     def _make(self, name: str, threads: int):
-        from .adapter import RunnerStepModel
-        from .runners import OrtRunner
-
         if name in ("eager", "eager-cuda"):
             import copy
 
@@ -231,22 +223,15 @@ class Bench:
             info = self.ct2_models[name]
             used = 1 if name == "ct2-int8" else threads
             return bb.Ct2Backend(name, info["dir"], info["source_tokens"], used, info["compute_type"])
-        if name in GPU_BACKENDS:
-            from .trt_runner import runner_for
+        if name in HF_BACKENDS:
+            from .hf_backends import open_backend
 
-            engines = bb.engine_dir(self.out, name)
-            runners = [runner_for(engines, kind, self.cfg, self.limits) for kind in _kinds()]
-        else:
-            folder, stage = _ort_folders(self.out)[name]
-            if not (folder / "encoder.onnx").exists():
-                raise InputError(f"{folder} holds no encoder.onnx; run `seq2trt {stage} {self.out}` first")
-            runners = [OrtRunner(folder / kind.filename, self.cfg, kind, self.manifest.dtype, self.limits,
-                                 device="cpu", intra_op_threads=threads, name=name,
-                                 optimization="extended" if name == "ort-int8" else "basic") for kind in _kinds()]
-        for r in runners:
-            r.__enter__()
-        return bb.StepModelBackend(name, RunnerStepModel(*runners), self.cfg, threads,
-                                   closers=[lambda r=r: r.__exit__(None, None, None) for r in runners])
+            return open_backend(name, self.source, self.out, threads)
+        from .backends import open_step_model  # ORT and TensorRT: the one opener, every graph verified
+
+        stack = contextlib.ExitStack()
+        model, _ = stack.enter_context(open_step_model(self.out, name, self.checkpoint, threads))
+        return bb.StepModelBackend(name, model, self.cfg, threads, closers=[stack.close])
 
     # -- measurement ----------------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -257,7 +242,12 @@ class Bench:
                     "model": {k: getattr(self.cfg, k) for k in ("d_model", "num_heads", "num_encoder_layers",
                                                                 "num_decoder_layers", "d_ff", "tgt_vocab_size")},
                     "dtype": self.manifest.dtype, "machine": _machine("before"), "builds": _engine_builds(self.out)}
-        self.doc["checks"] = self._prepare_ct2() if any(n.startswith("ct2") for n in s.backends) else {}
+        self.doc["checks"] = {}
+        if any(bench_prepare.is_anchor(n) for n in s.backends):
+            prepared = bench_prepare.prepare(s.backends, self.out, self._reference(), self.task, self.source,
+                                             s.check_samples, s.seed, self.limits.max_tgt_len - 1, self.progress)
+            self.doc["checks"], self.ct2_models = prepared.checks, prepared.ct2_models
+            self.doc["builds"].update(prepared.builds)
         for key in ("results", "encoder_ms", "step_ms_by_past", "ratios", "memory"):
             self.doc[key] = {}
         for threads in s.threads:
@@ -307,6 +297,8 @@ class Bench:
             seconds, steps = b.decode(ids, mask, self.new_tokens)
             record("decode", (b.name, batch), [seconds])
             record("steps", (b.name, batch), steps or [])
+        if not self.settings.curves:
+            return
         for length in _grid(self.limits.max_src_len, 1):
             src = _sources(self.cfg, batch, length, rng)
             for b in order:
@@ -334,15 +326,16 @@ class Bench:
                 **{f"step_ms_{k}": v for k, v in steps.items()}, **{f"decode_ms_{k}": v for k, v in decode.items()},
                 "repeats": len(seconds)}
         for key, table in (("encoder", "encoder_ms"), ("by_past", "step_ms_by_past")):
+            if not raw[key]:  # --no-curves
+                continue
             out = self.doc[table].setdefault(t, {})
             for (name, batch, length), seconds in raw[key].items():
                 out.setdefault(name, {}).setdefault(str(batch), {})[str(length)] = _stats_ms(seconds)
         ratios = self.doc["ratios"].setdefault(t, {})
         for (name, batch), seconds in raw["decode"].items():
             ratios.setdefault(name, {})[str(batch)] = {
-                label: paired_ratio(raw["decode"].get((ref, batch)), seconds)
-                for ref, label in (("eager", "vs_eager"), ("eager-cuda", "vs_eager_cuda"), ("ct2", "vs_ct2"),
-                                   ("ct2-int8", "vs_ct2_int8")) if ref in self.settings.backends}
+                "vs_" + ref.replace("-", "_"): paired_ratio(raw["decode"].get((ref, batch)), seconds)
+                for ref in REFERENCES if ref in self.settings.backends}
         logger.debug("summarised %d decode series for %s thread(s)", len(raw["decode"]), t)
 
 
@@ -352,12 +345,6 @@ def paired_ratio(reference_seconds: list[float] | None, seconds: list[float]) ->
     if not reference_seconds:
         return None
     return round(float(np.median(np.asarray(reference_seconds) / np.asarray(seconds))), 4)
-
-
-def _kinds():
-    from seq2trt.exporters import spec
-
-    return (spec.GraphKind.ENCODER, spec.GraphKind.DECODER)
 
 
 def _machine(when: str) -> dict:
@@ -392,8 +379,12 @@ def _engine_builds(out: Path) -> dict:
 def run_bench(out: Path, settings: BenchSettings, checkpoint: Path | None = None,
               progress: Progress | None = None) -> dict:
     """Measure, then write OUT/reports/latency.json, latency.md and the PNG plots; returns the document."""
+    from seq2trt.exporters.manifest import generation, writing_into
+
     from .bench_report import write_reports
 
+    started = generation(out)  # the figures must describe the export measured, not one that replaced it
     doc = Bench(out, settings, checkpoint, progress).run()
-    write_reports(Path(out) / "reports", doc)
+    with writing_into(out, started, "bench"):
+        write_reports(Path(out) / "reports", doc)
     return doc

@@ -30,18 +30,18 @@ def markdown(doc: dict, images: dict[str, str]) -> str:
     for t, backends in doc["results"].items():
         threading = doc.get("threading", {}).get(t, {})
         how = "; ".join(f"{name}: {text}" for name, text in threading.items())
-        cuda = "eager-cuda" in backends  # the GPU baseline gets its own column where it was measured
+        extra = [r for r in ("eager-cuda", "hf", "optimum") if r in backends]  # columns only where they were measured
         lines += [f"## {t} thread(s)", ""] + ([f"Threading: {how}.", ""] if how else []) + [
                   "| backend | batch | tokens/s | step p50 (ms) | step p90 | step p99 | decode p50 (ms) | vs eager | " +
-                  ("vs eager-cuda | " if cuda else "") + "vs ct2 | vs ct2 int8 |",
-                  "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if cuda else "")]
+                  "".join(f"vs {r} | " for r in extra) + "vs ct2 | vs ct2 int8 |",
+                  "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(extra)]
         for backend, by_batch in backends.items():
             for batch, r in sorted(by_batch.items(), key=lambda kv: int(kv[0])):
                 ratio = doc["ratios"].get(t, {}).get(backend, {}).get(batch, {})
                 lines.append(f"| {backend} | {batch} | {r['tokens_per_s']:.1f} | {_fmt(r.get('step_ms_p50'), '.3f')} | "
                              f"{_fmt(r.get('step_ms_p90'), '.3f')} | {_fmt(r.get('step_ms_p99'), '.3f')} | "
                              f"{_fmt(r.get('decode_ms_p50'), '.1f')} | {_fmt(ratio.get('vs_eager'))}× | " +
-                             (f"{_fmt(ratio.get('vs_eager_cuda'))}× | " if cuda else "") +
+                             "".join(f"{_fmt(ratio.get('vs_' + r.replace('-', '_')))}× | " for r in extra) +
                              f"{_fmt(ratio.get('vs_ct2'))}× | {_fmt(ratio.get('vs_ct2_int8'))}× |")
         lines.append("")
     lines += ["Ratios are tokens/s ratios (> 1: faster than the reference), medians of per-repetition pairs. "
@@ -56,7 +56,7 @@ def markdown(doc: dict, images: dict[str, str]) -> str:
                     _fmt(by_len.get(n, {}).get("p50"), ".3f") for n in _keys(backends)) + " |")
         lines.append("")
     if doc.get("checks"):
-        lines += ["## CTranslate2 agreement with the eager model (checked before timing)", "",
+        lines += ["## Agreement with the eager model (greedy tokens, checked before timing)", "",
                   "| backend | sources | identical | near-ties | max abs logit diff |", "|---|---|---|---|---|"]
         for name, c in doc["checks"].items():
             lines.append(f"| {name} | {c['sequences']} {c['sources']} | {c['identical']} ({c['rate']:.3f}) | "
@@ -71,8 +71,8 @@ def markdown(doc: dict, images: dict[str, str]) -> str:
     if doc.get("builds"):
         lines += ["## Builds", "", "| build | graph | seconds | size (MiB) |", "|:---|:---|---|---|"]
         for name, build in doc["builds"].items():
-            if "convert_seconds" in build:  # a CTranslate2 conversion: one model.bin
-                lines.append(f"| {name} conversion | model.bin | {_fmt(build['convert_seconds'])} | "
+            if "convert_seconds" in build:  # a CTranslate2 conversion (one model.bin) or Optimum's export
+                lines.append(f"| {name} conversion | {build.get('file', 'model.bin')} | {_fmt(build['convert_seconds'])} | "
                              f"{_fmt(build['model_bytes'] / 2**20, '.1f')} |")
                 continue
             for graph, g in build.items():  # a TensorRT engine directory: one plan per graph

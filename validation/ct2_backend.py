@@ -11,6 +11,9 @@ Tokens: CTranslate2 speaks token strings. The model's vocabularies are registere
 directory also translates text); otherwise each id gets a synthetic name. Sources go in with their own eos
 (the training data carries it), bos is the decoder start token, eos the end token.
 
+A checkpoint imported from a Hugging Face directory is converted from that directory by CTranslate2's own
+converter instead (`convert_hf`): `to_spec` knows only our architecture's layout.
+
 Timing runs in `ct2_worker.py`, one Translator per process (two in one process slow each other 10x here).
 """
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -146,6 +150,71 @@ def convert(model, out: Path, quantization: str = "float32", vocabs=None, force:
     return Path(out)
 
 
+class IdTokenizer:
+    """What CTranslate2's Hugging Face loaders read from a tokenizer, for a source directory without one: ids named
+    `<id17>`, pad `<pad>` even where it is also the decoder start (Marian's loader drops a last `<pad>`, as it drops
+    the real one), eos `</s>`."""
+
+    def __init__(self, cfg):
+        specials = {cfg.bos_id: "<s>", cfg.pad_id: "<pad>", cfg.eos_id: "</s>"}
+        self.names = [specials.get(i, f"<id{i}>") for i in range(cfg.tgt_vocab_size)]
+        self.pad_token, self.eos_token, self.bos_token = (self.names[i] for i in (cfg.pad_id, cfg.eos_id, cfg.bos_id))
+        self.unk_token, self.unk_token_id, self.special_tokens_map, self.num_madeup_words = "<unk>", None, {}, 0
+
+    def get_vocab(self) -> dict[str, int]:
+        return {name: i for i, name in enumerate(self.names)}
+
+    def convert_ids_to_tokens(self, index: int) -> str:
+        return self.names[index]
+
+
+def _vocabularies(model_dir: Path) -> tuple[list[str], list[str]]:
+    """The source and target token lists a CTranslate2 converter wrote (index = id)."""
+    if (model_dir / "shared_vocabulary.json").exists():
+        shared = json.loads((model_dir / "shared_vocabulary.json").read_text())
+        return shared, shared
+    return tuple(json.loads((model_dir / f"{side}_vocabulary.json").read_text()) for side in ("source", "target"))
+
+
+def convert_hf(src: Path, cfg, out: Path, quantization: str = "float32", force: bool = False) -> Path:
+    """CTranslate2's own converter (`TransformersConverter`) on the Hugging Face directory `src`, from local files:
+    its weight mapping, not ours (`to_spec` builds only our architecture). The source's tokenizer names the
+    tokens; a directory without one gets `IdTokenizer`'s names. `cfg` is the imported model's config."""
+    import_ctranslate2()
+    from ctranslate2.converters import TransformersConverter
+
+    from seq2trt.reference_model.hf_import import tokenizer_files
+
+    if quantization not in QUANTIZATIONS:
+        raise ConfigError(f"unknown CTranslate2 quantization {quantization!r}; choose one of {', '.join(QUANTIZATIONS)}")
+    if cfg.forced_bos_id is not None:
+        raise InputError(f"{src} forces the first target token ({cfg.forced_bos_id}, a language code) and the bench "
+                         "does not pass it to CTranslate2 as a target prefix; drop ct2 from --backends")
+
+    class FromDirectory(TransformersConverter):
+        def load_model(self, model_class, path, **kwargs):
+            model = model_class.from_pretrained(path, local_files_only=True, **kwargs)
+            if not hasattr(model.config, "normalize_before"):  # CTranslate2 4.8's BART/mBART loader reads this
+                model.config.normalize_before = cfg.pre_norm  # field, which transformers 4.57's configs dropped
+            return model
+
+        def load_tokenizer(self, tokenizer_class, path, **kwargs):
+            if not tokenizer_files(src):
+                return IdTokenizer(cfg)
+            with warnings.catch_warnings():  # Marian's tokenizer recommends sacremoses on every load
+                warnings.filterwarnings("ignore", message=".*sacremoses.*")
+                return tokenizer_class.from_pretrained(path, local_files_only=True, **kwargs)
+
+    with staged_directory(out, force, "CTranslate2 model") as tmp:
+        FromDirectory(str(src)).convert(str(tmp), quantization=quantization, force=True)
+        source, target = _vocabularies(tmp)
+        atomic_write_text(tmp / TOKENS_FILE, json.dumps(
+            {"source": source, "target": target, "quantization": quantization, "bos_id": cfg.bos_id,
+             "eos_id": cfg.eos_id, "pad_id": cfg.pad_id, "converter": "TransformersConverter",
+             "from": str(src)}) + "\n")
+    return Path(out)
+
+
 def compute_type(quantization: str) -> str:
     return "int8_float32" if quantization == "int8" else "float32"
 
@@ -224,21 +293,25 @@ class GreedyComparison:
                 "logit_abs_err_by_step": self.logit_abs_err_by_step}
 
 
-def eager_greedy(model, input_ids: np.ndarray, attention_mask: np.ndarray, max_new_tokens: int
-                 ) -> tuple[list[list[int]], list[list[np.ndarray]]]:
-    """The eager model's greedy tokens and, per source, the logits (V,) of every step it decoded."""
+def eager_greedy(model, input_ids: np.ndarray, attention_mask: np.ndarray, max_new_tokens: int,
+                 forced_eos: bool | None = None) -> tuple[list[list[int]], list[list[np.ndarray]]]:
+    """The eager model's greedy tokens with the model's decoding rules (forced bos/eos, suppressed ids) and, per
+    source, the logits (V,) of every step it decoded. `forced_eos=False` drops the forced eos at the length limit."""
+    import dataclasses
+
     from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode
     from seq2trt.reference_model.eager import EagerStepModel
 
-    cfg = model.cfg
+    settings = DecodeSettings.for_model(model.cfg, max_new_tokens)
+    if forced_eos is not None:
+        settings = dataclasses.replace(settings, forced_eos=forced_eos)
     logits: list[list[np.ndarray]] = [[] for _ in range(len(input_ids))]
 
     def record(step, rows, step_logits):
         for row, row_logits in zip(rows, step_logits):
             logits[row].append(row_logits)
 
-    tokens = greedy_decode(EagerStepModel(model), input_ids, attention_mask,
-                           DecodeSettings(cfg.bos_id, cfg.eos_id, cfg.pad_id, max_new_tokens), on_step=record)
+    tokens = greedy_decode(EagerStepModel(model), input_ids, attention_mask, settings, on_step=record)
     return tokens, logits
 
 
@@ -253,7 +326,9 @@ def compare_greedy(reference: tuple[list[list[int]], list[list[np.ndarray]]], ca
         if candidate_logits is not None:
             n = min(step + 1, len(ref_logits[i]), len(candidate_logits[i]))
             for t in range(n):  # up to and including the first divergent step: both saw the same history
-                err = float(np.abs(ref_logits[i][t] - candidate_logits[i][t]).max())
+                a, b = ref_logits[i][t], candidate_logits[i][t]
+                v = min(len(a), len(b))  # CTranslate2's Marian vocabulary drops the last id, the pad
+                err = float(np.abs(a[:v] - b[:v]).max())
                 by_step.extend([0.0] * (t + 1 - len(by_step)))
                 by_step[t] = max(by_step[t], err)
         if want == got:
@@ -273,8 +348,10 @@ def compare_greedy(reference: tuple[list[list[int]], list[list[np.ndarray]]], ca
 
 def check_agreement(model, translator: Ct2Translator, input_ids: np.ndarray, attention_mask: np.ndarray,
                     max_new_tokens: int, require: bool = True) -> GreedyComparison:
-    """Decode the same sources with both; raise `CheckFailed` (when `require`) unless every sequence agrees."""
-    reference = eager_greedy(model, input_ids, attention_mask, max_new_tokens)
+    """Decode the same sources with both; raise `CheckFailed` (when `require`) unless every sequence agrees.
+    CTranslate2 has no forced eos at the length limit (Hugging Face's forced_eos_token_id): the reference decodes
+    without it."""
+    reference = eager_greedy(model, input_ids, attention_mask, max_new_tokens, forced_eos=False)
     result = translator.greedy(input_ids, attention_mask, max_new_tokens, return_logits=True)
     agreement = compare_greedy(reference, result.tokens, model.cfg.eos_id, result.logits)
     if require and not agreement:

@@ -186,3 +186,18 @@ def test_eager_cuda_is_timed_beside_the_cpu_backends(exported, tmp_path):
     assert ratios["eager-cuda"]["1"]["vs_eager_cuda"] == 1.0 and ratios["ort"]["3"]["vs_eager_cuda"] > 0
     assert doc["threading"]["1"]["eager-cuda"].startswith("cuda")
     assert "| vs eager-cuda |" in (copy / "reports" / "latency.md").read_text()
+
+
+def test_no_curves_times_decoding_only(exported, tmp_path):
+    """--no-curves: tokens/s and step times, no encoder-by-length or step-by-past tables (nor their plot)."""
+    import shutil
+
+    out, _ = exported
+    copy = shutil.copytree(out, tmp_path / "out", ignore=shutil.ignore_patterns("reports"))
+    settings = bench.BenchSettings(backends=("eager", "ort"), batch_sizes=(2,), repeats=1, warmup=0, src_len=6,
+                                   new_tokens=4, curves=False)
+    doc = bench.run_bench(copy, settings)
+    assert doc["results"]["1"]["ort"]["2"]["tokens_per_s"] > 0 and doc["results"]["1"]["ort"]["2"]["step_ms_p50"] > 0
+    assert doc["encoder_ms"] == {} and doc["step_ms_by_past"] == {}
+    md = (copy / "reports" / "latency.md").read_text()
+    assert "Encoder p50" not in md and not (copy / "reports" / "step_latency.png").exists()
