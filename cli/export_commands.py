@@ -66,14 +66,21 @@ def export(checkpoint: Path, out: Path, dtype: str, opset: int, max_batch: int, 
 @click.option("--threads", type=int, default=1, show_default=True,
               help="ONNX Runtime intra-op threads (0: one per core).")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--localize", is_flag=True,
+              help="Also localise the worst clean case of each graph (failing and near-tie cases always are): which "
+                   "layer and sub-block first exceeds the tolerance, error growth by layer, that block's op types.")
+@click.option("--localize-budget", "localize_budget_s", type=float, default=120.0, show_default=True,
+              help="Seconds the per-layer localisation pass may take (0: skip it).")
 def validate(out: Path, backend: str, graphs: str, samples: int, beam_size: int, max_new_tokens: int | None,
-             checkpoint: Path | None, device: str, threads: int, seed: int) -> None:
+             checkpoint: Path | None, device: str, threads: int, seed: int, localize: bool,
+             localize_budget_s: float) -> None:
     """Check OUT's graphs against the eager model: graph-level parity over the spec's shape sweep, then greedy
     and beam decoding end to end. Writes OUT/reports/parity.json and parity.md; exits 1 on any failure."""
     from seq2trt.validation.validate import run_validation
 
     settings = ValidateSettings(backend=backend, graphs=graphs, samples=samples, beam_size=beam_size,
-                                max_new_tokens=max_new_tokens, device=device, threads=threads, seed=seed)
+                                max_new_tokens=max_new_tokens, device=device, threads=threads, seed=seed,
+                                localize=localize, localize_budget_s=localize_budget_s)
     start = time.perf_counter()
     doc = run_validation(out, settings, checkpoint, progress=lambda msg: click.echo(msg, err=True))
     e2e = doc["end_to_end"]

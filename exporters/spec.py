@@ -140,6 +140,31 @@ def kv_feed(cfg: Seq2SeqConfig, side: str, outputs: Mapping[str, T]) -> dict[str
     return {past: outputs[present] for present, past in present_to_past(cfg, side).items()}
 
 
+# Per-layer debug outputs (validation/localize.py): every sub-block of every layer, named after its module path in
+# the eager model (`Residual` modules of reference_model/model.py), in execution order. A layer's output is its last
+# sub-block's output. A debug copy of a graph marks each as an extra graph output `debug.<module path>`.
+SUB_BLOCKS: dict[GraphKind, tuple[str, ...]] = {GraphKind.ENCODER: ("attn_block", "ffn_block"),
+                                                GraphKind.DECODER: ("self_block", "cross_block", "ffn_block")}
+DEBUG_PREFIX = "debug."
+
+
+def sub_block_paths(cfg: Seq2SeqConfig, kind: GraphKind) -> list[str]:
+    """Module paths of every layer's sub-blocks, e.g. `encoder_layers.1.ffn_block`, in execution order."""
+    stack, layers = (("encoder_layers", cfg.num_encoder_layers) if kind is GraphKind.ENCODER
+                     else ("decoder_layers", cfg.num_decoder_layers))
+    return [f"{stack}.{i}.{block}" for i in range(layers) for block in SUB_BLOCKS[kind]]
+
+
+def debug_output_name(module_path: str) -> str:
+    """The graph output name a debug copy gives a sub-block's output: `debug.<module path>`."""
+    return DEBUG_PREFIX + module_path
+
+
+def parse_debug_name(name: str) -> str | None:
+    """The module path of a debug output name, or None for any other tensor name."""
+    return name.removeprefix(DEBUG_PREFIX) if name.startswith(DEBUG_PREFIX) else None
+
+
 def block_name(kind: AttentionKind, layer: int) -> str:
     """The module path of an attention block, which is also its node name in a plain graph."""
     if kind is AttentionKind.ENCODER_SELF:

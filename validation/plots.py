@@ -97,3 +97,30 @@ def error_series(latency: dict, parity: dict) -> dict[str, list[float]]:
         if check.get("logit_abs_err_by_step"):
             series[f"{name} (bench check)"] = check["logit_abs_err_by_step"]
     return series
+
+
+def error_by_layer(localisation: list[dict], path: Path, limit: int = 6) -> Path | None:
+    """Largest |error| against the eager model after each sub-block, one panel per graph, one line per localised
+    case (the first `limit`), the tolerance's atol dashed: where the error is born and how it grows."""
+    by_graph: dict[str, list[dict]] = {}
+    for item in localisation:
+        if item.get("blocks"):
+            by_graph.setdefault(item["graph"], []).append(item)
+    if not by_graph:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(by_graph), figsize=(5.2 * len(by_graph), 3.6), squeeze=False)
+    for ax, (graph, items) in zip(axes[0], by_graph.items()):
+        names = [b["block"] for b in items[0]["blocks"]]
+        for item in items[:limit]:
+            ax.plot(range(len(names)), [max(b["max_abs"], 1e-12) for b in item["blocks"]], marker="o", markersize=3,
+                    label=f"{item['case']} ({item['reason']})")
+        if items[0].get("tolerance"):
+            ax.axhline(items[0]["tolerance"]["atol"], color="grey", linestyle="--", linewidth=1, label="atol")
+        ax.set_xticks(range(len(names)), [n.replace("_layers.", " ").replace("_block", "") for n in names],
+                      rotation=45, ha="right", fontsize=7)
+        ax.set(title=f"{graph}: error after each sub-block", ylabel="max |error| vs eager fp64", yscale="log")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _save(fig, path)

@@ -37,15 +37,47 @@ def markdown(doc: dict) -> str:
                       f"(target <= {t['max_logit_abs_err']:g}); along the eager beam search: "
                       f"{e2e['beam_max_logit_abs_err']:.3g} (reported); targets: token agreement >= "
                       f"{t['token_agreement']}, sequence match >= {t['sequence_match']}"]
+    lines += _localisation(doc)
     failures = doc["graph_failures"] + ([] if not e2e or e2e["passed"] else ["end to end below target"])
     if failures:
         lines += ["", "## Failures", ""] + [f"- {f}" for f in failures]
     return "\n".join(lines) + "\n"
 
 
+def localisation_plot(doc: dict) -> str:
+    """The file name of a run's error-by-layer plot, beside its reports."""
+    return f"localisation-{doc['backend']}-{doc['graphs_set']}.png"
+
+
+def _localisation(doc: dict) -> list[str]:
+    """Per localised case: the first sub-block over tolerance, its op types, and the error after every sub-block."""
+    items = doc.get("localisation") or []
+    if not items:
+        return []
+    lines = ["", "## Where it diverged (per layer, vs eager float64)", "",
+             "| graph | case | why | first sub-block over tolerance | its max abs (atol) | top-1 flips / near-ties | "
+             "op types in that block | max abs after each sub-block |", "|---|---|---|---|---|---|---|---|"]
+    for item in items:
+        first = item["first_divergent"]
+        block = next((b for b in item["blocks"] if b["block"] == first), None)
+        err = f"{block['max_abs']:.3g} ({item['tolerance']['atol']:g})" if block else "–"
+        ops = ", ".join(f"{op} {n}" for op, n in item["op_types"].items()) or "–"
+        growth = " → ".join(f"{b['max_abs']:.2g}" for b in item["blocks"])
+        lines.append(f"| {item['graph']} | {item['case']} | {item['reason']} | {first or 'none (within tolerance)'} "
+                     f"| {err} | {item['token_flips']} / {item.get('near_ties', 0)} | {ops} | {growth} |")
+    if doc.get("localisation_unchecked"):
+        lines += ["", f"{doc['localisation_unchecked']} cases were left unchecked by the time budget "
+                      "(--localize-budget)."]
+    return lines + ["", f"![error after each sub-block]({localisation_plot(doc)})"]
+
+
 def write_reports(out: Path, doc: dict) -> None:
     """`parity.json`/`.md` hold the latest run; `parity-<backend>-<graphs>.*` keep each graph set's own."""
     reports = Path(out) / "reports"
+    if doc.get("localisation"):
+        from .plots import error_by_layer
+
+        error_by_layer(doc["localisation"], reports / localisation_plot(doc))
     for stem in ("parity", f"parity-{doc['backend']}-{doc['graphs_set']}"):
         atomic_write_text(reports / f"{stem}.json", json.dumps(doc, indent=2) + "\n")
         atomic_write_text(reports / f"{stem}.md", markdown(doc))

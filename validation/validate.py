@@ -23,6 +23,7 @@ from seq2trt.reference_model.errors import CheckFailed, InputError
 
 from .adapter import RunnerStepModel
 from .end_to_end import EndToEndResult, end_to_end
+from .localize import localise_export
 from .parity import GraphParity, graph_parity
 from .reference import e2e_sources, load_reference
 from .report_parity import write_reports
@@ -77,12 +78,17 @@ class ValidateSettings:
     device: str = "cpu"
     threads: int = 1  # small decoding calls: one thread is fastest and robust on a shared CPU
     seed: int = 0
+    localize: bool = False  # also show the worst clean cases (failures and near-ties are localised anyway)
+    localize_budget_s: float = 120.0  # wall-clock budget of the localisation pass (localize.py); 0 turns it off
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise InputError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         if self.graphs not in GRAPH_SETS:
             raise InputError(f"unknown graph set {self.graphs!r}; choose one of {', '.join(GRAPH_SETS)}")
+        if self.localize_budget_s < 0 or (self.localize and not self.localize_budget_s):
+            raise InputError(f"--localize-budget must be > 0 with --localize and >= 0 otherwise, got "
+                             f"{self.localize_budget_s}")
         if self.samples < 0 or self.beam_size < 1:
             raise InputError(f"--samples must be >= 0 and --beam >= 1, got {self.samples} and {self.beam_size}")
 
@@ -139,6 +145,12 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
                              beam_size=settings.beam_size, batch_size=limits.max_batch, progress=progress,
                              task_metric=heldout_exact_match(task_name, settings.samples) if task_name else None)
     document = parity_document(manifest, settings, graphs, e2e, origin if settings.samples else None)
+    document["localisation"] = []
+    if settings.localize_budget_s > 0:
+        if progress:
+            progress(f"localising failures and near-ties per layer (budget {settings.localize_budget_s:g} s)")
+        document.update(localise_export(graph_set.folder(out), out, reference, dtype, limits, precision, options,
+                                        graphs, settings.seed, settings.localize_budget_s, settings.localize))
     write_reports(out, document)
     failures = graphs.failures() + (e2e.failures() if e2e is not None else [])
     if failures:

@@ -1,0 +1,292 @@
+"""Where did it diverge: per-layer localisation of parity failures and near-ties (Polygraphy's "mark all", by name).
+
+A debug copy of a graph marks every layer's sub-block outputs (`spec.sub_block_paths`: encoder `attn_block`,
+`ffn_block`; decoder `self_block`, `cross_block`, `ffn_block` — the `Residual` modules of the eager model) as extra
+graph outputs `debug.<module path>`. Which tensor is a sub-block's output is read once from the plain export's
+`pkg.torch.onnx.name_scopes` metadata: the float tensor made inside the block's residual (its Add / LayerNorm) that a
+node outside the block, or the graph's output, reads. Fused, plugin and int8 graphs keep those tensor names (the
+fuser and the quantizer rewrite attention and MatMuls, not the residual stream), so one lookup serves every graph set.
+
+The eager model's same tensors come from forward hooks on a float64 copy of it (a copy: the model that is exported
+carries no hooks). A case is re-run on both with the same feed the parity sweep used (`parity.case_feeds` replayed
+with the same seed); each sub-block's output is compared with `parity.compare_output` under the graph set's own
+tolerance, and the first one over it is the divergent block. Its op types are the candidate graph's nodes of that
+block: nodes whose name-scope metadata names it, and nodes without metadata (made by the fuser or the quantizer) that
+lie between the previous block's output and this one's.
+
+A case is localised when it fails graph parity ("failure"); when the graph's top-1 token differs from the eager
+model's although every output passes, or the eager top-2 logits are closer than the logits tolerance lets each move
+(`near_ties`: a graph within tolerance may pick either token) ("near-tie"); or, asked for with nothing else to show,
+as each graph's clean case with the largest error at its last sub-block ("requested"). Marking outputs can keep a
+runtime from fusing across them; the marked tensors are sub-block outputs that ONNX Runtime's CPU fusions here
+(DynamicQuantizeMatMul, attention) read, not tensors inside them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping
+
+import numpy as np
+import onnx
+
+from seq2trt.exporters import spec
+from seq2trt.reference_model.errors import ArtifactError
+
+from .parity import GraphParity, OutputStats, case_feeds, compare_output, tolerance_for
+from .runners import EagerRunner, OrtRunner
+
+logger = logging.getLogger(__name__)
+
+_SCOPES = "pkg.torch.onnx.name_scopes"
+
+
+def _scopes(node: onnx.NodeProto) -> list[str]:
+    value = next((p.value for p in node.metadata_props if p.key == _SCOPES), "")
+    return [s.strip(" '") for s in value.strip("[]").split(",") if s.strip(" '")]
+
+
+def _module(node: onnx.NodeProto) -> str:
+    """The innermost module a node was traced in (`model.` prefix kept), or '' without metadata."""
+    return next((s for s in reversed(_scopes(node)) if s.startswith("model.")), "")
+
+
+def block_tensors(plain: onnx.ModelProto, cfg, kind: spec.GraphKind) -> dict[str, str]:
+    """Module path of each sub-block -> the name of its output tensor in the plain export (module docstring)."""
+    nodes = list(plain.graph.node)
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in nodes:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    graph_outputs = {o.name for o in plain.graph.output}
+    tensors = {}
+    for path in spec.sub_block_paths(cfg, kind):
+        key = f"model.{path}"
+        residual = [n for n in nodes if _module(n).startswith(key)]
+        leaving = {t for n in residual for t in n.output if t in graph_outputs or any(
+            _scopes(c) and key not in _scopes(c) for c in consumers.get(t, []))}
+        if len(leaving) != 1:
+            raise ArtifactError(f"cannot tell the output of {path} in the plain {kind.value} graph (tensors leaving "
+                                f"its residual: {sorted(leaving)}); was it exported by this seq2trt version?")
+        tensors[path] = leaving.pop()
+    return tensors
+
+
+def _ancestors(name: str, producers: Mapping[str, int], nodes: list[onnx.NodeProto]) -> set[int]:
+    seen, todo = set(), [name]
+    while todo:
+        index = producers.get(todo.pop())
+        if index is not None and index not in seen:
+            seen.add(index)
+            todo.extend(nodes[index].input)
+    return seen
+
+
+def block_nodes(graph: onnx.ModelProto, tensors: Mapping[str, str]) -> dict[str, list[onnx.NodeProto]]:
+    """Module path -> the nodes of `graph` in that sub-block (module docstring)."""
+    nodes = list(graph.graph.node)
+    producers = {t: i for i, n in enumerate(nodes) for t in n.output}
+    blocks, previous = {}, set()
+    for path, tensor in tensors.items():
+        ancestors = _ancestors(tensor, producers, nodes)
+        key = f"model.{path}"
+        blocks[path] = [n for i, n in enumerate(nodes) if key in _scopes(n) or (
+            not _scopes(n) and i in ancestors and i not in previous)]
+        previous = ancestors
+    return blocks
+
+
+def debug_copy(graph: onnx.ModelProto, tensors: Mapping[str, str], elem_type: int) -> onnx.ModelProto:
+    """A copy of `graph` whose extra outputs `debug.<path>` are the sub-blocks' outputs (Identity of each)."""
+    made = {t for n in graph.graph.node for t in n.output}
+    missing = {p: t for p, t in tensors.items() if t not in made}
+    if missing:
+        raise ArtifactError(f"the graph has no tensor for sub-blocks {missing} (names from the plain export): it "
+                            "was not derived from this export; re-run fuse / quantize")
+    marked = copy.deepcopy(graph)
+    for path, tensor in tensors.items():
+        name = spec.debug_output_name(path)
+        marked.graph.node.append(onnx.helper.make_node("Identity", [tensor], [name], name=f"{name}.identity"))
+        marked.graph.output.append(onnx.helper.make_tensor_value_info(name, elem_type, None))
+    return marked
+
+
+class EagerLayers:
+    """The eager model in float64 with forward hooks, on a copy, capturing every sub-block's output."""
+
+    def __init__(self, model, kind: spec.GraphKind, limits: spec.Limits):
+        self.model = copy.deepcopy(model).double().eval()
+        self.captured: dict[str, np.ndarray] = {}
+        for path in spec.sub_block_paths(self.model.cfg, kind):
+            self.model.get_submodule(path).register_forward_hook(self._hook(path))
+        self.runner = EagerRunner(self.model, kind, limits, name="eager-fp64-layers")
+
+    def _hook(self, path: str):
+        def store(module, args, output):
+            self.captured[path] = output.detach().cpu().numpy()
+        return store
+
+    def infer(self, feed: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        self.captured = {}
+        with self.runner:
+            outputs = self.runner.infer(feed)
+        return outputs, dict(self.captured)
+
+
+@dataclass
+class Localisation:
+    """One case: every sub-block's error against the eager model, the first over tolerance and its op types."""
+
+    graph: str
+    case: str
+    reason: str  # "failure", "near-tie" or "requested"
+    blocks: list[OutputStats]
+    token_flips: int  # positions where the graph's top-1 token differs from the eager model's (decoder)
+    near_ties: int  # positions whose eager top-2 logit margin a graph within the logits tolerance may close
+    op_types: dict[str, int] = field(default_factory=dict)  # of the first divergent block
+
+    @property
+    def first_divergent(self) -> str | None:
+        return next((b.name for b in self.blocks if not b), None)
+
+    def to_dict(self) -> dict:
+        return {"graph": self.graph, "case": self.case, "reason": self.reason,
+                "first_divergent": self.first_divergent, "token_flips": self.token_flips,
+                "near_ties": self.near_ties, "op_types": self.op_types,
+                "tolerance": asdict(self.blocks[0].tolerance) if self.blocks else None,
+                "blocks": [{"block": b.name, "max_abs": b.max_abs, "mean_abs": b.mean_abs, "cosine": b.cosine,
+                            "violations": b.violations, "passed": b.passed} for b in self.blocks]}
+
+
+class GraphLocaliser:
+    """One graph of a graph set, marked, beside the hooked eager model; `run(feed)` compares every sub-block."""
+
+    def __init__(self, candidate: onnx.ModelProto, plain: onnx.ModelProto, model, kind: spec.GraphKind, dtype: str,
+                 limits: spec.Limits, precision: str, runner_options: Mapping | None = None):
+        cfg = model.cfg
+        self.kind, self.precision = kind, precision
+        self.tensors = block_tensors(plain, cfg, kind)
+        self.nodes = block_nodes(candidate, self.tensors)
+        marked = debug_copy(candidate, self.tensors, spec.DTYPES[dtype][1])
+        self.runner = OrtRunner(marked.SerializeToString(), cfg, kind, dtype, limits, name="onnxruntime-debug",
+                                **(runner_options or {}))
+        self.eager = EagerLayers(model, kind, limits)
+
+    def __enter__(self) -> "GraphLocaliser":
+        self.runner.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.runner.__exit__(*exc)
+
+    def run(self, feed: Mapping[str, np.ndarray], case: str, reason: str | None = None) -> tuple[Localisation, bool]:
+        """The case's localisation and whether its ordinary outputs pass; `reason` None: "failure" when an output
+        fails, "near-tie" when only tokens flip, else "requested"."""
+        got = self.runner.infer(feed)
+        want, captured = self.eager.infer(feed)
+        tol = lambda name: tolerance_for(self.precision, name)
+        passed = all(compare_output(n, got[n], want[n], tol(n)) for n in want)
+        blocks = [compare_output(path, got[spec.debug_output_name(path)], captured[path],
+                                 tol(spec.debug_output_name(path))) for path in self.tensors]
+        flips = ties = 0
+        if "logits" in want:
+            flips = int((np.argmax(got["logits"].astype(np.float64), -1) != np.argmax(want["logits"], -1)).sum())
+            ties = near_ties(want["logits"], tol("logits"))
+        reason = reason or ("failure" if not passed else "near-tie" if flips or ties else "requested")
+        result = Localisation(self.kind.value, case, reason, blocks, flips, ties)
+        if result.first_divergent:
+            result.op_types = _count_ops(self.nodes[result.first_divergent])
+        return result, passed
+
+
+def near_ties(logits: np.ndarray, tolerance) -> int:
+    """Positions where the top-2 eager logits are closer than the tolerance lets each move: a graph within
+    tolerance may pick either token there, so a flip is a near-tie, not a fault."""
+    top = np.sort(np.asarray(logits, dtype=np.float64), axis=-1)[..., -2:]  # (..., 2): second, first
+    slack = 2 * tolerance.atol + tolerance.rtol * np.abs(top).sum(-1)
+    return int((top[..., 1] - top[..., 0] < slack).sum())
+
+
+def _count_ops(nodes: list[onnx.NodeProto]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for n in nodes:
+        op = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
+        counts[op] = counts.get(op, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def replay_feeds(model, limits: spec.Limits, cases: list[spec.ShapeCase], dtype: str, seed: int
+                 ) -> list[tuple[spec.GraphKind, str, dict]]:
+    """The feeds `parity.graph_parity` made for `cases` with `seed`, in its order: (graph, case label, feed)."""
+    reference = model.double()
+    runners = [EagerRunner(reference, kind, limits, name="eager-fp64") for kind in spec.GraphKind]
+    rng, seen, feeds = np.random.default_rng(seed), set(), []
+    with runners[0], runners[1]:
+        for case in cases:
+            encoder_feed, decoder_feed = case_feeds(runners[0], runners[1], case, dtype, rng)
+            if (case.batch, case.src_len, case.padded) not in seen:
+                seen.add((case.batch, case.src_len, case.padded))
+                label = f"B{case.batch}-S{case.src_len}{'-pad' if case.padded else ''}"
+                feeds.append((spec.GraphKind.ENCODER, label, encoder_feed))
+            feeds.append((spec.GraphKind.DECODER, case.label, decoder_feed))
+    return feeds
+
+
+def localise(localisers: Mapping[spec.GraphKind, GraphLocaliser], feeds: list[tuple[spec.GraphKind, str, dict]],
+             parity: GraphParity | None = None, budget_s: float = 120.0, requested: bool = False,
+             clock: Callable[[], float] = time.perf_counter) -> tuple[list[Localisation], int]:
+    """Failing cases first (from `parity`, else every case is checked), then every other case for near-ties, within
+    `budget_s` seconds; `requested`: with nothing to report, each graph's clean case with the largest error at
+    its last sub-block.
+    Returns the localisations and how many cases the budget left unchecked."""
+    failing = {(c.graph, c.case) for c in (parity.cases if parity else []) if not c}
+    order = sorted(feeds, key=lambda f: (f[0].value, f[1]) not in failing)
+    start, found, worst, checked = clock(), [], {}, 0
+    with contextlib.ExitStack() as stack:
+        for localiser in localisers.values():
+            stack.enter_context(localiser)
+        for kind, label, feed in order:
+            if clock() - start > budget_s:
+                break
+            result, passed = localisers[kind].run(feed, label)
+            checked += 1
+            if not passed or result.token_flips or result.near_ties:
+                found.append(result)
+            elif requested and (kind not in worst or result.blocks[-1].max_abs > worst[kind].blocks[-1].max_abs):
+                worst[kind] = result
+    if requested and not found:
+        found = list(worst.values())
+    found.sort(key=lambda r: (r.reason != "failure", r.token_flips == 0))  # stable: sweep order within each
+    return found, len(order) - checked
+
+
+def localise_export(graph_dir: Path, plain_dir: Path, model, dtype: str, limits: spec.Limits, precision: str,
+                    runner_options: Mapping, parity: GraphParity | None, seed: int, budget_s: float,
+                    requested: bool) -> dict:
+    """`validate`'s localisation of one graph set (graphs in `graph_dir`, tensor names from the plain export in
+    `plain_dir`) over the parity sweep replayed with `seed`: parity.json's `localisation` list and what the time
+    budget left unchecked."""
+    start = time.perf_counter()
+    try:
+        localisers = {kind: GraphLocaliser(onnx.load(graph_dir / kind.filename), onnx.load(plain_dir / kind.filename),
+                                           model, kind, dtype, limits, precision, runner_options)
+                      for kind in spec.GraphKind}
+    except ArtifactError as exc:
+        if requested:
+            raise
+        # The automatic pass is a diagnosis: a graph it cannot mark must not fail a validation that passed.
+        logger.warning("per-layer localisation skipped: %s", exc)
+        return {"localisation": [], "localisation_error": str(exc)}
+    feeds = replay_feeds(model, limits, spec.sweep(limits), dtype, seed)
+    found, unchecked = localise(localisers, feeds, parity, max(0.0, budget_s - (time.perf_counter() - start)),
+                                requested)
+    if unchecked:
+        logger.warning("localisation stopped at its %.0f s budget with %d of %d cases unchecked", budget_s, unchecked,
+                       len(feeds))
+    return {"localisation": [r.to_dict() for r in found], "localisation_unchecked": unchecked,
+            "localisation_cases": len(feeds) - unchecked}
