@@ -28,7 +28,8 @@ against `reference_model.decoding` in tests/exporters/test_generate.py):
   log-softmax, as Hugging Face's -inf); a forced first token -> inside the decoder subgraph, at past length 0 the
   logits become 0 at the forced id and -inf elsewhere, so its log-probability is 0 as Hugging Face's
   ForcedBOSTokenLogitsProcessor makes it (ORT's prefix_vocab_mask would keep its log-probability and change the
-  ranking under a length penalty). A forced last eos (needs the runtime max_length inside the subgraph) is refused.
+  ranking under a length penalty). A forced last eos (Marian's forced_eos_token_id) likewise, at past length
+  max_length - 2: the decoder subgraph reads the main graph's `max_length` from the outer scope.
 - Exports for beam need max_batch >= B x K (the subgraphs run B x K rows): the runner refuses larger requests.
 """
 
@@ -116,7 +117,7 @@ def encoder_subgraph(model: onnx.ModelProto, cfg: Seq2SeqConfig) -> onnx.GraphPr
 
 
 def decoder_subgraph(model: onnx.ModelProto, cfg: Seq2SeqConfig, dtype: str) -> onnx.GraphProto:
-    """Our fused decoder with BeamSearch's decoder I/O (module docstring); a forced first token is applied here."""
+    """Our fused decoder with BeamSearch's decoder I/O (module docstring); forced tokens are applied here."""
     graph = onnx.GraphProto()
     graph.CopyFrom(model.graph)
     graph.name = "seq2trt decoder"
@@ -131,35 +132,56 @@ def decoder_subgraph(model: onnx.ModelProto, cfg: Seq2SeqConfig, dtype: str) -> 
         graph.input.extend(by_name[n] for n in spec.kv_names(cfg, side, "past") if n in past)
     _rename(graph, {n: ort_kv_name(n) for n in past} | {n: ort_kv_name(n) for n in spec.kv_names(cfg, "decoder", "present")})
     nodes = casts
-    if cfg.forced_bos_id is not None:
-        nodes += _force_first_token(graph, cfg, dtype)
+    if cfg.forced_bos_id is not None or cfg.forced_eos:
+        nodes += _forced_tokens(graph, cfg, dtype)
     _insert_front(graph, nodes)
     return graph
 
 
-def _force_first_token(graph: onnx.GraphProto, cfg: Seq2SeqConfig, dtype: str) -> list[onnx.NodeProto]:
-    """At past length 0, logits = 0 at cfg.forced_bos_id and -inf elsewhere (log-softmax: 0 and -inf, Hugging
-    Face's forced bos). The nodes read `logits.free`, the decoder's own logits, renamed here."""
+def _forced_tokens(graph: onnx.GraphProto, cfg: Seq2SeqConfig, dtype: str) -> list[onnx.NodeProto]:
+    """Hugging Face's forced tokens inside the decoder: at past length 0 (forced bos) and at past length
+    max_length - 2 (forced eos: the last position the limit allows; `max_length` is the main graph's input, read
+    from the outer scope), the logits become 0 at the forced id and -inf elsewhere, so the log-softmax gives 0 and
+    -inf as Hugging Face's processors set them. Eos wins when both fall on one step (as in DecodeSettings.constrain).
+    The nodes read `logits.free`, the decoder's own logits, renamed here."""
     for node in graph.node:
         node.output[:] = ["logits.free" if n == "logits" else n for n in node.output]
-    forced = np.full((1, 1, cfg.tgt_vocab_size), -np.inf, spec.numpy_dtype(dtype))
-    forced[..., cfg.forced_bos_id] = 0
-    graph.initializer.extend([onnx.numpy_helper.from_array(forced, "forced_first_logits"),
-                              onnx.numpy_helper.from_array(np.array(2, np.int64), "past_len_axis"),
-                              onnx.numpy_helper.from_array(np.array(0, np.int64), "zero_len")])
     first_past = ort_kv_name(spec.kv_name(0, "decoder", "key", "past"))
-    return [helper.make_node("Shape", [first_past], ["past_shape"], name="force_shape"),
-            helper.make_node("Gather", ["past_shape", "past_len_axis"], ["past_len"], axis=0, name="force_len"),
-            helper.make_node("Equal", ["past_len", "zero_len"], ["first_step"], name="force_first"),
-            # appended after the decoder's nodes below: they consume logits.free
-            helper.make_node("Where", ["first_step", "forced_first_logits", "logits.free"], ["logits"], name="force_where")]
+    nodes = [helper.make_node("Shape", [first_past], ["past_shape"], name="forced_shape"),
+             helper.make_node("Gather", ["past_shape", "past_len_axis"], ["past_len"], axis=0, name="forced_len")]
+    constants = {"past_len_axis": np.array(2, np.int64), "first_len": np.array(0, np.int64),
+                 "last_offset": np.array(2, np.int64)}
+    logits = "logits.free"
+    for name, token in (("first", cfg.forced_bos_id), ("last", cfg.eos_id if cfg.forced_eos else None)):
+        if token is None:
+            continue
+        forced = np.full((1, 1, cfg.tgt_vocab_size), -np.inf, spec.numpy_dtype(dtype))
+        forced[..., token] = 0
+        constants[f"{name}_logits"] = forced
+        if name == "last":
+            nodes += [helper.make_node("Squeeze", ["max_length"], ["max_length_scalar"], name="forced_max_length"),
+                      helper.make_node("Cast", ["max_length_scalar"], ["max_length_int64"], to=TensorProto.INT64,
+                                       name="forced_max_length_int64"),
+                      helper.make_node("Sub", ["max_length_int64", "last_offset"], ["last_len"], name="forced_last_len")]
+        nodes += [helper.make_node("Equal", ["past_len", f"{name}_len"], [f"{name}_step"], name=f"forced_{name}_step"),
+                  helper.make_node("Where", [f"{name}_step", f"{name}_logits", logits], [f"logits.{name}"],
+                                   name=f"forced_{name}")]
+        logits = f"logits.{name}"
+    nodes[-1].output[:] = ["logits"]
+    graph.initializer.extend(onnx.numpy_helper.from_array(v, k) for k, v in constants.items())
+    return nodes
 
 
 def _insert_front(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> None:
     """Prepend `nodes`, except those that read tensors the graph computes (they go last, keeping topological order)."""
     produced = {o for n in graph.node for o in n.output}
-    first = [n for n in nodes if not produced & set(n.input)]
-    last = [n for n in nodes if produced & set(n.input)]
+    first, last = [], []
+    for n in nodes:
+        if produced & set(n.input):
+            last.append(n)
+            produced.update(n.output)
+        else:
+            first.append(n)
     body = list(graph.node)
     del graph.node[:]
     graph.node.extend(first + body + last)
@@ -171,9 +193,6 @@ def build_generate(encoder: onnx.ModelProto, decoder: onnx.ModelProto, cfg: Seq2
     if dtype != "fp32":
         raise InputError(f"generate.onnx runs ONNX Runtime's CPU BeamSearch, which takes float32 graphs; this export "
                          f"is {dtype}: export with --dtype fp32 into another folder")
-    if cfg.forced_eos:
-        raise InputError("this model forces eos at the length limit (forced_eos); BeamSearch's subgraphs cannot see "
-                         "the runtime max_length, so generate.onnx would not apply it: use --backend ort-fused")
     attrs = dict(eos_token_id=cfg.eos_id, pad_token_id=cfg.eos_id, decoder_start_token_id=cfg.bos_id,
                  early_stopping=int(EARLY_STOPPING), model_type=1, no_repeat_ngram_size=0,
                  encoder=encoder_subgraph(encoder, cfg), decoder=decoder_subgraph(decoder, cfg, dtype))
@@ -217,7 +236,8 @@ def generate_artifacts(out: Path, force: bool = False) -> dict:
               "semantics": {"length_penalty": "sum_logprobs / length ** length_penalty (Hugging Face's)",
                             "early_stopping": EARLY_STOPPING, "max_length": "max_new_tokens + 1 (the start token)",
                             "eos_id": cfg.eos_id, "pad_token_id": cfg.eos_id, "decoder_start_token_id": cfg.bos_id,
-                            "forced_bos_id": cfg.forced_bos_id, "suppress_ids": list(cfg.suppress_ids)},
+                            "forced_bos_id": cfg.forced_bos_id, "forced_eos": cfg.forced_eos,
+                            "suppress_ids": list(cfg.suppress_ids)},
               "max_rows": manifest.limits.max_batch, "max_length": manifest.limits.max_tgt_len,
               "sources": {kind.filename: fusion["files"][kind.filename]["sha256"] for kind in spec.GraphKind}}
     with staged_directory(generate_dir(out), force, "generation graph") as tmp:

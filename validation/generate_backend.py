@@ -65,11 +65,12 @@ class GenerateModel:
             raise InputError(f"source length {src_len} is outside [1, {self.limits.max_src_len}] (the export's limits)")
         built = self.record["semantics"]
         wanted = {"eos_id": settings.eos_id, "decoder_start_token_id": settings.bos_id,
-                  "forced_bos_id": settings.forced_bos_id, "suppress_ids": list(settings.suppress_ids)}
+                  "forced_bos_id": settings.forced_bos_id, "forced_eos": settings.forced_eos,
+                  "suppress_ids": list(settings.suppress_ids)}
         differ = {k: (built.get(k), v) for k, v in wanted.items() if built.get(k) != v}
-        if differ or settings.forced_eos:
-            raise InputError(f"generate.onnx applies the decoding rules it was built with; asked for others "
-                             f"{differ or {'forced_eos': True}} (built, asked): use --backend ort-fused for these")
+        if differ:
+            raise InputError(f"generate.onnx applies the decoding rules it was built with; asked for others {differ} "
+                             "(built, asked): use --backend ort-fused for these")
 
     def decode(self, input_ids: np.ndarray, attention_mask: np.ndarray, settings: DecodeSettings, num_beams: int = 1,
                length_penalty: float = 1.0) -> list[list[int]]:

@@ -1,0 +1,96 @@
+"""`seq2trt generate`, `translate --backend ort-generate` and `validate --graphs generate` through the CLI, judged by
+the eager searches (a model trained here) and by transformers' generate (an imported Marian)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from seq2trt.cli.main import cli
+from seq2trt.reference_model.checkpoint import save_checkpoint
+from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode, hf_beam_search
+from seq2trt.reference_model.eager import EagerStepModel
+from seq2trt.reference_model.tasks import get_task
+from seq2trt.reference_model.vocab import pad_batch
+
+HAS_HF = importlib.util.find_spec("transformers") is not None
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def numbers_export(make_model, tmp_path_factory):
+    task = get_task("numbers")
+    model = make_model(seed=5, dtype=torch.float32, src_vocab_size=len(task.source_vocab),
+                       tgt_vocab_size=len(task.target_vocab))
+    root = tmp_path_factory.mktemp("numbers")
+    save_checkpoint(root / "ckpt", model, (task.source_vocab, task.target_vocab))
+    for args in (("export", root / "ckpt", "-o", root / "out", "--max-batch", 8), ("fuse", root / "out", "--target", "ort"),
+                 ("generate", root / "out")):
+        result = invoke(*args)
+        assert result.exit_code == 0, result.output
+    return root, model, task
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_translate_ort_generate_is_the_eager_search(numbers_export, beam):
+    root, model, task = numbers_export
+    texts = ["40213", "7", "999999", "120"]
+    result = invoke("translate", root / "out", *texts, "--backend", "ort-generate", "--beam", beam, "--alpha", 0.0)
+    assert result.exit_code == 0, result.output
+    ids, mask = pad_batch([task.source_vocab.encode(t) + [model.cfg.eos_id] for t in texts], model.cfg.pad_id)
+    settings, step = DecodeSettings.for_model(model.cfg), EagerStepModel(model.double())
+    want = greedy_decode(step, ids, mask, settings) if beam == 1 else hf_beam_search(step, ids, mask, settings, beam,
+                                                                                     0.0, True)
+    assert result.output.splitlines() == [task.target_vocab.decode(w) for w in want]
+
+
+def test_generate_cli_errors_are_clear(numbers_export):
+    root, _, _ = numbers_export
+    result = invoke("generate", root / "out")
+    assert result.exit_code != 0 and "pass --force" in result.output
+    result = invoke("translate", root / "out", "7", "--backend", "ort-generate", "--beam", 9)
+    assert result.exit_code != 0 and "max_batch" in result.output
+
+
+def test_validate_graphs_generate(numbers_export):
+    root, _, _ = numbers_export
+    result = invoke("validate", root / "out", "--graphs", "generate", "--samples", 24, "--beam", 2)
+    assert result.exit_code == 0, result.output
+    doc = json.loads((root / "out" / "reports" / "generate_parity.json").read_text())
+    assert doc["passed"] and doc["end_to_end"]["samples"] == 24 and doc["settings"]["beam_size"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_HF, reason="the hf extra is not installed")
+def test_ort_generate_of_an_imported_marian_is_transformers_generate(make_hf_model, make_marian_tokenizer, tmp_path):
+    from seq2trt.reference_model.hf_verify import load_transformers_model
+
+    src, n = make_marian_tokenizer(tmp_path / "src")
+    make_hf_model(src, "marian", dict(vocab_size=n, pad_token_id=n - 1, decoder_start_token_id=n - 1,
+                                      activation_function="swish", scale_embedding=True),
+                  dict(bad_words_ids=[[n - 1]], num_beams=4, length_penalty=0.8, early_stopping=True))
+    for args in (("import", "hf", src, "-o", tmp_path / "ckpt"), ("export", tmp_path / "ckpt", "-o", tmp_path / "out",
+                 "--max-batch", 8), ("fuse", tmp_path / "out", "--target", "ort"), ("generate", tmp_path / "out")):
+        result = invoke(*args)
+        assert result.exit_code == 0, result.output
+    sources = [[5, 9, 13, 0], [22, 0], [7, 7, 30, 41, 12, 0], [60, 3, 0], [11, 0]]
+    (tmp_path / "ids.jsonl").write_text("".join(json.dumps(s) + "\n" for s in sources))
+    hf_model = load_transformers_model(src)
+    ids, mask = pad_batch(sources, hf_model.config.pad_token_id)
+    eos = hf_model.config.eos_token_id
+    for beam in (1, 4):
+        result = invoke("translate", tmp_path / "out", "--backend", "ort-generate", "--ids-file", tmp_path / "ids.jsonl",
+                        "--beam", beam, "--output-ids", tmp_path / "out.jsonl")
+        assert result.exit_code == 0, result.output
+        got = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+        with torch.inference_mode():
+            rows = hf_model.generate(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
+                                     do_sample=False, max_new_tokens=63, num_beams=beam)[:, 1:].tolist()
+        assert got == [r[: r.index(eos)] if eos in r else r for r in rows], beam
