@@ -238,3 +238,26 @@ def test_validate_localize_on_a_clean_export(cli_export):
     items = doc["localisation"]
     assert {i["graph"] for i in items} <= {"encoder", "decoder"} and "decoder" in {i["graph"] for i in items}
     assert all(i["first_divergent"] is None for i in items)
+
+
+def test_failing_validation_is_localised(cli_export, monkeypatch):
+    """With fp16 judged by fp32's tolerance every graph fails: validate still writes the localisation, failures
+    first, each naming the first sub-block over that tolerance, with the block's op types, and then fails."""
+    import json
+
+    from seq2trt.reference_model.errors import CheckFailed
+    from seq2trt.validation import parity
+    from seq2trt.validation.validate import ValidateSettings, run_validation
+
+    monkeypatch.setitem(parity.TOLERANCES, "fp16", parity.TOLERANCES["fp32"])
+    with pytest.raises(CheckFailed):
+        run_validation(cli_export, ValidateSettings(graphs="fused-trt", samples=0))
+    doc = json.loads((cli_export / "reports" / "parity.json").read_text())
+    items = doc["localisation"]
+    assert {i["graph"] for i in items} == {"encoder", "decoder"} and items[0]["reason"] == "failure"
+    for item in (i for i in items if i["reason"] == "failure"):
+        at = [b["block"] for b in item["blocks"]].index(item["first_divergent"])
+        named = item["blocks"][at]
+        assert named["max_abs"] > 1e-4 or named["cosine"] < 0.99999  # an element over atol + rtol |ref| >= atol
+        assert all(b["passed"] for b in item["blocks"][:at]) and item["op_types"]
+    assert "| failure |" in (cli_export / "reports" / "parity.md").read_text()
