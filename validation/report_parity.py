@@ -49,15 +49,16 @@ def localisation_plot(doc: dict) -> str:
     return f"localisation-{doc['backend']}-{doc['graphs_set']}.png"
 
 
-def _localisation(doc: dict) -> list[str]:
-    """Per localised case: the first sub-block over tolerance, its op types, and the error after every sub-block."""
+def _localisation(doc: dict, rows: int = 12) -> list[str]:
+    """Per localised case (the first `rows`; parity.json has all): the first sub-block over tolerance, its op
+    types, and the error after every sub-block."""
     items = doc.get("localisation") or []
     if not items:
         return []
     lines = ["", "## Where it diverged (per layer, vs eager float64)", "",
              "| graph | case | why | first sub-block over tolerance | its max abs (atol) | top-1 flips / near-ties | "
              "op types in that block | max abs after each sub-block |", "|---|---|---|---|---|---|---|---|"]
-    for item in items:
+    for item in items[:rows]:
         first = item["first_divergent"]
         block = next((b for b in item["blocks"] if b["block"] == first), None)
         err = f"{block['max_abs']:.3g} ({item['tolerance']['atol']:g})" if block else "–"
@@ -65,6 +66,8 @@ def _localisation(doc: dict) -> list[str]:
         growth = " → ".join(f"{b['max_abs']:.2g}" for b in item["blocks"])
         lines.append(f"| {item['graph']} | {item['case']} | {item['reason']} | {first or 'none (within tolerance)'} "
                      f"| {err} | {item['token_flips']} / {item.get('near_ties', 0)} | {ops} | {growth} |")
+    if len(items) > rows:
+        lines += ["", f"{len(items) - rows} more localised cases in parity.json."]
     if doc.get("localisation_unchecked"):
         lines += ["", f"{doc['localisation_unchecked']} cases were left unchecked by the time budget "
                       "(--localize-budget)."]
