@@ -30,8 +30,15 @@ from seq2trt.validation.bench import KNOWN_BACKENDS, BenchSettings
               "limits; each past is built by a prefill, slow with a large vocabulary).")
 @click.option("--checkpoint", type=click.Path(path_type=Path), default=None,
               help="The checkpoint OUT was exported from (default: the one its manifest names).")
+@click.option("--search", type=click.Choice(["greedy", "beam"]), default="greedy", show_default=True,
+              help="greedy: forced length (above); beam: a real beam search of --beam K on held-out sources, at most "
+                   "--new-tokens, every backend (CTranslate2 too) with --length-penalty (score / length ** penalty). "
+                   "Exports for beam need max_batch >= B x K.")
+@click.option("--beam", type=int, default=4, show_default=True, help="Beam size of --search beam.")
+@click.option("--length-penalty", type=float, default=0.6, show_default=True, help="Length penalty of --search beam.")
 def bench(out: Path, backends: str, batch_sizes: str, threads: str, repeats: int, warmup: int, src_len: int,
-          new_tokens: int, curves: bool, checkpoint: Path | None) -> None:
+          new_tokens: int, curves: bool, checkpoint: Path | None, search: str, beam: int,
+          length_penalty: float) -> None:
     """Time the backends on the export in OUT; write OUT/reports/latency.json, latency.md and plots."""
     from seq2trt.validation.bench import parse_backends, parse_ints, run_bench
 
@@ -39,7 +46,8 @@ def bench(out: Path, backends: str, batch_sizes: str, threads: str, repeats: int
 
     settings = BenchSettings(backends=parse_backends(backends), batch_sizes=parse_ints(batch_sizes, "--batch-sizes"),
                              threads=parse_ints(threads, "--threads"), repeats=repeats, warmup=warmup,
-                             src_len=src_len, new_tokens=new_tokens, curves=curves)
+                             src_len=src_len, new_tokens=new_tokens, curves=curves, search=search, beam=beam,
+                             length_penalty=length_penalty)
     total = len(settings.threads) * (settings.warmup + settings.repeats)
     with progress_bar("bench", total) as update:
         done = [0]
@@ -55,7 +63,8 @@ def bench(out: Path, backends: str, batch_sizes: str, threads: str, repeats: int
             for batch, r in by_batch.items():
                 ratio = doc["ratios"][t][backend][batch]
                 vs = ", ".join(f"{k} {v:.2f}x" for k, v in ratio.items() if v is not None)
-                click.echo(f"{t} thread(s) {backend:>9} B={batch:>3}: {r['tokens_per_s']:9.1f} tokens/s, step p50 "
+                click.echo(f"{t} thread(s) {backend:>12} B={batch:>3}" + (f" beam {r['beam']}" if "beam" in r else "") +
+                           f": {r['tokens_per_s']:9.1f} tokens/s, decode p50 {r['decode_ms_p50']:.2f} ms, step p50 "
                            f"{r.get('step_ms_p50', float('nan')):.3f} ms, p99 {r.get('step_ms_p99', float('nan')):.3f} ms"
                            + (f" ({vs})" if vs else ""))
     click.echo(f"reports in {out / 'reports'} (latency.json, latency.md, plots)")

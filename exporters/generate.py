@@ -61,8 +61,7 @@ EARLY_STOPPING = True  # the only setting whose semantics equal Hugging Face's (
 # The main graph's inputs, in the BeamSearch node's input order (ORT's names; "" = an unused optional input).
 RUNTIME_INPUTS = ("input_ids", "max_length", "min_length", "num_beams", "num_return_sequences", "length_penalty",
                   "repetition_penalty", "vocab_mask", "", "attention_mask")
-CONSTANT_INPUTS = {"min_length": np.array([0], np.int32), "num_return_sequences": np.array([1], np.int32),
-                   "repetition_penalty": np.array([1.0], np.float32)}
+CONSTANT_INPUTS = {"num_return_sequences": np.array([1], np.int32), "repetition_penalty": np.array([1.0], np.float32)}
 
 
 def generate_dir(out: Path) -> Path:
@@ -206,7 +205,10 @@ def build_generate(encoder: onnx.ModelProto, decoder: onnx.ModelProto, cfg: Seq2
         inputs[inputs.index("vocab_mask")] = ""
     node = helper.make_node("BeamSearch", inputs, ["sequences"], name="beam_search", domain=MS_DOMAIN, **attrs)
     i32 = lambda name, shape: helper.make_tensor_value_info(name, TensorProto.INT32, shape)
-    graph_inputs = [i32("input_ids", ["batch", "src_len"]), i32("max_length", [1]), i32("num_beams", [1]),
+    # min_length (eos masked while the sequence, start token included, is shorter): 0 to search, max_length for
+    # bench's forced-length runs.
+    graph_inputs = [i32("input_ids", ["batch", "src_len"]), i32("max_length", [1]), i32("min_length", [1]),
+                    i32("num_beams", [1]),
                     helper.make_tensor_value_info("length_penalty", TensorProto.FLOAT, [1]),
                     i32("attention_mask", ["batch", "src_len"])]
     graph = helper.make_graph([node], "seq2trt beam search", graph_inputs,

@@ -26,7 +26,13 @@ same sources, batch sizes, new tokens and threads, each checked against the eage
 
 `eager` is the reference model on the CPU, `eager-cuda` the same model on a CUDA device (the GPU baseline).
 ORT backends: `ort` the export, `ort-fused` OUT/fused/ort (`seq2trt fuse --target ort`), `ort-int8`
-OUT/quantized/ort-int8 (`seq2trt quantize`, run at ONNX Runtime's extended level).
+OUT/quantized/ort-int8 (`seq2trt quantize`, run at ONNX Runtime's extended level), `ort-generate`
+OUT/generate/ort/generate.onnx (`seq2trt generate`: the whole search in one session run, bench_generate.py).
+
+`--search beam --beam K` times a real beam search instead (rows carry `search`/`beam`; settings too): the task's
+held-out sources, eos stops, at most `new_tokens`, Hugging Face's length penalty with early_stopping=True for the
+in-process loops and ort-generate, CTranslate2's beam search with the same beam size, length penalty and max length;
+tokens_per_s counts what each backend generated (eos included). Exports for beam need max_batch >= B x K.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from typing import Callable
 import numpy as np
 
 from seq2trt.exporters.manifest import Manifest, verify
+from seq2trt.reference_model.decoding import DecodeSettings
 from seq2trt.reference_model.errors import DependencyError, InputError
 
 from . import bench_backends as bb
@@ -53,7 +60,8 @@ from .bench_prepare import HF_BACKENDS
 logger = logging.getLogger(__name__)
 
 KNOWN_BACKENDS = ("eager", "eager-cuda", "ort", "ort-fused", "ort-int8", "tensorrt", "tensorrt-rtx", "ct2", "ct2-int8",
-                  "hf", "optimum")
+                  "hf", "optimum", "ort-generate")
+SEARCHES = ("greedy", "beam")
 GPU_BACKENDS = ("tensorrt", "tensorrt-rtx")  # TensorRT engines; eager-cuda is the eager model on a CUDA device
 REFERENCES = ("eager", "eager-cuda", "hf", "optimum", "ct2", "ct2-int8")  # each gets a vs_<name> ratio when it ran
 Progress = Callable[[str], None]
@@ -90,6 +98,11 @@ class BenchSettings:
     curves: bool = True  # encoder by source length and step by past length (a big vocabulary's prefills are slow)
     check_samples: int = 40  # sources of each anchor's agreement check (ct2, hf, optimum)
     seed: int = 0
+    # --search beam: a real search on the task's held-out sources (eos stops; Hugging Face's length penalty,
+    # early_stopping=True: ort-generate's semantics; CTranslate2's own early exit), timed per batch.
+    search: str = "greedy"
+    beam: int = 4
+    length_penalty: float = 0.6
 
     def __post_init__(self) -> None:
         parse_backends(",".join(self.backends))
@@ -101,6 +114,12 @@ class BenchSettings:
             raise InputError(f"--threads {','.join(map(str, self.threads))}: ONNX Runtime runs one shared thread pool "
                              "per process, so one bench run measures 1 and at most one other count; run the bench "
                              "once per count (e.g. --threads 1,2 then --threads 4 into another copy)")
+        if self.search not in SEARCHES or self.beam < 1:
+            raise InputError(f"--search must be one of {', '.join(SEARCHES)} and --beam >= 1, got {self.search!r} and "
+                             f"{self.beam}")
+        if self.search == "beam" and any(b in HF_BACKENDS for b in self.backends):
+            raise InputError("--search beam times eager, ORT, TensorRT, ort-generate and CTranslate2 backends; drop "
+                             f"{', '.join(b for b in self.backends if b in HF_BACKENDS)} from --backends")
         if self.src_len < 1 or self.new_tokens < 1:
             raise InputError(f"--src-len and --new-tokens must be >= 1, got {self.src_len} and {self.new_tokens}")
 
@@ -139,7 +158,9 @@ def available_backends(out: Path) -> tuple[str, ...]:
     from seq2trt.exporters.quantize import quantized_dir
     from seq2trt.reference_model.hf_import import IMPORT_RECORD
 
-    derived = {"ort-fused": fused_dir(out, Target.ORT), "ort-int8": quantized_dir(out)}
+    from seq2trt.exporters.generate import generate_dir
+
+    derived = {"ort-fused": fused_dir(out, Target.ORT), "ort-int8": quantized_dir(out), "ort-generate": generate_dir(out)}
     try:
         checkpoint = json.loads((Path(out) / "manifest.json").read_text())["source"]["checkpoint"]
         imported = (Path(checkpoint) / IMPORT_RECORD).is_file()
@@ -190,6 +211,11 @@ class Bench:
         if too_big:
             raise InputError(f"batch sizes {too_big} exceed the export's max_batch {self.limits.max_batch}; "
                              "re-export with a larger --max-batch or lower --batch-sizes")
+        rows = [b * settings.beam for b in settings.batch_sizes if settings.search == "beam"]
+        if rows and max(rows) > self.limits.max_batch:
+            raise InputError(f"--search beam --beam {settings.beam} at batch {max(settings.batch_sizes)} runs {max(rows)} "
+                             f"rows, over the export's max_batch {self.limits.max_batch}: exports for beam need "
+                             "max_batch >= B x K; re-export with a larger --max-batch or lower --batch-sizes")
         self.src_len = min(settings.src_len, self.limits.max_src_len)
         self.new_tokens = min(settings.new_tokens, self.limits.max_tgt_len - 1)
         self.checkpoint = checkpoint
@@ -223,6 +249,10 @@ class Bench:
             info = self.ct2_models[name]
             used = 1 if name == "ct2-int8" else threads
             return bb.Ct2Backend(name, info["dir"], info["source_tokens"], used, info["compute_type"])
+        if name == "ort-generate":
+            from .bench_generate import GenerateBackend
+
+            return GenerateBackend(self.out, self.manifest, threads)
         if name in HF_BACKENDS:
             from .hf_backends import open_backend
 
@@ -266,8 +296,9 @@ class Bench:
                 before = bb.rss_mb()
                 backends.append(self._make(name, threads))
                 self.doc["memory"].setdefault(name, {})["load_rss_delta_mb"] = round(bb.rss_mb() - before, 1)
-            inputs = {b: _sources(self.cfg, b, self.src_len, rng) for b in s.batch_sizes}
-            raw = {"decode": {}, "steps": {}, "encoder": {}, "by_past": {}}
+            inputs = {b: _sources(self.cfg, b, self.src_len, rng) if s.search == "greedy" else self._held_out(b)
+                      for b in s.batch_sizes}
+            raw = {"decode": {}, "steps": {}, "encoder": {}, "by_past": {}, "tokens": {}}
             for rep in range(s.warmup + s.repeats):
                 self.progress(f"{threads} thread(s): repetition {rep + 1}/{s.warmup + s.repeats}"
                               + ("" if rep >= s.warmup else " (warm-up)"))
@@ -284,6 +315,17 @@ class Bench:
                 b.close()
         self._summarise(t, raw)
 
+    def _held_out(self, batch: int) -> tuple[np.ndarray, np.ndarray]:
+        """The first `batch` held-out sources of the checkpoint's task (seeded random ids without one), padded."""
+        from seq2trt.reference_model.vocab import pad_batch
+
+        from .reference import e2e_sources
+
+        self._reference()
+        sources, _ = e2e_sources(self.cfg, self.task, batch, self.settings.seed)
+        return pad_batch([src[: self.src_len - 1] + [self.cfg.eos_id] if len(src) > self.src_len else src
+                          for src in sources], self.cfg.pad_id)
+
     def _measure_batch(self, order: list, batch: int, ids: np.ndarray, mask: np.ndarray, raw: dict | None,
                        rng: np.random.Generator) -> None:
         """One repetition at one batch size, each backend in turn: decoding, encoder by length, step by past.
@@ -294,10 +336,16 @@ class Bench:
 
         for b in order:
             b.activate()
-            seconds, steps = b.decode(ids, mask, self.new_tokens)
+            if self.settings.search == "beam":
+                settings = DecodeSettings.for_model(self.cfg, self.new_tokens)
+                seconds, outputs = b.search(ids, mask, settings, self.settings.beam, self.settings.length_penalty)
+                record("tokens", (b.name, batch), [sum(len(o) + 1 for o in outputs)])  # eos counted
+                steps = None
+            else:
+                seconds, steps = b.decode(ids, mask, self.new_tokens)
             record("decode", (b.name, batch), [seconds])
             record("steps", (b.name, batch), steps or [])
-        if not self.settings.curves:
+        if not self.settings.curves or self.settings.search == "beam":  # curves do not depend on the search
             return
         for length in _grid(self.limits.max_src_len, 1):
             src = _sources(self.cfg, batch, length, rng)
@@ -318,13 +366,15 @@ class Bench:
     def _summarise(self, t: str, raw: dict) -> None:
         results = self.doc["results"].setdefault(t, {})
         for (name, batch), seconds in raw["decode"].items():
-            tokens = batch * self.new_tokens
+            generated = raw["tokens"].get((name, batch))  # beam: what it generated; greedy: forced length
+            tokens = float(np.median(generated)) if generated else batch * self.new_tokens
             decode = _stats_ms(seconds)
             steps = _stats_ms(raw["steps"].get((name, batch), []))
             results.setdefault(name, {})[str(batch)] = {
                 "tokens_per_s": round(tokens / float(np.median(seconds)), 2),
                 **{f"step_ms_{k}": v for k, v in steps.items()}, **{f"decode_ms_{k}": v for k, v in decode.items()},
-                "repeats": len(seconds)}
+                "repeats": len(seconds), "search": self.settings.search,
+                **({"beam": self.settings.beam} if self.settings.search == "beam" else {})}
         for key, table in (("encoder", "encoder_ms"), ("by_past", "step_ms_by_past")):
             if not raw[key]:  # --no-curves
                 continue

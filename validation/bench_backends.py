@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode
+from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode, hf_beam_search
 from seq2trt.reference_model.errors import ArtifactError, DependencyError
 
 NEVER = -1  # an eos id no argmax returns: forced-length decoding
@@ -93,6 +93,16 @@ class StepModelBackend:
         start = time.perf_counter()
         greedy_decode(timed, input_ids, attention_mask, settings)
         return time.perf_counter() - start, timed.times
+
+    def search(self, input_ids: np.ndarray, attention_mask: np.ndarray, settings: DecodeSettings, beam: int,
+               length_penalty: float) -> tuple[float, list[list[int]]]:
+        """`bench --search beam`: a real search (eos stops), Hugging Face's with early_stopping=True (ort-generate's)."""
+        start = time.perf_counter()
+        if beam == 1:
+            outputs = greedy_decode(self.model, input_ids, attention_mask, settings)
+        else:
+            outputs = hf_beam_search(self.model, input_ids, attention_mask, settings, beam, length_penalty, True)
+        return time.perf_counter() - start, outputs
 
     def encode_seconds(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> float:
         start = time.perf_counter()
@@ -191,6 +201,14 @@ class Ct2Backend:
         timed = self._ask({"op": "decode", "sources": sources, "new_tokens": new_tokens, "forced": True,
                            "step_times": True})
         return plain["seconds"], timed["step_s"]
+
+    def search(self, input_ids, attention_mask, settings, beam, length_penalty):
+        """`bench --search beam`: CTranslate2's beam search, same beam size, length penalty (score / length **
+        penalty) and max length; eos stops (its own early exit: the search ends when the best beam has ended)."""
+        reply = self._ask({"op": "decode", "sources": self._sources(input_ids, attention_mask), "forced": False,
+                           "new_tokens": settings.max_new_tokens, "step_times": False, "beam_size": beam,
+                           "length_penalty": length_penalty})
+        return reply["seconds"], reply["tokens"]
 
     def encode_seconds(self, input_ids, attention_mask):
         return None  # a Translator has no encoder-only call

@@ -6,7 +6,8 @@ Translator per process because two in one process slow each other 10x on our 2-c
 runs with CTranslate2's defaults and the parent's environment (see bench_backends.CT2_ENV_KEYS).
 
 Requests (one JSON object per line) and replies:
-- {"op": "decode", "sources": [[token, ...], ...], "new_tokens": N, "forced": bool, "step_times": bool}
+- {"op": "decode", "sources": [[token, ...], ...], "new_tokens": N, "forced": bool, "step_times": bool,
+   optional "beam_size" (1), "length_penalty" (1.0)}
   -> {"seconds": wall time of translate_batch, "step_s": [seconds between steps 1..N-1] or null,
       "tokens": [[token, ...], ...]}. `forced` makes every source decode exactly N tokens (eos masked until N).
 - {"op": "memory"} -> {"peak_rss_mb": ...};  {"op": "quit"} -> exit.
@@ -29,7 +30,8 @@ def decode(translator, request: dict) -> dict:
 
     start = time.perf_counter()
     results = translator.translate_batch(
-        request["sources"], beam_size=1, max_decoding_length=n, min_decoding_length=n if request["forced"] else 0,
+        request["sources"], beam_size=request.get("beam_size", 1), length_penalty=request.get("length_penalty", 1.0),
+        max_decoding_length=n, min_decoding_length=n if request["forced"] else 0,
         max_input_length=0, callback=on_token if request["step_times"] else None)
     seconds = time.perf_counter() - start
     steps = [marks[s] for s in sorted(marks)]

@@ -73,8 +73,9 @@ class GenerateModel:
                              "(built, asked): use --backend ort-fused for these")
 
     def decode(self, input_ids: np.ndarray, attention_mask: np.ndarray, settings: DecodeSettings, num_beams: int = 1,
-               length_penalty: float = 1.0) -> list[list[int]]:
-        """Each source's best hypothesis without bos/eos (num_beams 1: greedy)."""
+               length_penalty: float = 1.0, forced_length: bool = False) -> list[list[int]]:
+        """Each source's best hypothesis without bos/eos (num_beams 1: greedy). `forced_length`: eos is masked until
+        max_new_tokens (bench's forced-length runs: every backend does the same work)."""
         import time
 
         if self.session is None:
@@ -84,6 +85,7 @@ class GenerateModel:
                         {"input_ids": input_ids.astype(np.int64), "attention_mask": attention_mask.astype(np.int64)})
         feed = {"input_ids": input_ids.astype(np.int32), "attention_mask": attention_mask.astype(np.int32),
                 "max_length": np.array([settings.max_new_tokens + 1], np.int32),
+                "min_length": np.array([settings.max_new_tokens + 1 if forced_length else 0], np.int32),
                 "num_beams": np.array([num_beams], np.int32),
                 "length_penalty": np.array([length_penalty], np.float32)}
         start = time.perf_counter()

@@ -94,3 +94,16 @@ def test_ort_generate_of_an_imported_marian_is_transformers_generate(make_hf_mod
             rows = hf_model.generate(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
                                      do_sample=False, max_new_tokens=63, num_beams=beam)[:, 1:].tolist()
         assert got == [r[: r.index(eos)] if eos in r else r for r in rows], beam
+
+
+def test_bench_search_beam_times_ort_generate(numbers_export):
+    root, _, _ = numbers_export
+    result = invoke("bench", root / "out", "--backends", "ort-fused,ort-generate", "--batch-sizes", "1,2", "--repeats", 1,
+                    "--warmup", 0, "--search", "beam", "--beam", 3, "--new-tokens", 10)
+    assert result.exit_code == 0, result.output
+    doc = json.loads((root / "out" / "reports" / "latency.json").read_text())
+    assert doc["settings"]["search"] == "beam" and doc["settings"]["beam"] == 3
+    row = doc["results"]["1"]["ort-generate"]["2"]
+    assert row["search"] == "beam" and row["beam"] == 3 and row["tokens_per_s"] > 0
+    result = invoke("bench", root / "out", "--backends", "ort-generate", "--batch-sizes", 4, "--search", "beam")
+    assert result.exit_code != 0 and "exports for beam need max_batch >= B x K" in result.output
