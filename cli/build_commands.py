@@ -44,8 +44,9 @@ def build(out: Path, backend: str, target: str | None, dtype: str | None, max_ba
     limits = None
     if any(v is not None for v in (max_batch, max_src_len, max_tgt_len)):
         base = exported.limits
-        limits = spec.Limits.for_model(exported.config, max_batch or base.max_batch, max_src_len or base.max_src_len,
-                                       max_tgt_len or base.max_tgt_len)
+        pick = lambda given, default: default if given is None else given  # 0 is refused, not read as "default"
+        limits = spec.Limits.for_model(exported.config, pick(max_batch, base.max_batch),
+                                       pick(max_src_len, base.max_src_len), pick(max_tgt_len, base.max_tgt_len))
     request = EngineRequest(backend, targets, dtype, limits, not no_plugin, opt_level,
                             workspace_mib * (1 << 20) if workspace_mib else None, force, timing_cache)
     with progress_bar(f"building {backend} engines ({trt_compat.target_tag(targets)})", len(spec.GraphKind)) as update:

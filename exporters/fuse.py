@@ -135,6 +135,11 @@ def fuse_artifacts(out: Path, target: Target, allow_partial: bool = False, force
     unfused blocks (and writes nothing) unless `allow_partial`.
     """
     manifest = verify(out, [kind.filename for kind in spec.GraphKind])
+    if target is Target.TRT:  # the plugin graphs still run on CPU (the op's reference); build refuses them
+        from seq2trt.plugins.kernels.launch import kernel_head_dim_problem
+
+        if problem := kernel_head_dim_problem(manifest.config.head_dim, out):
+            logger.warning("these plugin graphs validate on CPU but cannot become engines: %s", problem)
     audit = FusionAudit(target.value)
     with staged_directory(fused_dir(out, target), force, f"fused {target.value}", kind=FUSION_JSON) as tmp:
         files = {}

@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import contextlib
+import hashlib
 import json
 import platform
+import uuid
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from seq2trt.reference_model.config import LATER_FIELDS, Seq2SeqConfig
 from seq2trt.reference_model.errors import ArtifactError
-from seq2trt.reference_model.io import atomic_write_text, recover_tree, sha256_file
+from seq2trt.reference_model.io import atomic_write_text, recover_tree, replacements_paused, sha256_file
 
 from . import spec
 
@@ -44,10 +47,41 @@ def write_manifest(out: Path, cfg: Seq2SeqConfig, settings: dict[str, Any], file
         "source": source,
         "tools": {"python": platform.python_version(), **{p: _version(p) for p in ("torch", "onnx", "onnxscript")}},
         "files": {name: {"sha256": sha256_file(out / name), "bytes": (out / name).stat().st_size} for name in files},
+        "generation": uuid.uuid4().hex,  # this export and no other: readers compare it before they write (generation)
     }
+    manifest["checksum"] = _checksum(manifest)
     path = out / MANIFEST
     atomic_write_text(path, json.dumps(manifest, indent=2) + "\n")
     return path
+
+
+def _checksum(data: dict) -> str:
+    """sha256 of the manifest's content without its own checksum: a hand edit (limits, config, a file's hash) shows."""
+    body = {k: v for k, v in data.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def generation(out: Path) -> str | None:
+    """The sha256 of `out`'s manifest.json as it is now, or None without one. Every export writes a new one (a fresh
+    id, its time, its files' hashes): a reader takes it when it starts and hands it to `writing_into`."""
+    try:
+        return sha256_file(Path(out) / MANIFEST)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+@contextlib.contextmanager
+def writing_into(out: Path, started: str | None, what: str) -> Iterator[None]:
+    """Write a reader's results (validate, bench, report) into the export `out` only if it is still the export the
+    reader started on (`started`: its `generation`); replacements of `out` wait until the write is done. An
+    export replaced meanwhile (`export --force` in another shell) is an ArtifactError, and nothing is written:
+    the results describe graphs that are gone."""
+    with replacements_paused(out):
+        if generation(out) != started:
+            raise ArtifactError(f"{out} was replaced while {what} ran (its manifest.json changed); the results "
+                                f"describe the previous export and were not written; run `seq2trt {what} {out}` "
+                                "again")
+        yield
 
 
 @dataclass(frozen=True)
@@ -92,6 +126,9 @@ def read_manifest(out: Path) -> Manifest:
     problems = _schema_problems(data)
     if problems:
         raise ArtifactError(f"{path} is malformed: {'; '.join(problems)}; re-run `seq2trt export --force`")
+    if "checksum" in data and data["checksum"] != _checksum(data):  # manifests before the checksum have none
+        raise ArtifactError(f"{path} was changed after the export (its checksum no longer matches its content: "
+                            "limits, config or file hashes edited by hand); re-run `seq2trt export --force`")
     return Manifest(Path(out), data)
 
 
@@ -117,7 +154,7 @@ def _schema_problems(data: dict) -> list[str]:
         limits = data["settings"]["limits"] if isinstance(data["settings"], dict) else None
         if not isinstance(limits, dict):
             raise TypeError("'settings' must hold a 'limits' object")
-        spec.Limits(**limits)
+        spec.Limits(**limits).check_fits(Seq2SeqConfig.from_dict(data["config"]))  # a TensorRT profile holds it
     except (TypeError, ValueError) as exc:  # ConfigError is a ValueError
         problems.append(str(exc))
     return problems

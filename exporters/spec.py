@@ -231,12 +231,29 @@ class Limits:
     @classmethod
     def for_model(cls, cfg: Seq2SeqConfig, max_batch: int = 32, max_src_len: int | None = None,
                   max_tgt_len: int | None = None) -> "Limits":
-        """Limits no larger than the model's position table allows."""
-        src, tgt = max_src_len or cfg.max_src_len, max_tgt_len or cfg.max_tgt_len
+        """Limits no larger than the model's position table allows (None: the model's length; 0 is refused, not
+        read as "default"), whose largest tensor fits a TensorRT profile."""
+        src = cfg.max_src_len if max_src_len is None else max_src_len
+        tgt = cfg.max_tgt_len if max_tgt_len is None else max_tgt_len
+        limits = cls(max_batch, src, tgt)
         if src > cfg.max_src_len or tgt > cfg.max_tgt_len:
             raise ConfigError(f"limits src {src} / tgt {tgt} exceed the model's max_src_len {cfg.max_src_len} / "
                               f"max_tgt_len {cfg.max_tgt_len}; lower --max-src-len / --max-tgt-len")
-        return cls(max_batch, src, tgt)
+        limits.check_fits(cfg)
+        return limits
+
+    def check_fits(self, cfg: Seq2SeqConfig) -> None:
+        """The largest activation at these limits (logits, the FFN's hidden layer) must have fewer than 2**31
+        elements: TensorRT's dimensions and volumes are 32-bit, and a larger profile aborts its builder."""
+        length = max(self.max_src_len, self.max_tgt_len)
+        tensors = {"logits": self.max_batch * self.max_tgt_len * cfg.tgt_vocab_size,
+                   "feed-forward activations": self.max_batch * length * max(cfg.d_ff, cfg.d_model)}
+        name, size = max(tensors.items(), key=lambda item: item[1])
+        if size >= 2 ** 31:
+            largest = (2 ** 31 - 1) // (size // self.max_batch)
+            raise ConfigError(f"max_batch {self.max_batch} is too large for this model: its {name} at the limits "
+                              f"would hold {size:,} elements, more than a TensorRT profile can (2**31 - 1); use "
+                              f"--max-batch {largest} or less")
 
     def axis_ranges(self) -> dict[str, tuple[int, int, int]]:
         """(min, opt, max) of every dynamic axis. opt: a mid-sized batch, one new token, half-full lengths."""

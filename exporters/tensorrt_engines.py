@@ -71,6 +71,15 @@ def source_graphs(out: Path, plugin: bool) -> dict[spec.GraphKind, tuple[Path, s
     return {graph: (folder / graph.filename, report["files"][graph.filename]["sha256"]) for graph in spec.GraphKind}
 
 
+def _check_limits(limits: spec.Limits, exported: spec.Limits, out: Path) -> None:
+    """Engine profiles within the export's limits: the runners, validate and bench are sized by the export's."""
+    beyond = [f"--{name.replace('_', '-')} {getattr(limits, name)} (the export's {name} is {getattr(exported, name)})"
+              for name in ("max_batch", "max_src_len", "max_tgt_len") if getattr(limits, name) > getattr(exported, name)]
+    if beyond:
+        raise InputError(f"engine profiles beyond the export's limits: {'; '.join(beyond)}; lower them, or re-export "
+                         f"{out} with larger limits (`seq2trt export ... --max-batch N --force`)")
+
+
 def _seq2trt_version() -> str | None:
     try:
         return version("seq2trt")
@@ -89,8 +98,20 @@ def build_engines(out: Path, request: EngineRequest,
                          f"{dtype} engine needs a {dtype} export (`seq2trt export ... --dtype {dtype}`)")
     cfg = manifest.config
     limits = request.limits or manifest.limits
+    _check_limits(limits, manifest.limits, out)
+    limits.check_fits(cfg)
+    if request.plugin:
+        from seq2trt.plugins.kernels.launch import kernel_head_dim_problem
+
+        if problem := kernel_head_dim_problem(cfg.head_dim, out):
+            raise InputError(problem)
     flavour = trt_compat.flavour_of(request.backend)
     trt_compat.load(flavour)  # a missing TensorRT says which extra to install before any work
+    if trt_compat.CURRENT in request.targets and not trt_compat.has_gpu():  # TensorRT aborts the process on it
+        raise InputError(f"--target current builds for the GPU of this machine, and none is visible; name the "
+                         f"targets instead (e.g. --target sm_86: {flavour.value} builds them without a GPU"
+                         + ("" if trt_compat.FLAVOURS[flavour].explicit_targets else
+                            "; this flavour cannot: use --backend tensorrt-rtx") + ")")
     engine_dir = out / "engines" / engine_dir_name(flavour.value, request.targets, dtype, request.plugin)
     refuse_existing(engine_dir, request.force, "engine", kind=BUILD_JSON)  # before any work
     graphs = source_graphs(out, request.plugin)
@@ -135,6 +156,26 @@ def build_engines(out: Path, request: EngineRequest,
         atomic_write_text(tmp / BUILD_JSON, json.dumps(record, indent=2) + "\n")
     logger.info("engines in %s", engine_dir)
     return engine_dir
+
+
+def verify_engines(engine_dir: Path) -> dict:
+    """build.json of `engine_dir` (under `<export>/engines/`) with every plan checked against it, and every plan
+    built from the graphs the export holds now: each graph's `source_sha256` must be the sha256 of the verified
+    graph it names (the fused TensorRT graphs, or the export's for --no-plugin engines). Engines edited, copied
+    from another export or built before a re-export or re-fuse are an ArtifactError naming the fix."""
+    engine_dir = Path(engine_dir)
+    out = engine_dir.parent.parent
+    info = read_build(engine_dir)
+    plugin = info.get("plugin", {}).get("used", True) if isinstance(info.get("plugin"), dict) else True
+    sources = source_graphs(out, bool(plugin))
+    stale = [kind.value for kind, (_path, digest) in sources.items()
+             if not isinstance(info["graphs"].get(kind.value), dict)
+             or info["graphs"][kind.value].get("source_sha256") != digest]
+    if stale:
+        raise ArtifactError(f"{engine_dir}: the {' and '.join(stale)} engine(s) were not built from the graphs of "
+                            f"{out} as they are now (copied from another export, or built before a re-export or "
+                            f"re-fuse); rebuild with `seq2trt build {out} --force`")
+    return info
 
 
 def read_build(engine_dir: Path, verify: bool = True) -> dict:

@@ -111,6 +111,13 @@ def load_state_dict_checked(model: Seq2SeqTransformer, state: dict[str, torch.Te
                             f"config expects {tuple(expected[key].shape)}")
         elif not state[key].is_floating_point():
             problems.append(f"{key}: expected a floating-point tensor, got {state[key].dtype}")
+    non_finite = sorted(k for k in set(expected) & set(state)
+                        if state[k].is_floating_point() and not torch.isfinite(state[k]).all())
+    if non_finite:  # every output of such a model is NaN or inf: exports, engines and translations would be garbage
+        shown = ", ".join(non_finite[:8]) + (f" and {len(non_finite) - 8} more" if len(non_finite) > 8 else "")
+        raise CheckpointError(f"checkpoint {source} holds NaN or infinite weights in {len(non_finite)} tensor(s): "
+                              f"{shown}; the training diverged or the file was damaged: retrain, or use an earlier "
+                              "checkpoint")
     if problems:
         raise CheckpointError(f"checkpoint {source} does not match its config: " + "; ".join(problems) +
                               "; load the weights with the config.json they were saved with, or re-save the checkpoint")

@@ -235,6 +235,23 @@ def _swap_into_place(tmp: Path, out: Path, force: bool = True) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def replacements_paused(out: Path) -> Iterator[None]:
+    """Hold off any replacement of the directory `out` (the lock `staged_directory` swaps under) while a reader
+    checks that `out` is still what it read and writes into it. Where the lock cannot be made (a folder we may
+    only read), nothing can replace `out` through seq2trt either, so the reader goes on without it."""
+    try:
+        lock = locked(_swap_lock(Path(out)), str(out))
+        lock.__enter__()
+    except ArtifactError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        lock.__exit__(None, None, None)
+
+
 def _leftovers(out: Path) -> dict[str, list[Path]]:
     """Hidden folders and files beside `out` that its writers leave while they run."""
     name = re.escape(out.name)

@@ -59,7 +59,7 @@ class PairedStepModel:
         ref_logits, ref_past = self.reference.step(input_ids, encoder_attention_mask, encoder_state[0], past[0])
         got_logits, got_past = self.candidate.step(input_ids, encoder_attention_mask, encoder_state[1], past[1])
         err = np.abs(got_logits.astype(np.float64) - ref_logits.astype(np.float64))
-        self.max_abs_err = max(self.max_abs_err, float(np.nan_to_num(err, nan=np.inf).max()))
+        self.max_abs_err = max(self.max_abs_err, float(np.nan_to_num(err, nan=np.inf).max(initial=0.0)))
         self.steps += 1
         return ref_logits, (ref_past, got_past)
 

@@ -84,8 +84,9 @@ def compare_output(name: str, candidate: np.ndarray, reference: np.ndarray, tole
     violations = int((~finite).sum() + (d[finite] > tolerance.atol + tolerance.rtol * np.abs(r[finite])).sum())
     norms = np.linalg.norm(c[finite]) * np.linalg.norm(r[finite])
     cosine = float(np.dot(c[finite], r[finite]) / norms) if norms > 0 else float(np.array_equal(c, r))
-    d_f = d[finite] if finite.any() else np.zeros(1)
-    return OutputStats(name, tuple(candidate.shape), float(d_f.max()), float((d_f / (np.abs(r[finite]) + 1e-6)).max()),
+    # Nothing finite to measure (NaN or inf everywhere): the counts and violations above carry the failure.
+    d_f, r_f = (d[finite], r[finite]) if finite.any() else (np.zeros(1), np.ones(1))
+    return OutputStats(name, tuple(candidate.shape), float(d_f.max()), float((d_f / (np.abs(r_f) + 1e-6)).max()),
                        float(d_f.mean()), float(np.percentile(d_f, 99)), cosine, nan, inf, violations, tolerance)
 
 

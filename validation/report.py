@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from seq2trt.exporters import spec
-from seq2trt.exporters.manifest import verify
+from seq2trt.exporters.manifest import Manifest, generation, verify, writing_into
 from seq2trt.reference_model.config import Seq2SeqConfig
 from seq2trt.reference_model.io import atomic_write_text
 
@@ -165,8 +165,29 @@ def _demote(markdown: str, levels: int = 1) -> str:
     return re.sub(r"^(#+) ", "#" * levels + r"\1 ", markdown, flags=re.MULTILINE)
 
 
+def verify_everything(out: Path) -> Manifest:
+    """Check every artifact the report describes the way its own consumers do: the export's files against the
+    manifest, fused and int8 graphs against fusion.json / quantization.json (and made from this export), engines
+    against build.json and built from the graphs here (`verify_engines`). One ArtifactError names the first
+    that fails: a report must not present edited or foreign artifacts as this export's."""
+    from seq2trt.exporters.fuse import FUSION_JSON, Target, fused_dir, verify_fused
+    from seq2trt.exporters.quantize import quantized_dir, verify_quantized
+    from seq2trt.exporters.tensorrt_engines import verify_engines
+
+    out = Path(out)
+    manifest = verify(out)
+    for target in Target:
+        if (fused_dir(out, target) / FUSION_JSON).exists():
+            verify_fused(out, target, manifest)
+    if quantized_dir(out).is_dir():
+        verify_quantized(out, manifest)
+    for record in sorted(out.glob("engines/*/build.json")):
+        verify_engines(record.parent)
+    return manifest
+
+
 def render_markdown(out: Path) -> str:
-    manifest = verify(out, [])
+    manifest = verify_everything(out)
     lines = [f"# seq2trt report: {Path(out).resolve().name}", ""]
     sections = (("Model and export", lambda: _overview(manifest.data)), ("Fusion", lambda: _fusion(out)),
                 ("int8 quantization", lambda: _quantization(out)), ("Engines", lambda: _builds(out, manifest.config)),
@@ -204,9 +225,12 @@ def render_html(markdown: str, reports: Path) -> str:
 def write_report(out: Path) -> tuple[Path, Path]:
     """Write OUT/reports/report.md and report.html; returns their paths."""
     out = Path(out)
+    started = generation(out)
     reports = out / "reports"
     markdown = render_markdown(out)
     md, html = reports / "report.md", reports / "report.html"
-    atomic_write_text(md, markdown)
-    atomic_write_text(html, render_html(markdown, reports))
+    page = render_html(markdown, reports)
+    with writing_into(out, started, "report"):
+        atomic_write_text(md, markdown)
+        atomic_write_text(html, page)
     return md, html

@@ -154,10 +154,11 @@ class TensorRTRunner(Runner):
 
 
 def runner_for(engine_dir: Path, kind: spec.GraphKind, cfg, limits: spec.Limits | None = None) -> TensorRTRunner:
-    """A runner for one graph of an engine directory, its plan checked against build.json."""
-    from seq2trt.exporters.tensorrt_engines import read_build
+    """A runner for one graph of an engine directory (under an export's engines/), its plan checked against
+    build.json and build.json against the graphs of that export (`verify_engines`)."""
+    from seq2trt.exporters.tensorrt_engines import verify_engines
 
-    info = read_build(engine_dir)
+    info = verify_engines(engine_dir)
     limits = limits or spec.Limits(**info["limits"])
     plan = Path(engine_dir) / info["graphs"][kind.value]["plan"]
     return TensorRTRunner(plan, cfg, kind, info["dtype"], limits, info["flavour"], info)

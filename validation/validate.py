@@ -16,7 +16,7 @@ from typing import Callable
 
 from seq2trt.exporters import spec
 from seq2trt.exporters.fuse import Target, fused_dir, verify_fused
-from seq2trt.exporters.manifest import Manifest, verify
+from seq2trt.exporters.manifest import Manifest, generation, verify, writing_into
 from seq2trt.exporters.quantize import quantized_dir, verify_quantized
 from seq2trt.reference_model.decoding import DecodeSettings
 from seq2trt.reference_model.errors import CheckFailed, InputError
@@ -68,6 +68,9 @@ GRAPH_SETS: dict[str, GraphSet] = {
 BACKENDS: dict[str, Callable[..., Runner]] = {"ort": OrtRunner}
 
 
+MAX_SAMPLES = 100_000  # end-to-end sources; the demo task's held-out class alone has ~20 M members
+
+
 @dataclass(frozen=True)
 class ValidateSettings:
     backend: str = "ort"
@@ -91,6 +94,10 @@ class ValidateSettings:
                              f"{self.localize_budget_s}")
         if self.samples < 0 or self.beam_size < 1:
             raise InputError(f"--samples must be >= 0 and --beam >= 1, got {self.samples} and {self.beam_size}")
+        if self.samples > MAX_SAMPLES:
+            raise InputError(f"--samples {self.samples} is more than validate decodes end to end (at most "
+                             f"{MAX_SAMPLES}: each source is decoded four times, greedy and beam on both models); "
+                             "lower it")
 
 
 def heldout_exact_match(task_name: str, samples: int) -> tuple[str, Callable[[list[list[int]]], float]]:
@@ -106,6 +113,7 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
                    progress: Callable[[str], None] | None = None) -> dict:
     """Validate `out`, write its reports, and return the parity document; raise CheckFailed when anything fails."""
     out = Path(out)
+    started = generation(out)  # before anything is read: the reports must describe this export
     graph_set = GRAPH_SETS[settings.graphs]
     if graph_set.whole_search:
         from .generate_validate import run_generate_validation
@@ -151,7 +159,8 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
             progress(f"localising failures and near-ties per layer (budget {settings.localize_budget_s:g} s)")
         document.update(localise_export(graph_set.folder(out), out, reference, dtype, limits, precision, options,
                                         graphs, settings.seed, settings.localize_budget_s, settings.localize))
-    write_reports(out, document)
+    with writing_into(out, started, "validate"):
+        write_reports(out, document)
     failures = graphs.failures() + (e2e.failures() if e2e is not None else [])
     if failures:
         raise CheckFailed(f"parity failed for {out} ({len(failures)} failing checks; see "

@@ -128,6 +128,16 @@ def workspace_bytes(attrs: AttentionAttrs, max_batch: int) -> int:
     return decode_workspace_bytes(max_batch * attrs.num_heads, attrs.head_dim)
 
 
+def kernel_head_dim_problem(head_dim: int, out: object) -> str | None:
+    """Why the compiled kernels cannot run a model of this head_dim, with the ways around it; None when they can.
+    Unchecked, the plugin would fail only inside TensorRT's enqueue on a GPU, with a message that names nothing."""
+    if head_dim in HEAD_DIMS:
+        return None
+    return (f"the attention plugin's kernels take head_dim {', '.join(map(str, HEAD_DIMS))}; this model's is "
+            f"{head_dim}; build the unfused graphs with `seq2trt build {out} --no-plugin` (TensorRT's own fusion), "
+            f"or run fused graphs on ONNX Runtime (`seq2trt fuse {out} --target ort`)")
+
+
 def _check(attrs: AttentionAttrs, dtype: str, query_shape) -> None:
     if dtype not in DTYPE_NAMES.values():
         raise InputError(f"attention kernels take {sorted(DTYPE_NAMES.values())}, got {dtype}; "
