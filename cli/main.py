@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import re
 import signal
 import sys
 from importlib.metadata import PackageNotFoundError, version
@@ -33,6 +34,20 @@ def _version() -> str:
         return "unknown"
 
 
+_LONG_VALUE = re.compile(r"\S{201,}")
+MAX_LINE = 1000
+
+
+def clip_values(message: str) -> str:
+    """An error echoes what it was given; a value from the user (a 100,000-digit text, a huge file's line) is shown
+    by its ends and its length, and a line longer than MAX_LINE characters by its start and its end (where the
+    fix usually is)."""
+    message = _LONG_VALUE.sub(lambda m: f"{m[0][:60]}…[{len(m[0])} characters]…{m[0][-20:]}", message)
+    return "\n".join(line if len(line) <= MAX_LINE else
+                     f"{line[:MAX_LINE * 2 // 3]}…[{len(line)} characters]…{line[-MAX_LINE // 3:]}"
+                     for line in message.splitlines())
+
+
 class Seq2TrtGroup(click.Group):
     """Turns library errors into one clear line and an exit code."""
 
@@ -42,7 +57,8 @@ class Seq2TrtGroup(click.Group):
         except Seq2TrtError as exc:
             if ctx.obj and ctx.obj.get("debug"):
                 raise
-            err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+            err_console.print(f"[bold red]error:[/] {escape(clip_values(str(exc)))}", highlight=False,
+                              soft_wrap=True)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt as exc:
             what = "terminated" if isinstance(exc, Terminated) else "interrupted"

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from .config import preset
 from .decoding import DecodeSettings, greedy_decode
 from .eager import EagerStepModel
-from .errors import ConfigError
+from .errors import ConfigError, InputError
 from .model import Seq2SeqTransformer
 from .tasks import Task, get_task
 from .vocab import BOS_ID, EOS_ID, PAD_ID, pad_batch
@@ -125,9 +125,14 @@ def demo_checkpoint(cache_root: Path | None = None, settings: TrainSettings = Tr
     from .checkpoint import save_checkpoint
 
     key = hashlib.sha256(json.dumps(asdict(settings), sort_keys=True).encode()).hexdigest()[:12]
-    path = (cache_root or default_cache_root()) / f"demo-{settings.task}-{settings.preset}-{key}"
+    root = cache_root or default_cache_root()
+    path = root / f"demo-{settings.task}-{settings.preset}-{key}"
     if (path / "metrics.json").exists():
         return path
+    blocking = next((p for p in (root, *root.parents) if p.exists()), None)  # checked before minutes of training
+    if blocking is not None and not blocking.is_dir():
+        raise InputError(f"the demo cache {root} (SEQ2TRT_CACHE, default ~/.cache/seq2trt) cannot be a folder: "
+                         f"{blocking} is a file; point SEQ2TRT_CACHE at a folder")
     model, metrics = train(settings, progress)
     task = get_task(settings.task)
     save_checkpoint(path, model, (task.source_vocab, task.target_vocab), force=True,

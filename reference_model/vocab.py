@@ -57,11 +57,25 @@ class Vocab:
         return {"kind": self.kind, "tokens": list(self.tokens)}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Vocab":
-        try:
-            return cls(tuple(data["tokens"]), data["kind"])
-        except (KeyError, TypeError) as exc:
-            raise CheckpointError(f"malformed vocabulary entry ({exc!r}); expected {{'kind', 'tokens'}}") from None
+    def from_dict(cls, data: dict, name: str = "vocabulary") -> "Vocab":
+        """`{"kind": "char" | "word", "tokens": [str, ...]}`; anything else is a CheckpointError naming the entry."""
+        if not isinstance(data, dict) or not {"kind", "tokens"} <= set(data):
+            raise CheckpointError(f"{name} must be an object with 'kind' and 'tokens', got {_clip(data)}")
+        if data["kind"] not in ("char", "word"):
+            raise CheckpointError(f"{name}.kind must be 'char' or 'word', got {_clip(data['kind'])}")
+        tokens = data["tokens"]
+        if not isinstance(tokens, list):
+            raise CheckpointError(f"{name}.tokens must be a list of strings, got {type(tokens).__name__}")
+        bad = [i for i, t in enumerate(tokens) if not isinstance(t, str) or not t]
+        if bad:
+            raise CheckpointError(f"{name}.tokens must be non-empty strings; entries {bad[:5]} are not (e.g. "
+                                  f"{_clip(tokens[bad[0]])})")
+        return cls(tuple(tokens), data["kind"])
+
+
+def _clip(value: object, n: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= n else text[:n] + "…"
 
 
 def save_vocabs(path: Path, source: Vocab, target: Vocab) -> None:
@@ -71,9 +85,17 @@ def save_vocabs(path: Path, source: Vocab, target: Vocab) -> None:
 def load_vocabs(path: Path) -> tuple[Vocab, Vocab]:
     try:
         data = json.loads(Path(path).read_text())
-        return Vocab.from_dict(data["source"]), Vocab.from_dict(data["target"])
+        if not isinstance(data, dict):
+            raise TypeError(f"a JSON object with 'source' and 'target' is expected, got {type(data).__name__}")
+        return Vocab.from_dict(data["source"], "source"), Vocab.from_dict(data["target"], "target")
     except FileNotFoundError:
         raise CheckpointError(f"vocabulary {path} not found; this checkpoint has no vocab.json") from None
+    except IsADirectoryError:
+        raise CheckpointError(f"vocabulary {path} is a directory, not a JSON file; re-save the checkpoint") from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot read vocabulary {path}: {exc.strerror}") from None
+    except CheckpointError as exc:
+        raise CheckpointError(f"vocabulary {path} is malformed: {exc}; re-save the checkpoint") from None
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
         raise CheckpointError(f"vocabulary {path} is malformed ({exc!r}); re-save the checkpoint") from None
 

@@ -23,6 +23,9 @@ def load_reference(manifest: Manifest, checkpoint: Path | None):
     path = Path(checkpoint) if checkpoint else (Path(source["checkpoint"]) if source.get("checkpoint") else None)
     if path is None:
         raise InputError(f"{manifest.root} records no source checkpoint; pass --checkpoint")
+    if checkpoint is None and not path.exists():  # not a typo of the user's: the recorded checkpoint went away
+        raise CheckpointError(f"the checkpoint {manifest.root} was exported from, {path}, is gone (moved or "
+                              "deleted); pass its new place with --checkpoint PATH")
     model, vocabs = load_checkpoint(path)
     weights = weights_path(path)
     if source.get("weights_sha256") and sha256_file(weights) != source["weights_sha256"]:
