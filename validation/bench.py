@@ -268,7 +268,8 @@ class Bench:
         s = self.settings
         self.doc = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     "artifact": str(self.out), "settings": {**asdict(s), "src_len": self.src_len,
-                                                            "new_tokens": self.new_tokens, "forced_length": True},
+                                                            "new_tokens": self.new_tokens,
+                                                            "forced_length": s.search == "greedy"},
                     "model": {k: getattr(self.cfg, k) for k in ("d_model", "num_heads", "num_encoder_layers",
                                                                 "num_decoder_layers", "d_ff", "tgt_vocab_size")},
                     "dtype": self.manifest.dtype, "machine": _machine("before"), "builds": _engine_builds(self.out)}
