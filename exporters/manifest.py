@@ -133,30 +133,45 @@ def read_manifest(out: Path) -> Manifest:
 
 
 def _schema_problems(data: dict) -> list[str]:
-    """Every field a later stage reads, with the type it must have (config and limits are rebuilt to check them)."""
+    """Every field a later stage reads, with the type it must have (config and limits are rebuilt to check them).
+
+    Never raises on a damaged document: each damage is a message (a JSON document can hold any type anywhere)."""
     problems = []
-    if data["dtype"] not in spec.DTYPES:
-        problems.append(f"dtype {data['dtype']!r} is not one of {list(spec.DTYPES)}")
+    dtype = data["dtype"]
+    if not isinstance(dtype, str) or dtype not in spec.DTYPES:
+        problems.append(f"dtype {dtype!r} is not one of {list(spec.DTYPES)}")
     files = data["files"]
     if not isinstance(files, dict) or not all(
             isinstance(f, dict) and isinstance(f.get("sha256"), str) and isinstance(f.get("bytes"), int)
             for f in files.values()):
         problems.append("'files' must map each file name to its 'sha256' and 'bytes'")
+    elif missing := [kind.filename for kind in spec.GraphKind if kind.filename not in files]:
+        problems.append(f"'files' does not list {missing}")  # else verify(out) would check nothing
     if data.get("source") is not None and not isinstance(data["source"], dict):
         problems.append("'source' must be an object naming the checkpoint, or null")
-    try:
-        if not isinstance(data["config"], dict):
-            raise TypeError("'config' must be an object")
-        missing = sorted({f.name for f in dataclasses.fields(Seq2SeqConfig)} - set(data["config"]) - set(LATER_FIELDS))
+    config = data["config"]
+    if not isinstance(config, dict):
+        problems.append("'config' must be an object")
+    else:
+        missing = sorted({f.name for f in dataclasses.fields(Seq2SeqConfig)} - set(config) - set(LATER_FIELDS))
         if missing:  # the export wrote every field (but those added later); a default would describe another model
-            raise ValueError(f"'config' lacks {missing}")
-        Seq2SeqConfig.from_dict(data["config"])
-        limits = data["settings"]["limits"] if isinstance(data["settings"], dict) else None
-        if not isinstance(limits, dict):
-            raise TypeError("'settings' must hold a 'limits' object")
-        spec.Limits(**limits).check_fits(Seq2SeqConfig.from_dict(data["config"]))  # a TensorRT profile holds it
-    except (TypeError, ValueError) as exc:  # ConfigError is a ValueError
-        problems.append(str(exc))
+            problems.append(f"'config' lacks {missing}")
+        else:
+            try:
+                Seq2SeqConfig.from_dict(config)
+            except (TypeError, ValueError) as exc:  # ConfigError is a ValueError
+                problems.append(str(exc))
+    settings = data["settings"]
+    limits = settings.get("limits") if isinstance(settings, dict) else None
+    if not isinstance(limits, dict):
+        problems.append("'settings' must hold a 'limits' object")
+    else:
+        try:
+            parsed = spec.Limits(**limits)
+            if not problems:  # the config is sound: the limits must also fit a TensorRT profile of it
+                parsed.check_fits(Seq2SeqConfig.from_dict(config))
+        except (TypeError, ValueError) as exc:  # unknown or missing keys are TypeErrors
+            problems.append(f"'settings.limits': {exc}")
     return problems
 
 

@@ -16,6 +16,7 @@ from typing import Mapping
 import numpy as np
 
 from seq2trt.exporters import spec
+from seq2trt.reference_model.errors import ArtifactError
 
 from .runners import Runner
 
@@ -27,13 +28,26 @@ class Tolerance:
     min_cosine: float
 
 
-# dtype -> output-name pattern -> tolerance; "*" is the default. fp32 meets the issue's 1e-4 on logits;
-# fp16 / bf16 bounds are a few units in the last place of their 11- / 8-bit mantissas at the scale of the
-# trained demo model's activations (encoder K/V reach |x| ~ 16 after three fp16 layers: ulp 0.0156).
+# dtype -> output-name pattern -> tolerance; "*" is the default. fp32 meets the issue's 1e-4 on logits.
+# fp16 / bf16 are derived from measured error (2026-11-30, ORT CPU against the float64 eager model over the spec's
+# sweep): the smallest atol that passes at the rtol chosen (about 4 ulps: fp16 2e-3, bf16 1.6e-2), and the largest
+# cosine deficit (1 - cosine), on the trained demo checkpoint and tiny random models (conftest.random_model seed 1,
+# post-LN relu; seed 3, pre-LN gelu). Measured / bound:
+#   fp16, every output:      atol 0.0117 (demo, present.*.encoder.key, |x| ~ 10) -> 0.025 (x2.1);
+#                            deficit 6.5e-7 (seed 1 logits) -> 5e-6 (x7.7)
+#   bf16, present.*.decoder: atol 0.034 (demo) -> 0.05 (x1.47); deficit 4.0e-5 (seed 1) -> 8e-5 (x2)
+#   bf16, logits:            atol 0.083 (seed 1) -> 0.12 (x1.45); deficit 7.3e-5 (seed 1) -> 1.5e-4 (x2)
+#   bf16, other outputs:     atol 0.108 (demo, present.*.encoder.key) -> 0.16 (x1.49); deficit 6.1e-5 -> 1.5e-4 (x2.5)
+# bf16's margins are thin on purpose: an attention scale off by 10% moves seed 1's decoder K/V by 0.069 (cosine
+# deficit 1.2e-4) and its logits by 0.14 — under 2x bf16's own rounding error. The negative controls
+# (tests/exporters/test_onnx_export.py: scale x1.1 cross / self, one head swapped, one bias ramped) pin that each
+# planted fault fails; widen a bound only with new measurements of both sides.
 TOLERANCES: dict[str, dict[str, Tolerance]] = {
     "fp32": {"*": Tolerance(atol=1e-4, rtol=1e-4, min_cosine=0.99999)},
-    "fp16": {"*": Tolerance(atol=5e-2, rtol=1e-2, min_cosine=0.9995)},
-    "bf16": {"*": Tolerance(atol=4e-1, rtol=8e-2, min_cosine=0.995)},  # 8x fp16: 3 fewer mantissa bits
+    "fp16": {"*": Tolerance(atol=2.5e-2, rtol=2e-3, min_cosine=0.999995)},
+    "bf16": {"present.*.decoder.*": Tolerance(atol=5e-2, rtol=1.6e-2, min_cosine=0.99992),
+             "logits": Tolerance(atol=1.2e-1, rtol=1.6e-2, min_cosine=0.99985),
+             "*": Tolerance(atol=1.6e-1, rtol=1.6e-2, min_cosine=0.99985)},
     # int8 weights and run-time uint8 activations (quantize --per-tensor, the default): on the demo model's sweep the
     # largest |d| is 0.42 (an encoder key), the lowest cosine 0.99970 for the demo model trained on an AMD machine,
     # 0.99885 (decoder logits, B1-S32-T4-P0) for the one the same seed trains on an Intel Xeon (its weights differ:
@@ -74,7 +88,8 @@ class OutputStats:
 
 def compare_output(name: str, candidate: np.ndarray, reference: np.ndarray, tolerance: Tolerance) -> OutputStats:
     if candidate.shape != reference.shape:
-        raise ValueError(f"{name}: candidate shape {candidate.shape} differs from the reference's {reference.shape}")
+        raise ArtifactError(f"{name}: the graph's output shape {candidate.shape} differs from the reference's "
+                            f"{reference.shape}: it does not follow the graph contract; re-export (and re-fuse)")
     c, r = candidate.astype(np.float64).ravel(), reference.astype(np.float64).ravel()
     nan, inf = int(np.isnan(c).sum()), int(np.isinf(c).sum())
     d = np.abs(c - r)

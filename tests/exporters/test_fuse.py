@@ -115,25 +115,62 @@ def test_plugin_nodes_carry_what_tensorrt_needs(artifacts):
         assert len(node.output) == (3 if op.kind is AttentionKind.DECODER_SELF else 1)
 
 
-TOLERANCE = {"fp32": 1e-5, "fp16": 2e-2, "bf16": 1.5e-1}  # max abs error vs float64, relative to max |ref|
+# Relative error ||got - ref|| / ||ref|| of each output against float64, from measured error (2026-11-30, these
+# feeds, random_model seed 3 post-LN relu and pre-LN gelu, plain / fused-ort / fused-trt alike): fp32 5.3e-7 ->
+# 1e-5 (the issue's target); fp16 7.5e-4 -> 2e-3 (x2.7); bf16 9.4e-3 -> 1.3e-2 (x1.38). The planted faults (conftest:
+# scale x1.1, one head swapped, one bias ramped) measure 0.0135 .. 0.22 in every dtype: bf16's margin is thin
+# because a 10% scale error is under 2x bf16's own rounding (0.0158 vs 0.0094); test_fused_graphs_catch_a_fault
+# pins that each fault still fails.
+TOLERANCE = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1.3e-2}
+
+
+def rel_error(got: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def worst_error(model, folder, dtype, plugin) -> tuple[float, str]:
+    """The largest relative error of any output of both graphs in `folder` against the float64 eager model."""
+    worst = (0.0, "")
+    for kind, feed in feeds(model.cfg, np.random.RandomState(0)).items():
+        got = run_graph(folder / kind.filename, feed, dtype, plugin=plugin)
+        cast = {k: v if v.dtype == np.int64 else v.astype(spec.numpy_dtype(dtype)).astype(np.float64)
+                for k, v in feed.items()}
+        for name, a, ref in zip([s.name for s in spec.outputs(model.cfg, kind)], got, eager_outputs(model, kind, cast)):
+            worst = max(worst, (rel_error(a, ref.numpy()), f"{kind.value} {name}"))
+    return worst
 
 
 @pytest.mark.parametrize("graphs", ["plain", "fused-ort", "fused-trt"])
 def test_graphs_match_eager_float64(artifacts, graphs):
     model, out, dtype = artifacts
     folder = out if graphs == "plain" else fused_dir(out, Target(graphs.split("-")[1]))
-    rng = np.random.RandomState(0)
-    for kind, feed in feeds(model.cfg, rng).items():
-        got = run_graph(folder / kind.filename, feed, dtype, plugin=graphs == "fused-trt")
-        cast = {k: v if v.dtype == np.int64 else v.astype(spec.numpy_dtype(dtype)).astype(np.float64)
-                for k, v in feed.items()}
-        for name, a, ref in zip([s.name for s in spec.outputs(model.cfg, kind)], got, eager_outputs(model, kind, cast)):
-            err = np.abs(a - ref.numpy()).max() / max(1.0, np.abs(ref.numpy()).max())
-            assert err <= TOLERANCE[dtype], f"{graphs} {kind.value} {name}: {err:.3g}"
+    err, where = worst_error(model, folder, dtype, plugin=graphs == "fused-trt")
+    assert err <= TOLERANCE[dtype], f"{graphs} {where}: {err:.3g}"
+
+
+@pytest.mark.parametrize("target", list(Target))
+def test_fused_graphs_catch_a_fault(artifacts, fault, target, tmp_path):
+    """Negative controls: a fault planted in the export (before fusing, as an exporter bug would be) must put the
+    fused graphs of every target outside TOLERANCE."""
+    import shutil
+
+    model, out, dtype = artifacts
+    name, filename, plant = fault
+    broken = tmp_path / "out"
+    shutil.copytree(out, broken, ignore=shutil.ignore_patterns("fused"))
+    proto = onnx.load(broken / filename)
+    plant(proto, model.cfg)
+    onnx.save(proto, broken / filename)
+    manifest = read_manifest(broken)
+    write_manifest(broken, manifest.config, manifest.data["settings"], list(manifest.data["files"]),
+                   source=manifest.data.get("source"))
+    fuse_artifacts(broken, target)
+    err, where = worst_error(model, fused_dir(broken, target), dtype, plugin=target is Target.TRT)
+    assert err > TOLERANCE[dtype], f"{name} passed ({where}: {err:.3g} <= {TOLERANCE[dtype]})"
 
 
 def test_fused_equals_unfused(artifacts):
-    """fp32: within 1e-5 (the issue's target); fp16/bf16: within one rounding step of the output."""
+    """The fused graphs compute what the plain ones do: within TOLERANCE of each other (relative error)."""
     model, out, dtype = artifacts
     rng = np.random.RandomState(1)
     for kind, feed in feeds(model.cfg, rng).items():
@@ -141,7 +178,7 @@ def test_fused_equals_unfused(artifacts):
         for target in Target:
             fused = run_graph(fused_dir(out, target) / kind.filename, feed, dtype, plugin=target is Target.TRT)
             for a, b in zip(plain, fused):
-                assert np.abs(a - b).max() <= TOLERANCE[dtype] / 2 * max(1.0, np.abs(a).max()), (target, kind)
+                assert rel_error(b, a) <= TOLERANCE[dtype], (target, kind, rel_error(b, a))
 
 
 def _unmark(out, kind_to_unmark):
