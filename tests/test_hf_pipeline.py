@@ -1,0 +1,50 @@
+"""An imported model goes through the whole pipeline unchanged: every family, fp32 and fp16 exports, both fuse
+targets, TensorRT-RTX engines (built on CPU), and `validate` on each graph set against the eager model, which
+the import proved equal to transformers."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from click.testing import CliRunner
+
+from seq2trt.cli.main import cli
+
+pytest.importorskip("transformers", reason="the hf extra is not installed")
+HAS_RTX = importlib.util.find_spec("tensorrt_rtx") is not None
+
+FAMILIES = {  # config options with the model's most distinctive parts: positions, norms, activation, logits bias
+    "marian": dict(activation_function="swish", scale_embedding=True),
+    "bart": dict(activation_function="gelu"),
+    "mbart": dict(activation_function="gelu_new", scale_embedding=True),
+    "m2m_100": dict(activation_function="relu"),
+}
+
+
+def invoke(*args):
+    result = CliRunner().invoke(cli, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_imported_model_through_the_pipeline(family, make_hf_model, tmp_path):
+    # std 0.15: sharp enough to decode varied tokens, calm enough that fp16's rounding rarely flips a token.
+    src = make_hf_model(tmp_path / "src", family, FAMILIES[family], std=0.15)
+    invoke("import", "hf", src, "-o", tmp_path / "ckpt")
+    for dtype in ("fp32", "fp16"):
+        out = tmp_path / dtype
+        invoke("export", tmp_path / "ckpt", "-o", out, "--dtype", dtype, "--max-batch", 8, "--max-src-len", 24,
+               "--max-tgt-len", 24)
+        graph_sets = ["plain"]
+        for target in ("ort", "trt"):
+            invoke("fuse", out, "--target", target)
+            graph_sets.append(f"fused-{target}")
+        for graphs in graph_sets:
+            output = invoke("validate", out, "--graphs", graphs, "--samples", 100)
+            assert "parity passed" in output, output
+        if HAS_RTX and dtype == "fp32":
+            output = invoke("build", out, "--backend", "tensorrt-rtx", "--target", "sm_86")
+            assert "engines in" in output
