@@ -117,9 +117,6 @@ class BenchSettings:
         if self.search not in SEARCHES or self.beam < 1:
             raise InputError(f"--search must be one of {', '.join(SEARCHES)} and --beam >= 1, got {self.search!r} and "
                              f"{self.beam}")
-        if self.search == "beam" and any(b in HF_BACKENDS for b in self.backends):
-            raise InputError("--search beam times eager, ORT, TensorRT, ort-generate and CTranslate2 backends; drop "
-                             f"{', '.join(b for b in self.backends if b in HF_BACKENDS)} from --backends")
         if self.src_len < 1 or self.new_tokens < 1:
             raise InputError(f"--src-len and --new-tokens must be >= 1, got {self.src_len} and {self.new_tokens}")
 
@@ -276,7 +273,8 @@ class Bench:
         self.doc["checks"] = {}
         if any(bench_prepare.is_anchor(n) for n in s.backends):
             prepared = bench_prepare.prepare(s.backends, self.out, self._reference(), self.task, self.source,
-                                             s.check_samples, s.seed, self.limits.max_tgt_len - 1, self.progress)
+                                             s.check_samples, s.seed, self.limits.max_tgt_len - 1, self.progress,
+                                             (s.beam, s.length_penalty) if s.search == "beam" else None)
             self.doc["checks"], self.ct2_models = prepared.checks, prepared.ct2_models
             self.doc["builds"].update(prepared.builds)
         for key in ("results", "encoder_ms", "step_ms_by_past", "ratios", "memory"):
@@ -317,13 +315,11 @@ class Bench:
         self._summarise(t, raw)
 
     def _held_out(self, batch: int) -> tuple[np.ndarray, np.ndarray]:
-        """The first `batch` held-out sources of the checkpoint's task (seeded random ids without one), padded."""
+        """The first `batch` held-out sources of the checkpoint's task (seeded ids without one), padded."""
         from seq2trt.reference_model.vocab import pad_batch
 
-        from .reference import e2e_sources
-
         self._reference()
-        sources, _ = e2e_sources(self.cfg, self.task, batch, self.settings.seed)
+        sources, _ = bench_prepare.source_ids(self.cfg, self.task, self.source, batch, self.settings.seed)
         return pad_batch([src[: self.src_len - 1] + [self.cfg.eos_id] if len(src) > self.src_len else src
                           for src in sources], self.cfg.pad_id)
 

@@ -47,37 +47,60 @@ def imported_source(manifest, checkpoint: Path | None, backends: tuple[str, ...]
     return hf_backends.require_source(source, checkpoint, wanted) if wanted else source
 
 
-def check_sources(cfg, task: str | None, source, samples: int, seed: int) -> tuple[np.ndarray, np.ndarray, str]:
-    """The sources every check decodes: the task's held-out ones or random ids; for an imported model the seeded ids
-    its import was judged on (no pad inside: CTranslate2's Marian vocabulary has none)."""
+def source_ids(cfg, task: str | None, source, samples: int, seed: int) -> tuple[list[list[int]], str]:
+    """(sources, their origin): the task's held-out ones or random ids; for an imported model the seeded ids its
+    import was judged on (no pad inside: CTranslate2's Marian vocabulary has none)."""
     from seq2trt.reference_model.hf_verify import seeded_sources
 
     from .reference import e2e_sources
 
     if source is None:
-        sources, origin = e2e_sources(cfg, task, samples, seed)
-    else:
-        sources, origin = seeded_sources(cfg, samples, seed), "seeded ids"
+        return e2e_sources(cfg, task, samples, seed)
+    return seeded_sources(cfg, samples, seed), "seeded ids"
+
+
+def check_sources(cfg, task: str | None, source, samples: int, seed: int) -> tuple[np.ndarray, np.ndarray, str]:
+    """`source_ids`, padded: what every check decodes."""
+    sources, origin = source_ids(cfg, task, source, samples, seed)
     return (*pad_batch(sources, cfg.pad_id), origin)
 
 
 def prepare(backends: tuple[str, ...], out: Path, reference, task: str | None, source, samples: int, seed: int,
-            max_new_tokens: int, progress: Callable[[str], None]) -> Prepared:
-    """Build and check every anchor among `backends` against the eager `reference` model."""
+            max_new_tokens: int, progress: Callable[[str], None], beam: tuple[int, float] | None = None) -> Prepared:
+    """Build and check every anchor among `backends` against the eager `reference` model; `beam` (K, length
+    penalty) for a beam bench, whose hf and optimum are checked on beam tokens too."""
     done = Prepared()
     ids, mask, origin = check_sources(reference.cfg, task, source, samples, seed)
+    want: dict = {}
     for name in backends:
         if name in HF_BACKENDS:
             from . import hf_backends
 
-            progress(f"preparing {name} and checking its greedy tokens")
-            check, build = hf_backends.prepare(name, source, out, reference, ids, mask, max_new_tokens)
+            progress(f"preparing {name} and checking its tokens")
+            want = want or _eager_outputs(reference, ids, mask, max_new_tokens, beam)
+            check, build = hf_backends.prepare(name, source, out, reference, ids, mask, max_new_tokens, want)
             done.checks[name] = {"sources": origin, **check}
             if build is not None:
                 done.builds[name] = build
         elif name.startswith("ct2"):
             _prepare_ct2(name, out, reference, source, ids, mask, origin, max_new_tokens, progress, done)
     return done
+
+
+def _eager_outputs(reference, ids: np.ndarray, mask: np.ndarray, max_new_tokens: int,
+                   beam: tuple[int, float] | None) -> dict:
+    """What hf and optimum must reproduce: the eager model's greedy (with logits) and, for a beam bench, beam
+    tokens (Hugging Face's beam search, early_stopping=True), the model's generation rules applied."""
+    from seq2trt.reference_model.decoding import DecodeSettings, hf_beam_search
+    from seq2trt.reference_model.eager import EagerStepModel
+
+    from .ct2_backend import eager_greedy
+
+    want = {"greedy": eager_greedy(reference, ids, mask, max_new_tokens)}
+    if beam is not None and beam[0] > 1:
+        settings = DecodeSettings.for_model(reference.cfg, max_new_tokens)
+        want["beam"] = (*beam, hf_beam_search(EagerStepModel(reference), ids, mask, settings, beam[0], beam[1], True))
+    return want
 
 
 def _prepare_ct2(name: str, out: Path, reference, source, ids, mask, origin: str, max_new_tokens: int,

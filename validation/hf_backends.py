@@ -8,8 +8,10 @@ these models run today, timed on the same work as our backends.
   ONNX Runtime's default graph optimizations, as a user of Optimum gets them.
 
 Both decode greedily and exactly `new_tokens` per source, as every bench backend does (`min_new_tokens` =
-`max_new_tokens`: eos cannot end a row), and both are checked before timing: with the model's own generation
-rules, their greedy tokens must equal our eager model's on seeded sources (a near-tie may differ).
+`max_new_tokens`: eos cannot end a row), or with `bench --search beam` run generate's own beam search (K beams, the
+length penalty, early_stopping=True: the semantics of our loops' `hf_beam_search`). Both are checked before timing:
+with the model's own generation rules, their greedy tokens must equal our eager model's on seeded sources (a
+near-tie may differ), and for a beam bench their beam tokens too.
 
 The source directory is the one import.json names; its weights must still hash as they did at import.
 """
@@ -150,15 +152,17 @@ def _torch(ids: np.ndarray, mask: np.ndarray):
     return torch.as_tensor(ids, dtype=torch.int64), torch.as_tensor(mask, dtype=torch.int64)
 
 
-def generate_tokens(model, input_ids: np.ndarray, attention_mask: np.ndarray, max_new_tokens: int,
-                    eos_id: int) -> list[list[int]]:
-    """Greedy `generate` with the model's own generation rules: each source's tokens after the start, without eos."""
+def generate_tokens(model, input_ids: np.ndarray, attention_mask: np.ndarray, max_new_tokens: int, eos_id: int,
+                    beam: int = 1, length_penalty: float = 1.0) -> list[list[int]]:
+    """`generate` with the model's own generation rules, greedy or `beam` beams (early_stopping=True): each source's
+    tokens after the start, without eos."""
     import torch
 
     ids, mask = _torch(input_ids, attention_mask)
+    beams = {} if beam == 1 else {"length_penalty": length_penalty, "early_stopping": True}
     with torch.inference_mode():
-        rows = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, num_beams=1,
-                              do_sample=False)[:, 1:].tolist()
+        rows = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, num_beams=beam,
+                              do_sample=False, **beams)[:, 1:].tolist()
     return [row[: row.index(eos_id)] if eos_id in row else row for row in rows]
 
 
@@ -207,6 +211,14 @@ class GenerateBackend:
                               "its time would not be comparable")
         return seconds, list(np.diff(marks.times))
 
+    def search(self, input_ids: np.ndarray, attention_mask: np.ndarray, settings, beam: int,
+               length_penalty: float) -> tuple[float, list[list[int]]]:
+        """`bench --search beam`: generate's own search, eos stops, at most `settings.max_new_tokens`."""
+        start = time.perf_counter()
+        outputs = generate_tokens(self.model, input_ids, attention_mask, settings.max_new_tokens, settings.eos_id,
+                                  beam, length_penalty)
+        return time.perf_counter() - start, outputs
+
     def encode_seconds(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> float:
         import torch
 
@@ -249,23 +261,40 @@ def open_backend(name: str, source: ImportedSource, out: Path, threads: int) -> 
 
 
 def prepare(name: str, source: ImportedSource, out: Path, reference, input_ids: np.ndarray,
-            attention_mask: np.ndarray, max_new_tokens: int) -> tuple[dict, dict | None]:
-    """Export (optimum) and check one backend before timing: its greedy tokens with the model's generation rules
-    against our eager `reference` model's on the same sources. Returns (the check, the build figures or None)."""
-    from .ct2_backend import compare_greedy, eager_greedy
+            attention_mask: np.ndarray, max_new_tokens: int, want: dict) -> tuple[dict, dict | None]:
+    """Export (optimum) and check one backend before timing against our eager `reference` model on the same
+    sources, with the model's generation rules. `want`: the eager model's outputs, {"greedy": eager_greedy(...)}
+    and, for a beam bench, {"beam": (K, length_penalty, tokens of hf_beam_search with early_stopping=True)}.
+    Greedy tokens must agree (near-ties aside), beam tokens exactly. Returns (the check, the build or None)."""
+    from .ct2_backend import compare_greedy
 
     build = export_optimum(source, Path(out) / OPTIMUM_DIR) if name == "optimum" else None
     backend = open_backend(name, source, out, threads=1)
+    eos = reference.cfg.eos_id
     try:
         backend.activate()
-        got = generate_tokens(backend.model, input_ids, attention_mask, max_new_tokens, reference.cfg.eos_id)
+        got = generate_tokens(backend.model, input_ids, attention_mask, max_new_tokens, eos)
+        if "beam" in want:
+            beam, length_penalty, beam_want = want["beam"]
+            beam_got = generate_tokens(backend.model, input_ids, attention_mask, max_new_tokens, eos, beam,
+                                       length_penalty)
     finally:
         backend.close()
-    comparison = compare_greedy(eager_greedy(reference, input_ids, attention_mask, max_new_tokens), got,
-                                reference.cfg.eos_id)
+    comparison = compare_greedy(want["greedy"], got, eos)
+    check = comparison.to_dict()
+    failures = []
     if not comparison:
         wrong = comparison.sequences - comparison.identical - comparison.ties
-        raise CheckFailed(f"{name} disagrees with the eager model on {wrong} of {comparison.sequences} greedy "
-                          "sequences: " + "; ".join(comparison.mismatches[:5]) + "; its timings would not be comparable")
+        failures.append(f"greedy: {wrong} of {comparison.sequences} sequences differ (" +
+                        "; ".join(comparison.mismatches[:5]) + ")")
+    if "beam" in want:
+        differ = [i for i, (a, b) in enumerate(zip(beam_want, beam_got)) if a != b]
+        check["beam"] = {"beam": beam, "length_penalty": length_penalty, "identical": len(beam_want) - len(differ),
+                         "sequences": len(beam_want), "mismatches": differ[:10]}
+        if differ:
+            failures.append(f"beam {beam}: sources {differ[:10]} differ from hf_beam_search")
+    if failures:
+        raise CheckFailed(f"{name} disagrees with the eager model: {'; '.join(failures)}; its timings would not be "
+                          "comparable")
     logger.debug("%s agrees with the eager model on %d sequences", name, comparison.sequences)
-    return comparison.to_dict(), build
+    return check, build

@@ -106,6 +106,26 @@ def test_every_reference_passed_its_check_before_timing(report):
 
 
 @pytest.mark.slow
+def test_beam_bench_checks_and_times_generate_beam_search(imported, tmp_path):
+    """--search beam: hf and optimum run generate's own beam search, checked first against hf_beam_search (which the
+    import proved equal to transformers' generate), then timed beside ours."""
+    import shutil
+
+    out = shutil.copytree(imported / "out", tmp_path / "out", ignore=shutil.ignore_patterns("reports"))
+    result = invoke("bench", out, "--backends", "ort-fused,hf,optimum", "--search", "beam", "--beam", 2,
+                    "--length-penalty", 0.8, "--batch-sizes", "1,2", "--repeats", 1, "--warmup", 0, "--new-tokens", 12)
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "reports" / "latency.json").read_text())
+    for name in ("hf", "optimum"):
+        beam = doc["checks"][name]["beam"]
+        assert beam["beam"] == 2 and beam["identical"] == beam["sequences"] == 40
+        for batch in ("1", "2"):
+            row = doc["results"]["1"][name][batch]
+            assert row["search"] == "beam" and row["beam"] == 2 and row["tokens_per_s"] > 0
+    assert doc["ratios"]["1"]["ort-fused"]["2"]["vs_optimum"] > 0
+
+
+@pytest.mark.slow
 def test_ct2_from_the_source_equals_transformers_generate(imported, tmp_path):
     """Judged by transformers: CTranslate2's own conversion of the source (its tokenizer's names) decodes as
     generate does, without the forced eos CTranslate2 lacks."""
