@@ -6,23 +6,46 @@ check); a traceback only with `--debug`. Ctrl-C exits 130 and, thanks to atomic 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import re
 import signal
 import sys
+import threading
 from importlib.metadata import PackageNotFoundError, version
+from typing import Iterator
 
-try:  # Ctrl-C while these load (the first fraction of a second) is an interruption, not a traceback
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Ctrl-C or SIGTERM while modules load (torch takes seconds) is acted on once they have loaded: raised inside
+    an import, it can leave a half-initialised module that then refuses to load again (numpy does), and ends in a
+    traceback. Nothing is written at that point, so the command just ends, with one line."""
+    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
+        yield
+        return
+    received: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+    if received:
+        terminated = signal.SIGTERM in received
+        sys.stderr.write(f"{'terminated' if terminated else 'interrupted'}: nothing was written\n")
+        sys.exit(143 if terminated else 130)
+
+
+with _signals_held():
     import click
     from rich.console import Console
     from rich.logging import RichHandler
     from rich.markup import escape
 
     from seq2trt.reference_model.errors import Seq2TrtError, Terminated
-except KeyboardInterrupt:
-    sys.stderr.write("interrupted: nothing was written\n")
-    sys.exit(130)
 
 err_console = Console(stderr=True)
 
@@ -100,9 +123,10 @@ COMMAND_MODULES = ("model_commands", "import_commands", "export_commands", "fuse
 def _register() -> None:
     if cli.commands:
         return
-    for name in COMMAND_MODULES:
-        for command in importlib.import_module(f"seq2trt.cli.{name}").COMMANDS:
-            cli.add_command(command)
+    with _signals_held():
+        for name in COMMAND_MODULES:
+            for command in importlib.import_module(f"seq2trt.cli.{name}").COMMANDS:
+                cli.add_command(command)
 
 
 def _terminate(signum, frame) -> None:
