@@ -274,6 +274,8 @@ def recover(out: Path) -> None:
     folder was complete), put back an old folder set aside, remove staging folders whose process is gone and
     lock files nobody holds. Every verb calls it on the directories it reads or writes; cheap when all is well."""
     out = Path(out)
+    if _swap_lock(out).absolute() in _held:  # this process is replacing `out` or writing into it: nothing to repair
+        return
     found = _leftovers(out)
     stale_partials = [p for p in found["partial"] if not _owner_alive(p)]
     if not (found["journal"] or found["old"] or stale_partials or found["lock"]):
@@ -411,9 +413,15 @@ def locked(path: Path, what: str = "output") -> Iterator[None]:
             os.close(fd)
             raise
         os.close(fd)
+    _held.add(path.absolute())
     try:
         yield
     finally:
+        _held.discard(path.absolute())
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         os.close(fd)
+
+
+# Lock files this process holds (`locked`): a second flock on one of them from the same thread would wait forever.
+_held: set[Path] = set()

@@ -251,3 +251,24 @@ def test_a_signal_while_starting_is_one_line(tmp_path, delay, sig, code):
     assert "Traceback" not in stderr, stderr
     assert proc.returncode in (code, -sig), (proc.returncode, stderr)
     assert not (tmp_path / "ck").exists()
+
+
+def test_reading_inside_a_write_guard_does_not_wait_for_itself(tmp_path):
+    """A reader writing its reports holds the directory's swap lock; reading the manifest there (recover) must not
+    wait on that lock (a second flock from the same process would wait forever)."""
+    import threading
+
+    from seq2trt.reference_model.io import replacements_paused
+
+    out = tmp_path / "art"
+    out.mkdir()
+    (tmp_path / ".art.lock").touch()  # something for recover to look at
+
+    def guarded():
+        with replacements_paused(out):
+            recover_tree(out)
+
+    worker = threading.Thread(target=guarded, daemon=True)
+    worker.start()
+    worker.join(timeout=20)
+    assert not worker.is_alive()
