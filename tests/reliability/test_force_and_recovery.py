@@ -272,3 +272,27 @@ def test_reading_inside_a_write_guard_does_not_wait_for_itself(tmp_path):
     worker.start()
     worker.join(timeout=20)
     assert not worker.is_alive()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "sigterm"])
+def test_export_force_killed_at_random_moments_never_loses_the_export(work, sig):
+    """The probe of issue 17: `export --force` killed at a random moment after it started staging. Afterwards the
+    export is whole (the old one or the new one, every file matching its manifest) once the next verb has run."""
+    import random
+
+    from seq2trt.exporters.manifest import verify
+
+    rng = random.Random(int.from_bytes(os.urandom(4), "little"))
+    for _ in range(3):
+        delay = rng.uniform(0, 4)
+        proc = seq2trt("export", work / "ckpt", "-o", work / "out", "--force")
+        deadline = time.monotonic() + 120
+        while not list(work.glob(".out.*.partial")) and proc.poll() is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(delay)
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=120)
+        assert "Traceback" not in stderr, (delay, stderr)
+        verify(work / "out")  # the next verb: repairs a half-done swap, then every file matches the manifest
+        assert hidden(work) == [], (delay, hidden(work))
