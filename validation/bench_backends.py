@@ -204,7 +204,8 @@ class Ct2Backend:
 
     def search(self, input_ids, attention_mask, settings, beam, length_penalty):
         """`bench --search beam`: CTranslate2's beam search, same beam size, length penalty (score / length **
-        penalty) and max length; eos stops (its own early exit: the search ends when the best beam has ended)."""
+        penalty) and max length; eos stops, and a source ends once `beam` hypotheses ended (its default patience 1), as
+        Hugging Face's early_stopping=True (the loops' and ort-generate's) ends it."""
         reply = self._ask({"op": "decode", "sources": self._sources(input_ids, attention_mask), "forced": False,
                            "new_tokens": settings.max_new_tokens, "step_times": False, "beam_size": beam,
                            "length_penalty": length_penalty})
