@@ -18,6 +18,18 @@ from seq2trt.reference_model.vocab import pad_batch
 Decode = Callable  # (step_model, ids, mask, settings) -> list of token lists
 
 
+def checkpoint_folder(out: Path, manifest, checkpoint: Path | None = None) -> Path:
+    """The folder holding an export's tokenizer and generation settings: the one given, else the one it was exported
+    from."""
+    recorded = (manifest.data.get("source") or {}).get("checkpoint")
+    return Path(checkpoint or recorded or out)
+
+
+def has_tokenizer(folder: Path) -> bool:
+    """Whether the checkpoint can turn text into ids (its vocab.json, or an imported Hugging Face tokenizer)."""
+    return (folder / "vocab.json").exists() or (folder / "tokenizer").is_dir()
+
+
 @contextlib.contextmanager
 def open_decoder(source: Path, backend: str, checkpoint: Path | None, threads: int):
     """(StepModel, config, checkpoint folder, (max_src_len, its name), max_batch or None) for a checkpoint or an
@@ -26,9 +38,7 @@ def open_decoder(source: Path, backend: str, checkpoint: Path | None, threads: i
         from .backends import open_step_model
 
         with open_step_model(source, backend, checkpoint, threads) as (model, manifest):
-            recorded = (manifest.data.get("source") or {}).get("checkpoint")
-            folder = Path(checkpoint or recorded or source)
-            yield (model, manifest.config, folder, (manifest.limits.max_src_len, "the export's max_src_len"),
+            yield (model, manifest.config, checkpoint_folder(source, manifest, checkpoint), (manifest.limits.max_src_len, "the export's max_src_len"),
                    manifest.limits.max_batch)
         return
     if backend != "eager":
@@ -41,16 +51,19 @@ def open_decoder(source: Path, backend: str, checkpoint: Path | None, threads: i
     yield EagerStepModel(model), model.cfg, source, (model.cfg.max_src_len, "the model's max_src_len"), None
 
 
-def check_sources(sources: Sequence[Sequence[int]], cfg, max_src_len: int, limit_name: str, origin: str) -> None:
-    """Refuse an empty source, one over the length limit, or ids outside the source vocabulary, naming which."""
+def check_sources(sources: Sequence[Sequence[int]], cfg, max_src_len: int, limit_name: str, origin: str,
+                  numbered: bool = True) -> None:
+    """Refuse an empty source, one over the length limit, or ids outside the source vocabulary, naming which
+    (`origin` and its number, or `origin` alone)."""
     for n, ids in enumerate(sources, 1):
+        where = f"{origin} {n}" if numbered else origin
         if not len(ids):
-            raise InputError(f"{origin} {n} is empty; give at least one token")
+            raise InputError(f"{where} is empty; give at least one token")
         if len(ids) > max_src_len:
-            raise InputError(f"{origin} {n} is {len(ids)} tokens, over {limit_name} {max_src_len}; shorten it")
+            raise InputError(f"{where} is {len(ids)} tokens, over {limit_name} {max_src_len}; shorten it")
         bad = [i for i in ids if not 0 <= i < cfg.src_vocab_size]
         if bad:
-            raise InputError(f"{origin} {n} holds ids outside the source vocabulary [0, {cfg.src_vocab_size}): "
+            raise InputError(f"{where} holds ids outside the source vocabulary [0, {cfg.src_vocab_size}): "
                              f"{bad[:5]}")
 
 
@@ -76,11 +89,12 @@ def choose_search(generation: dict | None, beam: int | None, alpha: float) -> tu
     return beams, lambda m, ids, mask, s: beam_search(m, ids, mask, s, beam_size=beams, alpha=alpha)
 
 
-def decode_settings(cfg, max_new_tokens: int | None, forced_bos_id: int | None = None) -> DecodeSettings:
+def decode_settings(cfg, max_new_tokens: int | None, forced_bos_id: int | None = None,
+                    name: str = "--max-new-tokens") -> DecodeSettings:
     """The model's settings; `max_new_tokens` checked against its decoder length; a language's forced first token."""
     limit = cfg.max_tgt_len - 1
     if max_new_tokens is not None and not 1 <= max_new_tokens <= limit:
-        raise InputError(f"--max-new-tokens must be in [1, {limit}], got {max_new_tokens}")
+        raise InputError(f"{name} must be in [1, {limit}], got {max_new_tokens}")
     settings = DecodeSettings.for_model(cfg, max_new_tokens)
     if forced_bos_id is not None:
         settings = dataclasses.replace(settings, forced_bos_id=forced_bos_id)

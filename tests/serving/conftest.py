@@ -1,0 +1,124 @@
+"""A tiny trained-by-nobody export (numbers task vocabularies, so `translate` has text) served by the real Triton
+server on free loopback ports, once for the folder; helpers to start more servers and to call them."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("pytriton", reason="the serve extra is not installed: pip install 'seq2trt[serve]'")
+pytest.importorskip("tritonclient.http", reason="the serve extra is not installed: pip install 'seq2trt[serve]'")
+
+MAX_BATCH, MAX_LEN = 16, 24
+
+
+def free_ports(n: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+class Server:
+    """`seq2trt serve` in a subprocess; `stop()` sends SIGTERM and returns the exit code."""
+
+    def __init__(self, out: Path, log: Path, *extra: str, timeout_s: float = 120):
+        self.http, self.grpc, self.metrics = free_ports(3)
+        command = [sys.executable, "-m", "seq2trt.cli.main", "serve", str(out), "--http-port", str(self.http),
+                   "--grpc-port", str(self.grpc), "--metrics-port", str(self.metrics), "--log", str(log), *extra]
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        ready = threading.Event()
+
+        def read():
+            for line in self.process.stdout:
+                self.lines.append(line)
+                if line.startswith("ready"):
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not ready.wait(timeout_s) or self.process.poll() is not None:
+            self.process.kill()
+            raise RuntimeError(f"server did not start: {''.join(self.lines)}\n{log.read_text() if log.exists() else ''}")
+        self.url = f"127.0.0.1:{self.http}"
+
+    def stop(self, timeout_s: float = 60) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout_s)
+
+
+@pytest.fixture(scope="package")
+def served(make_model, tmp_path_factory):
+    """(export dir, a running Server) for the package's tests."""
+    from seq2trt.exporters import spec
+    from seq2trt.exporters.fuse import Target, fuse_artifacts
+    from seq2trt.exporters.onnx_export import export
+    from seq2trt.reference_model.checkpoint import save_checkpoint, source_record
+    from seq2trt.reference_model.tasks import get_task
+
+    task = get_task("numbers")
+    model = make_model(seed=7, dtype=torch.float32, src_vocab_size=len(task.source_vocab),
+                       tgt_vocab_size=len(task.target_vocab), max_src_len=MAX_LEN, max_tgt_len=MAX_LEN)
+    root = tmp_path_factory.mktemp("serving")
+    ckpt = save_checkpoint(root / "ckpt", model, (task.source_vocab, task.target_vocab))
+    export(model, root / "out", limits=spec.Limits.for_model(model.cfg, MAX_BATCH), source=source_record(ckpt))
+    fuse_artifacts(root / "out", Target.ORT)
+    server = Server(root / "out", root / "server.log", "--max-queue-delay-us", "5000")
+    yield root / "out", server
+    assert server.stop() == 0, "".join(server.lines)
+
+
+def translate_ids(out: Path, sources: list[list[int]], *args: str) -> list[list[int]]:
+    """What `seq2trt translate OUT --backend ort-fused --ids-file` gives for `sources` (the independent reference)."""
+    import tempfile
+
+    from click.testing import CliRunner
+
+    from seq2trt.cli.main import cli
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ids_file, out_file = Path(tmp) / "ids.jsonl", Path(tmp) / "out.jsonl"
+        ids_file.write_text("".join(json.dumps(s) + "\n" for s in sources))
+        result = CliRunner().invoke(cli, ["translate", str(out), "--backend", "ort-fused", "--ids-file", str(ids_file),
+                                          "--output-ids", str(out_file), *args])
+        assert result.exit_code == 0, result.output
+        return [json.loads(line) for line in out_file.read_text().splitlines()]
+
+
+def generate_inputs(ids, max_new_tokens: int | None = None, num_beams: int | None = None, dtype=np.int64):
+    import tritonclient.http as http
+
+    array = np.asarray([ids], dtype=dtype)
+    inputs = [http.InferInput("input_ids", list(array.shape), http.np_to_triton_dtype(array.dtype))]
+    inputs[0].set_data_from_numpy(array)
+    for name, value in (("max_new_tokens", max_new_tokens), ("num_beams", num_beams)):
+        if value is not None:
+            inputs.append(http.InferInput(name, [1, 1], "INT32"))
+            inputs[-1].set_data_from_numpy(np.array([[value]], dtype=np.int32))
+    return inputs
+
+
+def text_inputs(text, **langs):
+    import tritonclient.http as http
+
+    inputs = []
+    for name, value in (("text", text), *langs.items()):
+        inputs.append(http.InferInput(name, [1, 1], "BYTES"))
+        inputs[-1].set_data_from_numpy(np.array([[value]], dtype=np.object_))
+    return inputs
+

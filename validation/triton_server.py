@@ -1,0 +1,232 @@
+"""`seq2trt serve`: the real Triton Inference Server that the `nvidia-pytriton` wheel bundles (2.51, Python backend),
+started on a model repository of Python-backend models (`generate`, and `translate` when the checkpoint has a
+tokenizer) whose code is `triton_model.TritonPythonModel`.
+
+Two facts of the bundled server (measured, see docs/DESIGN): the Python-backend stub must be the one for the running
+interpreter's version, and it loads `libpython3.X.so` through the dynamic loader — the running interpreter's
+LIBDIR goes first on LD_LIBRARY_PATH, else a system copy of another patch level fails model loading.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from seq2trt.reference_model.errors import DependencyError, Seq2TrtError
+
+logger = logging.getLogger(__name__)
+
+
+class ServerError(Seq2TrtError):
+    """The server did not start, or stopped with an error."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    out: Path
+    backend: str = "ort-fused"
+    checkpoint: Path | None = None
+    threads: int = 1
+    max_batch: int | None = None  # requests per server batch; None: the export's max_batch
+    max_queue_delay_us: int = 2000
+    instances: int = 1
+    alpha: float = 0.6
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+
+    def endpoints(self) -> dict[str, str]:
+        return {"http": f"http://{self.host}:{self.http_port}", "grpc": f"grpc://{self.host}:{self.grpc_port}",
+                "metrics": f"http://{self.host}:{self.metrics_port}/metrics"}
+
+
+def _pbtxt_value(value) -> str:
+    return json.dumps(value) if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def tensor_block(name: str, dtype: str, dims: list[int], **extra) -> str:
+    fields = [f"name: {json.dumps(name)}", f"data_type: {dtype}", f"dims: [ {', '.join(map(str, dims))} ]"]
+    fields += [f"{key}: {_pbtxt_value(value)}" for key, value in extra.items()]
+    return "  {\n    " + "\n    ".join(fields) + "\n  }"
+
+
+def model_config(name: str, inputs: list[str], outputs: list[str], max_batch: int, *, backend: str | None = None,
+                 platform: str | None = None, delay_us: int | None = None, instances: int = 1, kind: str = "KIND_CPU",
+                 parameters: dict[str, str] | None = None) -> str:
+    """A config.pbtxt in Triton's text format (parsed by its model-config protobuf, `ModelConfig`)."""
+    lines = [f"name: {json.dumps(name)}"]
+    lines += [f"backend: {json.dumps(backend)}"] if backend else []
+    lines += [f"platform: {json.dumps(platform)}"] if platform else []
+    lines.append(f"max_batch_size: {max_batch}")
+    lines.append("input [\n" + ",\n".join(inputs) + "\n]")
+    lines.append("output [\n" + ",\n".join(outputs) + "\n]")
+    if delay_us is not None:
+        lines.append(f"dynamic_batching {{\n  max_queue_delay_microseconds: {delay_us}\n}}")
+    lines.append(f"instance_group [\n  {{\n    count: {instances}\n    kind: {kind}\n  }}\n]")
+    for key, value in (parameters or {}).items():
+        lines.append(f"parameters {{\n  key: {json.dumps(key)}\n  value: {{ string_value: {json.dumps(value)} }}\n}}")
+    return "\n".join(lines) + "\n"
+
+
+def request_inputs(kind: str) -> list[str]:
+    """The served models' inputs: generate takes ids, translate text; both take the optional search limits."""
+    limits = [tensor_block("max_new_tokens", "TYPE_INT32", [1], optional=True),
+              tensor_block("num_beams", "TYPE_INT32", [1], optional=True)]
+    if kind == "generate":
+        return [tensor_block("input_ids", "TYPE_INT64", [-1], allow_ragged_batch=True)] + limits
+    return [tensor_block("text", "TYPE_STRING", [1]), tensor_block("src_lang", "TYPE_STRING", [1], optional=True),
+            tensor_block("tgt_lang", "TYPE_STRING", [1], optional=True)] + limits
+
+
+def request_outputs(kind: str) -> list[str]:
+    return [tensor_block("output_ids", "TYPE_INT64", [-1])] if kind == "generate" else \
+        [tensor_block("text", "TYPE_STRING", [1])]
+
+
+def write_python_model(repository: Path, kind: str, max_batch: int, delay_us: int, instances: int,
+                       parameters: dict[str, str], code: str) -> Path:
+    folder = repository / kind
+    (folder / "1").mkdir(parents=True, exist_ok=True)
+    (folder / "config.pbtxt").write_text(model_config(kind, request_inputs(kind), request_outputs(kind), max_batch,
+                                                      backend="python", delay_us=delay_us, instances=instances,
+                                                      parameters={"kind": kind, **parameters}))
+    (folder / "1" / "model.py").write_text(code)
+    return folder
+
+
+def write_local_repository(repository: Path, settings: ServeSettings, max_batch: int, text: bool) -> list[str]:
+    """The Python-backend models `serve` runs; returns their names."""
+    parameters = {"export": str(Path(settings.out).resolve()), "backend": settings.backend,
+                  "checkpoint": str(settings.checkpoint.resolve()) if settings.checkpoint else "",
+                  "threads": str(settings.threads), "alpha": repr(settings.alpha)}
+    code = '"""seq2trt serve: the decoding lives in the installed package."""\n' \
+           "from seq2trt.validation.triton_model import TritonPythonModel  # noqa: F401\n"
+    kinds = ["generate", "translate"] if text else ["generate"]
+    for kind in kinds:
+        write_python_model(repository, kind, max_batch, settings.max_queue_delay_us, settings.instances, parameters, code)
+    return kinds
+
+
+def bundled_server(workdir: Path) -> tuple[Path, Path, dict[str, str]]:
+    """(tritonserver binary, backend directory, environment) of the server the nvidia-pytriton wheel ships, with the
+    Python-backend stub of this interpreter's version copied in."""
+    try:
+        import pytriton
+    except ImportError:
+        raise DependencyError("seq2trt serve needs Triton Inference Server: pip install 'seq2trt[serve]' "
+                              "(nvidia-pytriton bundles the server; it needs numpy < 2)") from None
+    package = Path(pytriton.__file__).parent
+    dist = package / "tritonserver"
+    stub = dist / "python_backend_stubs" / f"{sys.version_info[0]}.{sys.version_info[1]}" / "triton_python_backend_stub"
+    if not stub.exists():
+        raise DependencyError(f"nvidia-pytriton has no Python-backend stub for Python "
+                              f"{sys.version_info[0]}.{sys.version_info[1]} ({stub} is missing)")
+    backends = workdir / "backends"
+    shutil.copytree(dist / "backends", backends, dirs_exist_ok=True)
+    shutil.copy(stub, backends / "python" / "triton_python_backend_stub")
+    env = dict(os.environ)
+    libs = [sysconfig.get_config_var("LIBDIR") or "", str(package.parent / "nvidia_pytriton.libs"),
+            env.get("LD_LIBRARY_PATH", "")]
+    env["LD_LIBRARY_PATH"] = ":".join(p for p in libs if p)
+    # The stub's embedded interpreter takes its prefix (and so this environment's packages) from PATH's python.
+    env["PATH"] = f"{Path(sys.exec_prefix) / 'bin'}:{env.get('PATH', '')}"
+    return dist / "bin" / "tritonserver", backends, env
+
+
+def server_command(binary: Path, repository: Path, backends: Path, settings: ServeSettings, exit_timeout_s: int) -> list[str]:
+    return [str(binary), f"--model-repository={repository}", f"--backend-directory={backends}",
+            f"--http-address={settings.host}", f"--grpc-address={settings.host}", f"--metrics-address={settings.host}",
+            f"--http-port={settings.http_port}", f"--grpc-port={settings.grpc_port}",
+            f"--metrics-port={settings.metrics_port}", "--allow-metrics=true", "--allow-gpu-metrics=false",
+            "--allow-cpu-metrics=true", "--strict-readiness=true", f"--exit-timeout-secs={exit_timeout_s}",
+            "--log-info=false", "--log-warning=false"]
+
+
+def wait_ready(url: str, process: subprocess.Popen, timeout_s: float, models: list[str]) -> None:
+    """Poll the server's readiness (every model loaded) until it answers 200, the process dies, or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ServerError(f"tritonserver exited with code {process.returncode} before it was ready; "
+                              "rerun with --debug for its log")
+        try:
+            ready = [urllib.request.urlopen(f"{url}/v2/models/{m}/ready", timeout=2).status == 200 for m in models]
+            if all(ready):
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise ServerError(f"tritonserver was not ready within {timeout_s:.0f} s")
+
+
+def served_models(settings: ServeSettings) -> tuple[int, bool]:
+    """(the export's max_batch, whether its checkpoint has a tokenizer), read from the verified manifest."""
+    from seq2trt.exporters import spec
+    from seq2trt.exporters.manifest import verify
+
+    from .decode_jobs import checkpoint_folder, has_tokenizer
+
+    manifest = verify(Path(settings.out), [kind.filename for kind in spec.GraphKind])
+    return manifest.limits.max_batch, has_tokenizer(checkpoint_folder(settings.out, manifest, settings.checkpoint))
+
+
+def serve(settings: ServeSettings, on_ready, ready_timeout_s: float = 300, exit_timeout_s: int = 60,
+          log: Path | None = None) -> int:
+    """Run Triton on `settings` until SIGINT/SIGTERM, then drain it: Triton refuses new requests, answers the ones in
+    flight (up to `exit_timeout_s`) and exits. Calls on_ready(models, endpoints) once every model is ready. Returns
+    the server's exit code (0 after a clean drain)."""
+    import tempfile
+
+    export_batch, text = served_models(settings)
+    max_batch = settings.max_batch or export_batch
+    stop = {"signal": None}
+    with tempfile.TemporaryDirectory(prefix="seq2trt-serve-") as tmp:
+        binary, backends, env = bundled_server(Path(tmp))
+        models = write_local_repository(Path(tmp) / "models", settings, max_batch, text)
+        command = server_command(binary, Path(tmp) / "models", backends, settings, exit_timeout_s)
+        logger.debug("starting %s", " ".join(command))
+        with open(log or os.devnull, "ab") as sink:
+            # Its own session: a terminal's Ctrl-C reaches only us, and we pass one SIGTERM on.
+            process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+
+            def forward(signum, _frame):
+                stop["signal"] = signum
+                if process.poll() is None:
+                    process.send_signal(signal.SIGTERM)
+
+            previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                try:
+                    wait_ready(settings.endpoints()["http"], process, ready_timeout_s, models)
+                    ready = True
+                except ServerError:
+                    if stop["signal"] is None:
+                        raise
+                    ready = False  # stopped while loading
+                if ready and stop["signal"] is None:
+                    on_ready(models, settings.endpoints())
+                code = process.wait()
+            except BaseException:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+                raise
+            finally:
+                for s, handler in previous.items():
+                    signal.signal(s, handler)
+    if stop["signal"] is None:
+        raise ServerError(f"tritonserver stopped by itself with code {code}" + (f"; its log: {log}" if log else ""))
+    return code
