@@ -168,6 +168,16 @@ def verify_engines(engine_dir: Path) -> dict:
     info = read_build(engine_dir)
     plugin = info.get("plugin", {}).get("used", True) if isinstance(info.get("plugin"), dict) else True
     sources = source_graphs(out, bool(plugin))
+    exported = manifest_mod.read_manifest(out)
+    try:  # the runners size their checks by these: they must be what a build of this export can have written
+        limits = spec.Limits(**info["limits"])
+        _check_limits(limits, exported.limits, out)
+        if info["dtype"] != exported.dtype:
+            raise InputError(f"dtype {info['dtype']!r}, the export's is {exported.dtype!r}")
+    except (KeyError, TypeError, ValueError) as exc:  # InputError and ConfigError are ValueErrors
+        why = f"it lacks {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise ArtifactError(f"{engine_dir / BUILD_JSON} does not fit the export it sits in ({why}); rebuild with "
+                            f"`seq2trt build {out} --force`") from None
     stale = [kind.value for kind, (_path, digest) in sources.items()
              if not isinstance(info["graphs"].get(kind.value), dict)
              or info["graphs"][kind.value].get("source_sha256") != digest]

@@ -128,10 +128,10 @@ def refuse_existing(out: Path, force: bool = False, what: str = "output", kind: 
     if not force:
         raise ArtifactError(f"{what} directory {out} already exists; pass --force to replace it")
     if kind is not None and not _is_kind(out, kind):
-        marker = kind if isinstance(kind, str) else f"a seq2trt {what}"
+        marker = kind if isinstance(kind, str) else f"{what} files"
         names = sorted(p.name for p in out.iterdir())
         raise ArtifactError(f"{what} directory {out} is not a seq2trt {what} (no {marker} in it; it holds "
-                            f"{_short(names)}); --force only replaces a {what} written by seq2trt; choose another "
+                            f"{_short(names)}); --force only replaces what seq2trt wrote there; choose another "
                             "folder, or remove this one yourself if it really should go")
 
 

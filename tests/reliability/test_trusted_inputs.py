@@ -139,6 +139,19 @@ def test_report_refuses_engines_built_from_other_graphs(work):
     one_error_line(invoke("report", work / "out"), 2, "not built from the graphs of", "seq2trt build")
 
 
+@pytest.mark.parametrize("edit, fragment", [
+    (lambda info: info["limits"].update(max_batch=100000), "--max-batch 100000 (the export's max_batch is 4)"),
+    (lambda info: info.update(dtype="fp16"), "dtype 'fp16', the export's is 'fp32'"),
+    (lambda info: info.pop("limits"), "it lacks 'limits'"),
+], ids=["limits", "dtype", "no-limits"])
+def test_report_refuses_an_edited_build_json(work, edit, fragment):
+    record = fake_engines(work / "out") / "build.json"
+    info = json.loads(record.read_text())
+    edit(info)
+    record.write_text(json.dumps(info))
+    one_error_line(invoke("report", work / "out"), 2, "build.json does not fit the export", fragment)
+
+
 def test_the_tensorrt_runner_checks_source_sha256_too(work):
     from seq2trt.exporters import spec
     from seq2trt.validation.trt_runner import runner_for
