@@ -89,7 +89,7 @@ def validate(out: Path, backend: str, graphs: str, samples: int, beam_size: int,
         f"sequence_match {e2e['sequence_match']:.6f}, max_logit_abs_err {e2e['max_logit_abs_err']:.3g}"
         + (f", {m['name']} {m['candidate']:.4f} (eager {m['reference']:.4f})" if (m := e2e.get("task_metric")) else ""))
     click.echo(f"parity passed ({doc['cases']} graph cases{summary}) in {time.perf_counter() - start:.0f} s; "
-               f"report in {out}/reports/parity.md")
+               f"report in {out}/reports/{doc.get('report', 'parity.md')}")
 
 
 COMMANDS = [export, validate]
