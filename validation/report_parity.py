@@ -28,6 +28,14 @@ def markdown(doc: dict) -> str:
             a = e2e[name]
             lines.append(f"| {name}{'' if name == 'greedy' else ' ' + str(e2e['beam_size'])} | "
                          f"{a['token_agreement']:.6f} | {a['sequence_match']:.6f} | {a['first_divergent_step']} |")
+        ties = e2e["greedy"].get("near_ties") or 0  # parity.json files from before near-ties have none
+        if ties:
+            shown = ", ".join(f"sample {t['sample']} step {t['step']} margin {t['eager_margin']:.3g}"
+                              for t in e2e["greedy"]["near_tie_examples"][:5])
+            lines += ["", f"Greedy near-ties: {ties} divergence(s) where the eager top-1 / top-2 margin is within "
+                          f"twice the measured logit error ({shown}); judged without them: token agreement "
+                          f"{e2e['greedy']['judged_token_agreement']:.6f}, sequence match "
+                          f"{e2e['greedy']['judged_sequence_match']:.6f}"]
         metric = e2e.get("task_metric")
         if metric:
             lines += ["", f"{metric['name']} (greedy): {metric['candidate']:.4f} on these graphs, "
