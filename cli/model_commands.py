@@ -116,7 +116,7 @@ def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path
         sources = [codec.encode(t) for t in texts] if texts else _read_ids_file(ids_file)
         check_sources(sources, cfg, *src_limit, "source" if texts else f"{ids_file} line")
         beams, decode = choose_search(generation_config(folder), beam, alpha)
-        if backend == "ort-generate":  # the search runs inside the graph (Hugging Face's, --alpha its length_penalty)
+        if backend.startswith("ort-generate"):  # the search runs inside the graph (Hugging Face's, --alpha its length_penalty)
             from seq2trt.validation.generate_backend import generate_search, read_generation
 
             decode = generate_search(read_generation(folder), beams, alpha)

@@ -64,8 +64,22 @@ RUNTIME_INPUTS = ("input_ids", "max_length", "min_length", "num_beams", "num_ret
 CONSTANT_INPUTS = {"num_return_sequences": np.array([1], np.int32), "repetition_penalty": np.array([1.0], np.float32)}
 
 
-def generate_dir(out: Path) -> Path:
-    return Path(out) / "generate" / "ort"
+def generate_dir(out: Path, int8: bool = False) -> Path:
+    """OUT/generate/ort (from the fused ORT graphs) or OUT/generate/ort-int8 (from the int8 graphs of `quantize`)."""
+    return Path(out) / "generate" / ("ort-int8" if int8 else "ort")
+
+
+def _source_graphs(out: Path, int8: bool, manifest: Manifest | None) -> tuple[Path, dict, str]:
+    """(folder, its checked record, the command that remakes it) of the graphs generate.onnx is built from."""
+    from .quantize import quantized_dir, verify_quantized
+
+    if int8:
+        return quantized_dir(out), verify_quantized(out, manifest), f"seq2trt quantize {out}"
+    fusion = verify_fused(out, Target.ORT, manifest)
+    if not fusion.get("complete"):
+        raise InputError(f"{fused_dir(out, Target.ORT)} is a partial fusion; re-run `seq2trt fuse {out} --target ort "
+                         "--force`")
+    return fused_dir(out, Target.ORT), fusion, f"seq2trt fuse {out} --target ort"
 
 
 def ort_kv_name(name: str) -> str:
@@ -221,16 +235,14 @@ def build_generate(encoder: onnx.ModelProto, decoder: onnx.ModelProto, cfg: Seq2
     return model
 
 
-def generate_artifacts(out: Path, force: bool = False) -> dict:
-    """Write out/generate/ort/generate.onnx and generate.json from the checked fused ORT graphs; returns the record."""
+def generate_artifacts(out: Path, force: bool = False, int8: bool = False) -> dict:
+    """Write generate.onnx and generate.json into `generate_dir(out, int8)` from the checked fused ORT graphs (or the
+    int8 graphs); returns the record."""
     import onnxruntime
 
     out = Path(out)
     manifest = verify(out, [kind.filename for kind in spec.GraphKind])
-    folder = fused_dir(out, Target.ORT)
-    fusion = verify_fused(out, Target.ORT, manifest)
-    if not fusion.get("complete"):
-        raise InputError(f"{folder} is a partial fusion; re-run `seq2trt fuse {out} --target ort --force`")
+    folder, fusion, _ = _source_graphs(out, int8, manifest)
     cfg = manifest.config
     graphs = {kind: load_graph(folder / kind.filename, cfg, kind, manifest.dtype) for kind in spec.GraphKind}
     model = build_generate(graphs[spec.GraphKind.ENCODER], graphs[spec.GraphKind.DECODER], cfg, manifest.dtype)
@@ -240,24 +252,24 @@ def generate_artifacts(out: Path, force: bool = False) -> dict:
                             "eos_id": cfg.eos_id, "pad_token_id": cfg.eos_id, "decoder_start_token_id": cfg.bos_id,
                             "forced_bos_id": cfg.forced_bos_id, "forced_eos": cfg.forced_eos,
                             "suppress_ids": list(cfg.suppress_ids)},
-              "max_rows": manifest.limits.max_batch, "max_length": manifest.limits.max_tgt_len,
+              "graphs": "int8" if int8 else "fused", "max_rows": manifest.limits.max_batch, "max_length": manifest.limits.max_tgt_len,
               "sources": {kind.filename: fusion["files"][kind.filename]["sha256"] for kind in spec.GraphKind}}
-    with staged_directory(generate_dir(out), force, "generation graph") as tmp:
+    with staged_directory(generate_dir(out, int8), force, "generation graph") as tmp:
         onnx.save(model, tmp / FILENAME)
         record["files"] = {FILENAME: {"sha256": sha256_file(tmp / FILENAME)}}
         atomic_write_text(tmp / GENERATE_JSON, json.dumps(record, indent=2) + "\n")
     return record
 
 
-def verify_generate(out: Path, manifest: Manifest | None = None) -> dict:
-    """Check generate.onnx against generate.json, and that it was built from the current fused graphs (and those
-    from the current export); returns the record. Anything missing, modified or stale is an ArtifactError."""
+def verify_generate(out: Path, manifest: Manifest | None = None, int8: bool = False) -> dict:
+    """Check generate.onnx against generate.json, and that it was built from the current fused (or int8) graphs (and
+    those from the current export); returns the record. Anything missing, modified or stale is an ArtifactError."""
     out = Path(out)
-    folder, fix = generate_dir(out), f"seq2trt generate {out}"
+    folder, fix = generate_dir(out, int8), f"seq2trt generate {out}" + (" --int8" if int8 else "")
     path = folder / GENERATE_JSON
     if not path.exists():
         raise ArtifactError(f"{path} not found; run `{fix}` first")
-    fusion = verify_fused(out, Target.ORT, manifest)
+    _, fusion, _ = _source_graphs(out, int8, manifest)
     try:
         record = json.loads(path.read_text())
         recorded, sources = record["files"][FILENAME]["sha256"], dict(record["sources"])
@@ -270,7 +282,8 @@ def verify_generate(out: Path, manifest: Manifest | None = None) -> dict:
         problems.append(f"{FILENAME} does not match its sha256 in {GENERATE_JSON} (modified since it was written)")
     stale = [k.filename for k in spec.GraphKind if sources.get(k.filename) != fusion["files"][k.filename]["sha256"]]
     if stale:
-        problems.append(f"it was built from older fused graphs ({', '.join(stale)} changed since)")
+        problems.append(f"it was built from older {'int8' if int8 else 'fused'} graphs ({', '.join(stale)} changed "
+                        "since)")
     if problems:
         raise ArtifactError(f"{folder} failed its check: " + "; ".join(problems) + f"; re-run `{fix} --force`")
     return record

@@ -13,7 +13,8 @@ from seq2trt.exporters import spec
 from seq2trt.exporters.manifest import Manifest, verify
 from seq2trt.reference_model.errors import InputError
 
-DECODE_BACKENDS = ("eager", "ort", "ort-fused", "ort-int8", "tensorrt", "tensorrt-rtx", "ort-generate")
+DECODE_BACKENDS = ("eager", "ort", "ort-fused", "ort-int8", "tensorrt", "tensorrt-rtx", "ort-generate",
+                   "ort-generate-int8")
 ENGINE_BACKENDS = ("tensorrt", "tensorrt-rtx")
 
 
@@ -47,10 +48,10 @@ def open_step_model(out: Path, backend: str, checkpoint: Path | None = None, thr
         model, _ = load_reference(manifest, checkpoint)
         yield EagerStepModel(model), manifest
         return
-    if backend == "ort-generate":  # the whole search in one session run: not a StepModel (generate_backend)
+    if backend.startswith("ort-generate"):  # the whole search in one session run: not a StepModel (generate_backend)
         from .generate_backend import GenerateModel
 
-        with GenerateModel(out, manifest, threads) as generate:
+        with GenerateModel(out, manifest, threads, int8=backend == "ort-generate-int8") as generate:
             yield generate, manifest
         return
     from .adapter import RunnerStepModel

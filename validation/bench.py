@@ -27,7 +27,8 @@ same sources, batch sizes, new tokens and threads, each checked against the eage
 `eager` is the reference model on the CPU, `eager-cuda` the same model on a CUDA device (the GPU baseline).
 ORT backends: `ort` the export, `ort-fused` OUT/fused/ort (`seq2trt fuse --target ort`), `ort-int8`
 OUT/quantized/ort-int8 (`seq2trt quantize`, run at ONNX Runtime's extended level), `ort-generate`
-OUT/generate/ort/generate.onnx (`seq2trt generate`: the whole search in one session run, bench_generate.py).
+OUT/generate/ort/generate.onnx (`seq2trt generate`: the whole search in one session run, bench_generate.py),
+`ort-generate-int8` the same around the int8 graphs (`seq2trt generate --int8`).
 
 `--search beam --beam K` times a real beam search instead (rows carry `search`/`beam`; settings too): the task's
 held-out sources, eos stops, at most `new_tokens`, Hugging Face's length penalty with early_stopping=True for the
@@ -60,7 +61,7 @@ from .bench_prepare import HF_BACKENDS
 logger = logging.getLogger(__name__)
 
 KNOWN_BACKENDS = ("eager", "eager-cuda", "ort", "ort-fused", "ort-int8", "tensorrt", "tensorrt-rtx", "ct2", "ct2-int8",
-                  "hf", "optimum", "ort-generate")
+                  "hf", "optimum", "ort-generate", "ort-generate-int8")
 SEARCHES = ("greedy", "beam")
 GPU_BACKENDS = ("tensorrt", "tensorrt-rtx")  # TensorRT engines; eager-cuda is the eager model on a CUDA device
 REFERENCES = ("eager", "eager-cuda", "hf", "optimum", "ct2", "ct2-int8")  # each gets a vs_<name> ratio when it ran
@@ -99,7 +100,7 @@ class BenchSettings:
     check_samples: int = 40  # sources of each anchor's agreement check (ct2, hf, optimum)
     seed: int = 0
     # --search beam: a real search on the task's held-out sources (eos stops; Hugging Face's length penalty,
-    # early_stopping=True: ort-generate's semantics; CTranslate2's own early exit), timed per batch.
+    # early_stopping=True: ort-generate's semantics; CTranslate2 stops at beam finished hypotheses too), timed per batch.
     search: str = "greedy"
     beam: int = 4
     length_penalty: float = 0.6
@@ -157,7 +158,8 @@ def available_backends(out: Path) -> tuple[str, ...]:
 
     from seq2trt.exporters.generate import generate_dir
 
-    derived = {"ort-fused": fused_dir(out, Target.ORT), "ort-int8": quantized_dir(out), "ort-generate": generate_dir(out)}
+    derived = {"ort-fused": fused_dir(out, Target.ORT), "ort-int8": quantized_dir(out), "ort-generate": generate_dir(out),
+               "ort-generate-int8": generate_dir(out, int8=True)}
     try:
         checkpoint = json.loads((Path(out) / "manifest.json").read_text())["source"]["checkpoint"]
         imported = (Path(checkpoint) / IMPORT_RECORD).is_file()
@@ -246,10 +248,10 @@ class Bench:
             info = self.ct2_models[name]
             used = 1 if name == "ct2-int8" else threads
             return bb.Ct2Backend(name, info["dir"], info["source_tokens"], used, info["compute_type"])
-        if name == "ort-generate":
+        if name.startswith("ort-generate"):
             from .bench_generate import GenerateBackend
 
-            return GenerateBackend(self.out, self.manifest, threads)
+            return GenerateBackend(self.out, self.manifest, threads, int8=name == "ort-generate-int8")
         if name in HF_BACKENDS:
             from .hf_backends import open_backend
 

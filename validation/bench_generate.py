@@ -1,4 +1,4 @@
-"""`seq2trt bench` backend `ort-generate`: generate.onnx (ONNX Runtime's BeamSearch, the whole search in one session
+"""`seq2trt bench` backends `ort-generate` and `ort-generate-int8` (`seq2trt generate --int8`): generate.onnx (ONNX Runtime's BeamSearch, the whole search in one session
 run) behind bench's timing interface (bench_backends). Greedy runs are forced-length like every backend's (eos
 masked until `new_tokens` by BeamSearch's min_length); beam runs search for real (eos stops a hypothesis).
 It has no separate encoder or step call: those curves are not timed for it.
@@ -19,11 +19,11 @@ from .bench_backends import peak_rss_mb, settle
 class GenerateBackend:
     scope = "process"
 
-    def __init__(self, out: Path, manifest, threads: int):
+    def __init__(self, out: Path, manifest, threads: int, int8: bool = False):
         from .generate_backend import GenerateModel
 
-        self.name, self.threads, self.cfg = "ort-generate", threads, manifest.config
-        self.model = GenerateModel(out, manifest, threads).__enter__()
+        self.name, self.threads, self.cfg = "ort-generate-int8" if int8 else "ort-generate", threads, manifest.config
+        self.model = GenerateModel(out, manifest, threads, int8).__enter__()
 
     def activate(self) -> None:
         settle(self.threads)

@@ -28,9 +28,9 @@ logger = logging.getLogger(__name__)
 class GenerateModel:
     """generate.onnx of an export (checked against generate.json), in one ONNX Runtime session."""
 
-    def __init__(self, out: Path, manifest: Manifest, threads: int = 1):
-        self.record = verify_generate(out, manifest)
-        self.path, self.cfg, self.limits, self.threads = generate_dir(out) / FILENAME, manifest.config, manifest.limits, threads
+    def __init__(self, out: Path, manifest: Manifest, threads: int = 1, int8: bool = False):
+        self.record = verify_generate(out, manifest, int8)
+        self.path, self.cfg, self.limits, self.threads = generate_dir(out, int8) / FILENAME, manifest.config, manifest.limits, threads
         self.session = None
         self.last_inference_time: float | None = None
 

@@ -146,3 +146,23 @@ def test_generate_equals_the_eager_search_on_the_demo_model(demo_checkpoint, tmp
     settings = DecodeSettings.for_model(model.cfg, 63)
     want, got = _compare(model, out, sources, settings, beams, 0.6, rows=32 // beams)
     assert got == want
+
+
+def test_int8_generation_graph_is_the_search_over_the_int8_graphs(make_model, tmp_path):
+    """generate --int8 wraps quantized/ort-int8: judged by the Python loops over those same int8 graphs."""
+    from seq2trt.exporters.quantize import quantize_artifacts, quantized_dir
+    from seq2trt.validation.backends import open_step_model
+
+    model = make_model(seed=4, dtype=torch.float32)
+    out = _build(model, tmp_path / "out")
+    quantize_artifacts(out)
+    generate_artifacts(out, int8=True)
+    settings = DecodeSettings.for_model(model.cfg, 16)
+    ids, mask = pad_batch(_sources(model.cfg, 4, seed=3), model.cfg.pad_id)
+    with open_step_model(out, "ort-int8") as (loop, manifest), GenerateModel(out, manifest, int8=True) as generate:
+        assert generate.decode(ids, mask, settings, 1) == greedy_decode(loop, ids, mask, settings)
+        assert generate.decode(ids, mask, settings, 4, 0.0) == hf_beam_search(loop, ids, mask, settings, 4, 0.0, True)
+    quantize_artifacts(out, force=True)  # new int8 files (a new sha256 only if they differ): still checked
+    (quantized_dir(out) / "decoder.onnx").write_bytes((quantized_dir(out) / "decoder.onnx").read_bytes() + b"\0")
+    with pytest.raises(ArtifactError, match="seq2trt quantize"):
+        verify_generate(out, int8=True)
