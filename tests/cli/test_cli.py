@@ -23,7 +23,10 @@ def assert_clean_error(proc: subprocess.CompletedProcess, code: int, *fragments:
 
 
 def test_help_and_version():
-    assert "export" in run("--help").stdout or "train" in run("--help").stdout
+    listed = run("--help").stdout.split("Commands:")[1]
+    names = {line.split()[0] for line in listed.splitlines() if line.strip()}
+    # every verb of the design's pipeline (DESIGN.md), and translate, has its line
+    assert {"export", "fuse", "build", "validate", "bench", "report", "demo", "train", "translate"} <= names, names
     version = run("--version")
     assert version.returncode == 0 and "seq2trt" in version.stdout
 
@@ -61,7 +64,9 @@ def test_bad_input_is_one_line_and_exit_2(checkpoint, tmp_path, args, fragments)
 
 def test_debug_shows_the_traceback(checkpoint):
     proc = run("--debug", "translate", str(checkpoint), "12a")
+    last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode != 0 and "Traceback" in proc.stderr
+    assert "InputError" in last and "outside the vocabulary" in last, proc.stderr[-1000:]  # the error itself, raised
 
 
 def test_train_tiny_writes_checkpoint_and_metrics(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import subprocess
 
+import numpy as np
 import onnx
 import pytest
 import torch
@@ -189,13 +190,39 @@ def test_manifest_detects_tampering(exports, tmp_path):
         verify(copy)
 
 
-def test_polygraphy_runs_the_decoder(exports, model):
+@pytest.mark.parametrize("broken", [False, True], ids=["clean", "cross-scale-x1.1"])
+def test_polygraphy_compares_the_decoder_with_eager(exports, model, tmp_path, broken):
+    """polygraphy run with two result sets: ONNX Runtime, and the float64 eager model's outputs (--load-outputs) on
+    the same inputs (--load-inputs), compared at the fp32 target; a decoder with a wrong scale must FAIL."""
+    from polygraphy.comparator import RunResults
+    from polygraphy.json import save_json
+
     out, dtype = exports("fp32")
-    cfg = model.cfg
-    shapes = " ".join(f"{s.name}:[2,{cfg.num_heads},{0 if '.decoder.' in s.name else 5},{cfg.head_dim}]"
-                      for s in spec.inputs(cfg, spec.GraphKind.DECODER)[2:])
-    cmd = (f"polygraphy run {out / 'decoder.onnx'} --onnxrt --val-range input_ids:[3,{cfg.tgt_vocab_size - 1}] "
-           f"encoder_attention_mask:[1,1] --input-shapes input_ids:[2,1] encoder_attention_mask:[2,5] {shapes}")
+    cfg, rng = model.cfg, np.random.default_rng(0)
+    path = out / "decoder.onnx"
+    if broken:
+        proto = onnx.load(path)
+        node = next(n for n in proto.graph.node if n.op_type == "CrossAttention")
+        next(a for a in node.attribute if a.name == "scale").f *= 1.1
+        path = tmp_path / "decoder.onnx"
+        onnx.save(proto, path)
+    feed = {"input_ids": rng.integers(3, cfg.tgt_vocab_size, (2, 1)),
+            "encoder_attention_mask": np.array([[1] * 5, [1, 1, 1, 0, 0]], np.int64)}
+    for s in spec.inputs(cfg, spec.GraphKind.DECODER)[2:]:
+        length = 5 if spec.parse_kv_name(s.name).side == "encoder" else 3
+        feed[s.name] = rng.standard_normal((2, cfg.num_heads, length, cfg.head_dim)).astype(np.float32)
+    with EagerRunner(_double(model), spec.GraphKind.DECODER) as eager:
+        want = {k: v.astype(np.float32) for k, v in eager.infer(feed).items()}
+    save_json([feed], tmp_path / "inputs.json")
+    results = RunResults()
+    results.add([want], runner_name="eager-float64")
+    results.save(str(tmp_path / "eager.json"))
+    cmd = (f"polygraphy run {path} --onnxrt --load-inputs {tmp_path / 'inputs.json'} "
+           f"--load-outputs {tmp_path / 'eager.json'} --atol 1e-4 --rtol 1e-4")
     done = subprocess.run(cmd.split(), capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "PASSED" in done.stdout + done.stderr
+    log = done.stdout + done.stderr
+    assert "eager-float64" in log and "logits" in log, log[-2000:]  # a comparison ran, against the eager outputs
+    if broken:
+        assert done.returncode != 0 and "FAILED" in log, log[-2000:]
+    else:
+        assert done.returncode == 0 and "PASSED" in log, log[-2000:]

@@ -7,6 +7,7 @@ tests build genuine plans; only running them needs a GPU (tests/validation).
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import onnx
 import pytest
@@ -216,7 +217,12 @@ def test_cli_build(export_dir):
     out, dtype, _ = export_dir
     result = CliRunner().invoke(cli, ["build", str(out), "--target", "sm_80", "--max-batch", "2", "--force"])
     assert result.exit_code == 0, result.output
-    assert (out / "engines" / f"tensorrt-rtx-sm_80-{dtype}" / "decoder.plan").exists()
+    engine_dir = out / "engines" / f"tensorrt-rtx-sm_80-{dtype}"
+    assert (engine_dir / "decoder.plan").exists()
+    info = json.loads((engine_dir / "build.json").read_text())
+    assert info["limits"]["max_batch"] == 2  # --max-batch 2 reached the profiles: every max shape has batch 2
+    for graph in info["graphs"].values():
+        assert {shapes[2][0] for shapes in graph["profiles"].values()} == {2}, graph["profiles"]
     bad = CliRunner().invoke(cli, ["build", str(out), "--target", "sm_90"])
     assert bad.exit_code == 2 and "cannot target sm_90" in bad.output
     if importlib.util.find_spec("tensorrt") is None:  # enterprise TensorRT: a clear error naming the extra

@@ -331,6 +331,37 @@ def test_enqueue_launches_the_planned_kernels(trt, tmp_path, kind):
     out_desc = [desc(s, trt.float16) for s in output_shapes(attrs, in_shapes)]
     plugin.enqueue(in_desc, out_desc, inputs, outputs, workspace, stream)
 
+    # Written from the kernels' contract, not from launch_plan (which the plugin calls, so it cannot judge itself):
+    # which kernels, how many programs, which tensors in which order, the scale.
+    families = {AttentionKind.ENCODER_SELF: ["attn_fwd"], AttentionKind.DECODER_SELF: ["attn_decode_split",
+                                                                                         "attn_decode_reduce"],
+                AttentionKind.CROSS: ["attn_decode_split", "attn_decode_reduce"]}[kind]
+    assert [e.kernel.split("-")[0] for e in expected] == families
+    assert all("-fp16-" in e.kernel and "HEAD_DIM32" in e.kernel for e in expected)
+    main = expected[0]
+    flags = {AttentionKind.ENCODER_SELF: ("HAS_MASK1", "IS_CAUSAL0"), AttentionKind.DECODER_SELF: ("APPEND1", "HAS_MASK0"),
+             AttentionKind.CROSS: ("APPEND0", "HAS_MASK1")}[kind]
+    assert all(f in main.kernel for f in flags), main.kernel
+    queries = in_shapes[0][1]
+    assert main.grid[1] == B * attrs.num_heads  # one program row per (batch, head)
+    if kind is AttentionKind.ENCODER_SELF:
+        assert main.grid[0] * 64 >= queries  # BLOCK_M 64 query rows per program cover every query
+    else:
+        assert expected[1].grid[0] == B * attrs.num_heads * queries  # the reduce: one program per query row
+    pointers = [a.value for a in main.args if type(a).__name__ == "c_void_p" and a.value is not None]
+    order = {AttentionKind.ENCODER_SELF: ["query", "key", "value", "key_padding_mask"],  # the kernels' signatures
+             AttentionKind.DECODER_SELF: ["query", "past_key", "past_value", "query", "key", "value"],  # no mask: the
+             # mask slot holds any valid pointer (the query's)
+             AttentionKind.CROSS: ["query", "cross_key", "cross_value", "key_padding_mask"]}[kind]
+    by_name = dict(zip(INPUTS[kind], inputs))
+    assert pointers[:len(order)] == [by_name[n] for n in order]
+    assert outputs[0] in [a.value for e in expected for a in e.args]
+    assert [a.value for a in main.args if type(a).__name__ == "c_float"] == [pytest.approx(32 ** -0.5, rel=1e-7)]
+    ints = [a.value for a in main.args if type(a).__name__ == "c_int"]
+    # query strides of (B, T, heads * head_dim): batch T*64, then token 64 and head 32 (the decode kernels take one
+    # query token: batch and head only)
+    assert ints[:3] == ([queries * 64, 64, 32] if kind is AttentionKind.ENCODER_SELF else [queries * 64, 32, ints[2]])
+
     assert len(driver.launches) == len(expected) > 0
     for got, want in zip(driver.launches, expected):
         assert got["function"][1] == launcher.images[want.kernel].function.encode()

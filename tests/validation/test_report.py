@@ -76,3 +76,87 @@ def test_latency_builds_are_a_table():
     text = bench_report.markdown(doc, {})
     assert "| tensorrt-rtx-sm_86-fp32 | encoder.plan | 0.69 | 13.1 |" in text
     assert "| ct2 conversion | model.bin | 1.50 | 2.0 |" in text and "```" not in text
+
+
+# --- `seq2trt report` on a real artifact: its tables hold the records' values, its verdicts follow them ------------
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def reported(make_model, tmp_path_factory):
+    """A tiny numbers model exported, validated (a few samples), benchmarked (two batch sizes, one repetition)."""
+    import torch
+    from click.testing import CliRunner
+
+    from seq2trt.cli.main import cli
+    from seq2trt.reference_model.checkpoint import save_checkpoint
+    from seq2trt.reference_model.tasks import get_task
+
+    task = get_task("numbers")
+    model = make_model(seed=4, dtype=torch.float32, src_vocab_size=len(task.source_vocab),
+                       tgt_vocab_size=len(task.target_vocab))
+    root = tmp_path_factory.mktemp("report")
+    ckpt = save_checkpoint(root / "ckpt", model, (task.source_vocab, task.target_vocab),
+                           extra_files={"metrics.json": json.dumps({"task": "numbers"})})
+    out = root / "out"
+    for args in (["export", ckpt, "-o", out, "--max-batch", 4], ["validate", out, "--samples", 8, "--beam", 2],
+                 ["bench", out, "--backends", "eager,ort", "--batch-sizes", "1,2", "--repeats", 1, "--warmup", 0,
+                  "--new-tokens", 2, "--src-len", 4, "--no-curves"], ["report", out]):
+        result = CliRunner().invoke(cli, [str(a) for a in args])
+        assert result.exit_code in (0, 1), result.output  # validate exits 1 when a random model misses a target
+    return out
+
+
+def _render(out):
+    return report.render_markdown(out)
+
+
+def test_report_tables_hold_the_parity_and_latency_records(reported):
+    text = (reported / "reports" / "report.md").read_text()
+    parity = json.loads((reported / "reports" / "parity.json").read_text())
+    verdict = "PASSED" if parity["passed"] else "FAILED"
+    assert f"# Parity of the plain graphs on ort, {parity['dtype']}: {verdict}" in text
+    assert f"| parity-ort-plain | ort | plain | {parity['dtype']} | {'yes' if parity['passed'] else 'NO'} |" in text
+    rows = 0
+    for graph, outputs in parity["graphs"].items():
+        for name, row in outputs.items():
+            line = next(line for line in text.splitlines() if line.startswith(f"| {graph} | {name} | "))
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            assert float(cells[2]) == pytest.approx(row["max_abs"], rel=5e-3), line  # max abs, 3 significant digits
+            assert float(cells[6]) == pytest.approx(row["min_cosine"], abs=1e-7), line
+            assert cells[-1] == f"{len(row['failed_cases'])}/{row['cases']}", line
+            rows += 1
+    assert rows == sum(len(o) for o in parity["graphs"].values()) > 5
+    latency = json.loads((reported / "reports" / "latency.json").read_text())
+    seen = 0
+    for threads, backends in latency["results"].items():
+        for backend, batches in backends.items():
+            for batch, r in batches.items():
+                line = next(line for line in text.splitlines() if line.startswith(f"| {backend} | {batch} | "))
+                cells = [c.strip() for c in line.strip("|").split("|")]
+                assert float(cells[2]) == pytest.approx(r["tokens_per_s"], abs=0.05), line
+                assert float(cells[3]) == pytest.approx(r["step_ms_p50"], abs=5e-4), line
+                ratio = latency["ratios"][threads][backend][batch]["vs_eager"]
+                assert float(cells[7].rstrip("×")) == pytest.approx(ratio, abs=5e-3), line
+                seen += 1
+    assert seen == 4  # eager and ort at batch 1 and 2
+
+
+def test_report_verdict_follows_a_failing_parity_record(reported, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(reported, copy)
+    for path in (copy / "reports").glob("parity*.json"):
+        doc = json.loads(path.read_text())
+        doc["passed"] = False
+        row = doc["graphs"]["decoder"]["logits"]
+        row["failed_cases"] = ["B1-S2-T1-P0"]
+        doc["graph_failures"] = ["decoder B1-S2-T1-P0 logits: max_abs 9 (atol 1e-4)"]
+        path.write_text(json.dumps(doc))
+    text = _render(copy)
+    assert f"# Parity of the plain graphs on ort, {doc['dtype']}: FAILED" in text and ": PASSED" not in text
+    assert f"| parity-ort-plain | ort | plain | {doc['dtype']} | NO |" in text
+    line = next(line for line in text.splitlines() if line.startswith("| decoder | logits | "))
+    assert line.rstrip().endswith(f"| 1/{row['cases']} |"), line

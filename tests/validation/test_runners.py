@@ -85,12 +85,31 @@ def test_paired_decoding_measures_logit_error_along_the_reference_path(setup):
     assert paired.max_abs_err == 0.0 and paired.steps > 0
 
 
-def test_eager_runner_replays_narrow_inputs_in_float64(setup):
+@pytest.mark.parametrize("narrow", [np.float16, np.float32])
+def test_eager_runner_replays_narrow_inputs_in_float64(setup, narrow):
+    """Float feeds of a narrow dtype (the decoder's past K/V, rounded to the graph's dtype) are replayed exactly in
+    float64: the runner's outputs equal the float64 model's own decode_step on the same values, bit for bit (a
+    runner computing in float32, or rounding a float32 feed to float16, differs)."""
+    import copy
+
     model, _ = setup
-    runner = EagerRunner(lambda: model.double(), spec.GraphKind.ENCODER)
-    with runner:
-        out = runner.infer({"input_ids": np.full((1, 4), 5, np.int64), "attention_mask": np.ones((1, 4), np.int64)})
-    assert out["encoder_hidden_states"].dtype == np.float64
+    reference = copy.deepcopy(model).double()
+    cfg, rng = model.cfg, np.random.default_rng(0)
+    B, S, T, P = 2, 5, 2, 3
+    feed = {"input_ids": rng.integers(3, cfg.tgt_vocab_size, (B, T)), "encoder_attention_mask": np.ones((B, S), np.int64)}
+    for s in spec.inputs(cfg, spec.GraphKind.DECODER)[2:]:
+        length = S if spec.parse_kv_name(s.name).side == "encoder" else P
+        feed[s.name] = rng.standard_normal((B, cfg.num_heads, length, cfg.head_dim)).astype(narrow)
+    with EagerRunner(lambda: copy.deepcopy(reference), spec.GraphKind.DECODER) as runner:
+        out = runner.infer(feed)
+    t = {k: torch.from_numpy(v.astype(np.int64 if v.dtype.kind == "i" else np.float64)) for k, v in feed.items()}
+    kv = lambda side: [(t[spec.kv_name(i, side, "key", "past")], t[spec.kv_name(i, side, "value", "past")])
+                       for i in range(cfg.num_decoder_layers)]
+    with torch.no_grad():
+        logits, present = reference.decode_step(t["input_ids"], t["encoder_attention_mask"], kv("encoder"), kv("decoder"))
+    assert out["logits"].dtype == np.float64
+    np.testing.assert_array_equal(out["logits"], logits.numpy())
+    np.testing.assert_array_equal(out[spec.kv_name(0, "decoder", "key", "present")], present[0][0].numpy())
 
 
 _THREADS_SCRIPT = """
