@@ -168,7 +168,8 @@ def staged_directory(out: Path, force: bool = False, what: str = "output", kind:
     recover(out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".partial", dir=out.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.{_owner_tag(os.getpid())}.", suffix=".partial",
+                                    dir=out.parent))
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; an artifact directory is an ordinary one
     except OSError as exc:
         raise (write_error(exc, out) or exc) from exc
@@ -255,7 +256,7 @@ def replacements_paused(out: Path) -> Iterator[None]:
 def _leftovers(out: Path) -> dict[str, list[Path]]:
     """Hidden folders and files beside `out` that its writers leave while they run."""
     name = re.escape(out.name)
-    patterns = {"partial": rf"\.{name}\.(\d+)\.[a-z0-9_]{{8}}\.partial", "old": rf"\.{name}\.[a-z0-9_]{{8}}\.old",
+    patterns = {"partial": rf"\.{name}\.(\d+-\d+)\.[a-z0-9_]{{8}}\.partial", "old": rf"\.{name}\.[a-z0-9_]{{8}}\.old",
                 "journal": rf"\.{name}\.swap", "lock": rf"\.{name}\.(swap\.)?lock"}
     found: dict[str, list[Path]] = {k: [] for k in patterns}
     try:
@@ -287,7 +288,7 @@ def recover(out: Path) -> None:
         logger.debug("cannot repair %s: %s", out, exc)
 
 
-_HIDDEN_WORK = re.compile(r"\.(.+?)(\.\d+\.[a-z0-9_]{8}\.partial|\.[a-z0-9_]{8}\.old|\.swap)")
+_HIDDEN_WORK = re.compile(r"\.(.+?)(\.\d+-\d+\.[a-z0-9_]{8}\.partial|\.[a-z0-9_]{8}\.old|\.swap)")
 
 
 def recover_tree(root: Path, depth: int = 3) -> None:
@@ -356,10 +357,16 @@ def _remove_if_unheld(lock: Path) -> None:
         os.close(fd)
 
 
+def _owner_tag(pid: int) -> str:
+    """`<pid>-<start>`: the process and its start time in clock ticks since boot (Linux /proc; 0 elsewhere), so that
+    a later process given the same pid is not taken for the owner. Ticks since boot, not the wall clock: a clock
+    set back or forward does not make a running owner look dead."""
+    return f"{pid}-{_process_start_ticks(pid) or 0}"
+
+
 def _owner_alive(partial: Path) -> bool:
-    """The process named in a staging folder's name is running and started before the folder was last changed
-    (a later process given the same pid is not its owner)."""
-    pid = int(partial.name.rsplit(".", 3)[-3])
+    """The process that made a staging folder (its name says which: `_owner_tag`) is still running."""
+    pid, start = (int(n) for n in partial.name.rsplit(".", 3)[-3].split("-"))
     if pid == os.getpid():
         return True
     try:
@@ -368,21 +375,15 @@ def _owner_alive(partial: Path) -> bool:
         return False
     except PermissionError:
         pass
-    started = _process_start(pid)
-    try:
-        return started is None or started <= partial.stat().st_mtime + 2
-    except FileNotFoundError:
-        return True  # renamed into place meanwhile
+    now = _process_start_ticks(pid)
+    return not (start and now) or now == start
 
 
-def _process_start(pid: int) -> float | None:
-    """Start time of `pid` in seconds since the epoch (Linux /proc), or None where that cannot be read."""
+def _process_start_ticks(pid: int) -> int | None:
+    """Start time of `pid` in clock ticks since boot (field 22 of /proc/<pid>/stat), or None where unreadable."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime"))
-        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
         return None
 
 

@@ -196,10 +196,12 @@ def test_staging_of_a_dead_process_and_unheld_locks_are_cleaned(tmp_path):
     dead.wait()
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        stale = tmp_path / f".art.{dead.pid}.abcdefgh.partial"
-        live = tmp_path / f".art.{alive.pid}.abcdefgh.partial"
-        time.sleep(0.1)
-        for folder in (stale, live):
+        from seq2trt.reference_model.io import _owner_tag
+
+        stale = tmp_path / f".art.{dead.pid}-1.abcdefgh.partial"
+        reused = tmp_path / f".art.{alive.pid}-1.abcdefgh.partial"  # its pid, but a process started at tick 1
+        live = tmp_path / f".art.{_owner_tag(alive.pid)}.abcdefgh.partial"
+        for folder in (stale, reused, live):
             folder.mkdir()
             (folder / "encoder.plan").write_bytes(b"x" * 100)
         (tmp_path / ".art.lock").touch()  # left by a killed build
