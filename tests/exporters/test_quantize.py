@@ -152,7 +152,10 @@ def test_cli_quantize_and_validate(exported, tmp_path):
     assert result.exit_code == (0 if doc["passed"] else 1), result.output
     assert doc["graph_failures"] == [] and doc["graphs_set"] == "int8-ort"
     assert doc["end_to_end"]["greedy"]["token_agreement"] > 0.9
-    assert doc["graphs"]["decoder"]["logits"]["tolerance"]["min_cosine"] == 0.999  # judged as int8
+    from seq2trt.validation.parity import TOLERANCES
+
+    assert doc["graphs"]["decoder"]["logits"]["tolerance"] == vars(TOLERANCES["int8"]["*"])  # judged as int8
+    assert TOLERANCES["int8"]["*"] != TOLERANCES["fp32"]["*"]
     assert doc["end_to_end"]["targets"]["max_logit_abs_err"] == 1.0 and doc["end_to_end"]["samples"] == 40
     (quantized_dir(copy) / "encoder.onnx").write_bytes(b"not a graph")
     result = runner.invoke(cli, ["validate", str(copy), "--graphs", "int8-ort", "--samples", "0"])
