@@ -32,11 +32,14 @@ SERVE_BACKENDS = ("ort-fused", "ort", "ort-int8", "tensorrt", "tensorrt-rtx", "e
               default="onnxruntime", show_default=True,
               help="With --write-repository: how the encoder and decoder are served (python: ONNX Runtime inside the "
               "Python backend, for servers without the onnxruntime backend, such as the one nvidia-pytriton bundles).")
+@click.option("--repository", type=click.Path(path_type=Path, exists=True, file_okay=False),
+              help="Serve this model repository (one written with --repository-backend python) instead of OUT's models.")
 @click.option("--log", type=click.Path(path_type=Path), help="Append the server's own log to this file.")
 @click.option("--force", is_flag=True, help="With --write-repository: replace an existing folder.")
 def serve(out: Path, backend: str, http_port: int, grpc_port: int, metrics_port: int, host: str, max_batch: int | None,
           max_queue_delay_us: int, instances: int, threads: int, alpha: float, checkpoint: Path | None,
-          write_repository: Path | None, repository_backend: str, log: Path | None, force: bool) -> None:
+          write_repository: Path | None, repository_backend: str, repository: Path | None, log: Path | None,
+          force: bool) -> None:
     """Serve the export in OUT with Triton: model `generate` (input_ids -> output_ids, optional max_new_tokens and
     num_beams per request) and, when the checkpoint has a tokenizer, `translate` (text -> text). Requests are batched
     dynamically; each gets what `seq2trt translate --ids-file` gives. SIGINT/SIGTERM drain the server, then exit 0."""
@@ -60,7 +63,7 @@ def serve(out: Path, backend: str, http_port: int, grpc_port: int, metrics_port:
         click.echo("ready; Ctrl-C or SIGTERM drains and stops", nl=True)
         sys.stdout.flush()
 
-    code = run_server(settings, ready, log=log)
+    code = run_server(settings, ready, log=log, repository=repository)
     click.echo(f"drained and stopped (tritonserver exit code {code})")
     sys.exit(0 if code == 0 else 1)
 

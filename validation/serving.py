@@ -36,9 +36,13 @@ class Job:
 class DecodeService:
     """The export's step model opened once; `run(jobs)` decodes a batch of jobs, one result or error per job."""
 
-    def __init__(self, out: Path, backend: str, checkpoint: Path | None = None, threads: int = 1, alpha: float = 0.6):
+    def __init__(self, out: Path, backend: str, checkpoint: Path | None = None, threads: int = 1, alpha: float = 0.6,
+                 opened: tuple | None = None):
+        """Opens `backend` on the export `out`, or takes `opened`: (StepModel, config, checkpoint folder,
+        (max_src_len, its name), max_batch), as `decode_jobs.open_decoder` yields it."""
         self._stack = contextlib.ExitStack()
-        opened = self._stack.enter_context(open_decoder(Path(out), backend, checkpoint, threads))
+        if opened is None:
+            opened = self._stack.enter_context(open_decoder(Path(out), backend, checkpoint, threads))
         self.model, self.cfg, self.folder, self.src_limit, self.max_batch = opened
         self.generation = generation_config(self.folder)
         self.alpha = alpha

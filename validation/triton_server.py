@@ -152,7 +152,7 @@ def server_command(binary: Path, repository: Path, backends: Path, settings: Ser
             f"--http-port={settings.http_port}", f"--grpc-port={settings.grpc_port}",
             f"--metrics-port={settings.metrics_port}", "--allow-metrics=true", "--allow-gpu-metrics=false",
             "--allow-cpu-metrics=true", "--strict-readiness=true", f"--exit-timeout-secs={exit_timeout_s}",
-            "--log-info=false", "--log-warning=false"]
+            "--log-info=true", "--log-warning=true"]
 
 
 def wait_ready(url: str, process: subprocess.Popen, timeout_s: float, models: list[str]) -> None:
@@ -184,19 +184,22 @@ def served_models(settings: ServeSettings) -> tuple[int, bool]:
 
 
 def serve(settings: ServeSettings, on_ready, ready_timeout_s: float = 300, exit_timeout_s: int = 60,
-          log: Path | None = None) -> int:
+          log: Path | None = None, repository: Path | None = None) -> int:
     """Run Triton on `settings` until SIGINT/SIGTERM, then drain it: Triton refuses new requests, answers the ones in
     flight (up to `exit_timeout_s`) and exits. Calls on_ready(models, endpoints) once every model is ready. Returns
     the server's exit code (0 after a clean drain)."""
     import tempfile
 
-    export_batch, text = served_models(settings)
-    max_batch = settings.max_batch or export_batch
     stop = {"signal": None}
     with tempfile.TemporaryDirectory(prefix="seq2trt-serve-") as tmp:
         binary, backends, env = bundled_server(Path(tmp))
-        models = write_local_repository(Path(tmp) / "models", settings, max_batch, text)
-        command = server_command(binary, Path(tmp) / "models", backends, settings, exit_timeout_s)
+        if repository is None:
+            export_batch, text = served_models(settings)
+            repository = Path(tmp) / "models"
+            models = write_local_repository(repository, settings, settings.max_batch or export_batch, text)
+        else:  # a repository written by --write-repository
+            models = sorted(p.parent.name for p in Path(repository).glob("*/config.pbtxt"))
+        command = server_command(binary, Path(repository).resolve(), backends, settings, exit_timeout_s)
         logger.debug("starting %s", " ".join(command))
         with open(log or os.devnull, "ab") as sink:
             # Its own session: a terminal's Ctrl-C reaches only us, and we pass one SIGTERM on.
