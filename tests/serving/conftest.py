@@ -3,6 +3,7 @@ server on free loopback ports, once for the folder; helpers to start more server
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import signal
 import socket
@@ -16,8 +17,15 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("pytriton", reason="the serve extra is not installed: pip install 'seq2trt[serve]'")
-pytest.importorskip("tritonclient.http", reason="the serve extra is not installed: pip install 'seq2trt[serve]'")
+HAS_SERVE = all(importlib.util.find_spec(name) is not None for name in ("pytriton", "tritonclient"))
+
+
+def pytest_collection_modifyitems(config, items):
+    if not HAS_SERVE:
+        skip = pytest.mark.skip(reason="the serve extra is not installed: pip install 'seq2trt[serve]'")
+        for item in items:
+            if Path(str(item.fspath)).parent == Path(__file__).parent:
+                item.add_marker(skip)
 
 MAX_BATCH, MAX_LEN = 16, 24
 

@@ -118,7 +118,6 @@ def _stats_batches(server) -> dict[int, int]:
     return {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats["model_stats"][0]["batch_stats"]}
 
 
-@pytest.mark.slow
 def test_load_64_clients_every_response_is_translate(served):
     """64 concurrent clients x 20 requests: mixed source lengths, greedy and beam 4, two max_new_tokens."""
     import tritonclient.http as http
