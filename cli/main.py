@@ -77,16 +77,20 @@ class Seq2TrtGroup(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except Seq2TrtError as exc:
-            if ctx.obj and ctx.obj.get("debug"):
+        except (KeyboardInterrupt, Exception) as exc:
+            # A signal can land inside a library that turns it into an error of its own (torch.onnx.export wraps
+            # whatever its lazy imports raise): once one was received, the command ends as that signal, whatever
+            # the exception became.
+            if isinstance(exc, KeyboardInterrupt) or _received:
+                terminated = isinstance(exc, Terminated) or signal.SIGTERM in _received
+                err_console.print(f"[bold red]{'terminated' if terminated else 'interrupted'}[/]: nothing was left "
+                                  "half-written")
+                sys.exit(Terminated.exit_code if terminated else 130)
+            if not isinstance(exc, Seq2TrtError) or (ctx.obj and ctx.obj.get("debug")):
                 raise
             err_console.print(f"[bold red]error:[/] {escape(clip_values(str(exc)))}", highlight=False,
                               soft_wrap=True)
             sys.exit(exc.exit_code)
-        except KeyboardInterrupt as exc:
-            what = "terminated" if isinstance(exc, Terminated) else "interrupted"
-            err_console.print(f"[bold red]{what}[/]: nothing was left half-written")
-            sys.exit(Terminated.exit_code if isinstance(exc, Terminated) else 130)
 
     # Verbs are imported when first needed, inside `invoke` (torch takes seconds to load: Ctrl-C or SIGTERM then
     # ends in one line, not a traceback).
@@ -129,12 +133,22 @@ def _register() -> None:
                 cli.add_command(command)
 
 
+_received: list[int] = []  # signals that reached a running command
+
+
 def _terminate(signum, frame) -> None:
+    _received.append(signum)
     raise Terminated()
+
+
+def _interrupt(signum, frame) -> None:
+    _received.append(signum)
+    raise KeyboardInterrupt()
 
 
 def main() -> None:
     signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, _interrupt)
     try:
         cli(prog_name="seq2trt")
     except KeyboardInterrupt as exc:  # outside a verb (start-up, --help): nothing was being written

@@ -164,7 +164,8 @@ def staged_directory(out: Path, force: bool = False, what: str = "output", kind:
     staging folders of processes that are gone, are repaired first (`recover`).
     """
     out = Path(out)
-    refuse_existing(out, force, what, kind, protect)
+    with replacements_paused(out):  # a replacement racing this check would hide `out`'s marker from it
+        refuse_existing(out, force, what, kind, protect)
     recover(out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,10 @@ def artifact(make_model, tmp_path_factory) -> Path:
         build_engines(root / "out", EngineRequest("tensorrt-rtx", (86,)))
     assert CliRunner().invoke(cli, ["report", str(root / "out")]).exit_code == 0
     return root
+
+
+@pytest.fixture
+def work(artifact, tmp_path) -> Path:
+    """A private copy of the artifact (the manifest still names the module's checkpoint, read only)."""
+    shutil.copytree(artifact, tmp_path / "w")
+    return tmp_path / "w"

@@ -42,13 +42,6 @@ ENGINES = "engines/tensorrt-rtx-sm_86-fp32"  # as conftest.artifact builds them
 MAX_BATCH, MAX_LEN = 4, 16  # conftest.artifact's limits
 
 
-@pytest.fixture
-def work(artifact, tmp_path) -> Path:
-    """A private copy of the artifact (the manifest still names the module's checkpoint, read only)."""
-    shutil.copytree(artifact, tmp_path / "w")
-    return tmp_path / "w"
-
-
 def snapshot(root: Path) -> dict[str, str]:
     """Every file and folder under `root` (hidden ones included) -> sha256 of its bytes ("dir" for folders)."""
     return {str(p.relative_to(root)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()

@@ -23,12 +23,6 @@ from seq2trt.cli.main import cli
 from seq2trt.reference_model.io import recover, recover_tree, staged_directory
 
 
-@pytest.fixture
-def work(artifact, tmp_path) -> Path:
-    shutil.copytree(artifact, tmp_path / "w")
-    return tmp_path / "w"
-
-
 def snapshot(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(root.rglob("*"))}
