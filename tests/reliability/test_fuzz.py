@@ -257,7 +257,16 @@ def _same_kind(value: Any, base: Any, name: str) -> bool:
 
 
 def config_problem(loaded: Seq2SeqConfig, baseline: Seq2SeqConfig, key: str | None) -> str | None:
-    """An accepted config may differ from the undamaged one only in the damaged field, and only by a legal value."""
+    """An accepted config may differ from the undamaged one only in the damaged field, and only by a legal value.
+    Damage to the raw bytes (`key` None) names no field: one flipped byte may change one value (a digit of bos_id
+    gives another valid config, which no check can tell from an edit), never two."""
+    if key is None:
+        changed = [f.name for f in dataclasses.fields(Seq2SeqConfig)
+                   if getattr(loaded, f.name) != getattr(baseline, f.name)
+                   or type(getattr(loaded, f.name)) is not type(getattr(baseline, f.name))]
+        if len(changed) > 1:
+            return f"config fields {changed} all changed from one damage to the bytes"
+        key = changed[0] if changed else None
     for f in dataclasses.fields(Seq2SeqConfig):
         value, base = getattr(loaded, f.name), getattr(baseline, f.name)
         if value == base and type(value) is type(base):
