@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -217,7 +219,8 @@ def test_polygraphy_compares_the_decoder_with_eager(exports, model, tmp_path, br
     results = RunResults()
     results.add([want], runner_name="eager-float64")
     results.save(str(tmp_path / "eager.json"))
-    cmd = (f"polygraphy run {path} --onnxrt --load-inputs {tmp_path / 'inputs.json'} "
+    polygraphy = Path(sys.executable).parent / "polygraphy"  # this environment's, activated or not
+    cmd = (f"{polygraphy} run {path} --onnxrt --load-inputs {tmp_path / 'inputs.json'} "
            f"--load-outputs {tmp_path / 'eager.json'} --atol 1e-4 --rtol 1e-4")
     done = subprocess.run(cmd.split(), capture_output=True, text=True, timeout=240)
     log = done.stdout + done.stderr
