@@ -25,8 +25,12 @@ def _pyplot():
 
 
 def _save(fig, path: Path) -> Path:
+    """Write the figure as a PNG and release it (pyplot keeps every open figure alive until closed)."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    try:
+        fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    finally:
+        _pyplot().close(fig)
     atomic_write_bytes(path, buffer.getvalue())
     return path
 
