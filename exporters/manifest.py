@@ -147,8 +147,13 @@ def _schema_problems(data: dict) -> list[str]:
         problems.append("'files' must map each file name to its 'sha256' and 'bytes'")
     elif missing := [kind.filename for kind in spec.GraphKind if kind.filename not in files]:
         problems.append(f"'files' does not list {missing}")  # else verify(out) would check nothing
-    if data.get("source") is not None and not isinstance(data["source"], dict):
+    source = data.get("source")
+    if source is not None and not isinstance(source, dict):
         problems.append("'source' must be an object naming the checkpoint, or null")
+    elif source is not None:
+        wrong = [k for k in ("checkpoint", "weights_sha256", "task") if not isinstance(source.get(k), (str, type(None)))]
+        if wrong:  # readers open source.checkpoint as a path and compare the hash as text
+            problems.append(f"'source' fields {wrong} must be strings or null")
     config = data["config"]
     if not isinstance(config, dict):
         problems.append("'config' must be an object")
