@@ -47,6 +47,13 @@ def settle(threads: int = 1) -> None:
     time.sleep(0.005 if threads == 1 else 0.05)
 
 
+def start_turn(threads: int, set_threads=None) -> None:
+    """Before an in-process backend's turn: settle, then set its process-wide thread count (torch's) if it has one."""
+    settle(threads)
+    if set_threads is not None:
+        set_threads(threads)
+
+
 class TimedSteps:
     """A `StepModel` proxy that records the wall time of every `step` call."""
 
@@ -82,9 +89,7 @@ class StepModelBackend:
 
     def activate(self) -> None:
         """Called before each of its turns: eager's thread count is process-wide."""
-        settle(self.threads)
-        if self._set_threads is not None:
-            self._set_threads(self.threads)
+        start_turn(self.threads, self._set_threads)
 
     def decode(self, input_ids: np.ndarray, attention_mask: np.ndarray, new_tokens: int
                ) -> tuple[float, list[float]]:

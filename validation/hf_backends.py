@@ -30,7 +30,7 @@ import numpy as np
 from seq2trt.reference_model.errors import CheckFailed, CheckpointError, DependencyError, InputError
 from seq2trt.reference_model.io import atomic_write_text, sha256_file, staged_directory
 
-from .bench_backends import peak_rss_mb, settle
+from .bench_backends import peak_rss_mb, start_turn
 
 logger = logging.getLogger(__name__)
 
@@ -191,9 +191,7 @@ class GenerateBackend:
         self._set_threads = set_threads
 
     def activate(self) -> None:
-        settle(self.threads)
-        if self._set_threads is not None:
-            self._set_threads(self.threads)
+        start_turn(self.threads, self._set_threads)
 
     def decode(self, input_ids: np.ndarray, attention_mask: np.ndarray, new_tokens: int
                ) -> tuple[float, list[float]]:
