@@ -145,3 +145,34 @@ def test_translate_text_without_a_tokenizer_names_ids_file(make_hf_model, tmp_pa
     assert invoke("import", "hf", src, "-o", tmp_path / "ckpt").exit_code == 0
     result = invoke("translate", tmp_path / "ckpt", "hello")
     assert result.exit_code == 2 and "no tokenizer" in result.output and "--ids-file" in result.output
+
+
+def test_many_sources_decode_in_bounded_batches_and_stream(numbers_checkpoint, tmp_path, monkeypatch):
+    """20,000 sources with --beam 4 once went into one batch and died of memory: each batch holds at most
+    --batch-size sources, and a source's line is printed before the next batch is decoded."""
+    import seq2trt.validation.decode_jobs as jobs
+
+    path, model, task = numbers_checkpoint
+    sources = [task.source_vocab.encode(str(n)) + [model.cfg.eos_id] for n in range(2000)]
+    ids_file = tmp_path / "ids.jsonl"
+    ids_file.write_text("".join(json.dumps(s) + "\n" for s in sources))
+    batches, printed_before = [], []
+    echoed = []
+    real_pad_batch = jobs.pad_batch
+
+    def recording_pad_batch(rows, pad_id):
+        batches.append(len(rows))
+        printed_before.append(len(echoed))
+        return real_pad_batch(rows, pad_id)
+
+    monkeypatch.setattr(jobs, "pad_batch", recording_pad_batch)
+    import seq2trt.cli.model_commands as commands
+
+    real_echo = commands.click.echo
+    monkeypatch.setattr(commands.click, "echo", lambda *a, **k: (echoed.append(a), real_echo(*a, **k)))
+    result = invoke("translate", path, "--ids-file", ids_file, "--beam", 4, "--batch-size", 64,
+                    "--max-new-tokens", 4)
+    assert result.exit_code == 0, result.output
+    assert len(result.output.splitlines()) == 2000
+    assert max(batches) <= 64 and sum(batches) == 2000
+    assert printed_before == [64 * i for i in range(len(batches))]  # streamed: batch i starts after 64 x i lines
