@@ -1,15 +1,21 @@
-"""The tiny artifact both reliability files damage copies of: built once per test session of this folder."""
+"""What the reliability tests share: the tiny artifact they damage copies of (built once per test session of this
+folder), the helpers that run the CLI on a copy and judge what came back, and the `rtx` marker."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from seq2trt.cli.main import cli
 from seq2trt.exporters import spec
@@ -17,8 +23,17 @@ from seq2trt.reference_model.checkpoint import save_checkpoint
 from seq2trt.reference_model.tasks import get_task
 
 HAS_RTX = importlib.util.find_spec("tensorrt_rtx") is not None
-ENGINES = "engines/tensorrt-rtx-sm_86-fp32"
 MAX_BATCH, MAX_LEN = 4, 16
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "rtx: needs tensorrt_rtx (a real build, or the engines `artifact` builds "
+                                       "with it); skipped with a reason when it is not installed")
+
+
+def pytest_runtest_setup(item) -> None:
+    if item.get_closest_marker("rtx") and not HAS_RTX:
+        pytest.skip("tensorrt_rtx is not installed (pip install 'seq2trt[rtx]')")
 
 
 @pytest.fixture(scope="package")
@@ -45,8 +60,94 @@ def artifact(make_model, tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def engines() -> str:
+    """Where `artifact` puts its engines (when TensorRT-RTX is here), relative to its export (`out`)."""
+    return "engines/tensorrt-rtx-sm_86-fp32"
+
+
 @pytest.fixture
 def work(artifact, tmp_path) -> Path:
     """A private copy of the artifact (the manifest still names the module's checkpoint, read only)."""
     shutil.copytree(artifact, tmp_path / "w")
     return tmp_path / "w"
+
+
+def _snapshot(root: Path) -> dict[str, str]:
+    """Every file and folder under `root` (hidden ones included) -> sha256 of its bytes ("dir" for folders)."""
+    return {str(p.relative_to(root)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*"))}
+
+
+def _invoke(*args) -> Result:
+    """The CLI in process (a subprocess costs seconds per call on our CPUs); arguments may be paths."""
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def _one_error_line(result: Result, code: int, *fragments: str) -> str:
+    """Exit `code`, no traceback, exactly one error line (ours or click's `Error:`) holding every fragment; returns
+    that line. Failure messages show at most 2,000 characters of the output (a huge input may be echoed in it)."""
+    output = result.output
+    assert result.exit_code == code, output[:2000]
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)[:2000]
+    assert "Traceback" not in output, output[:2000]
+    lines = [line for line in output.splitlines() if line.lower().startswith("error:")]
+    assert len(lines) == 1, output[:2000]
+    assert all(f in lines[0] for f in fragments), lines[0][:2000]
+    return lines[0]
+
+
+def _rewrite_manifest(out: Path) -> None:
+    """Write the export's manifest again from what it holds, re-hashing its files: a deliberate change to a file
+    then reaches the stage instead of the sha256 check, and the export looks re-exported (a new generation)."""
+    from seq2trt.exporters.manifest import read_manifest, write_manifest
+
+    m = read_manifest(out)
+    write_manifest(out, m.config, m.data["settings"], list(m.data["files"]), m.data["source"])
+
+
+def _seq2trt(*args, cwd: Path | None = None) -> subprocess.Popen:
+    """The CLI in a real process (for signals and races), stdout and stderr captured as text."""
+    return subprocess.Popen([sys.executable, "-m", "seq2trt.cli.main", *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=cwd)
+
+
+def _signal_while_staging(proc: subprocess.Popen, folder: Path, pattern: str, sig: int) -> str:
+    """Send `sig` to `proc` once it has started writing its staged directory (`pattern` matches it in `folder`);
+    returns its stderr once it has exited."""
+    deadline = time.monotonic() + 120
+    while not list(folder.glob(pattern)):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    proc.send_signal(sig)
+    return proc.communicate(timeout=120)[1]
+
+
+@pytest.fixture(scope="session")
+def snapshot() -> Callable[[Path], dict[str, str]]:
+    return _snapshot
+
+
+@pytest.fixture(scope="session")
+def invoke() -> Callable[..., Result]:
+    return _invoke
+
+
+@pytest.fixture(scope="session")
+def one_error_line() -> Callable[..., str]:
+    return _one_error_line
+
+
+@pytest.fixture(scope="session")
+def rewrite_manifest() -> Callable[[Path], None]:
+    return _rewrite_manifest
+
+
+@pytest.fixture(scope="session")
+def seq2trt() -> Callable[..., subprocess.Popen]:
+    return _seq2trt
+
+
+@pytest.fixture(scope="session")
+def signal_while_staging() -> Callable[..., str]:
+    return _signal_while_staging

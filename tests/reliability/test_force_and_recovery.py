@@ -5,7 +5,6 @@ dead processes, and SIGTERM / Ctrl-C at any moment. Each test damages or races a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -17,28 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from seq2trt.cli.main import cli
 from seq2trt.reference_model.io import recover, recover_tree, staged_directory
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*"))}
-
-
-def invoke(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-def one_error_line(result, code: int, *fragments: str) -> str:
-    assert result.exit_code == code, result.output
-    assert "Traceback" not in result.output and (result.exception is None or isinstance(result.exception, SystemExit))
-    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, result.output
-    assert all(f in lines[0] for f in fragments), lines[0]
-    return lines[0]
 
 
 # --- --force replaces only an artifact of the same kind -------------------------------------------------------------
@@ -50,7 +29,7 @@ def unrelated(folder: Path) -> Path:
 
 
 @pytest.mark.parametrize("verb", ["export", "train", "demo"])
-def test_force_refuses_an_unrelated_folder(work, verb):
+def test_force_refuses_an_unrelated_folder(work, verb, snapshot, invoke, one_error_line):
     target = unrelated(work / "mine")
     args = {"export": ["export", work / "ckpt", "-o", target, "--force"],
             "train": ["train", "-o", target, "--steps", "1", "--force"],
@@ -60,7 +39,7 @@ def test_force_refuses_an_unrelated_folder(work, verb):
     assert snapshot(work) == before
 
 
-def test_force_refuses_an_unrelated_fused_folder(work):
+def test_force_refuses_an_unrelated_fused_folder(work, snapshot, invoke, one_error_line):
     shutil.rmtree(work / "out" / "fused" / "trt")
     unrelated(work / "out" / "fused" / "trt")
     before = snapshot(work)
@@ -69,7 +48,7 @@ def test_force_refuses_an_unrelated_fused_folder(work):
 
 
 @pytest.mark.parametrize("where", ["the-checkpoint", "its-parent", "a-file-in-it"])
-def test_export_never_replaces_the_checkpoint_it_reads(work, where):
+def test_export_never_replaces_the_checkpoint_it_reads(work, where, snapshot, invoke, one_error_line):
     ckpt = work / "ckpt"
     source, out = {"the-checkpoint": (ckpt, ckpt), "its-parent": (ckpt, work),
                    "a-file-in-it": (ckpt / "model.safetensors", ckpt)}[where]
@@ -81,7 +60,7 @@ def test_export_never_replaces_the_checkpoint_it_reads(work, where):
     assert snapshot(work) == before
 
 
-def test_force_never_replaces_the_current_directory(work, monkeypatch):
+def test_force_never_replaces_the_current_directory(work, monkeypatch, snapshot, invoke, one_error_line):
     monkeypatch.chdir(work / "out")
     before = snapshot(work)
     for args in (["export", work / "ckpt", "-o", ".", "--force"], ["export", work / "ckpt", "-o", work, "--force"],
@@ -90,11 +69,9 @@ def test_force_never_replaces_the_current_directory(work, monkeypatch):
     assert snapshot(work) == before
 
 
-def test_import_never_replaces_its_source(work):
-    from seq2trt.reference_model.checkpoint import save_checkpoint
+def test_import_never_replaces_its_source(work, snapshot, invoke, one_error_line):
+    from seq2trt.reference_model.checkpoint import load_checkpoint, save_checkpoint
     from seq2trt.reference_model.errors import ArtifactError
-
-    from seq2trt.reference_model.checkpoint import load_checkpoint
 
     model, vocabs = load_checkpoint(work / "ckpt")
     before = snapshot(work)
@@ -104,7 +81,7 @@ def test_import_never_replaces_its_source(work):
     assert snapshot(work) == before
 
 
-def test_force_still_replaces_its_own_kind(work):
+def test_force_still_replaces_its_own_kind(work, invoke):
     """The positive control: fuse --force over fused graphs (fusion.json) replaces them."""
     (work / "out" / "fused" / "trt" / "fusion.json").touch()  # changed: the new fusion writes it again
     result = invoke("fuse", work / "out", "--force")
@@ -156,7 +133,7 @@ def test_a_swap_killed_midway_is_repaired_by_the_next_run(tmp_path, when, conten
     assert hidden(tmp_path) == []
 
 
-def test_the_next_verb_on_the_export_repairs_its_fused_graphs(work):
+def test_the_next_verb_on_the_export_repairs_its_fused_graphs(work, invoke):
     fused = work / "out" / "fused" / "trt"
     killed_swap(fused, "between")
     assert not fused.exists()
@@ -218,20 +195,11 @@ def test_staged_directory_runs_recovery_first(tmp_path):
 
 # --- signals: SIGTERM like Ctrl-C, and Ctrl-C while the CLI starts ---------------------------------------------------
 
-def seq2trt(*args, cwd=None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "seq2trt.cli.main", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=cwd)
-
-
-def test_sigterm_mid_export_exits_143_with_one_line_and_keeps_the_old_export(work):
+def test_sigterm_mid_export_exits_143_with_one_line_and_keeps_the_old_export(work, snapshot, seq2trt,
+                                                                             signal_while_staging):
     before = snapshot(work)
     proc = seq2trt("export", work / "ckpt", "-o", work / "out", "--force")
-    deadline = time.monotonic() + 120
-    while not list(work.glob(".out.*.partial")):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=120)
+    stderr = signal_while_staging(proc, work, ".out.*.partial", signal.SIGTERM)
     assert proc.returncode == 143, stderr
     assert "terminated" in stderr and "Traceback" not in stderr, stderr
     assert snapshot(work) == before
@@ -239,7 +207,7 @@ def test_sigterm_mid_export_exits_143_with_one_line_and_keeps_the_old_export(wor
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
 @pytest.mark.parametrize("delay", [0.3, 1.0, 2.0, 3.0])  # after the interpreter itself started; torch loads ~3 s
-def test_a_signal_while_starting_is_one_line(tmp_path, delay, sig, code):
+def test_a_signal_while_starting_is_one_line(tmp_path, delay, sig, code, seq2trt):
     proc = seq2trt("train", "-o", tmp_path / "ck", "--preset", "tiny", "--steps", "100000")
     time.sleep(delay)
     proc.send_signal(sig)
@@ -271,7 +239,7 @@ def test_reading_inside_a_write_guard_does_not_wait_for_itself(tmp_path):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "sigterm"])
-def test_export_force_killed_at_random_moments_never_loses_the_export(work, sig):
+def test_export_force_killed_at_random_moments_never_loses_the_export(work, sig, seq2trt):
     """The probe of issue 17: `export --force` killed at a random moment after it started staging. Afterwards the
     export is whole (the old one or the new one, every file matching its manifest) once the next verb has run."""
     import random

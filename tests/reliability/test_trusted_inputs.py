@@ -15,49 +15,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from click.testing import CliRunner
 
-from seq2trt.cli.main import cli
-from seq2trt.exporters.manifest import MANIFEST, read_manifest, write_manifest
+from seq2trt.exporters.manifest import MANIFEST, read_manifest
 from seq2trt.plugins import trt_compat
 from seq2trt.reference_model.errors import ArtifactError
 
 
-def snapshot(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*"))}
-
-
-def invoke(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-def one_error_line(result, code: int, *fragments: str) -> str:
-    assert result.exit_code == code, result.output
-    assert "Traceback" not in result.output and (result.exception is None or isinstance(result.exception, SystemExit))
-    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, result.output
-    assert all(f in lines[0] for f in fragments), lines[0]
-    return lines[0]
-
-
-def reexport_manifest(out: Path) -> None:
-    """What `export --force` does to the manifest a reader started from: a new one (new generation)."""
-    m = read_manifest(out)
-    write_manifest(out, m.config, m.data["settings"], list(m.data["files"]), m.data["source"])
-
-
 # --- readers whose export is replaced while they run ---------------------------------------------------------------
 
-def test_validate_refuses_to_write_into_an_export_replaced_meanwhile(work, monkeypatch):
+def test_validate_refuses_to_write_into_an_export_replaced_meanwhile(work, monkeypatch, snapshot, invoke,
+                                                                     one_error_line, rewrite_manifest):
     from seq2trt.validation import validate
 
     real = validate.graph_parity
 
     def replaced_meanwhile(*args, **kwargs):
         result = real(*args, **kwargs)
-        reexport_manifest(work / "out")
+        rewrite_manifest(work / "out")
         return result
 
     monkeypatch.setattr(validate, "graph_parity", replaced_meanwhile)
@@ -68,20 +42,21 @@ def test_validate_refuses_to_write_into_an_export_replaced_meanwhile(work, monke
     assert snapshot(work / "out" / "reports") == before
 
 
-def test_report_refuses_to_write_into_an_export_replaced_meanwhile(work, monkeypatch):
+def test_report_refuses_to_write_into_an_export_replaced_meanwhile(work, monkeypatch, snapshot, invoke, one_error_line,
+                                                                   rewrite_manifest):
     from seq2trt.validation import report
 
     real = report.render_markdown
-    monkeypatch.setattr(report, "render_markdown", lambda out: (real(out), reexport_manifest(out))[0])
+    monkeypatch.setattr(report, "render_markdown", lambda out: (real(out), rewrite_manifest(out))[0])
     before = snapshot(work / "out" / "reports")
     one_error_line(invoke("report", work / "out"), 2, "was replaced while report ran")
     assert snapshot(work / "out" / "reports") == before
 
 
-def test_bench_refuses_to_write_into_an_export_replaced_meanwhile(work, monkeypatch):
+def test_bench_refuses_to_write_into_an_export_replaced_meanwhile(work, monkeypatch, snapshot, rewrite_manifest):
     from seq2trt.validation import bench
 
-    monkeypatch.setattr(bench.Bench, "run", lambda self: reexport_manifest(work / "out") or {})
+    monkeypatch.setattr(bench.Bench, "run", lambda self: rewrite_manifest(work / "out") or {})
     before = snapshot(work / "out" / "reports")
     with pytest.raises(ArtifactError, match="was replaced while bench ran"):
         bench.run_bench(work / "out", bench.BenchSettings(backends=("ort",), batch_sizes=(1,)))
@@ -90,7 +65,7 @@ def test_bench_refuses_to_write_into_an_export_replaced_meanwhile(work, monkeypa
 
 # --- every consumer verifies what it reads ------------------------------------------------------------------------
 
-def test_hand_edited_manifest_limits_are_refused_by_every_reader(work):
+def test_hand_edited_manifest_limits_are_refused_by_every_reader(work, snapshot, invoke, one_error_line):
     path = work / "out" / MANIFEST
     data = json.loads(path.read_text())
     data["settings"]["limits"]["max_batch"] = 100000
@@ -102,7 +77,7 @@ def test_hand_edited_manifest_limits_are_refused_by_every_reader(work):
     assert snapshot(work) == before
 
 
-def test_report_refuses_edited_fused_graphs(work):
+def test_report_refuses_edited_fused_graphs(work, invoke, one_error_line):
     with open(work / "out" / "fused" / "trt" / "decoder.onnx", "ab") as f:
         f.write(b"\0")
     one_error_line(invoke("report", work / "out"), 2, "decoder.onnx does not match its sha256 in fusion.json")
@@ -126,7 +101,7 @@ def fake_engines(out: Path, source_sha256: str | None = None) -> Path:
     return folder
 
 
-def test_report_refuses_engines_built_from_other_graphs(work):
+def test_report_refuses_engines_built_from_other_graphs(work, invoke, one_error_line):
     fake_engines(work / "out")
     assert invoke("report", work / "out").exit_code == 0  # the control: engines of these very graphs
     fake_engines(work / "out", source_sha256="ab" * 32)  # copied from another export, or build.json edited
@@ -138,7 +113,7 @@ def test_report_refuses_engines_built_from_other_graphs(work):
     (lambda info: info.update(dtype="fp16"), "dtype 'fp16', the export's is 'fp32'"),
     (lambda info: info.pop("limits"), "it lacks 'limits'"),
 ], ids=["limits", "dtype", "no-limits"])
-def test_report_refuses_an_edited_build_json(work, edit, fragment):
+def test_report_refuses_an_edited_build_json(work, edit, fragment, invoke, one_error_line):
     record = fake_engines(work / "out") / "build.json"
     info = json.loads(record.read_text())
     edit(info)
@@ -167,7 +142,7 @@ def poison(w: Path, *names: str) -> None:
     save_file(state, str(path))
 
 
-def test_non_finite_weights_are_refused_at_load_naming_the_tensors(work):
+def test_non_finite_weights_are_refused_at_load_naming_the_tensors(work, snapshot, invoke, one_error_line):
     poison(work, "lm_head.weight", "tgt_embed.weight")
     before = snapshot(work)
     for args in (["translate", work / "ckpt", "123"], ["export", work / "ckpt", "-o", work / "new"]):
@@ -189,7 +164,7 @@ def test_parity_statistics_are_safe_on_nothing_finite(candidate, reference):
     assert bool(stats) == (candidate.size == 0)
 
 
-def test_validate_samples_are_bounded(work):
+def test_validate_samples_are_bounded(work, invoke, one_error_line):
     one_error_line(invoke("validate", work / "out", "--samples", "100000000"), 2, "--samples 100000000",
                    "at most 100000")
 
@@ -201,7 +176,7 @@ def test_validate_samples_are_bounded(work):
     (["--max-src-len", "0"], "max_src_len must be an integer >= 2"),
     (["--max-batch", "1000000000"], "more than a TensorRT profile can"),
 ], ids=["batch-0", "src-len-0", "batch-absurd"])
-def test_export_refuses_limits_that_are_zero_or_absurd(work, flags, fragment):
+def test_export_refuses_limits_that_are_zero_or_absurd(work, flags, fragment, snapshot, invoke, one_error_line):
     before = snapshot(work)
     one_error_line(invoke("export", work / "ckpt", "-o", work / "new", *flags), 2, fragment)
     assert snapshot(work) == before
@@ -221,13 +196,15 @@ def tensorrt_here(monkeypatch):
     (["--max-batch", "64"], "--max-batch 64 (the export's max_batch is 4)"),
     (["--max-src-len", "0"], "max_src_len must be an integer >= 2"),
 ], ids=["batch-0", "batch-beyond-export", "src-len-0"])
-def test_build_refuses_profiles_of_zero_or_beyond_the_export(work, tensorrt_here, flags, fragment):
+def test_build_refuses_profiles_of_zero_or_beyond_the_export(work, tensorrt_here, flags, fragment, snapshot, invoke,
+                                                             one_error_line):
     before = snapshot(work)
     one_error_line(invoke("build", work / "out", "--target", "sm_86", "--force", *flags), 2, fragment)
     assert snapshot(work) == before
 
 
-def test_build_for_the_current_gpu_without_one_is_a_clear_error(work, tensorrt_here, monkeypatch):
+def test_build_for_the_current_gpu_without_one_is_a_clear_error(work, tensorrt_here, monkeypatch, snapshot, invoke,
+                                                                one_error_line):
     monkeypatch.setattr(trt_compat, "has_gpu", lambda: False)
     before = snapshot(work)
     one_error_line(invoke("build", work / "out", "--target", "current", "--force"), 2, "--target current",
@@ -235,7 +212,8 @@ def test_build_for_the_current_gpu_without_one_is_a_clear_error(work, tensorrt_h
     assert snapshot(work) == before
 
 
-def test_head_dims_the_kernels_do_not_take_are_refused_at_build(work, tensorrt_here, monkeypatch):
+def test_head_dims_the_kernels_do_not_take_are_refused_at_build(work, tensorrt_here, monkeypatch, snapshot, invoke,
+                                                                one_error_line):
     from seq2trt.plugins.kernels import launch
 
     monkeypatch.setattr(launch, "HEAD_DIMS", (64, 128))  # the artifact's head_dim is 32
@@ -247,7 +225,8 @@ def test_head_dims_the_kernels_do_not_take_are_refused_at_build(work, tensorrt_h
 
 # --- a full disk names the artifact's file and what was kept, not the hidden staging folder -------------------------
 
-def test_full_disk_names_the_file_and_says_the_previous_one_is_intact(work, monkeypatch):
+def test_full_disk_names_the_file_and_says_the_previous_one_is_intact(work, monkeypatch, snapshot, invoke,
+                                                                      one_error_line):
     real = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left")))
     before = snapshot(work)

@@ -6,36 +6,12 @@ traceback.
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-
-from seq2trt.cli.main import cli
-
-
-@pytest.fixture
-def work(artifact, tmp_path) -> Path:
-    shutil.copytree(artifact, tmp_path / "w")
-    return tmp_path / "w"
-
-
-def invoke(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-def one_error_line(result, code: int, *fragments: str) -> str:
-    assert result.exit_code == code, result.output[:2000]
-    assert "Traceback" not in result.output and (result.exception is None or isinstance(result.exception, SystemExit))
-    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, result.output[:2000]
-    assert all(f in lines[0] for f in fragments), lines[0][:2000]
-    return lines[0]
 
 
 @pytest.mark.parametrize("text", ["12a" * 33_334, "12 a " * 20_000], ids=["one-word", "many-words"])
-def test_a_huge_input_gives_a_short_error_line(work, text):
+def test_a_huge_input_gives_a_short_error_line(work, text, invoke, one_error_line):
     """The vocabulary error echoes the text: it is shown by its ends and its length."""
     result = invoke("translate", work / "ckpt", text)
     assert len(result.output) < 1500, len(result.output)
@@ -50,12 +26,12 @@ def test_a_huge_input_gives_a_short_error_line(work, text):
     (lambda p: p.write_text("[1, 2]"), "a JSON object with 'source' and 'target'"),
     (lambda p: (p.unlink(), p.mkdir()), "is a directory"),
 ], ids=["non-string-token", "entry-not-object", "not-an-object", "directory"])
-def test_a_damaged_vocab_json_is_named(work, damage, fragment):
+def test_a_damaged_vocab_json_is_named(work, damage, fragment, invoke, one_error_line):
     damage(work / "ckpt" / "vocab.json")
     one_error_line(invoke("translate", work / "ckpt", "123"), 2, "vocab.json", fragment)
 
 
-def test_seq2trt_cache_on_a_file_is_refused_before_training(work, monkeypatch):
+def test_seq2trt_cache_on_a_file_is_refused_before_training(work, monkeypatch, invoke, one_error_line):
     from seq2trt.reference_model import train
 
     (work / "cache").write_text("not a folder")
@@ -64,7 +40,7 @@ def test_seq2trt_cache_on_a_file_is_refused_before_training(work, monkeypatch):
     one_error_line(invoke("demo", "-o", work / "demo"), 2, "SEQ2TRT_CACHE", f"{work / 'cache'} is a file")
 
 
-def test_a_deleted_checkpoint_points_at_checkpoint_not_train(work, artifact):
+def test_a_deleted_checkpoint_points_at_checkpoint_not_train(work, artifact, invoke, one_error_line):
     out = work / "out"
     manifest = json.loads((out / "manifest.json").read_text())
     gone = work / "moved-away"
@@ -79,5 +55,5 @@ def test_a_deleted_checkpoint_points_at_checkpoint_not_train(work, artifact):
 
 
 @pytest.mark.parametrize("alpha", ["nan", "-nan"])
-def test_a_nan_length_penalty_is_refused(work, alpha):
+def test_a_nan_length_penalty_is_refused(work, alpha, invoke, one_error_line):
     one_error_line(invoke("translate", work / "ckpt", "123", "--beam", "2", "--alpha", alpha), 2, "--alpha")
