@@ -30,7 +30,8 @@ from onnx import helper
 from seq2trt.plugins.op import DOMAIN, PLUGIN_NAME, AttentionAttrs, attrs_from_node
 from seq2trt.reference_model.config import Seq2SeqConfig
 from seq2trt.reference_model.errors import ArtifactError, CheckFailed, Seq2TrtError
-from seq2trt.reference_model.io import atomic_write_text, sha256_file, staged_directory
+from seq2trt.reference_model.io import atomic_write_text, sha256_file
+from seq2trt.reference_model.swap import staged_directory
 
 from . import spec
 from .artifact_checks import check_derived_graphs, load_graph

@@ -45,7 +45,8 @@ from onnx import TensorProto, helper
 
 from seq2trt.reference_model.config import Seq2SeqConfig
 from seq2trt.reference_model.errors import ArtifactError, InputError
-from seq2trt.reference_model.io import atomic_write_text, sha256_file, staged_directory
+from seq2trt.reference_model.io import atomic_write_text, sha256_file
+from seq2trt.reference_model.swap import staged_directory
 
 from . import spec
 from .artifact_checks import load_graph

@@ -18,7 +18,8 @@ from typing import Any, Iterator
 
 from seq2trt.reference_model.config import LATER_FIELDS, Seq2SeqConfig
 from seq2trt.reference_model.errors import ArtifactError
-from seq2trt.reference_model.io import atomic_write_text, recover_tree, replacements_paused, sha256_file
+from seq2trt.reference_model.io import atomic_write_text, sha256_file
+from seq2trt.reference_model.swap import recover_tree, replacements_paused
 
 from . import spec
 

@@ -23,7 +23,7 @@ import torch.nn as nn
 
 from seq2trt.plugins.op import AttentionAttrs, AttentionKind
 from seq2trt.reference_model.errors import ArtifactError, ConfigError
-from seq2trt.reference_model.io import staged_directory
+from seq2trt.reference_model.swap import staged_directory
 from seq2trt.reference_model.model import Seq2SeqTransformer
 
 from . import spec

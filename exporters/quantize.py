@@ -26,7 +26,8 @@ from typing import Callable
 import onnx
 
 from seq2trt.reference_model.errors import ArtifactError, DependencyError, InputError
-from seq2trt.reference_model.io import atomic_write_text, sha256_file, staged_directory
+from seq2trt.reference_model.io import atomic_write_text, sha256_file
+from seq2trt.reference_model.swap import staged_directory
 
 from . import spec
 from .artifact_checks import check_derived_graphs, load_graph

@@ -25,8 +25,8 @@ from typing import Callable
 from seq2trt.plugins import trt_compat
 from seq2trt.plugins.op import PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION
 from seq2trt.reference_model.errors import ArtifactError, InputError
-from seq2trt.reference_model.io import (atomic_write_bytes, atomic_write_text, locked, refuse_existing, sha256_file,
-                                        staged_directory)
+from seq2trt.reference_model.io import atomic_write_bytes, atomic_write_text, refuse_existing, sha256_file
+from seq2trt.reference_model.swap import locked, staged_directory
 
 from . import fuse, spec
 from .artifact_checks import load_graph

@@ -15,7 +15,7 @@ import torch
 
 from .config import Seq2SeqConfig
 from .errors import CheckpointError
-from .io import staged_directory
+from .swap import staged_directory
 from .model import Seq2SeqTransformer
 from .vocab import Vocab, load_vocabs, save_vocabs
 

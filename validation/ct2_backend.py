@@ -29,7 +29,8 @@ from typing import Callable
 import numpy as np
 
 from seq2trt.reference_model.errors import CheckFailed, ConfigError, DependencyError, InputError
-from seq2trt.reference_model.io import atomic_write_text, staged_directory
+from seq2trt.reference_model.io import atomic_write_text
+from seq2trt.reference_model.swap import staged_directory
 
 logger = logging.getLogger(__name__)
 

@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from seq2trt.reference_model.errors import CheckFailed, CheckpointError, DependencyError, InputError
-from seq2trt.reference_model.io import atomic_write_text, sha256_file, staged_directory
+from seq2trt.reference_model.io import atomic_write_text, sha256_file
+from seq2trt.reference_model.swap import staged_directory
 
 from .bench_backends import peak_rss_mb, start_turn
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from seq2trt.exporters import spec
 from seq2trt.exporters.manifest import verify
 from seq2trt.reference_model.errors import InputError
-from seq2trt.reference_model.io import staged_directory
+from seq2trt.reference_model.swap import staged_directory
 
 from .decode_jobs import checkpoint_folder, has_tokenizer
 from .triton_server import ServeSettings, model_config, tensor_block, write_python_model
