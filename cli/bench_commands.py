@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from seq2trt.validation.bench import KNOWN_BACKENDS, BenchSettings
+from seq2trt.validation.bench_settings import KNOWN_BACKENDS, BenchSettings
 
 
 @click.command()
@@ -40,7 +40,8 @@ def bench(out: Path, backends: str, batch_sizes: str, threads: str, repeats: int
           new_tokens: int, curves: bool, checkpoint: Path | None, search: str, beam: int,
           length_penalty: float) -> None:
     """Time the backends on the export in OUT; write OUT/reports/latency.json, latency.md and plots."""
-    from seq2trt.validation.bench import parse_backends, parse_ints, run_bench
+    from seq2trt.validation.bench import run_bench
+    from seq2trt.validation.bench_settings import parse_backends, parse_ints
 
     from .progress import progress_bar
 

@@ -36,7 +36,8 @@ def demo(out: Path, samples: int, force: bool) -> None:
     from seq2trt.reference_model.checkpoint import load_checkpoint, source_record
     from seq2trt.reference_model.io import refuse_existing
     from seq2trt.reference_model.train import demo_checkpoint
-    from seq2trt.validation.bench import BenchSettings, run_bench, unavailable
+    from seq2trt.validation.bench import run_bench
+    from seq2trt.validation.bench_settings import BenchSettings, unavailable
     from seq2trt.validation.report import write_report
     from seq2trt.validation.validate import ValidateSettings, run_validation
 

@@ -166,7 +166,8 @@ def bench(checkpoint: str, export_dir: str, out: str) -> int:
     from seq2trt.exporters.fuse import Target, fuse_artifacts, fused_dir
     from seq2trt.exporters.onnx_export import export
     from seq2trt.reference_model.checkpoint import load_checkpoint, source_record
-    from seq2trt.validation.bench import BenchSettings, available_backends, run_bench
+    from seq2trt.validation.bench import run_bench
+    from seq2trt.validation.bench_settings import BenchSettings, available_backends
 
     export_path = Path(export_dir)
     if not (export_path / "manifest.json").exists():

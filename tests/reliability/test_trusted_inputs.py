@@ -55,11 +55,12 @@ def test_report_refuses_to_write_into_an_export_replaced_meanwhile(work, monkeyp
 
 def test_bench_refuses_to_write_into_an_export_replaced_meanwhile(work, monkeypatch, snapshot, rewrite_manifest):
     from seq2trt.validation import bench
+    from seq2trt.validation.bench_settings import BenchSettings
 
     monkeypatch.setattr(bench.Bench, "run", lambda self: rewrite_manifest(work / "out") or {})
     before = snapshot(work / "out" / "reports")
     with pytest.raises(ArtifactError, match="was replaced while bench ran"):
-        bench.run_bench(work / "out", bench.BenchSettings(backends=("ort",), batch_sizes=(1,)))
+        bench.run_bench(work / "out", BenchSettings(backends=("ort",), batch_sizes=(1,)))
     assert snapshot(work / "out" / "reports") == before
 
 

@@ -21,6 +21,7 @@ from seq2trt.reference_model.eager import EagerStepModel
 from seq2trt.reference_model.errors import InputError
 from seq2trt.reference_model.io import sha256_file
 from seq2trt.validation import bench, bench_backends
+from seq2trt.validation.bench_settings import BenchSettings, parse_backends, parse_ints
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -47,7 +48,7 @@ def report(exported):
     out, _ = exported
     fuse_artifacts(out, Target.ORT)
     quantize_artifacts(out)
-    settings = bench.BenchSettings(backends=("eager", "ort", "ort-int8", "ct2", "ct2-int8"), batch_sizes=(1, 3),
+    settings = BenchSettings(backends=("eager", "ort", "ort-int8", "ct2", "ct2-int8"), batch_sizes=(1, 3),
                                    repeats=2, warmup=1, src_len=8, new_tokens=5, check_samples=8)
     bench.run_bench(out, settings)
     return out / "reports"
@@ -134,17 +135,17 @@ def test_paired_ratio_is_the_median_of_pairs():
 
 def test_parse_errors_list_what_is_known():
     with pytest.raises(InputError, match="known backends: eager, eager-cuda, ort, ort-fused, ort-int8, tensorrt"):
-        bench.parse_backends("eager,onnx")
+        parse_backends("eager,onnx")
     with pytest.raises(InputError, match="integers >= 1"):
-        bench.parse_ints("1,0", "--batch-sizes")
+        parse_ints("1,0", "--batch-sizes")
 
 
 def test_one_multi_thread_count_per_run_with_onnx_runtime():
     """ONNX Runtime's shared pool is fixed once per process: 1 and one other count, never two others."""
-    bench.BenchSettings(backends=("ort", "ct2"), threads=(1, 2))
-    bench.BenchSettings(backends=("eager", "ct2"), threads=(2, 4))
+    BenchSettings(backends=("ort", "ct2"), threads=(1, 2))
+    BenchSettings(backends=("eager", "ct2"), threads=(2, 4))
     with pytest.raises(InputError, match="one shared thread pool per process"):
-        bench.BenchSettings(backends=("ort-fused",), threads=(1, 2, 4))
+        BenchSettings(backends=("ort-fused",), threads=(1, 2, 4))
 
 
 def test_latency_json_says_how_each_backend_threads(report):
@@ -179,7 +180,7 @@ def test_eager_cuda_is_timed_beside_the_cpu_backends(exported, tmp_path):
 
     out, _ = exported
     copy = shutil.copytree(out, tmp_path / "out")
-    settings = bench.BenchSettings(backends=("eager", "eager-cuda", "ort"), batch_sizes=(1, 3), repeats=2, warmup=1,
+    settings = BenchSettings(backends=("eager", "eager-cuda", "ort"), batch_sizes=(1, 3), repeats=2, warmup=1,
                                    src_len=8, new_tokens=5)
     doc = bench.run_bench(copy, settings)
     assert set(doc["results"]["1"]) == {"eager", "eager-cuda", "ort"}
@@ -196,7 +197,7 @@ def test_no_curves_times_decoding_only(exported, tmp_path):
 
     out, _ = exported
     copy = shutil.copytree(out, tmp_path / "out", ignore=shutil.ignore_patterns("reports"))
-    settings = bench.BenchSettings(backends=("eager", "ort"), batch_sizes=(2,), repeats=1, warmup=0, src_len=6,
+    settings = BenchSettings(backends=("eager", "ort"), batch_sizes=(2,), repeats=1, warmup=0, src_len=6,
                                    new_tokens=4, curves=False)
     doc = bench.run_bench(copy, settings)
     assert doc["results"]["1"]["ort"]["2"]["tokens_per_s"] > 0 and doc["results"]["1"]["ort"]["2"]["step_ms_p50"] > 0
