@@ -87,6 +87,8 @@ def validate(out: Path, backend: str, graphs: str, samples: int, beam_size: int,
     summary = "" if e2e is None else (
         f"; end to end on {e2e['samples']} sources: token_agreement {e2e['token_agreement']:.6f}, "
         f"sequence_match {e2e['sequence_match']:.6f}, max_logit_abs_err {e2e['max_logit_abs_err']:.3g}"
+        + "".join(f", {s} near-ties {a['near_ties']} (judged token_agreement {a['judged_token_agreement']:.6f})"
+                  for s in ("greedy", "beam") if (a := e2e.get(s) or {}).get("near_ties"))
         + (f", {m['name']} {m['candidate']:.4f} (eager {m['reference']:.4f})" if (m := e2e.get("task_metric")) else ""))
     click.echo(f"parity passed ({doc['cases']} graph cases{summary}) in {time.perf_counter() - start:.0f} s; "
                f"report in {out}/reports/{doc.get('report', 'parity.md')}")

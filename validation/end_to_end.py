@@ -13,7 +13,9 @@ Near-ties (greedy): a graph whose logits are off by at most e can flip a token w
 top-2 margin is at most 2e (each logit may move by e, in opposite directions). A greedy divergence whose eager margin
 at its first divergent step is within twice the greedy path's measured `max_logit_abs_err` is counted and reported
 as a near-tie, with its margin, and left out of the agreement the targets judge; any other divergence still fails.
-Beam divergences are judged as they are (a beam's choice depends on whole hypotheses' scores, not one margin).
+
+Near-ties (beam): a beam divergence is judged by the eager scores of what the two searches compared, against the
+logit error measured along those hypotheses; `beam_ties` says how. Counted and reported like greedy's.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import numpy as np
 
 from seq2trt.reference_model.decoding import DecodeSettings, StepHook, StepModel, beam_search, greedy_decode
 from seq2trt.reference_model.vocab import pad_batch
+
+from .beam_ties import BEAM_ALPHA, beam_near_ties, beam_tracer
 
 
 @dataclass(frozen=True)
@@ -83,8 +87,9 @@ class SequenceAgreement:
     first_divergent_step: int | None
     divergent_samples: list[int] = field(default_factory=list)  # indices, first 20
     divergent_steps: dict[int, int] = field(default_factory=dict, repr=False)  # every divergent sample's first step
-    near_ties: int = 0  # divergences within the graphs' measured logit error of an eager tie (greedy)
-    near_tie_examples: list[dict] = field(default_factory=list)  # sample, step, eager margin: first 20
+    near_ties: int = 0  # divergences within the graphs' measured logit error of an eager tie
+    # sample, step, eager margin (beam: also kind and tolerance; the margin is the eager score gap): first 20
+    near_tie_examples: list[dict] = field(default_factory=list)
     judged_token_agreement: float | None = None  # without the near-tie samples: what the targets judge
     judged_sequence_match: float | None = None
 
@@ -125,13 +130,19 @@ def with_near_ties(result: SequenceAgreement, reference: list[list[int]], candid
                    margins: dict[tuple[int, int], float], max_logit_abs_err: float) -> SequenceAgreement:
     """`result` with its near-ties counted (eager margin at the first divergent step <= 2 x the logit error) and
     the agreement recomputed without them for the targets."""
-    ties = [(i, step, margins[i, step]) for i, step in sorted(result.divergent_steps.items())
+    ties = [{"sample": i, "step": step, "eager_margin": margins[i, step]}
+            for i, step in sorted(result.divergent_steps.items())
             if (i, step) in margins and margins[i, step] <= 2 * max_logit_abs_err]
+    return _judged_without(result, ties, reference, candidate, eos_id)
+
+
+def _judged_without(result: SequenceAgreement, ties: list[dict], reference: list[list[int]],
+                    candidate: list[list[int]], eos_id: int) -> SequenceAgreement:
+    """`result` with `ties` (examples, one per sample) counted and the agreement recomputed without them."""
     if not ties:
         return result
-    judged = agreement(reference, candidate, eos_id, frozenset(i for i, _, _ in ties))
-    result.near_ties = len(ties)
-    result.near_tie_examples = [{"sample": i, "step": step, "eager_margin": margin} for i, step, margin in ties[:20]]
+    judged = agreement(reference, candidate, eos_id, frozenset(t["sample"] for t in ties))
+    result.near_ties, result.near_tie_examples = len(ties), ties[:20]
     result.judged_token_agreement, result.judged_sequence_match = judged.token_agreement, judged.sequence_match
     return result
 
@@ -184,12 +195,13 @@ class EndToEndResult:
                 "targets": asdict(self.targets), "task_metric": self.task_metric, "passed": bool(self)}
 
 
-Decoder = Callable[[StepModel, np.ndarray, np.ndarray], list[list[int]]]
+Decoder = Callable[..., list[list[int]]]  # (model, ids, mask, hook or trace) -> each source's tokens
 
 
 def _decode_all(model: StepModel, sources: list[list[int]], decode: Decoder, batch_size: int,
-                pad_id: int, on_step: Callable[[int], StepHook] | None = None) -> list[list[int]]:
-    """Decode in batches; `on_step(offset)` makes the step hook of the batch starting at source `offset`."""
+                pad_id: int, on_step: Callable[[int], Any] | None = None) -> list[list[int]]:
+    """Decode in batches; `on_step(offset)` makes the step hook (greedy) or the model wrapper (beam:
+    `beam_ties.BeamTrace`) of the batch starting at source `offset`."""
     outputs: list[list[int]] = []
     for i in range(0, len(sources), batch_size):
         ids, mask = pad_batch(sources[i: i + batch_size], pad_id)
@@ -216,19 +228,25 @@ def end_to_end(candidate: StepModel, reference: StepModel, sources: list[list[in
     """Greedy and beam decoding of `sources` (id lists, eos included) on both models, compared. `dtype` names
     the TARGETS row; `task_metric` (name, score of the greedy outputs in source order) is reported for both."""
     greedy: Decoder = lambda m, ids, mask, hook: greedy_decode(m, ids, mask, settings, on_step=hook)
-    beam: Decoder = lambda m, ids, mask, hook: beam_search(m, ids, mask, settings, beam_size=beam_size)
+    beam: Decoder = lambda m, ids, mask, trace: beam_search(m if trace is None else trace(m), ids, mask, settings,
+                                                            beam_size=beam_size, alpha=BEAM_ALPHA)
     agreements, max_err, metric = {}, {}, None
     for name, decode, size in (("greedy", greedy, batch_size), ("beam", beam, max(1, batch_size // beam_size))):
         if progress:
             progress(f"{name} decoding of {len(sources)} sources")
-        paired, margins = PairedStepModel(reference, candidate), {}
-        recorder = _margin_recorder(settings, margins) if name == "greedy" else None
-        want = _decode_all(paired, sources, decode, size, settings.pad_id, recorder)  # the reference's tokens
-        got = _decode_all(candidate, sources, decode, size, settings.pad_id)
+        paired, margins, traces = PairedStepModel(reference, candidate), {}, ({}, {})
+        hooks = (_margin_recorder(settings, margins), None) if name == "greedy" else \
+            tuple(beam_tracer(beam_size, settings.pad_id, t) for t in traces)
+        want = _decode_all(paired, sources, decode, size, settings.pad_id, hooks[0])  # the reference's tokens
+        got = _decode_all(candidate, sources, decode, size, settings.pad_id, hooks[1])
         agreements[name] = agreement(want, got, settings.eos_id)
         max_err[name] = paired.max_abs_err
         if name == "greedy":
             agreements[name] = with_near_ties(agreements[name], want, got, settings.eos_id, margins, max_err[name])
+        else:
+            ties = beam_near_ties(agreements[name].divergent_steps, reference, candidate, sources, want, got,
+                                  traces, settings, beam_size, TARGETS[dtype].max_logit_abs_err)
+            agreements[name] = _judged_without(agreements[name], ties, want, got, settings.eos_id)
         if name == "greedy" and task_metric is not None:
             label, score = task_metric
             metric = {"name": label, "reference": score(want), "candidate": score(got)}

@@ -140,7 +140,8 @@ def _parity(out: Path) -> list[str]:
              "max logit err | task metric (eager) |", "|---|---|---|---|---|---|---|---|---|"]
     for name, doc in docs.items():
         e2e = doc.get("end_to_end") or {}
-        agree = lambda s: f"{e2e[s]['token_agreement']:.6f}" if s in e2e else "–"
+        agree = lambda s: (f"{e2e[s]['token_agreement']:.6f}" if s in e2e else "–") + \
+            (f" ({n} near-tie(s))" if s in e2e and (n := e2e[s].get("near_ties")) else "")
         err = f"{e2e['max_logit_abs_err']:.3g}" if "max_logit_abs_err" in e2e else "–"
         m = e2e.get("task_metric")
         metric = f"{m['candidate']:.4f} ({m['reference']:.4f})" if m else "–"

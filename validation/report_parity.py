@@ -28,14 +28,7 @@ def markdown(doc: dict) -> str:
             a = e2e[name]
             lines.append(f"| {name}{'' if name == 'greedy' else ' ' + str(e2e['beam_size'])} | "
                          f"{a['token_agreement']:.6f} | {a['sequence_match']:.6f} | {a['first_divergent_step']} |")
-        ties = e2e["greedy"].get("near_ties") or 0  # parity.json files from before near-ties have none
-        if ties:
-            shown = ", ".join(f"sample {t['sample']} step {t['step']} margin {t['eager_margin']:.3g}"
-                              for t in e2e["greedy"]["near_tie_examples"][:5])
-            lines += ["", f"Greedy near-ties: {ties} divergence(s) where the eager top-1 / top-2 margin is within "
-                          f"twice the measured logit error ({shown}); judged without them: token agreement "
-                          f"{e2e['greedy']['judged_token_agreement']:.6f}, sequence match "
-                          f"{e2e['greedy']['judged_sequence_match']:.6f}"]
+        lines += _near_ties(e2e)
         metric = e2e.get("task_metric")
         if metric:
             lines += ["", f"{metric['name']} (greedy): {metric['candidate']:.4f} on these graphs, "
@@ -50,6 +43,26 @@ def markdown(doc: dict) -> str:
     if failures:
         lines += ["", "## Failures", ""] + [f"- {f}" for f in failures]
     return "\n".join(lines) + "\n"
+
+
+def _near_ties(e2e: dict) -> list[str]:
+    """Each search's near-ties (parity.json files from before near-ties, or before beam's, have none): how many,
+    the first five with their eager margins, and the agreement judged without them."""
+    lines = []
+    for name, why in (("greedy", "the eager top-1 / top-2 margin is within twice the measured logit error"),
+                      ("beam", "the eager scores the searches compared are within what the measured logit error "
+                               "can move (validation.beam_ties)")):
+        a = e2e[name]
+        if not a.get("near_ties"):
+            continue
+        shown = ", ".join(f"sample {t['sample']} step {t['step']}" + (f" {t['kind']}" if "kind" in t else "") +
+                          f" margin {t['eager_margin']:.3g}" +
+                          (f" (tolerance {t['tolerance']:.3g})" if "tolerance" in t else "")
+                          for t in a["near_tie_examples"][:5])
+        lines += ["", f"{name.capitalize()} near-ties: {a['near_ties']} divergence(s) where {why} ({shown}); "
+                      f"judged without them: token agreement {a['judged_token_agreement']:.6f}, sequence match "
+                      f"{a['judged_sequence_match']:.6f}"]
+    return lines
 
 
 def localisation_plot(doc: dict) -> str:
