@@ -2,8 +2,9 @@
 
 usage: python scripts/profile_generate.py OUT BATCH [BEAMS]
 Runs beam search (default 4 beams, length penalty 0.6, at most 63 new tokens) 3 times on the first BATCH held-out
-sources of the checkpoint's task (random ids without one), 1 thread, and prints the BeamSearch node's time per run,
-the time of the subgraphs' kernels by op type, and what is left outside them (search, feeds, KV reorder).
+sources of the checkpoint's task (random ids without one), 1 thread, with the ort-generate backend's session settings
+(generate_backend.session_options), and prints the BeamSearch node's time per run, the time of the subgraphs' kernels
+by op type, and what is left outside them (search, feeds, KV reorder).
 """
 import json, sys, glob, os, collections
 import numpy as np, onnxruntime as ort
@@ -11,14 +12,16 @@ from pathlib import Path
 from seq2trt.exporters.manifest import verify
 from seq2trt.validation.reference import e2e_sources
 from seq2trt.reference_model.vocab import pad_batch
+from seq2trt.validation.generate_backend import session_options
 out, B = Path(sys.argv[1]), int(sys.argv[2])
 K = int(sys.argv[3]) if len(sys.argv) > 3 else 4
 import tempfile
 prefix = tempfile.mkdtemp() + "/generate"
 m = verify(out)
-o = ort.SessionOptions(); o.intra_op_num_threads = 1; o.inter_op_num_threads = 1
+o, disabled = session_options(ort, 1, int8=False)  # the ort-generate backend's session settings
 o.enable_profiling = True; o.profile_file_prefix = prefix
-s = ort.InferenceSession(str(out / "generate/ort/generate.onnx"), o, providers=["CPUExecutionProvider"])
+s = ort.InferenceSession(str(out / "generate/ort/generate.onnx"), o, providers=["CPUExecutionProvider"],
+                         disabled_optimizers=disabled)
 task = (m.data.get("source") or {}).get("task")
 src, _ = e2e_sources(m.config, task, B, 0)
 ids, mask = pad_batch(src, m.config.pad_id)
