@@ -29,7 +29,7 @@ from onnx import helper
 
 from seq2trt.plugins.op import DOMAIN, PLUGIN_NAME, AttentionAttrs, attrs_from_node
 from seq2trt.reference_model.config import Seq2SeqConfig
-from seq2trt.reference_model.errors import ArtifactError, CheckFailed, Seq2TrtError
+from seq2trt.reference_model.errors import ArtifactError, CheckFailed, InputError, Seq2TrtError
 from seq2trt.reference_model.io import atomic_write_text, sha256_file
 from seq2trt.reference_model.swap import staged_directory
 
@@ -133,14 +133,15 @@ def fuse_artifacts(out: Path, target: Target, allow_partial: bool = False, force
     """Fuse both graphs of the export in `out` into `out/fused/<target>/`, with `fusion.json`.
 
     Verifies the manifest hashes of the graphs it reads; an incomplete fusion raises `CheckFailed` naming the
-    unfused blocks (and writes nothing) unless `allow_partial`.
+    unfused blocks (and writes nothing) unless `allow_partial`. Plugin graphs of a head_dim the kernels do not take
+    are refused (`InputError`, nothing written): they would validate on CPU and then fail at build.
     """
     manifest = verify(out, [kind.filename for kind in spec.GraphKind])
-    if target is Target.TRT:  # the plugin graphs still run on CPU (the op's reference); build refuses them
+    if target is Target.TRT:
         from seq2trt.plugins.kernels.launch import kernel_head_dim_problem
 
         if problem := kernel_head_dim_problem(manifest.config.head_dim, out):
-            logger.warning("these plugin graphs validate on CPU but cannot become engines: %s", problem)
+            raise InputError(f"cannot fuse for TensorRT: {problem}")
     audit = FusionAudit(target.value)
     with staged_directory(fused_dir(out, target), force, f"fused {target.value}", kind=FUSION_JSON) as tmp:
         files = {}

@@ -14,21 +14,22 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from seq2trt.plugins.op import AttentionAttrs, AttentionKind
+from seq2trt.plugins.op import LOWEST_FP32, AttentionAttrs, AttentionKind
 
 MS_DOMAIN = "com.microsoft"
 
 
 def ort_node(node: onnx.NodeProto, attrs: AttentionAttrs) -> onnx.NodeProto:
     """com.microsoft.MultiHeadAttention inputs: query, key, value, bias, key_padding_mask, attention_bias,
-    past_key, past_value; the op's inputs map onto them by kind."""
+    past_key, past_value; the op's inputs map onto them by kind. Padded keys score LOWEST_FP32 (its default adds
+    -10000, which leaves an all-padding row attending as if unmasked), so such a row is the mean of V (`plugins.op`)."""
     inputs = list(node.input)
     if attrs.kind is AttentionKind.DECODER_SELF:
         q, k, v, past_k, past_v = inputs
         ms_inputs, extra = [q, k, v, "", "", "", past_k, past_v], {"unidirectional": 1}
     else:
         q, k, v, mask = inputs
-        ms_inputs, extra = [q, k, v, "", mask], {}
+        ms_inputs, extra = [q, k, v, "", mask], {"mask_filter_value": LOWEST_FP32}
     return helper.make_node("MultiHeadAttention", ms_inputs, list(node.output), name=node.name, domain=MS_DOMAIN,
                             num_heads=attrs.num_heads, scale=attrs.scale, **extra)
 

@@ -23,7 +23,7 @@ from typing import Protocol
 from seq2trt.reference_model.errors import ArtifactError, DependencyError, InputError
 
 from .kernels import aot
-from .kernels.launch import DIVISIBLE_BY_16, SCRATCH_PARAMS, SIGNATURES, Launch, plan
+from .kernels.launch import DIVISIBILITY, SCRATCH_PARAMS, SIGNATURES, Launch, plan
 from .op import AttentionAttrs
 
 logger = logging.getLogger(__name__)
@@ -60,9 +60,11 @@ def pack(launch: Launch) -> PackedLaunch:
     values = []
     for name, ty in SIGNATURES[launch.kernel]:
         value = launch.args[name]
-        if name in DIVISIBLE_BY_16[launch.kernel] and int(value) % 16:
-            raise InputError(f"{launch.kernel}: {name}={int(value)} is not a multiple of 16, which the compiled "
-                             "kernels assume; pass 16-byte aligned buffers")
+        divisor = DIVISIBILITY[launch.kernel].get(name)
+        if divisor and int(value) % divisor:
+            fix = "pass 16-byte aligned buffers" if ty.startswith("*") else "every head_dim is a multiple of 8"
+            raise InputError(f"{launch.kernel}: {name}={int(value)} is not a multiple of {divisor}, which the compiled "
+                             f"kernels assume; {fix}")
         values.append(ctypes.c_void_p(int(value)) if ty.startswith("*") else _CTYPES[ty](value))
     values += [ctypes.c_void_p(0) for _ in SCRATCH_PARAMS]
     return PackedLaunch(launch.key, launch.grid, tuple(values))
@@ -97,7 +99,7 @@ def _templates(attrs: AttentionAttrs, dtype: str, shapes: tuple, n_outputs: int,
             if ty.startswith("*"):
                 value = int(launch.args[name])
                 pointers.append((position, (value >> _TAG_SHIFT) - 1, value & ((1 << _TAG_SHIFT) - 1),
-                                 name in DIVISIBLE_BY_16[launch.kernel]))
+                                 name in DIVISIBILITY[launch.kernel]))
                 args[position] = None
         templates.append(_Template(packed.kernel, packed.grid, tuple(args), tuple(pointers)))
     return tuple(templates)

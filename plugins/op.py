@@ -10,6 +10,13 @@ Layouts (B batch, T query tokens, S source length, P past length, H heads, Dh he
 - key_padding_mask: (B, S) int32, 1 for a token, 0 for padding;
 - output: (B, T, D), ready for the output projection.
 
+A query row with no allowed key (an all-padding source, in encoder self-attention or cross-attention) attends to
+every one of its L keys alike: its output is the mean of V over the row's L keys. That is what
+masking with the lowest finite score gives, and so what the eager model, Hugging Face transformers' eager attention,
+the unfused graphs' attention functions and ONNX Runtime's MultiHeadAttention with `mask_filter_value=LOWEST_FP32`
+(the fused ORT graphs; its default, -10000 added to the score, would attend to the row as if unmasked) compute.
+The kernels give a padded key in range a large finite negative score, so a fully padded row averages its keys too.
+
 `reference_attention` is the definition of correct: every kernel and every backend is tested against it.
 """
 
@@ -26,6 +33,7 @@ DOMAIN = "seq2trt"
 PLUGIN_NAME = "Seq2TrtAttention"
 PLUGIN_VERSION = "1"
 PLUGIN_NAMESPACE = "seq2trt"
+LOWEST_FP32 = -3.4028234663852886e38  # a masked score that keeps a fully masked row finite: every key scores alike
 
 
 INPUTS: dict[AttentionKind, tuple[str, ...]] = {
@@ -108,7 +116,8 @@ def reference_attention(attrs: AttentionAttrs, *inputs: torch.Tensor) -> tuple[t
         allowed = (mask != 0)[:, None, None, :]  # (B, 1, 1, S)
     scores = (q @ k.transpose(-2, -1)) * attrs.scale  # (B, H, T, L)
     scores = scores.masked_fill(~allowed, float("-inf"))
-    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a row with no allowed key attends to nothing
+    scores = scores.masked_fill(~allowed.any(-1, keepdim=True), 0.0)  # no allowed key: all alike, mean of V
+    probs = torch.softmax(scores, dim=-1)
     out = (probs @ v).transpose(1, 2).reshape(B, T, H * attrs.head_dim).to(dtype)  # (B, T, D)
     if attrs.kind is AttentionKind.DECODER_SELF:
         return out, present_key, present_value

@@ -24,7 +24,7 @@ import numpy as np
 from seq2trt.reference_model.errors import InputError
 
 from . import kernel_launch
-from .kernels.launch import workspace_bytes
+from .kernels.launch import kernel_head_dim_problem, workspace_bytes
 from .op import INPUTS, OUTPUTS, PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION, AttentionAttrs, AttentionKind
 
 logger = logging.getLogger(__name__)
@@ -45,7 +45,8 @@ def _text(data) -> str:
 
 
 def attrs_from_fields(fields) -> AttentionAttrs:
-    """AttentionAttrs from a PluginFieldCollection (or any iterable of objects with .name/.data)."""
+    """AttentionAttrs from a PluginFieldCollection (or any iterable of objects with .name/.data); a head_dim the
+    kernels do not take is refused here, when TensorRT's parser creates the plugin, not at the first enqueue."""
     values = {}
     for f in fields:
         if f.name in TEXT_FIELDS:
@@ -57,7 +58,10 @@ def attrs_from_fields(fields) -> AttentionAttrs:
     missing = [n for n in INT_FIELDS + FLOAT_FIELDS if n not in values]
     if missing:
         raise InputError(f"{PLUGIN_NAME}: node lacks attribute(s) {', '.join(missing)}; re-run the fuser")
-    return AttentionAttrs.from_onnx(values)
+    attrs = AttentionAttrs.from_onnx(values)
+    if problem := kernel_head_dim_problem(attrs.head_dim):
+        raise InputError(f"{PLUGIN_NAME}: {problem}")
+    return attrs
 
 
 def field_collection(trt: ModuleType, attrs: AttentionAttrs | None = None) -> tuple:

@@ -61,6 +61,8 @@ def sinusoid_table(num_positions: int, d_model: int, layout: str = "sinusoid") -
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float) -> torch.Tensor:
     """softmax(q k^T * scale, masked where not `allowed`) v.  q (B,H,T,Dh), k/v (B,H,L,Dh), allowed (B|1,1,T|1,L)."""
     scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, T, L)
+    # The lowest finite score, not -inf: a row with no allowed key sees its L keys alike and returns the mean of V,
+    # the fused op's definition (plugins.op) and transformers' eager attention.
     scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
     # Softmax in at least fp32: fp16 exponent sums overflow on long sources.
     probs = torch.softmax(scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores, dim=-1)

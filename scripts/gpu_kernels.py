@@ -4,7 +4,8 @@
     python scripts/gpu_kernels.py OUT_DIR --device cpu --quick     # the same code on CPU, in triton's interpreter
 
 Writes OUT_DIR/gpu_kernels.json and exits non-zero when a check fails:
-- "correctness": every kind x dtype x head_dim over awkward lengths (1, 7, 65, 200; past 0 and > 0), run through
+- "correctness": every kind x dtype x head_dim (each compiled HEAD_DIM, and head dims padded up to one) over awkward
+  lengths (1, 7, 65, 200; past 0 and > 0) and all-padding source rows (which return the mean of V), run through
   `kernels.launch.attention` (triton's JIT on the device) against `plugins.op.reference_attention` in float64,
   within `kernels.launch.TOLERANCES`; present K/V must equal past ++ new exactly;
 - "aot" (with --aot-index): the same cases through the ahead-of-time cubins, loaded and launched as the TensorRT
@@ -48,13 +49,21 @@ BENCHMARKS = [
 QUICK_BENCHMARKS = [("decoder step B2 P33", "DECODER_SELF", 2, 2, 32, 1, 33)]
 
 
+HEAD_DIMS = (8, 32, 40, 64, 96, 128, 256)  # every compiled HEAD_DIM (8 runs 16's), 40 and 96 masked within 64 and 128
+
+
 def correctness_cases(quick: bool, dtypes=("fp32", "fp16", "bf16")) -> list[dict]:
     lengths = QUICK_LENGTHS if quick else LENGTHS
-    head_dims = (64,) if quick else (32, 64, 128)
-    return [{"kind": kind, "dtype": dtype, "head_dim": hd, "tgt_len": t, "kv_len": s, "batch": 2, "heads": 4,
-             "seed": seed}
-            for seed, (kind, dtype, hd) in enumerate((k, d, h) for k in lengths for d in dtypes for h in head_dims)
-            for t, s in lengths[kind]]
+    head_dims = (64,) if quick else HEAD_DIMS
+    cases = [{"kind": kind, "dtype": dtype, "head_dim": hd, "tgt_len": t, "kv_len": s, "batch": 2, "heads": 4,
+              "seed": seed}
+             for seed, (kind, dtype, hd) in enumerate((k, d, h) for k in lengths for d in dtypes for h in head_dims)
+             for t, s in lengths[kind]]
+    empty_rows = [("CROSS", 1, 65)] if quick else \
+        [("ENCODER_SELF", 65, 65), ("CROSS", 1, 200), ("CROSS", 7, 65)]
+    return cases + [{"kind": kind, "dtype": dtype, "head_dim": 64, "tgt_len": t, "kv_len": s, "batch": 2,
+                     "heads": 4, "seed": 1000 + i, "empty_row": True}
+                    for i, (dtype, (kind, t, s)) in enumerate((d, e) for d in dtypes for e in empty_rows)]
 
 
 def compare(got, ref, dtype: str) -> dict:
@@ -78,7 +87,8 @@ def _inputs(case: dict, device: str):
     dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
     return random_inputs(AttentionKind[case["kind"]], batch=case["batch"], heads=case["heads"],
                          head_dim=case["head_dim"], tgt_len=case["tgt_len"], kv_len=case["kv_len"],
-                         dtype=dtypes[case["dtype"]], seed=case["seed"], device=device)
+                         dtype=dtypes[case["dtype"]], seed=case["seed"], device=device,
+                         empty_row=case.get("empty_row", False))
 
 
 def _reference(attrs, inputs):

@@ -1,6 +1,6 @@
 """Ahead-of-time compilation of the attention kernels to PTX and cubin, with no GPU.
 
-Each variant (kernel x dtype x head_dim x block config x mask/causal flags, enumerated by `all_variants` from
+Each variant (kernel x dtype x compiled HEAD_DIM x block config x mask/causal flags, enumerated by `all_variants` from
 `launch.block_config`) is compiled with `triton.compile(ASTSource(...), target=GPUTarget("cuda", cc, 32))` for each
 target (sm_80, sm_86, sm_89, sm_90). PTX versions stay loadable by a CUDA 13.0 driver (<= 9.0; sm_8x goes through
 triton's CUDA 12.9 ptxas, whose limit is 8.8).
@@ -108,10 +108,10 @@ def _variant(kernel: str, dtype: str, head_dim: int, **flags) -> Variant:
 
 
 def all_variants() -> list[Variant]:
-    """Every variant `launch.plan` can ask for: 3 dtypes x 3 head_dims x 6 kernel modes."""
+    """Every variant `launch.plan` can ask for: 3 dtypes x 5 compiled HEAD_DIMs x 6 kernel modes."""
     out = []
     for dtype in launch.DTYPE_NAMES.values():
-        for head_dim in launch.HEAD_DIMS:
+        for head_dim in launch.KERNEL_HEAD_DIMS:
             out += [_variant("attn_fwd", dtype, head_dim, HAS_MASK=1, IS_CAUSAL=0),  # encoder self, cross
                     _variant("attn_fwd", dtype, head_dim, HAS_MASK=0, IS_CAUSAL=1),  # decoder prefill
                     _variant("attn_decode_split", dtype, head_dim, HAS_MASK=1, APPEND=0),  # encoder self, cross
@@ -152,7 +152,7 @@ def ptx_version(cc: int) -> int:
 def cache_key(variant: Variant, target: str, ptx: int, triton_version: str) -> str:
     blob = json.dumps({"source": hashlib.sha256(SOURCE.read_bytes()).hexdigest(), "variant": asdict(variant),
                        "signature": launch.SIGNATURES[variant.kernel], "target": target, "ptx_version": ptx,
-                       "triton": triton_version, "divisible": launch.DIVISIBLE_BY_16[variant.kernel],
+                       "triton": triton_version, "divisible": launch.DIVISIBILITY[variant.kernel],
                        "options": COMPILE_OPTIONS},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
@@ -206,7 +206,7 @@ def _lookup(variant: Variant, target: str, out_dir: Path) -> tuple[str, Path, di
 
 
 def _ast_source(variant: Variant):
-    """(triton ASTSource, runtime parameters, names assumed divisible by 16) of a variant."""
+    """(triton ASTSource, runtime parameters, {name: what it is assumed a multiple of}) of a variant."""
     from triton.compiler import ASTSource
 
     from seq2trt.plugins.kernels.attention import KERNELS
@@ -219,8 +219,8 @@ def _ast_source(variant: Variant):
         raise RuntimeError(f"launch.SIGNATURES[{variant.kernel!r}] and the variant's constexprs do not match the "
                            f"kernel's arguments {fn.arg_names}")
     signature = {name: "constexpr" if name in constexprs else dict(params)[name] for name in fn.arg_names}
-    divisible = launch.DIVISIBLE_BY_16[variant.kernel]
-    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible}
+    divisible = launch.DIVISIBILITY[variant.kernel]
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", d]] for n, d in divisible.items()}
     return ASTSource(fn, signature, constexprs=constexprs, attrs=attrs), params, divisible
 
 
@@ -262,7 +262,7 @@ def compile_variant(variant: Variant, target: str, out_dir: str | Path) -> dict:
         "num_warps": md.num_warps, "num_stages": md.num_stages, "shared": md.shared, "max_shared": MAX_SHARED[cc],
         "global_scratch_size": md.global_scratch_size, "profile_scratch_size": md.profile_scratch_size,
         "params": params + [(n, "*i8") for n in launch.SCRATCH_PARAMS], "constexprs": dict(variant.constexprs),
-        "divisible_by_16": list(divisible), "triton_version": triton.__version__, "cache_key": key,
+        "divisibility": divisible, "triton_version": triton.__version__, "cache_key": key,
         "compile_seconds": round(seconds, 3),
     }
     _write(manifest_path, json.dumps(entry, indent=1).encode())

@@ -13,7 +13,15 @@
 Every kernel addresses K/V through (batch, head, token) strides with a contiguous head dimension, so the
 token-major (B,T,H*Dh) and head-major (B,H,L,Dh) layouts of the op share one compiled kernel. Scores use exp2 with
 log2(e) folded into the scale; accumulation is fp32 for fp32/fp16/bf16 inputs; fp32 dots use IEEE precision (no
-TF32) so fp32 stays fp32. A query row with no allowed key returns zeros, as the reference does.
+TF32) so fp32 stays fp32.
+
+A key the padding mask hides scores MASKED_SCORE, a large finite negative, while keys beyond the length (block
+padding) and causally hidden ones score -inf: so a query row whose every key is padded sees all its L keys alike and
+returns the mean of V over them, the op's definition (`plugins.op`), in flash-decoding's split merge too.
+
+HEAD_DIM is a compile-time power of two (tl.arange needs one), the model's head_dim (`head_dim`, a multiple of 8 up to
+HEAD_DIM) a runtime argument: loads and stores are masked on d < head_dim, so one compiled kernel serves every head
+dim that rounds up to its HEAD_DIM (`launch.kernel_head_dim`).
 
 Parameter order, block sizes and grids live in `launch` (`SIGNATURES`, `block_config`, `plan`), shared by the
 launchers, the ahead-of-time compiler and the TensorRT plugin.
@@ -25,6 +33,7 @@ import triton
 import triton.language as tl
 
 LOG2E = tl.constexpr(1.4426950408889634)
+MASKED_SCORE = tl.constexpr(-1.0e30)  # a padded key's score (log2 units): finite, so an all-padded row averages V
 
 
 @triton.jit
@@ -34,7 +43,7 @@ def attn_fwd(Q, K, V, Mask, Out,
              stride_vb, stride_vh, stride_vl,
              stride_mb,
              stride_ob, stride_ot, stride_oh,
-             H, T, L, past_len, sm_scale,
+             H, T, L, past_len, sm_scale, head_dim,
              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              HAS_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr):
     """Grid (cdiv(T, BLOCK_M), B * H). Q/Out (B, T, H, Dh) by strides; K/V (B, H, L, Dh) by strides; Mask (B, L)."""
@@ -45,10 +54,11 @@ def attn_fwd(Q, K, V, Mask, Out,
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
+    d_ok = offs_d < head_dim
     row_ok = offs_m < T
 
     q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)  # (BLOCK_M, Dh)
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # (BLOCK_M, Dh)
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
     qk_scale = sm_scale * LOG2E
@@ -62,41 +72,46 @@ def attn_fwd(Q, K, V, Mask, Out,
     for start_n in range(0, hi, BLOCK_N):
         cols = start_n + offs_n
         col_ok = cols < L
-        k = tl.load(k_base + cols[None, :] * stride_kl + offs_d[:, None], mask=col_ok[None, :], other=0.0)  # (Dh, N)
+        k = tl.load(k_base + cols[None, :] * stride_kl + offs_d[:, None], mask=col_ok[None, :] & d_ok[:, None],
+                    other=0.0)  # (Dh, N)
         qk = tl.dot(q, k, input_precision="ieee") * qk_scale  # (BLOCK_M, BLOCK_N) fp32
-        allowed = col_ok[None, :]
         if HAS_MASK:
             keep = tl.load(Mask + b * stride_mb + cols, mask=col_ok, other=0)
-            allowed = allowed & (keep[None, :] != 0)
+            qk = tl.where(keep[None, :] != 0, qk, MASKED_SCORE)
+        allowed = col_ok[None, :]
         if IS_CAUSAL:
             allowed = allowed & (cols[None, :] <= past_len + offs_m[:, None])
         qk = tl.where(allowed, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all masked so far: keep exp2 finite
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key in range yet: keep exp2 finite
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(qk - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + cols[:, None] * stride_vl + offs_d[None, :], mask=col_ok[:, None], other=0.0)  # (N, Dh)
+        v = tl.load(v_base + cols[:, None] * stride_vl + offs_d[None, :], mask=col_ok[:, None] & d_ok[None, :],
+                    other=0.0)  # (N, Dh)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         m_i = m_new
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     tl.store(Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :],
-             out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+             out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit
-def _decode_rows(base, new, pres, cols, col_ok, stride_l, offs_d, L, HEAD_DIM: tl.constexpr, APPEND: tl.constexpr):
-    """Rows `cols` of K or V (BLOCK_N, Dh). With APPEND, row L - 1 is the new token's and every row is also
-    written to the present (B, H, L, Dh) at `pres`."""
+def _decode_rows(base, new, pres, cols, col_ok, stride_l, offs_d, d_ok, L, head_dim, APPEND: tl.constexpr):
+    """Rows `cols` of K or V (BLOCK_N, HEAD_DIM), zero beyond head_dim. With APPEND, row L - 1 is the new token's
+    and every row is also written to the present (B, H, L, Dh) at `pres`."""
     if APPEND:
         from_past = col_ok & (cols < L - 1)
         is_new = col_ok & (cols == L - 1)
         x = tl.where(from_past[:, None],
-                     tl.load(base + cols[:, None] * stride_l + offs_d[None, :], mask=from_past[:, None], other=0.0),
-                     tl.load(new + offs_d[None, :] + 0 * cols[:, None], mask=is_new[:, None], other=0.0))
-        tl.store(pres + cols[:, None] * HEAD_DIM + offs_d[None, :], x, mask=col_ok[:, None])
+                     tl.load(base + cols[:, None] * stride_l + offs_d[None, :], mask=from_past[:, None] & d_ok[None, :],
+                             other=0.0),
+                     tl.load(new + offs_d[None, :] + 0 * cols[:, None], mask=is_new[:, None] & d_ok[None, :],
+                             other=0.0))
+        tl.store(pres + cols[:, None] * head_dim + offs_d[None, :], x, mask=col_ok[:, None] & d_ok[None, :])
     else:
-        x = tl.load(base + cols[:, None] * stride_l + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        x = tl.load(base + cols[:, None] * stride_l + offs_d[None, :], mask=col_ok[:, None] & d_ok[None, :],
+                    other=0.0)
     return x
 
 
@@ -106,14 +121,14 @@ def attn_decode_split(Q, K, V, Mask, NewK, NewV, PresK, PresV, MidO, MidM, MidL,
                       stride_kb, stride_kh, stride_kl,
                       stride_vb, stride_vh, stride_vl,
                       stride_mb, stride_nb, stride_rb, stride_rh,
-                      H, L, keys_per_split, num_splits, sm_scale,
+                      H, L, keys_per_split, num_splits, sm_scale, head_dim,
                       HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr, APPEND: tl.constexpr):
     """Grid (num_splits, B * H). One query token over L keys; split s covers keys [s * keys_per_split, ...).
 
     With APPEND (decoder self-attention) K/V are the past (B, H, L - 1, Dh) and key L - 1 is the new token's
     NewK/NewV (B, 1, H*Dh): each split also writes its rows of the present PresK/PresV (B, H, L, Dh), so the past
-    is read once. Writes, per (b*h, s): MidO (Dh,) the unnormalised output, MidM the running max (log2 units), MidL
-    the sum.
+    is read once. Writes, per (b*h, s): MidO (head_dim,) the unnormalised output, MidM the running max (log2 units),
+    MidL the sum.
     """
     pid_s = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -121,11 +136,12 @@ def attn_decode_split(Q, K, V, Mask, NewK, NewV, PresK, PresV, MidO, MidM, MidL,
     h = (pid_bh % H).to(tl.int64)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
+    d_ok = offs_d < head_dim
 
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_d).to(tl.float32) * (sm_scale * LOG2E)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_d, mask=d_ok, other=0.0).to(tl.float32) * (sm_scale * LOG2E)
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
-    new_off = b * stride_nb + h * HEAD_DIM
+    new_off = b * stride_nb + h * head_dim
     pres_off = b * stride_rb + h * stride_rh
     start = pid_s * keys_per_split
     end = tl.minimum(L, start + keys_per_split)
@@ -136,23 +152,24 @@ def attn_decode_split(Q, K, V, Mask, NewK, NewV, PresK, PresV, MidO, MidM, MidL,
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
         col_ok = cols < end
-        k = _decode_rows(k_base, NewK + new_off, PresK + pres_off, cols, col_ok, stride_kl, offs_d, L, HEAD_DIM, APPEND)
+        k = _decode_rows(k_base, NewK + new_off, PresK + pres_off, cols, col_ok, stride_kl, offs_d, d_ok, L, head_dim,
+                         APPEND)
         s = tl.sum(k.to(tl.float32) * q[None, :], 1)  # (BLOCK_N,)
-        allowed = col_ok
         if HAS_MASK:
             keep = tl.load(Mask + b * stride_mb + cols, mask=col_ok, other=0)
-            allowed = allowed & (keep != 0)
-        s = tl.where(allowed, s, float("-inf"))
+            s = tl.where(keep != 0, s, MASKED_SCORE)
+        s = tl.where(col_ok, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 0))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(s - m_safe)
         l_i = l_i * alpha + tl.sum(p, 0)
-        v = _decode_rows(v_base, NewV + new_off, PresV + pres_off, cols, col_ok, stride_vl, offs_d, L, HEAD_DIM, APPEND)
+        v = _decode_rows(v_base, NewV + new_off, PresV + pres_off, cols, col_ok, stride_vl, offs_d, d_ok, L, head_dim,
+                         APPEND)
         acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), 0)
         m_i = m_new
     mid = pid_bh.to(tl.int64) * num_splits + pid_s
-    tl.store(MidO + mid * HEAD_DIM + offs_d, acc)
+    tl.store(MidO + mid * head_dim + offs_d, acc, mask=d_ok)
     tl.store(MidM + mid, m_i)
     tl.store(MidL + mid, l_i)
 
@@ -160,7 +177,7 @@ def attn_decode_split(Q, K, V, Mask, NewK, NewV, PresK, PresV, MidO, MidM, MidL,
 @triton.jit
 def attn_decode_reduce(MidO, MidM, MidL, Out,
                        stride_ob, stride_oh,
-                       H, num_splits,
+                       H, num_splits, head_dim,
                        HEAD_DIM: tl.constexpr, MAX_SPLITS: tl.constexpr):
     """Grid (B * H,). Merges the num_splits (<= MAX_SPLITS) partials of one (batch, head) into Out (B, 1, H, Dh)."""
     pid_bh = tl.program_id(0)
@@ -168,17 +185,21 @@ def attn_decode_reduce(MidO, MidM, MidL, Out,
     h = (pid_bh % H).to(tl.int64)
     offs_s = tl.arange(0, MAX_SPLITS)
     offs_d = tl.arange(0, HEAD_DIM)
+    d_ok = offs_d < head_dim
     valid = offs_s < num_splits
     mid = pid_bh.to(tl.int64) * num_splits + offs_s
     m = tl.load(MidM + mid, mask=valid, other=float("-inf"))
     l = tl.load(MidL + mid, mask=valid, other=0.0)
-    o = tl.load(MidO + mid[:, None] * HEAD_DIM + offs_d[None, :], mask=valid[:, None], other=0.0)  # (S, Dh)
+    o = tl.load(MidO + mid[:, None] * head_dim + offs_d[None, :], mask=valid[:, None] & d_ok[None, :],
+                other=0.0)  # (S, Dh)
     g = tl.max(m, 0)
-    w = tl.exp2(m - tl.where(g == float("-inf"), 0.0, g))  # empty or fully masked splits weigh 0
+    # Splits past num_splits weigh 0, and so do all-padded ones beside a split with a token (MASKED_SCORE - g
+    # underflows); when every key is padded, all splits hold MASKED_SCORE and weigh alike: the mean of V.
+    w = tl.exp2(m - tl.where(g == float("-inf"), 0.0, g))
     num = tl.sum(w[:, None] * o, 0)
     den = tl.sum(w * l, 0)
     out = num / tl.where(den > 0.0, den, 1.0)
-    tl.store(Out + b * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty))
+    tl.store(Out + b * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty), mask=d_ok)
 
 
 @triton.jit
@@ -186,7 +207,7 @@ def kv_append(PastK, PastV, NewK, NewV, PresK, PresV,
               stride_pb, stride_ph, stride_pl,
               stride_nb, stride_nh, stride_nt,
               stride_rb, stride_rh, stride_rl,
-              H, P, T,
+              H, P, T, head_dim,
               HEAD_DIM: tl.constexpr, BLOCK_L: tl.constexpr):
     """Grid (cdiv(P + T, BLOCK_L), B * H). Present rows < P come from the past, rows P .. P+T-1 from the new K/V."""
     pid_l = tl.program_id(0)
@@ -195,8 +216,9 @@ def kv_append(PastK, PastV, NewK, NewV, PresK, PresV,
     h = (pid_bh % H).to(tl.int64)
     rows = pid_l * BLOCK_L + tl.arange(0, BLOCK_L)
     offs_d = tl.arange(0, HEAD_DIM)
-    in_past = (rows < P)[:, None]
-    in_new = ((rows >= P) & (rows < P + T))[:, None]
+    d_ok = (offs_d < head_dim)[None, :]
+    in_past = (rows < P)[:, None] & d_ok
+    in_new = ((rows >= P) & (rows < P + T))[:, None] & d_ok
     past_off = b * stride_pb + h * stride_ph + rows[:, None] * stride_pl + offs_d[None, :]
     new_off = b * stride_nb + h * stride_nh + (rows - P)[:, None] * stride_nt + offs_d[None, :]
     pres_off = b * stride_rb + h * stride_rh + rows[:, None] * stride_rl + offs_d[None, :]

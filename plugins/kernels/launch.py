@@ -23,7 +23,11 @@ from seq2trt.plugins.op import AttentionAttrs, AttentionKind
 from seq2trt.reference_model.errors import InputError
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
-HEAD_DIMS = (32, 64, 128)
+# The head dims the kernels take: every multiple of 8 up to 256, which covers the Hugging Face families we import.
+# Each runs the kernels compiled for the next of KERNEL_HEAD_DIMS (tl.arange needs a power of two, tl.dot >= 16),
+# with its own head_dim passed in and the head dimension masked beyond it.
+HEAD_DIMS = tuple(range(8, 257, 8))
+KERNEL_HEAD_DIMS = (16, 32, 64, 128, 256)
 MAX_SPLITS = 64  # flash-decoding partials per (batch, head): the reduction loads them as one block
 # Accuracy the kernels promise against `reference_attention` in float64 on the same rounded inputs:
 # |kernel - reference| <= atol + rtol * |reference|. fp16/bf16 keep their probabilities in the input dtype for P @ V.
@@ -36,38 +40,49 @@ SIGNATURES: dict[str, tuple[tuple[str, str], ...]] = {
     "attn_fwd": tuple(zip(
         ("Q", "K", "V", "Mask", "Out", "stride_qb", "stride_qt", "stride_qh", "stride_kb", "stride_kh", "stride_kl",
          "stride_vb", "stride_vh", "stride_vl", "stride_mb", "stride_ob", "stride_ot", "stride_oh",
-         "H", "T", "L", "past_len", "sm_scale"),
-        ("*{t}", "*{t}", "*{t}", "*i32", "*{t}") + _STRIDES3 * 4 + ("i32",) + ("i32",) * 4 + ("fp32",), strict=True)),
+         "H", "T", "L", "past_len", "sm_scale", "head_dim"),
+        ("*{t}", "*{t}", "*{t}", "*i32", "*{t}") + _STRIDES3 * 4 + ("i32",) + ("i32",) * 4 + ("fp32", "i32"),
+        strict=True)),
     "attn_decode_split": tuple(zip(
         ("Q", "K", "V", "Mask", "NewK", "NewV", "PresK", "PresV", "MidO", "MidM", "MidL", "stride_qb", "stride_qh",
          "stride_kb", "stride_kh", "stride_kl", "stride_vb", "stride_vh", "stride_vl", "stride_mb", "stride_nb",
-         "stride_rb", "stride_rh", "H", "L", "keys_per_split", "num_splits", "sm_scale"),
-        ("*{t}", "*{t}", "*{t}", "*i32") + ("*{t}",) * 4 + ("*fp32",) * 3 + ("i32",) * 16 + ("fp32",), strict=True)),
+         "stride_rb", "stride_rh", "H", "L", "keys_per_split", "num_splits", "sm_scale", "head_dim"),
+        ("*{t}", "*{t}", "*{t}", "*i32") + ("*{t}",) * 4 + ("*fp32",) * 3 + ("i32",) * 16 + ("fp32", "i32"),
+        strict=True)),
     "attn_decode_reduce": tuple(zip(
-        ("MidO", "MidM", "MidL", "Out", "stride_ob", "stride_oh", "H", "num_splits"),
-        ("*fp32", "*fp32", "*fp32", "*{t}", "i32", "i32", "i32", "i32"), strict=True)),
+        ("MidO", "MidM", "MidL", "Out", "stride_ob", "stride_oh", "H", "num_splits", "head_dim"),
+        ("*fp32", "*fp32", "*fp32", "*{t}", "i32", "i32", "i32", "i32", "i32"), strict=True)),
     "kv_append": tuple(zip(
         ("PastK", "PastV", "NewK", "NewV", "PresK", "PresV", "stride_pb", "stride_ph", "stride_pl",
-         "stride_nb", "stride_nh", "stride_nt", "stride_rb", "stride_rh", "stride_rl", "H", "P", "T"),
-        ("*{t}",) * 6 + _STRIDES3 * 3 + ("i32",) * 3, strict=True)),
+         "stride_nb", "stride_nh", "stride_nt", "stride_rb", "stride_rh", "stride_rl", "H", "P", "T", "head_dim"),
+        ("*{t}",) * 6 + _STRIDES3 * 3 + ("i32",) * 4, strict=True)),
 }
 SCRATCH_PARAMS = ("global_scratch", "profile_scratch")  # appended by Triton 3.9 to every compiled kernel
-# Compiled code assumes these are multiples of 16 (pointers: addresses in bytes), as triton's JIT would specialise:
-# head_dim >= 32 makes every token/head/batch stride a multiple of 16. `kernel_launch.pack` checks them before any
-# launch.
-DIVISIBLE_BY_16: dict[str, tuple[str, ...]] = {
-    kernel: tuple(n for n, ty in sig if (ty.startswith("*") and n not in ("MidL", "Mask"))
-                  or (n.startswith("stride_") and n != "stride_mb") or n == "keys_per_split")
+# What compiled code assumes each parameter is a multiple of, as triton's JIT would specialise: pointers 16 (bytes);
+# head_dim, every token/head/batch stride and keys_per_split 8 (elements: 16 bytes in fp16/bf16, enough for the
+# widest vector load), which any head_dim in HEAD_DIMS makes true. `kernel_launch.pack` checks them before any launch.
+DIVISIBILITY: dict[str, dict[str, int]] = {
+    kernel: {n: 16 if ty.startswith("*") else 8 for n, ty in sig
+             if (ty.startswith("*") and n not in ("MidL", "Mask"))
+             or (n.startswith("stride_") and n != "stride_mb") or n in ("keys_per_split", "head_dim")}
     for kernel, sig in SIGNATURES.items()}
 
 
+def kernel_head_dim(head_dim: int) -> int:
+    """The compiled HEAD_DIM that runs a model's head_dim (one of HEAD_DIMS): the next of KERNEL_HEAD_DIMS."""
+    return next(d for d in KERNEL_HEAD_DIMS if d >= head_dim)
+
+
 def block_config(kernel: str, dtype: str, head_dim: int) -> dict:
-    """Block sizes (constexprs) and launch options of one kernel for one dtype and head_dim.
+    """Block sizes (constexprs) and launch options of one kernel for one dtype and head_dim (its compiled HEAD_DIM's).
 
     Tiles are sized for ~100 KB of shared memory (the sm_86/sm_89 limit); fp32 tiles are twice as large.
     """
+    head_dim = kernel_head_dim(head_dim)
     wide = 4 if dtype == "fp32" else 2
     if kernel == "attn_fwd":
+        if head_dim * wide >= 1024:  # fp32 at 256: 64-row tiles need 107-140 KB whatever BLOCK_N or stages
+            return {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
         block_n = 32 if head_dim * wide >= 512 else 64
         return {"BLOCK_M": 64, "BLOCK_N": block_n, "num_warps": 4 if head_dim <= 64 else 8, "num_stages": 2}
     if kernel == "attn_decode_split":
@@ -103,8 +118,8 @@ class Launch:
 
 def _launch(kernel, dtype, head_dim, grid, args, **flags) -> Launch:
     cfg = block_config(kernel, dtype, head_dim)
-    constexprs = {"HEAD_DIM": head_dim, **{k: v for k, v in cfg.items() if k.isupper()}, **flags}
-    return Launch(kernel, dtype, tuple(grid) + (1,) * (3 - len(grid)), args, constexprs,
+    constexprs = {"HEAD_DIM": kernel_head_dim(head_dim), **{k: v for k, v in cfg.items() if k.isupper()}, **flags}
+    return Launch(kernel, dtype, tuple(grid) + (1,) * (3 - len(grid)), {**args, "head_dim": head_dim}, constexprs,
                   cfg["num_warps"], cfg["num_stages"])
 
 
@@ -128,14 +143,21 @@ def workspace_bytes(attrs: AttentionAttrs, max_batch: int) -> int:
     return decode_workspace_bytes(max_batch * attrs.num_heads, attrs.head_dim)
 
 
-def kernel_head_dim_problem(head_dim: int, out: object) -> str | None:
+def kernel_head_dim_problem(head_dim: int, out: object = "OUT") -> str | None:
     """Why the compiled kernels cannot run a model of this head_dim, with the ways around it; None when they can.
     Unchecked, the plugin would fail only inside TensorRT's enqueue on a GPU, with a message that names nothing."""
     if head_dim in HEAD_DIMS:
         return None
-    return (f"the attention plugin's kernels take head_dim {', '.join(map(str, HEAD_DIMS))}; this model's is "
+    return (f"the attention plugin's kernels take head_dim {_described(HEAD_DIMS)}; this model's is "
             f"{head_dim}; build the unfused graphs with `seq2trt build {out} --no-plugin` (TensorRT's own fusion), "
             f"or run fused graphs on ONNX Runtime (`seq2trt fuse {out} --target ort`)")
+
+
+def _described(dims: tuple[int, ...]) -> str:
+    step = dims[0]
+    if len(dims) > 3 and dims == tuple(range(step, dims[-1] + 1, step)):
+        return f"a multiple of {step} up to {dims[-1]}"
+    return ", ".join(map(str, dims))
 
 
 def _check(attrs: AttentionAttrs, dtype: str, query_shape) -> None:
@@ -143,7 +165,7 @@ def _check(attrs: AttentionAttrs, dtype: str, query_shape) -> None:
         raise InputError(f"attention kernels take {sorted(DTYPE_NAMES.values())}, got {dtype}; "
                          "cast the inputs or use plugins.op.reference_attention")
     if attrs.head_dim not in HEAD_DIMS:
-        raise InputError(f"attention kernels take head_dim in {HEAD_DIMS}, got {attrs.head_dim}")
+        raise InputError(f"attention kernels take head_dim {_described(HEAD_DIMS)}, got {attrs.head_dim}")
     if query_shape[-1] != attrs.num_heads * attrs.head_dim:
         raise InputError(f"query last dim {query_shape[-1]} != num_heads * head_dim = "
                          f"{attrs.num_heads} * {attrs.head_dim}")

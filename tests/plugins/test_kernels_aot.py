@@ -2,7 +2,8 @@
 
 Compiles run in child processes — the module CLI, then `compile_all` — because an interpreter run
 (TRITON_INTERPRET=1) in the same process would replace triton's compiler. The representative subset is every
-kernel mode at head_dim 64 in all three dtypes for sm_80 and sm_90 (36 artifacts); the full sweep (216) is
+kernel mode at head_dim 64 in all three dtypes for sm_80 and sm_90 (36 artifacts), plus the padded HEAD_DIM 16
+(head_dim 8) for sm_90 and the largest tile, fp32 at 256, for sm_86; the full sweep (360) is
 `python -m seq2trt.plugins.kernels.aot --out DIR`. Also here, without triton: the launch plan asks only for
 variants that the compiler builds, and the plugin's launcher (`kernel_launch`) packs arguments as the compiled
 kernels take them.
@@ -132,10 +133,14 @@ def test_unknown_target_is_refused():
         aot.parse_kernel_targets("sm_80,sm_70")
 
 
+PLAN_HEAD_DIMS = (8, 16, 24, 40, 64, 96, 128, 200, 256)  # every compiled HEAD_DIM, exactly and masked
+
+
 def _plans():
-    """Every dtype x head_dim x kind, with one and with several query tokens, with and without a workspace."""
+    """Every dtype x kind x head_dims reaching every compiled HEAD_DIM, with one and with several query tokens,
+    with and without a workspace."""
     for dtype in launch.DTYPE_NAMES.values():
-        for head_dim in launch.HEAD_DIMS:
+        for head_dim in PLAN_HEAD_DIMS:
             for kind in AttentionKind:
                 attrs = AttentionAttrs(kind, 2, head_dim, 0.125)
                 for T, L, ws in [(1, 100, 1 << 20), (1, 100, None), (9, 5, 1 << 20)]:
@@ -166,7 +171,8 @@ def test_pack_orders_arguments_as_the_compiled_kernel():
     prefill = launch.plan(attrs, "fp16", [(3, 5, 128)] * 3 + shapes[3:], [4096 * i for i in range(1, 6)],
                           [24576, 28672, 32768], 65536)
     assert [p.kernel for p in prefill] == ["kv_append", "attn_fwd"]
-    assert isinstance(packed.args[-3], ctypes.c_float) and packed.args[-3].value == pytest.approx(0.125)
+    assert isinstance(packed.args[-4], ctypes.c_float) and packed.args[-4].value == pytest.approx(0.125)
+    assert isinstance(packed.args[-3], ctypes.c_int32) and packed.args[-3].value == 64  # the model's head_dim
     assert packed.args[-1].value is None and packed.args[-2].value is None  # null scratch
     assert packed.grid[1:] == (6, 1)
 
@@ -232,3 +238,68 @@ def test_planning_does_not_import_triton():
             "sorted(m for m in sys.modules if 'triton' in m)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_head_dims_are_the_multiples_of_8_up_to_256():
+    assert launch.HEAD_DIMS == tuple(range(8, 257, 8))
+    assert [launch.kernel_head_dim(d) for d in (8, 16, 24, 40, 64, 72, 128, 136, 256)] == \
+        [16, 16, 32, 64, 64, 128, 128, 256, 256]
+    for head_dim in (12, 264):
+        attrs = AttentionAttrs(AttentionKind.CROSS, 2, head_dim, 0.1)
+        shapes = [(1, 1, 2 * head_dim), (1, 2, 9, head_dim), (1, 2, 9, head_dim), (1, 9)]
+        with pytest.raises(InputError, match=f"multiple of 8 up to 256, got {head_dim}"):
+            launch.plan(attrs, "fp16", shapes, [4096] * 4, [8192])
+        assert f"this model's is {head_dim}" in launch.kernel_head_dim_problem(head_dim, "out")
+
+
+def test_masked_head_dim_passes_its_own_size_to_the_wider_kernel():
+    attrs = AttentionAttrs(AttentionKind.DECODER_SELF, 3, 40, 0.125)
+    shapes = [(2, 1, 120), (2, 1, 120), (2, 1, 120), (2, 3, 7, 40), (2, 3, 7, 40)]
+    split, reduce = launch.plan(attrs, "bf16", shapes, [4096 * i for i in range(1, 6)], [40960, 45056, 49152], 65536)
+    for step in (split, reduce):
+        assert step.constexprs["HEAD_DIM"] == 64 and step.args["head_dim"] == 40
+    assert (split.args["stride_qh"], split.args["stride_kl"], split.args["stride_rh"]) == (40, 40, 8 * 40)
+    assert reduce.args["MidM"] == 65536 + 4 * 2 * 3 * split.args["num_splits"] * 40  # partials of 40, not 64
+
+
+def test_pack_refuses_a_stride_the_kernels_do_not_assume():
+    attrs = AttentionAttrs(AttentionKind.CROSS, 2, 64, 0.125)
+    shapes = [(1, 4, 128), (1, 2, 9, 64), (1, 2, 9, 64), (1, 9)]
+    (fwd,) = launch.plan(attrs, "fp16", shapes, [4096, 8192, 12288, 16384], [20480])
+    with pytest.raises(InputError, match="stride_kl=12 is not a multiple of 8"):
+        kernel_launch.pack(dataclasses.replace(fwd, args={**fwd.args, "stride_kl": 12}))
+
+
+PADDED_CODE = """
+import json, sys
+from seq2trt.plugins.kernels import aot
+variants = [v for v in aot.all_variants() if v.dtype == "fp16" and dict(v.constexprs)["HEAD_DIM"] == 16]
+widest = [v for v in aot.all_variants() if v.dtype == "fp32" and v.kernel == "attn_fwd"
+          and dict(v.constexprs)["HEAD_DIM"] == 256 and dict(v.constexprs)["HAS_MASK"] == 1]
+index = aot.compile_all(sys.argv[1] + "/sm_90", ["sm_90"], variants, jobs=2)
+index["kernels"] += aot.compile_all(sys.argv[1] + "/sm_86", ["sm_86"], widest, jobs=1)["kernels"]
+print(json.dumps(index))
+"""
+
+
+def test_padded_head_dims_compile(tmp_path, triton_cache):
+    """HEAD_DIM 16 (what head_dim 8 runs) for sm_90, and the fp32 HEAD_DIM 256 tile within sm_86's shared memory."""
+    proc = subprocess.run([sys.executable, "-c", PADDED_CODE, str(tmp_path)], env=_env(triton_cache),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    entries = json.loads(proc.stdout.strip().splitlines()[-1])["kernels"]
+    assert {e["kernel"] for e in entries if e["target"] == "sm_90"} == set(launch.SIGNATURES)
+    planned = {x.key for kind in AttentionKind for T in (1, 5)
+               for x in launch.plan(AttentionAttrs(kind, 2, 8, 0.3), "fp16",
+                                    [(1, T, 16)] * 3 + ([(1, 2, 4, 8)] * 2 if kind is AttentionKind.DECODER_SELF
+                                                        else [(1, 4)]), [4096] * 5, [8192] * 3, 16384)}
+    assert planned <= {e["key"] for e in entries}
+    for e in entries:
+        folder = tmp_path / e["target"]
+        ptx = (folder / e["ptx"]).read_text()
+        assert e["constexprs"]["HEAD_DIM"] in (16, 256) and e["divisibility"]["head_dim"] == 8
+        assert re.search(r"^\.target\s+sm_(\d+)", ptx, re.M).group(1) == e["target"][3:]
+        assert aot.cubin_arch((folder / e["cubin"]).read_bytes()) == aot.TARGETS[e["target"]]
+        assert e["shared"] <= aot.MAX_SHARED[aot.TARGETS[e["target"]]]
+        assert [p[0] for p in e["params"]][:len(launch.SIGNATURES[e["kernel"]])] == \
+            [n for n, _ in launch.SIGNATURES[e["kernel"]]]

@@ -1,5 +1,8 @@
 """The Triton attention kernels on CPU (TRITON_INTERPRET=1) against `plugins.op.reference_attention` in float64.
 
+Head dims: 32, 64 and 128 over every length; then head dims that run a wider compiled HEAD_DIM with the rest masked
+(8 -> 16, 40 and 48 -> 64, 80 and 96 -> 128) and 16 and 256, on small shapes.
+
 The interpreter must be switched on before triton is first imported, and the ahead-of-time tests import triton
 without it, so the sweep runs in a child process: this file run as a script. The parent lists the cases, the child
 runs them all once and prints one JSON line of errors, and each case is its own test.
@@ -21,10 +24,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from seq2trt.plugins.kernels.launch import TOLERANCES
+from seq2trt.plugins.kernels.launch import KERNEL_HEAD_DIMS, TOLERANCES, kernel_head_dim
 from seq2trt.plugins.op import AttentionAttrs, AttentionKind, reference_attention
 from seq2trt.reference_model.model import attention_core
 
+OTHER_HEAD_DIMS = (8, 16, 40, 48, 80, 96, 256)
 LENGTHS = {  # (tgt_len, kv_len): kv_len is the source length (CROSS) or the past length (DECODER_SELF)
     AttentionKind.ENCODER_SELF: [(1, 1), (7, 7), (17, 17), (65, 65)],
     AttentionKind.CROSS: [(1, 65), (7, 17), (17, 1), (65, 7)],
@@ -50,7 +54,15 @@ def _cases() -> list[dict]:
             _case(AttentionKind.DECODER_SELF, dtype, 64, 1, 200, num_splits=1),
             _case(AttentionKind.DECODER_SELF, dtype, 64, 1, 200, num_splits=3),
             _case(AttentionKind.DECODER_SELF, dtype, 32, 130, 129),
+            _case(AttentionKind.CROSS, dtype, 64, 1, 200, empty_row=True, num_splits=3),  # padded splits merged
         ]
+    for i, head_dim in enumerate(OTHER_HEAD_DIMS):
+        for dtype in TOLERANCES:
+            cases += [_case(AttentionKind.ENCODER_SELF, dtype, head_dim, 9, 9, empty_row=True, seed=i),
+                      _case(AttentionKind.CROSS, dtype, head_dim, 5, 9, empty_row=True, seed=i),
+                      _case(AttentionKind.CROSS, dtype, head_dim, 1, 70, empty_row=True, num_splits=2, seed=i),
+                      _case(AttentionKind.DECODER_SELF, dtype, head_dim, 1, 40, num_splits=2, seed=i),
+                      _case(AttentionKind.DECODER_SELF, dtype, head_dim, 6, 3, seed=i)]
     return cases
 
 
@@ -114,11 +126,9 @@ def test_reference_matches_model_attention_core(kind, past_len):
         torch.testing.assert_close(g, e, atol=1e-12, rtol=1e-12)
 
 
-def test_reference_fully_padded_row_attends_to_nothing():
-    attrs, (q, k, v, mask) = _inputs(AttentionKind.CROSS)
-    mask[1] = 0
-    (out,) = reference_attention(attrs, q, k, v, mask)
-    assert torch.count_nonzero(out[1]) == 0 and torch.count_nonzero(out[0]) == out[0].numel()
+def test_other_head_dims_reach_every_compiled_head_dim():
+    assert {kernel_head_dim(d) for d in OTHER_HEAD_DIMS + (32, 64, 128)} == set(KERNEL_HEAD_DIMS)
+    assert any(kernel_head_dim(d) != d for d in OTHER_HEAD_DIMS)
 
 
 GPU_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_kernels.py"
@@ -143,8 +153,14 @@ def test_gpu_script_baseline_computes_the_op(kind, tgt_len):
 
 def test_gpu_script_cases_cover_every_variant():
     cases = _gpu_script().correctness_cases(quick=False)
-    assert {(c["kind"], c["dtype"], c["head_dim"]) for c in cases} == \
-        {(k.name, d, h) for k in AttentionKind for d in TOLERANCES for h in (32, 64, 128)}
+    head_dims = {c["head_dim"] for c in cases}
+    assert {kernel_head_dim(h) for h in head_dims} == set(KERNEL_HEAD_DIMS)
+    assert any(kernel_head_dim(h) != h for h in head_dims)  # some run a wider kernel, masked
+    assert {(c["kind"], c["dtype"], c["head_dim"]) for c in cases if not c.get("empty_row")} == \
+        {(k.name, d, h) for k in AttentionKind for d in TOLERANCES for h in head_dims}
+    assert {(c["kind"], c["dtype"]) for c in cases if c.get("empty_row")} == \
+        {(k, d) for k in ("ENCODER_SELF", "CROSS") for d in TOLERANCES}
+    assert any(c.get("empty_row") and c["kv_len"] > 128 and c["tgt_len"] == 1 for c in cases)  # split-K
     decoder = [(c["tgt_len"], c["kv_len"]) for c in cases if c["kind"] == "DECODER_SELF"]
     assert {(1, 0), (1, 200), (7, 0)} <= set(decoder) and any(t > 64 and p > 0 for t, p in decoder)
 

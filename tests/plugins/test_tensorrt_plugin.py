@@ -102,6 +102,24 @@ def test_fields_refuse_wrong_version_and_missing_attributes(trt):
         tensorrt_plugin.attrs_from_fields(partial)
 
 
+@pytest.mark.parametrize("head_dim,ok", [(8, True), (40, True), (256, True), (12, False), (264, False)])
+def test_fields_refuse_a_head_dim_the_kernels_do_not_take(head_dim, ok):
+    """Checked when the parser creates the plugin; plain objects stand in for PluginFields (no TensorRT needed)."""
+    from types import SimpleNamespace
+
+    from seq2trt.plugins import tensorrt_plugin
+
+    attrs = AttentionAttrs(AttentionKind.CROSS, 2, head_dim, head_dim ** -0.5)
+    fields = [SimpleNamespace(name=n, data=np.array(list(v.encode() + b"\0"), np.int8) if isinstance(v, str)
+                              else np.array([v], np.float32 if isinstance(v, float) else np.int32))
+              for n, v in attrs.onnx_attributes().items()]
+    if ok:
+        assert tensorrt_plugin.attrs_from_fields(fields).head_dim == head_dim
+    else:
+        with pytest.raises(InputError, match=f"multiple of 8 up to 256; this model's is {head_dim}.*--no-plugin"):
+            tensorrt_plugin.attrs_from_fields(fields)
+
+
 # --- shapes and types through TensorRT's parser --------------------------------------------------------------
 
 def concrete_graph(kind: AttentionKind, dtype: str, B: int, T: int, S: int, P: int, mask_type=TensorProto.INT32):
