@@ -7,6 +7,7 @@ capability targets, workspace limit and builder optimization level, then seriali
 description of the network (layer types, how many plugin layers) for build.json and the tests.
 
 Flavour differences (targets, timing cache, the RTX parser's library) are `plugins.trt_compat`'s business.
+`build` runs all of this in a child process (`tensorrt_child`): TensorRT-RTX can abort natively on a damaged graph.
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 
 from seq2trt.plugins import trt_compat
 from seq2trt.plugins.op import DOMAIN, PLUGIN_NAME
 from seq2trt.reference_model.errors import ArtifactError, InputError, Terminated
+
+if TYPE_CHECKING:
+    from .tensorrt_child import BuildChild
 
 logger = logging.getLogger(__name__)
 
@@ -237,18 +241,43 @@ def set_profile(builder, network, config, profiles: Profiles, onnx_path: Path) -
 
 
 def build(onnx_path: Path, profiles: Profiles, targets: Sequence[int | str] | str, dtype: str | None = None,
-          settings: BuildSettings | None = None, progress: Progress | None = None) -> BuildResult:
+          settings: BuildSettings | None = None, progress: Progress | None = None,
+          child: "BuildChild | None" = None) -> BuildResult:
     """Build a serialized engine of `onnx_path` for `targets` ((86, 89), "sm_86,sm_89" or "current").
 
     `dtype`, when given, must be the graph's own float type (strongly typed networks take precision from the
-    graph; re-export for another dtype).
+    graph; re-export for another dtype). TensorRT runs in a child process (`child`, or one started for this
+    call): a graph that crashes it is a BuildError, and Ctrl-C or SIGTERM stop the build at once.
     """
+    from .tensorrt_child import BuildChild
+
     settings = settings or BuildSettings()
+    onnx_path = _checked_path(onnx_path)
+    trt_compat.load(settings.flavour)  # a missing TensorRT says which extra to install before a child starts
+    if isinstance(targets, str):
+        targets = trt_compat.parse_targets(settings.flavour, targets)
+    job = {"onnx_path": onnx_path, "profiles": profiles, "targets": targets, "dtype": dtype, "settings": settings}
+    with contextlib.ExitStack() as stack:
+        child = child or stack.enter_context(BuildChild())
+        with deferred_interrupt() as interrupted:  # set: the child is killed, and the interrupt raised on leaving
+            return child.run(onnx_path, job, progress, interrupted)
+
+
+def build_in_process(onnx_path: Path, profiles: Profiles, targets: Sequence[int | str] | str,
+                     dtype: str | None = None, settings: BuildSettings | None = None,
+                     progress: Progress | None = None) -> BuildResult:
+    """`build` in this process: a graph that crashes TensorRT ends the caller (for tests that look inside)."""
+    settings = settings or BuildSettings()
+    onnx_path = _checked_path(onnx_path)
+    with deferred_interrupt():  # TensorRT calls back into Python from parse to serialize
+        return _build(onnx_path, profiles, targets, dtype, settings, progress)
+
+
+def _checked_path(onnx_path: Path) -> Path:
     onnx_path = Path(onnx_path)
     if not onnx_path.is_file():
         raise ArtifactError(f"ONNX graph {onnx_path} does not exist; run `seq2trt export` (and `seq2trt fuse`) first")
-    with deferred_interrupt():  # TensorRT calls back into Python from parse to serialize
-        return _build(onnx_path, profiles, targets, dtype, settings, progress)
+    return onnx_path
 
 
 def _build(onnx_path: Path, profiles: Profiles, targets, dtype: str | None, settings: BuildSettings,

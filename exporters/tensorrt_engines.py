@@ -3,8 +3,9 @@ artifact directory").
 
 `build_engines(out, backend, targets, ...)` verifies the sha256 of every graph it reads (manifest.json for the
 exported graphs, `fused/trt/fusion.json` via `fuse.verify_fused` for the fused ones), builds the encoder and the decoder
-with `tensorrt_build.build` under profiles from `spec.profiles`, and writes `encoder.plan`, `decoder.plan` and
-`build.json` into a staged directory renamed into place at the end (nothing half-written; `force` to replace).
+with `tensorrt_build.build` (both in one child process) under profiles from `spec.profiles`, and writes
+`encoder.plan`, `decoder.plan` and `build.json` into a staged directory renamed into place at the end (nothing
+half-written; `force` to replace).
 Two builds of the same engine directory take turns (a lock file beside it), so the second one sees the first's
 result: refused without `force`, replaced whole with it.
 `--no-plugin` engines (unfused graphs, TensorRT's own fusion) go to the same name with `-noplugin` appended, so
@@ -13,6 +14,7 @@ both can sit side by side for comparison.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
@@ -32,6 +34,7 @@ from . import fuse, spec
 from .artifact_checks import load_graph
 from . import manifest as manifest_mod
 from .tensorrt_build import BuildSettings, build, deferred_interrupt
+from .tensorrt_child import BuildChild
 
 logger = logging.getLogger(__name__)
 
@@ -87,9 +90,10 @@ def _seq2trt_version() -> str | None:
         return None
 
 
-def build_engines(out: Path, request: EngineRequest,
-                  progress: Callable[[str, str, int], None] | None = None) -> Path:
-    """Build and write the engines of `out`; return the engine directory. `progress(graph, phase, graphs_done)`."""
+def build_engines(out: Path, request: EngineRequest, progress: Callable[[str, str, int], None] | None = None,
+                  child: BuildChild | None = None) -> Path:
+    """Build and write the engines of `out`; return the engine directory. `progress(graph, phase, graphs_done)`.
+    TensorRT runs in `child`, or in a child process started for this call."""
     out = Path(out)
     manifest = manifest_mod.read_manifest(out)
     dtype = request.dtype or manifest.dtype
@@ -126,11 +130,13 @@ def build_engines(out: Path, request: EngineRequest,
     lock = engine_dir.parent / f".{engine_dir.name}.lock"
     # Ctrl-C is held from the first TensorRT call to the last (TensorRT calls back into Python throughout) and
     # raised at the end; the staged directory is then removed and the old engines stay.
-    with locked(lock, str(engine_dir)), \
+    # TensorRT runs in one child process for both graphs (`tensorrt_child`: starting one takes seconds).
+    own_child = BuildChild() if child is None else contextlib.nullcontext(child)
+    with locked(lock, str(engine_dir)), own_child as child, \
             staged_directory(engine_dir, request.force, "engine", kind=BUILD_JSON) as tmp, deferred_interrupt():
         for done, (graph, (path, digest)) in enumerate(graphs.items()):
             report = (lambda phase, _d, _t, g=graph, n=done: progress(g.value, phase, n)) if progress else None
-            result = build(path, profiles[graph], request.targets, dtype, settings, report)
+            result = build(path, profiles[graph], request.targets, dtype, settings, report, child=child)
             atomic_write_bytes(tmp / f"{graph.value}.plan", result.plan)
             record["graphs"][graph.value] = {
                 "source": str(path.relative_to(out)), "source_sha256": digest,

@@ -247,12 +247,31 @@ class OrtRunner(Runner):
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise ArtifactError(f"ONNX Runtime cannot load {where} ({first}); re-export (and re-fuse) it") from exc
         self.output_names = [o.name for o in self.session.get_outputs()]
+        self._where = where
+        self._check_session(where)
+
+    def _check_session(self, where) -> None:
+        """The session's inputs and outputs against the graph contract: names, element types, and the inputs' ranks
+        and fixed sizes (a damaged graph that still loads would otherwise fail inside ONNX Runtime at run time)."""
+        fix = "re-export it with `seq2trt export --force` (and re-fuse)"
+        float_type = ("float" if self.emulated_bf16
+                      else {"fp32": "float", "fp16": "float16", "bf16": "bfloat16"}[self.dtype])
+        problems = []
         for io, want, have in (("inputs", spec.inputs(self.cfg, self.kind), self.session.get_inputs()),
                                ("outputs", spec.outputs(self.cfg, self.kind), self.session.get_outputs())):
-            have = [v for v in have if spec.parse_debug_name(v.name) is None]  # a debug copy's extra outputs
-            if sorted(s.name for s in want) != sorted(v.name for v in have):
+            have = {v.name: v for v in have if spec.parse_debug_name(v.name) is None}  # a debug copy's extra outputs
+            if sorted(s.name for s in want) != sorted(have):
                 raise ArtifactError(f"{where} is not a seq2trt {self.kind.value} graph of this model: its {io} differ "
-                                    "from the graph contract's; re-export it with `seq2trt export --force`")
+                                    f"from the graph contract's; {fix}")
+            for s in want:
+                value = have[s.name]
+                expected = f"tensor({'int64' if s.dtype == 'int64' else float_type})"
+                if value.type != expected:
+                    problems.append(f"{s.name} is {value.type}, the contract's is {expected}")
+                if io == "inputs":
+                    problems += _shape_problems(s, value.shape)
+        if problems:
+            raise ArtifactError(f"{where} breaks the graph contract: {'; '.join(problems)}; {fix}")
 
     def _deactivate(self) -> None:
         self.session = None
@@ -260,11 +279,36 @@ class OrtRunner(Runner):
     def _infer(self, feed):
         if self.emulated_bf16:
             feed = {k: v.astype(np.float32) if v.dtype != np.int64 else v for k, v in feed.items()}
-        outputs = dict(zip(self.output_names, self.session.run(self.output_names, feed if isinstance(feed, dict) else dict(feed))))
+        try:
+            values = self.session.run(self.output_names, feed if isinstance(feed, dict) else dict(feed))
+        except _ort_errors() as exc:  # feeds follow the contract (checked, or the graph's own outputs fed back)
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ArtifactError(f"ONNX Runtime failed to run {self._where} ({first}); the graph is damaged or not "
+                                "from this export: re-export it with `seq2trt export --force` (and re-fuse)") from exc
+        outputs = dict(zip(self.output_names, values))
         if self.emulated_bf16:
             bf16 = spec.numpy_dtype("bf16")
             outputs = {k: v.astype(bf16) for k, v in outputs.items()}
         return outputs
+
+
+def _shape_problems(tensor: spec.TensorSpec, shape) -> list[str]:
+    """An input's shape as the session declares it against its spec: the same rank, the fixed sizes, and a free
+    (symbolic or unknown) size on each named axis, which the contract lets vary."""
+    shape = list(shape or [])
+    if len(shape) != len(tensor.axes):
+        return [f"{tensor.name} has rank {len(shape)} {shape}, the contract's is {len(tensor.axes)} {tensor.axes}"]
+    bad = [f"{dim} for {axis}" for axis, dim in zip(tensor.axes, shape)
+           if isinstance(dim, int) and dim != axis]  # a named axis fixed to a size, or another fixed size
+    return [f"{tensor.name} has {', '.join(bad)}"] if bad else []
+
+
+def _ort_errors() -> tuple[type[Exception], ...]:
+    """ONNX Runtime's own exceptions (its pybind module's classes) that running a session raises."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    return tuple(getattr(state, name) for name in ("Fail", "InvalidArgument", "InvalidGraph", "RuntimeException",
+                                                   "NotImplemented", "EPFail", "EngineError") if hasattr(state, name))
 
 
 # Ops that only move or select values: their bf16 outputs are already bf16-exact, no rounding needed.

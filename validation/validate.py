@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Callable
 
 from seq2trt.exporters import spec
+from seq2trt.exporters.artifact_checks import load_graph
 from seq2trt.exporters.fuse import Target, fused_dir, verify_fused
 from seq2trt.exporters.manifest import Manifest, generation, verify, writing_into
 from seq2trt.exporters.quantize import quantized_dir, verify_quantized
 from seq2trt.reference_model.decoding import DecodeSettings
-from seq2trt.reference_model.errors import CheckFailed, InputError
+from seq2trt.reference_model.errors import ArtifactError, CheckFailed, InputError
 
 from .adapter import RunnerStepModel
 from .end_to_end import EndToEndResult, end_to_end
@@ -100,6 +101,35 @@ class ValidateSettings:
                              "lower it")
 
 
+def check_graph_file(path: Path, cfg, kind: spec.GraphKind, dtype: str) -> None:
+    """A graph file validation reads, checked before anything runs it: against the graph contract (`load_graph`:
+    a valid model, input and output names and types, attention sizes), and every text field valid UTF-8. A
+    damaged byte inside a name or metadata still parses, but protobuf then hands that field over as bytes, which
+    the code reading names (localisation) cannot use."""
+    model = load_graph(path, cfg, kind, dtype)
+    field = _undecodable_text(model)
+    if field is not None:
+        raise ArtifactError(f"{path} is damaged: its {field} is not valid UTF-8 text, as ONNX text must be; "
+                            "re-export with `seq2trt export --force` (and re-fuse)")
+
+
+def _undecodable_text(message, where: str = "") -> str | None:
+    """Where the first string field of a protobuf message (searched recursively) did not decode, e.g.
+    `graph.node[12].metadata_props[0].value`; None when every one did."""
+    for field, value in message.ListFields():
+        if field.type not in (field.TYPE_STRING, field.TYPE_MESSAGE):  # numbers and bytes (weights) hold no text
+            continue
+        values = value if field.is_repeated else [value]
+        for i, item in enumerate(values):
+            at = f"{where}{'.' if where else ''}{field.name}" + (f"[{i}]" if field.is_repeated else "")
+            if field.type == field.TYPE_STRING and not isinstance(item, str):
+                return at
+            found = _undecodable_text(item, at) if field.type == field.TYPE_MESSAGE else None
+            if found is not None:
+                return found
+    return None
+
+
 def heldout_exact_match(task_name: str, samples: int) -> tuple[str, Callable[[list[list[int]]], float]]:
     """The task's metric on greedy outputs of its first `samples` held-out sources: exact match of the text."""
     from seq2trt.reference_model.tasks import get_task
@@ -125,6 +155,10 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
     elif graph_set.fused_target:
         verify_fused(out, graph_set.fused_target, manifest)
     cfg, dtype, limits = manifest.config, manifest.dtype, manifest.limits
+    folders = [graph_set.folder(out)] + ([out] if settings.localize_budget_s > 0 else [])  # localisation reads both
+    for folder in dict.fromkeys(folders):
+        for kind in spec.GraphKind:
+            check_graph_file(folder / kind.filename, cfg, kind, dtype)
     if settings.max_new_tokens is not None and not 1 <= settings.max_new_tokens <= limits.max_tgt_len - 1:
         raise InputError(f"--max-new-tokens {settings.max_new_tokens} is outside [1, {limits.max_tgt_len - 1}] (the "
                          f"export's max_tgt_len {limits.max_tgt_len}, bos included); lower it or re-export with a "

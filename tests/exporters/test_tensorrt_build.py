@@ -54,14 +54,20 @@ def profile(shape: list) -> tuple:
 
 @pytest.fixture(scope="module")
 def build():
-    from seq2trt.exporters.tensorrt_build import build
+    """`build` with one child process for the module's builds (starting one takes seconds)."""
+    import functools
 
-    return build
+    from seq2trt.exporters.tensorrt_build import build
+    from seq2trt.exporters.tensorrt_child import BuildChild
+
+    with BuildChild() as child:
+        yield functools.partial(build, child=child)
 
 
 @pytest.mark.parametrize("kind", list(AttentionKind))
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
-def test_plugin_graph_builds_an_engine(tmp_path, monkeypatch, build, kind, dtype):
+def test_plugin_graph_builds_an_engine(tmp_path, monkeypatch, kind, dtype):
+    from seq2trt.exporters.tensorrt_build import build_in_process as build  # in process: the plugin is watched
     from seq2trt.plugins import tensorrt_plugin
 
     asked = []
