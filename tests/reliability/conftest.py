@@ -159,18 +159,12 @@ def signal_while_staging() -> Callable[..., str]:
 
 # A new run seed every run, unless replaying one: SEQ2TRT_FUZZ_SEED=<seed printed by a failure>. CI (CI=true) runs
 # one fixed seed instead: fresh seeds still find crashes (2 of 7 local runs on 2026-11-30: a float as
-# source.checkpoint, a flipped byte in decoder.onnx reaching validate as a TypeError), and a gate that fails on the
+# source.checkpoint, a flipped byte in decoder.onnx reaching validate as a TypeError; both fixed since), and a gate that fails on the
 # draw would block every submission; those finds belong in issues, found by the developers' runs.
 CI_RUN_SEED = 20261130
 RUN_SEED = int(os.environ.get("SEQ2TRT_FUZZ_SEED")
                or (CI_RUN_SEED if os.environ.get("CI") else int.from_bytes(os.urandom(4), "little")))
 
-# TensorRT-RTX aborts the whole process (a native abort, not an exception) on some parse-preserving graph damage
-# that artifact_checks.load_graph lets through: a CI run with a fresh seed died in the test that builds damaged
-# fused graphs on 2026-11-30. An abort cannot be turned into a failing case in process, so that test keeps this
-# fixed run seed (its 24 cases build or are refused cleanly) until the build runs TensorRT in a child process
-# (issue 17 follow-up); every other fuzz test draws a new seed each run.
-TENSORRT_RUN_SEED = 0
 
 
 def _load_fuzzing():
@@ -200,13 +194,6 @@ def _test_path(request) -> str:
 def outcomes(request):
     """The fuzz test's cases (seeded from the run seed) and what came of them; a failure names the run seed."""
     return _fuzzing.Outcomes(RUN_SEED, f"SEQ2TRT_FUZZ_SEED={RUN_SEED} pytest {_test_path(request)}")
-
-
-@pytest.fixture
-def tensorrt_outcomes(request):
-    """`outcomes` seeded from TENSORRT_RUN_SEED, whatever the run seed is (see there)."""
-    return _fuzzing.Outcomes(TENSORRT_RUN_SEED, f"pytest {_test_path(request)} (its seed is fixed: TENSORRT_RUN_SEED "
-                                                "in tests/reliability/conftest.py)")
 
 
 @pytest.fixture

@@ -198,13 +198,6 @@ class Outcomes:
 KNOWN_GAPS = [
     # reference_model/vocab.py: Vocab accepts non-string tokens and any 'kind'.
     r"vocabulary holds",
-    # validation runs a damaged graph that a stage accepted (input dims or an attribute changed but still parsing:
-    # artifact_checks.load_graph checks names and types, not dims) and onnxruntime's exception escapes the runner
-    # (validation/runners.py) instead of a Seq2TrtError.
-    r"accepted, but checking the result raised (InvalidArgument|Fail|RuntimeException|InvalidGraph)",
-    # validation/localize.py `_scopes`: a node whose scope metadata a bit flip damaged raises TypeError (bytes/str)
-    # while validation localises the failure (SEQ2TRT_FUZZ_TRACE=1 prints such tracebacks).
-    r"accepted, but checking the result raised TypeError: a bytes-like object is required",
 ]
 
 

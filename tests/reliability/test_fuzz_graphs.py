@@ -38,14 +38,18 @@ def test_damaged_exported_graphs(work, quick_validation, fuzz, outcomes, rewrite
 
 
 @pytest.mark.rtx
-def test_damaged_fused_graphs_reach_tensorrt(work, quick_validation, fuzz, tensorrt_outcomes):
-    """Damage that still parses is what reaches TensorRT's parser, which can crash the process instead of failing:
-    the build must refuse such graphs first, or validation of the same graphs must pass or stop them."""
-    out, outcomes = work / "out", tensorrt_outcomes
-    for i, name, how in fuzz.damaged_fused_graphs(out, Target.TRT, outcomes.cases(1, 24), raw_every=4):
-        outcomes.run(f"{i} fused {name} {how} build",
-                     lambda: build_engines(out, EngineRequest("tensorrt-rtx", (86,), force=True)),
-                     fuzz.validated(lambda: quick_validation(out, "fused-trt")))
+def test_damaged_fused_graphs_reach_tensorrt(work, quick_validation, fuzz, outcomes):
+    """Damage that still parses is what reaches TensorRT's parser, which can abort its process natively: the build
+    runs TensorRT in a child, so such a crash must come back as a BuildError (a Seq2TrtError), never end this one;
+    otherwise the build refuses the graphs, or validation of the same graphs passes or stops them."""
+    from seq2trt.exporters.tensorrt_child import BuildChild
+
+    out = work / "out"
+    with BuildChild() as child:  # one child for the run; a crash ends it and the next job starts another
+        for i, name, how in fuzz.damaged_fused_graphs(out, Target.TRT, outcomes.cases(1, 24), raw_every=4):
+            outcomes.run(f"{i} fused {name} {how} build",
+                         lambda: build_engines(out, EngineRequest("tensorrt-rtx", (86,), force=True), child=child),
+                         fuzz.validated(lambda: quick_validation(out, "fused-trt")))
     outcomes.check(minimum_errors=12)
 
 
