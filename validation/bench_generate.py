@@ -29,7 +29,7 @@ class GenerateBackend:
         settle(self.threads)
 
     def decode(self, input_ids: np.ndarray, attention_mask: np.ndarray, new_tokens: int) -> tuple[float, list[float]]:
-        settings = DecodeSettings(self.cfg.bos_id, self.cfg.eos_id, self.cfg.pad_id, new_tokens)
+        settings = DecodeSettings.for_model(self.cfg, new_tokens)  # the rules built into the graph (imported models')
         start = time.perf_counter()
         self.model.decode(input_ids, attention_mask, settings, 1, forced_length=True)
         return time.perf_counter() - start, []

@@ -217,3 +217,21 @@ def _generate(src, ids, mask, new_tokens: int, eos: int) -> list[list[int]]:
         rows = model.generate(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask), num_beams=1,
                               do_sample=False, max_new_tokens=new_tokens, forced_eos_token_id=None)[:, 1:].tolist()
     return [r[: r.index(eos)] if eos in r else r for r in rows]
+
+
+@pytest.mark.slow
+def test_generate_bench_on_an_imported_model_applies_its_rules(imported, tmp_path):
+    """Greedy bench of ort-generate on an imported Marian: generate.onnx holds the model's rules (suppressed pad,
+    forced eos), and the bench asks for exactly those (it once asked for none and was refused); timed rows equal
+    the forced length."""
+    import shutil
+
+    out = shutil.copytree(imported / "out", tmp_path / "out", ignore=shutil.ignore_patterns("reports"))
+    assert invoke("generate", out).exit_code == 0
+    result = invoke("bench", out, "--backends", "ort-fused,ort-generate", "--batch-sizes", "1,3", "--repeats", 1,
+                    "--warmup", 0, "--new-tokens", 8, "--no-curves")
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "reports" / "latency.json").read_text())
+    for batch in ("1", "3"):
+        for name in ("ort-fused", "ort-generate"):
+            assert doc["results"]["1"][name][batch]["tokens_per_s"] > 0
