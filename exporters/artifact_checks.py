@@ -12,7 +12,7 @@ import onnx
 
 from seq2trt.plugins.op import DOMAIN, attrs_from_node
 from seq2trt.reference_model.config import Seq2SeqConfig
-from seq2trt.reference_model.errors import ArtifactError
+from seq2trt.reference_model.errors import ArtifactError, first_line
 from seq2trt.reference_model.io import sha256_file
 
 from . import spec
@@ -27,7 +27,7 @@ def load_graph(path: Path, cfg: Seq2SeqConfig, kind: spec.GraphKind, dtype: str)
         model = onnx.load(str(path))
         onnx.checker.check_model(model)
     except Exception as exc:  # protobuf's DecodeError, onnx's ValidationError, ...: the file is not a valid model
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        first = first_line(exc)
         raise ArtifactError(f"{path} is not a valid ONNX model ({first}); {fix}") from exc
     problems = []
     for io, want, have in (("inputs", spec.inputs(cfg, kind), model.graph.input),

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 
 from seq2trt.plugins import trt_compat
 from seq2trt.plugins.op import DOMAIN, PLUGIN_NAME
-from seq2trt.reference_model.errors import ArtifactError, InputError, Terminated
+from seq2trt.reference_model.errors import ArtifactError, InputError, Terminated, first_line
 
 if TYPE_CHECKING:
     from .tensorrt_child import BuildChild
@@ -162,7 +162,7 @@ def parse(trt, builder, onnx_path: Path, settings: BuildSettings):
     try:
         model = onnx.load(str(onnx_path), load_external_data=False)
     except Exception as exc:  # protobuf's DecodeError: not an ONNX file
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        first = first_line(exc)
         raise ArtifactError(f"{onnx_path} is not a valid ONNX model ({first}); re-export (and re-fuse) it") from exc
     if graph_has_plugin(model):
         if not settings.plugin:

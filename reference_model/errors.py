@@ -44,3 +44,9 @@ class CheckFailed(Seq2TrtError):
     """A check ran to the end and failed (parity, fusion audit, accuracy target)."""
 
     exit_code = 1
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception from a library (protobuf, onnx, ONNX Runtime), for a one-line error; its type
+    name when it says nothing."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -33,14 +33,11 @@ def session_options(ort, threads: int, int8: bool):
     32 rows of 256, 267 against 33 at 128). Demo export, 1 thread, paired in one process, load ~3.5: fp32 beam 4
     B=8 1.16x, B=1 1.06x, forced greedy B=32 1.14x faster than the default level, tokens equal on 200/200 held-out
     sources; int8 1.20x / 1.21x (and its graphs now run as the ort-int8 loop runs them)."""
-    from .runners import OPTIMIZATION
+    from . import runners
 
-    options = ort.SessionOptions()
+    options, disabled = runners.session_options(ort, "extended" if int8 else "basic")
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    options.log_severity_level = 3
-    level, disabled = OPTIMIZATION["extended" if int8 else "basic"]
-    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
     return options, disabled
 
 

@@ -20,7 +20,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from seq2trt.exporters import spec
-from seq2trt.reference_model.errors import ArtifactError, DependencyError
+from seq2trt.reference_model.errors import ArtifactError, DependencyError, first_line
 
 logger = logging.getLogger(__name__)
 
@@ -155,6 +155,15 @@ OPTIMIZATION: dict[str, tuple[str, list[str]]] = {
     "extended": ("ORT_ENABLE_EXTENDED", ["SkipLayerNormFusion"]),
 }
 
+def session_options(ort, optimization: str):
+    """(SessionOptions, optimizers to disable) at an OPTIMIZATION level, warnings quiet; threads are the caller's."""
+    options = ort.SessionOptions()
+    level, disabled = OPTIMIZATION[optimization]
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+    options.log_severity_level = 3
+    return options, disabled
+
+
 _GLOBAL_POOL: list[int] = []  # intra-op size of this process's shared ONNX Runtime pool, once created
 
 
@@ -230,11 +239,8 @@ class OrtRunner(Runner):
         where = source if isinstance(source, (str, Path)) else f"the {self.kind.value} graph"
         model = Path(source).read_bytes() if isinstance(source, (str, Path)) else source
         providers = ort_providers(self.device)
-        options = ort.SessionOptions()
+        options, disabled = session_options(ort, self.optimization)
         self.threading = configure_threads(options, self.intra_op_threads)
-        level, disabled = OPTIMIZATION[self.optimization]
-        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
-        options.log_severity_level = 3
         for library in self.custom_op_libraries:
             options.register_custom_ops_library(library)
         try:
@@ -244,7 +250,7 @@ class OrtRunner(Runner):
                 model, self.emulated_bf16 = emulate_bf16(model), True
             self.session = ort.InferenceSession(model, options, providers=providers, disabled_optimizers=disabled)
         except Exception as exc:  # protobuf's DecodeError, ORT's Fail / InvalidGraph: a damaged or foreign file
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            first = first_line(exc)
             raise ArtifactError(f"ONNX Runtime cannot load {where} ({first}); re-export (and re-fuse) it") from exc
         self.output_names = [o.name for o in self.session.get_outputs()]
         self._where = where
@@ -282,7 +288,7 @@ class OrtRunner(Runner):
         try:
             values = self.session.run(self.output_names, feed if isinstance(feed, dict) else dict(feed))
         except _ort_errors() as exc:  # feeds follow the contract (checked, or the graph's own outputs fed back)
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            first = first_line(exc)
             raise ArtifactError(f"ONNX Runtime failed to run {self._where} ({first}); the graph is damaged or not "
                                 "from this export: re-export it with `seq2trt export --force` (and re-fuse)") from exc
         outputs = dict(zip(self.output_names, values))

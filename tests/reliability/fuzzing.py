@@ -318,10 +318,12 @@ def damaged_json(path: Path, cases: Iterable[tuple[str, random.Random]]):
 
 
 def rehash_fusion(out: Path, target: Target = Target.TRT) -> None:
+    """fusion.json resealed over the fused graphs and the exported graphs they came from, as they are now."""
     path = fused_dir(out, target) / FUSION_JSON
     doc = json.loads(path.read_text())
     for name, entry in doc["files"].items():
         entry["sha256"] = sha256_file(path.parent / name)
+        entry["source_sha256"] = sha256_file(out / name)
     path.write_text(json.dumps(doc))
 
 

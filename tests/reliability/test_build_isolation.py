@@ -2,8 +2,8 @@
 TensorRT-RTX abort natively is one BuildError (exit 2, nothing written), and Ctrl-C / SIGTERM stop the child; graph
 files whose bytes still parse but break the contract stop `validate` with one ArtifactError line (exit 2).
 
-The artifact is built here (a tiny export, fused for TensorRT), not taken from this folder's conftest, so these
-tests stand alone. The TensorRT reproducer was found by the graph fuzz (run seed 24, case 1:5): the fused encoder's
+The artifact is built here (a tiny export, fused for TensorRT, no engines and no reports), not taken from this
+folder's conftest, whose artifact holds both: these tests check that nothing of them is written. The TensorRT reproducer was found by the graph fuzz (run seed 24, case 1:5): the fused encoder's
 Cast of attention_mask to int32, made a Cast to int64, still parses and passes `load_graph`, and TensorRT-RTX 1.7
 then aborts its process while building (`malloc_consolidate(): invalid chunk size`; the fuzz found Shape start/end
 damage doing the same).
@@ -11,7 +11,6 @@ damage doing the same).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -27,14 +26,9 @@ from click.testing import CliRunner
 
 from seq2trt.cli.main import cli
 from seq2trt.exporters import spec
-from seq2trt.exporters.fuse import FUSION_JSON, Target, fuse_artifacts, fused_dir
-from seq2trt.exporters.manifest import read_manifest, write_manifest
+from seq2trt.exporters.fuse import Target, fuse_artifacts, fused_dir
+from seq2trt.exporters.manifest import read_manifest
 from seq2trt.reference_model.errors import Terminated
-from seq2trt.reference_model.io import sha256_file
-
-HAS_RTX = importlib.util.find_spec("tensorrt_rtx") is not None
-needs_rtx = pytest.mark.skipif(not HAS_RTX, reason="tensorrt_rtx is not installed (pip install 'seq2trt[rtx]')")
-
 
 @pytest.fixture(scope="module")
 def artifact(make_model, tmp_path_factory) -> Path:
@@ -61,32 +55,21 @@ def out(artifact, tmp_path) -> Path:
     return tmp_path / "out"
 
 
-def rehash(out: Path) -> None:
+@pytest.fixture
+def rehash(rewrite_manifest, fuzz):
     """Records resealed over damaged graphs (as a writer that knows the formats would), so that only the graphs'
     content is wrong and the damage reaches the stages behind the sha256 checks."""
-    m = read_manifest(out)
-    write_manifest(out, m.config, m.data["settings"], list(m.data["files"]), m.data["source"])
-    record = fused_dir(out, Target.TRT) / FUSION_JSON
-    doc = json.loads(record.read_text())
-    for name, entry in doc["files"].items():
-        entry["sha256"] = sha256_file(record.parent / name)
-        entry["source_sha256"] = sha256_file(out / name)
-    record.write_text(json.dumps(doc))
+    def reseal(out: Path) -> None:
+        rewrite_manifest(out)
+        fuzz.rehash_fusion(out, Target.TRT)
 
-
-def one_line_error(result, *parts: str) -> None:
-    """Exit 2 with one `error:` line naming `parts`, and no traceback (a progress bar may stand above it)."""
-    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
-    assert result.exit_code == 2, result.output
-    assert len(errors) == 1 and "Traceback" not in result.output, result.output
-    for part in parts:
-        assert part in errors[0], errors[0]
+    return reseal
 
 
 # --- TensorRT in a child process ---------------------------------------------------------------------------------
 
-@needs_rtx
-def test_graph_that_aborts_tensorrt_is_one_build_error(out):
+@pytest.mark.rtx
+def test_graph_that_aborts_tensorrt_is_one_build_error(out, rehash, one_error_line):
     encoder = fused_dir(out, Target.TRT) / "encoder.onnx"
     model = onnx.load(encoder)
     cast = next(n for n in model.graph.node if n.op_type == "Cast" and list(n.input) == ["attention_mask"])
@@ -96,12 +79,12 @@ def test_graph_that_aborts_tensorrt_is_one_build_error(out):
     onnx.save(model, encoder)
     rehash(out)
     result = CliRunner().invoke(cli, ["build", str(out), "--target", "sm_86"])
-    one_line_error(result, "crashed on", str(encoder), "SIGABRT", "exit code 134", "re-export")
+    one_error_line(result, 2, "crashed on", str(encoder), "SIGABRT", "exit code 134", "re-export")
     engines = out / "engines"
     assert not engines.exists() or [p.name for p in engines.iterdir() if not p.name.endswith(".lock")] == []
 
 
-@needs_rtx
+@pytest.mark.rtx
 def test_child_that_dies_is_a_build_error_and_the_next_child_builds(out, monkeypatch):
     """Any death of the child (here: an abort as it starts) is a BuildError; a later build starts a new child."""
     from seq2trt.exporters import tensorrt_child
@@ -117,7 +100,7 @@ def test_child_that_dies_is_a_build_error_and_the_next_child_builds(out, monkeyp
     assert sorted(p.name for p in engine_dir.iterdir()) == ["build.json", "decoder.plan", "encoder.plan"]
 
 
-@needs_rtx
+@pytest.mark.rtx
 @pytest.mark.parametrize("signum, raised", [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, Terminated)])
 def test_interrupt_kills_the_child_at_once(out, signum, raised):
     from seq2trt.exporters.tensorrt_build import build
@@ -188,11 +171,11 @@ def test_undamaged_export_validates(out):
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
-def test_damaged_graph_is_one_error_from_validate(out, damage):
+def test_damaged_graph_is_one_error_from_validate(out, damage, rehash, one_error_line):
     change, named = DAMAGE[damage]
     decoder = out / "decoder.onnx"
     decoder.write_bytes(change(decoder.read_bytes()))
     rehash(out)
     result = CliRunner().invoke(cli, ["validate", str(out), "--samples", "0", "--localize-budget", "1"])
-    one_line_error(result, str(decoder), named, "re-export")
+    one_error_line(result, 2, str(decoder), named, "re-export")
     assert not (out / "reports" / "parity.json").exists()
