@@ -159,3 +159,32 @@ def test_damaged_or_foreign_sources_are_named_and_nothing_is_written(damage, mes
     result = CliRunner().invoke(cli, ["import", "hf", str(src), "-o", str(tmp_path / "ckpt")])
     assert result.exit_code == 2 and message in result.output, result.output
     assert "Traceback" not in result.output and not (tmp_path / "ckpt").exists()
+
+
+@pytest.mark.parametrize("early_stopping", [True, False])
+def test_finished_sources_leave_the_beam_batch_and_tokens_stay_transformers(early_stopping, make_hf_model, tmp_path):
+    """hf_beam_search drops a source's K rows once its result is final (transformers keeps them running): on sources
+    that end at different steps (eos made likely by the logits bias) the step model sees fewer rows as they end,
+    and the tokens are still transformers' own beam search's."""
+    src = make_hf_model(tmp_path / "src", "bart", {}, dict(early_stopping=early_stopping, num_beams=4))
+    hf_model = load_transformers_model(src)
+    with torch.no_grad():
+        hf_model.final_logits_bias[0, hf_model.config.eos_token_id] += 5.0
+    hf_model.save_pretrained(src)
+    assert CliRunner().invoke(cli, ["import", "hf", str(src), "-o", str(tmp_path / "ckpt")]).exit_code == 0
+    model, _ = load_checkpoint(tmp_path / "ckpt")
+    ids, mask = pad_batch(seeded_sources(model.cfg, 8, seed=7), model.cfg.pad_id)
+    rows: list[int] = []
+
+    class Counted(EagerStepModel):
+        def step(self, input_ids, *args):
+            rows.append(len(input_ids))
+            return super().step(input_ids, *args)
+
+    beam = hf_beam_search(Counted(model), ids, mask, DecodeSettings.for_model(model.cfg, 20), 4, 1.0, early_stopping)
+    assert beam == _generate(hf_model, ids, mask, 20, model.cfg.eos_id, num_beams=4, length_penalty=1.0,
+                             early_stopping=early_stopping)
+    lengths = {len(row) for row in beam}
+    assert len(lengths) > 2, f"the sources must end at different steps to test this: lengths {sorted(lengths)}"
+    assert rows[0] == 32 and rows == sorted(rows, reverse=True) and rows[-1] < 32, rows
+    assert all(r % 4 == 0 for r in rows)
