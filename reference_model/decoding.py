@@ -142,7 +142,8 @@ class _Finished:
 
 def beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndarray, settings: DecodeSettings,
                 beam_size: int = 4, alpha: float = 0.6) -> list[list[int]]:
-    """Beam search with GNMT length penalty. Returns the best hypothesis of each source, without bos/eos."""
+    """Beam search with GNMT length penalty. Returns the best hypothesis of each source, without bos/eos.
+    A source that is done leaves the batch: its K rows are dropped from the model's state with the step's reorder."""
     if beam_size < 1:
         raise ConfigError(f"beam_size must be >= 1, got {beam_size}")
     B, K = input_ids.shape[0], beam_size
@@ -150,23 +151,25 @@ def beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndar
     encoder_state = model.select(model.encode(input_ids, attention_mask), expand)
     mask = attention_mask[expand]
     past = model.empty_past(B * K)
+    sources = np.arange(B)  # source index of each live source
     scores = np.full((B, K), -np.inf)
     scores[:, 0] = 0.0  # all beams start identical: expand only the first
-    beams: list[list[int]] = [[] for _ in range(B * K)]
+    beams: list[list[int]] = [[] for _ in range(B * K)]  # tokens of each live beam, row b*K + k
     finished = [_Finished(K, alpha) for _ in range(B)]
-    done = np.zeros(B, dtype=bool)
     next_ids = np.full((B * K, 1), settings.bos_id, dtype=np.int64)
     for step in range(settings.max_new_tokens):
+        b_live = len(sources)
         logits, past = model.step(next_ids, mask, encoder_state, past)
         V = logits.shape[-1]
-        cand = (scores[:, :, None] + settings.constrain(log_softmax(logits), step).reshape(B, K, V)).reshape(B, K * V)
-        top = np.argsort(-cand, axis=1, kind="stable")[:, : 2 * K]  # (B, 2K): enough to refill K live beams
-        new_scores = np.full((B, K), -np.inf)
-        origin = np.repeat(np.arange(B) * K, K).reshape(B, K)  # defaults keep done rows in place
-        new_tokens = np.full((B, K), settings.pad_id, dtype=np.int64)
-        for b in range(B):
-            if done[b]:
-                continue
+        cand = (scores[:, :, None] + settings.constrain(log_softmax(logits), step).reshape(b_live, K, V)
+                ).reshape(b_live, K * V)
+        top = np.argsort(-cand, axis=1, kind="stable")[:, : 2 * K]  # (b, 2K): enough to refill K live beams
+        new_scores = np.full((b_live, K), -np.inf)
+        origin = np.repeat(np.arange(b_live) * K, K).reshape(b_live, K)
+        new_tokens = np.full((b_live, K), settings.pad_id, dtype=np.int64)
+        done = np.zeros(b_live, dtype=bool)
+        for b in range(b_live):
+            kept = finished[sources[b]]
             slot = 0
             for rank, flat in enumerate(top[b]):
                 beam, token = divmod(int(flat), V)
@@ -175,26 +178,31 @@ def beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndar
                     break
                 if token == settings.eos_id:
                     if rank < K:
-                        finished[b].add(beams[b * K + beam], score, ended=True)
+                        kept.add(beams[b * K + beam], score, ended=True)
                     continue
                 new_scores[b, slot], origin[b, slot], new_tokens[b, slot] = score, b * K + beam, token
                 slot += 1
                 if slot == K:
                     break
-            done[b] = finished[b].is_done(new_scores[b].max(), step + 1)
+            done[b] = kept.is_done(new_scores[b].max(), step + 1)
         gather = origin.reshape(-1)
         beams = [beams[i] + [int(t)] for i, t in zip(gather, new_tokens.reshape(-1))]
         scores = new_scores
         if done.all():
             break
+        if done.any():
+            stay = np.flatnonzero(~done)
+            rows = (stay[:, None] * K + np.arange(K)).reshape(-1)
+            sources, scores, new_tokens, gather = sources[stay], scores[stay], new_tokens[stay], gather[rows]
+            beams, mask, encoder_state = [beams[r] for r in rows], mask[rows], model.select(encoder_state, rows)
         past = model.select(past, gather)
         next_ids = new_tokens.reshape(-1, 1)
-    for b in range(B):
-        if not done[b]:
+    else:
+        for b, source in enumerate(sources):  # the length limit: live beams join their source's hypotheses
             for k in range(K):
                 if np.isfinite(scores[b, k]):
-                    finished[b].add(beams[b * K + k], scores[b, k], ended=False)
-    return [finished[b].hyps[0][1] if finished[b].hyps else [] for b in range(B)]
+                    finished[source].add(beams[b * K + k], scores[b, k], ended=False)
+    return [kept.hyps[0][1] if kept.hyps else [] for kept in finished]
 
 
 def _top(scores: np.ndarray, k: int) -> np.ndarray:
@@ -244,10 +252,13 @@ def hf_beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.n
     False / "never" stop it when no live beam can still beat the worst kept one (HF's heuristic for each).
     Returns the best hypothesis of each source without eos.
 
-    A source whose hypotheses can no longer change (Hugging Face's own test: K ended with early_stopping True, or
-    no live beam can beat the worst kept one) leaves the batch at once, its K rows dropped from the model's state
-    with the step's beam reorder; transformers keeps such rows running until every source is done. The tokens are
-    the same; the work is what is left (on the demo's held-out sources at batch 8, about half the row-steps)."""
+    Two departures in how, not what: a source whose hypotheses can no longer change (Hugging Face's own test: K
+    ended with early_stopping True, or no live beam can beat the worst kept one) leaves the batch at once, its K
+    rows dropped from the model's state with the step's beam reorder (transformers keeps them running until every
+    source is done: on the demo's held-out sources at batch 8 about half the row-steps); and the K kept hypotheses
+    of a source change only in the steps where one of its K best candidates ends, so they are merged there alone,
+    source by source (the step's bookkeeping is otherwise a few array operations: on the demo model it was most of
+    a batch-1 step's time)."""
     import torch
 
     if beam_size < 1:
@@ -259,60 +270,67 @@ def hf_beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.n
     past = model.empty_past(B * K)
     sources = np.arange(B)  # source index of each live source
     results: list[list[int]] = [[] for _ in range(B)]
-    running = np.zeros((B, K, 0), dtype=np.int64)  # generated tokens of each live beam
+    running = np.zeros((B * K, 0), dtype=np.int64)  # generated tokens of each live beam, row b*K + k
     running_scores = np.zeros((B, K), dtype=np.float32)
     running_scores[:, 1:] = -1e9  # all beams start identical: expand only the first
-    finished = np.zeros((B, K, N), dtype=np.int64)
-    finished_len = np.zeros((B, K), dtype=np.int64)
+    # The K kept hypotheses of each live source, best first: Hugging Face's finished beams, unfilled slots at -1e9.
     finished_scores = np.full((B, K), -1e9, dtype=np.float32)
     is_finished = np.zeros((B, K), dtype=bool)
+    finished: list[list[list[int]]] = [[[] for _ in range(K)] for _ in range(B)]
     improvable = np.ones(B, dtype=bool)  # HF's is_early_stop_heuristic_unsatisfied
-    top_k_mask = np.arange(2 * K) < K
+    masked = np.float32(-1e9)
+    eos = settings.eos_id
     next_ids = np.full((B * K, 1), settings.bos_id, dtype=np.int64)
 
     def result(b: int) -> list[int]:
-        tokens = finished[b, 0, : finished_len[b, 0]].tolist()
-        return tokens[: tokens.index(settings.eos_id)] if settings.eos_id in tokens else tokens
+        tokens = finished[b][0]
+        return tokens[: tokens.index(eos)] if eos in tokens else tokens
 
     for step in range(N):
         b_live = len(sources)
+        live = np.arange(b_live)[:, None]
         logits, past = model.step(next_ids, mask, encoder_state, past)
         logp = _log_softmax32(logits)
         if settings.constrained:
             logp = torch.from_numpy(settings.constrain(logp.numpy(), step))
         V = logp.shape[-1]
-        acc_t = (logp.view(b_live, K, V) + torch.from_numpy(running_scores)[:, :, None]).view(b_live, K * V)
-        top = _top_wide(acc_t, 2 * K)  # (B, 2K)
-        acc = acc_t.numpy()
-        top_scores, top_beam, top_token = np.take_along_axis(acc, top, 1), top // V, top % V
-        top_seqs = np.concatenate([np.take_along_axis(running, top_beam[:, :, None], 1), top_token[:, :, None]], 2)
-        ends = (top_token == settings.eos_id) | (step + 1 >= N)  # (B, 2K)
+        acc = logp.view(b_live, K, V).add_(torch.from_numpy(running_scores)[:, :, None]).view(b_live, K * V)  # in place
+        top = _top_wide(acc, 2 * K)  # (b, 2K), best first
+        top_scores = acc.numpy()[live, top]
+        top_beam, top_token = np.divmod(top, V)
+        last = step + 1 >= N
+        ends = np.ones_like(top, dtype=bool) if last else top_token == eos  # (b, 2K)
         # The K best continuations that did not end go on.
-        live_scores = top_scores + ends.astype(np.float32) * np.float32(-1e9)
-        keep = _top(live_scores, K)
-        running, running_scores = np.take_along_axis(top_seqs, keep[:, :, None], 1), np.take_along_axis(live_scores, keep, 1)
-        origin = (np.take_along_axis(top_beam, keep, 1) + np.arange(b_live)[:, None] * K).reshape(-1)
-        # Ended ones among the K best join the finished hypotheses (a live source is never blocked: see below).
-        ended = top_scores / np.float32((step + 1) ** length_penalty)
-        ended = ended + np.float32(-1e9) * ~(ends & top_k_mask[None])
-        merged_scores = np.concatenate([finished_scores, ended], 1)
-        best = _top(merged_scores, K)
-        padded = np.zeros((b_live, 2 * K, N), dtype=np.int64)
-        padded[:, :, : step + 1] = top_seqs
-        merged = np.concatenate([finished, padded], 1)
-        merged_len = np.concatenate([finished_len, np.full((b_live, 2 * K), step + 1)], 1)
-        merged_done = np.concatenate([is_finished, ends & top_k_mask[None]], 1)
-        finished = np.take_along_axis(merged, best[:, :, None], 1)
-        finished_len, finished_scores = np.take_along_axis(merged_len, best, 1), np.take_along_axis(merged_scores, best, 1)
-        is_finished = np.take_along_axis(merged_done, best, 1)
+        live_scores = top_scores + ends * masked
+        keep = np.argsort(-live_scores, axis=1, kind="stable")[:, :K]
+        running_scores = live_scores[live, keep]
+        origin = (top_beam[live, keep] + live * K).reshape(-1)
+        previous, running = running, np.concatenate([running[origin], top_token[live, keep].reshape(-1, 1)], 1)
+        # Ended ones among the K best join the kept hypotheses (a live source is never blocked: see below). Where
+        # none of a source's K best ended, every candidate scores below -1e9 and Hugging Face's merge keeps its list.
+        ends_k = ends[:, :K]
+        if last or ends_k.any():
+            ended = top_scores / np.float32((step + 1) ** length_penalty)
+            ended[:, :K] += masked * ~ends_k
+            ended[:, K:] += masked
+            for b in np.flatnonzero(ends_k.any(1)):
+                merged = np.concatenate([finished_scores[b], ended[b]])
+                best = np.argsort(-merged, kind="stable")[:K]
+                tokens = finished[b] + [None] * (2 * K)
+                done = np.concatenate([is_finished[b], np.zeros(2 * K, dtype=bool)])
+                done[K:][:K] = ends_k[b]
+                for j in best[best >= K] - K:
+                    tokens[K + j] = previous[b * K + top_beam[b, j]].tolist() + [int(top_token[b, j])]
+                finished[b] = [tokens[i] if tokens[i] is not None else [] for i in best]
+                finished_scores[b], is_finished[b] = merged[best], done[best]
         # Can a live beam still beat the worst kept hypothesis? (HF's heuristic, per source.)
         best_length = N if early_stopping == "never" and length_penalty > 0 else step + 1
         best_running = running_scores[:, 0] / np.float32(best_length ** length_penalty)
-        worst = np.where(is_finished, finished_scores.min(1, keepdims=True), np.float32(-1e9))
+        worst = np.where(is_finished, finished_scores.min(1, keepdims=True), masked)
         improvable &= (best_running[:, None] > worst).any(1)
         # A source Hugging Face would block from now on (no new hypotheses: its result is final) leaves the batch.
         blocked = ~improvable | (is_finished.all(1) & (early_stopping is True))
-        if ends.all() or blocked.all():
+        if last or blocked.all():
             for b in range(b_live):
                 results[sources[b]] = result(b)
             break
@@ -321,10 +339,10 @@ def hf_beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.n
                 results[sources[b]] = result(b)
             stay = np.flatnonzero(~blocked)
             rows = (stay[:, None] * K + np.arange(K)).reshape(-1)
-            sources, running, running_scores = sources[stay], running[stay], running_scores[stay]
-            finished, finished_len, finished_scores = finished[stay], finished_len[stay], finished_scores[stay]
+            sources, running, running_scores = sources[stay], running[rows], running_scores[stay]
+            finished, finished_scores = [finished[b] for b in stay], finished_scores[stay]
             is_finished, improvable, mask = is_finished[stay], improvable[stay], mask[rows]
             encoder_state, origin = model.select(encoder_state, rows), origin.reshape(b_live, K)[stay].reshape(-1)
         past = model.select(past, origin)
-        next_ids = running[:, :, -1].reshape(-1, 1)
+        next_ids = np.ascontiguousarray(running[:, -1:])
     return results

@@ -154,9 +154,12 @@ class Bench:
             return open_backend(name, self.source, self.out, threads)
         from .backends import open_step_model  # ORT and TensorRT: the one opener, every graph verified
 
+        import torch
+
         stack = contextlib.ExitStack()
         model, _ = stack.enter_context(open_step_model(self.out, name, self.checkpoint, threads))
-        return bb.StepModelBackend(name, model, self.cfg, threads, closers=[stack.close])
+        # torch's thread count too: the beam loop's log-softmax and top-k run in torch, inside the same budget
+        return bb.StepModelBackend(name, model, self.cfg, threads, closers=[stack.close], set_threads=torch.set_num_threads)
 
     # -- measurement ----------------------------------------------------------------------------------------
     def run(self) -> dict:

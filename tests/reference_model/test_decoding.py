@@ -62,6 +62,25 @@ def test_padded_batch_decodes_like_each_source_alone(make_model, search):
     assert batched == alone
 
 
+def test_beam_search_drops_finished_sources_and_decodes_like_each_source_alone(make_model):
+    """A source that is done leaves the batch (its K rows dropped with the reorder): the step model sees fewer rows
+    as sources end, and each source's result is the one it gets decoded alone."""
+    model = make_model(7)
+    srcs = sources(6, 8)  # these end after 2, 3, 5, 8 and 12 tokens
+    rows: list[int] = []
+
+    class Counted(EagerStepModel):
+        def step(self, input_ids, *args):
+            rows.append(len(input_ids))
+            return super().step(input_ids, *args)
+
+    batched = beam_search(Counted(model), *pad_batch(srcs), SETTINGS, 3)
+    alone = [beam_search(EagerStepModel(model), *pad_batch([s]), SETTINGS, 3)[0] for s in srcs]
+    assert batched == alone
+    assert len({len(b) for b in batched}) > 2, "sources must end at different steps to test this"
+    assert rows[0] == 24 and rows == sorted(rows, reverse=True) and rows[-1] < 24 and all(r % 3 == 0 for r in rows)
+
+
 def test_beam_of_one_is_greedy(make_model):
     model = make_model(6)
     ids, mask = pad_batch(sources(6))

@@ -1,4 +1,4 @@
-"""io.locked: an inter-process lock that leaves no file behind and never lets two holders in at once."""
+"""swap.locked: an inter-process lock that leaves no file behind and never lets two holders in at once."""
 
 from __future__ import annotations
 

@@ -195,10 +195,7 @@ class Outcomes:
 
 # Wrong results the fuzz finds in code outside this test's change, left to their owners (issue 20 note); each is
 # reported as an xfail with its seed whenever drawn, and must be removed here once fixed.
-KNOWN_GAPS = [
-    # reference_model/vocab.py: Vocab accepts non-string tokens and any 'kind'.
-    r"vocabulary holds",
-]
+KNOWN_GAPS: list[str] = []  # none open: Vocab.from_dict now refuses non-string tokens and unknown kinds
 
 
 # --- what a right result is --------------------------------------------------------------------------------------
