@@ -24,10 +24,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+# The model's blocks know their kind; the op shares it. From the torch-free config module: TensorRT's build child
+# imports this file (the plugin's names and attributes) and would otherwise pay 1.2 s for torch it never uses.
+from seq2trt.reference_model.config import AttentionKind
 
-from seq2trt.reference_model.model import AttentionKind  # the model's blocks know their kind; the op shares it
+if TYPE_CHECKING:
+    import torch
 
 DOMAIN = "seq2trt"
 PLUGIN_NAME = "Seq2TrtAttention"
@@ -94,6 +98,8 @@ def _heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 def reference_attention(attrs: AttentionAttrs, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The op in plain PyTorch. fp16/bf16 inputs are computed in fp32 and returned in their own dtype."""
+    import torch
+
     query = inputs[0]
     dtype = query.dtype
     compute = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype

@@ -37,7 +37,7 @@ def prepare_cubin(launcher, attrs: AttentionAttrs, inputs: tuple[torch.Tensor, .
     enqueue makes it (an `AttentionCall` of device pointers; no synchronization), into outputs (the op's `OUTPUTS`,
     as TensorRT would bind them) and a workspace of `kernels.launch.workspace_bytes`, allocated here once."""
     from .kernel_launch import AttentionCall
-    from .kernels.launch import DTYPE_NAMES, workspace_bytes
+    from .kernels.launch import dtype_name, workspace_bytes
 
     inputs = tuple(x.contiguous() for x in inputs)
     query = inputs[0]
@@ -49,7 +49,7 @@ def prepare_cubin(launcher, attrs: AttentionAttrs, inputs: tuple[torch.Tensor, .
     shapes, pointers = tuple(tuple(x.shape) for x in inputs), tuple(x.data_ptr() for x in inputs)
 
     def launch() -> tuple[torch.Tensor, ...]:
-        launcher.launch(AttentionCall(attrs, DTYPE_NAMES[query.dtype], shapes, pointers,
+        launcher.launch(AttentionCall(attrs, dtype_name(query.dtype), shapes, pointers,
                                       tuple(x.data_ptr() for x in outputs), workspace.data_ptr(),
                                       torch.cuda.current_stream().cuda_stream))
         return tuple(outputs)

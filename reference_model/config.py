@@ -14,10 +14,20 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass
+from enum import IntEnum
 from pathlib import Path
 from typing import Any, Literal
 
 from .errors import ConfigError
+
+
+class AttentionKind(IntEnum):
+    """The three uses of attention in the model (each attention block knows its own); also the fused op's `kind`
+    attribute (plugins.op). Here, with the config, so that the op's definition needs no torch to be imported."""
+    ENCODER_SELF = 0  # padded self-attention over the source
+    DECODER_SELF = 1  # causal self-attention; appends the new K/V to the past and returns the present
+    CROSS = 2  # attention on the precomputed cross K/V of the source
+
 
 Activation = Literal["relu", "gelu", "gelu_tanh", "silu"]
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")  # gelu is the exact (erf) GELU; gelu_tanh its tanh approximation

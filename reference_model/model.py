@@ -18,22 +18,14 @@ Shapes: B batch, S source length, T new target tokens, P past length, D d_model,
 from __future__ import annotations
 
 import math
-from enum import IntEnum
 from typing import Callable
 
 import torch
 import torch.nn as nn
 
-from .config import Seq2SeqConfig
+from .config import AttentionKind, Seq2SeqConfig  # noqa: F401 (AttentionKind: the model's, re-exported)
 
 KV = tuple[torch.Tensor, torch.Tensor]  # (key, value), each (B, H, L, Dh)
-
-
-class AttentionKind(IntEnum):
-    """The three uses of attention in the model; also the fused op's `kind` attribute (plugins.op)."""
-    ENCODER_SELF = 0  # padded self-attention over the source
-    DECODER_SELF = 1  # causal self-attention; appends the new K/V to the past and returns the present
-    CROSS = 2  # attention on the precomputed cross K/V of the source
 
 
 def sinusoid_table(num_positions: int, d_model: int, layout: str = "sinusoid") -> torch.Tensor:

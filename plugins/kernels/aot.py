@@ -110,7 +110,7 @@ def _variant(kernel: str, dtype: str, head_dim: int, **flags) -> Variant:
 def all_variants() -> list[Variant]:
     """Every variant `launch.plan` can ask for: 3 dtypes x 5 compiled HEAD_DIMs x 6 kernel modes."""
     out = []
-    for dtype in launch.DTYPE_NAMES.values():
+    for dtype in launch.DTYPES:
         for head_dim in launch.KERNEL_HEAD_DIMS:
             out += [_variant("attn_fwd", dtype, head_dim, HAS_MASK=1, IS_CAUSAL=0),  # encoder self, cross
                     _variant("attn_fwd", dtype, head_dim, HAS_MASK=0, IS_CAUSAL=1),  # decoder prefill

@@ -15,14 +15,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable
 
 from seq2trt.plugins.op import AttentionAttrs, AttentionKind
 from seq2trt.reference_model.errors import InputError
 
-DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+if TYPE_CHECKING:  # torch only where tensors are: the plans are read by TensorRT's build child, which has none
+    import torch
+
+DTYPES = ("fp32", "fp16", "bf16")  # the kernels' element types
+
+
+def dtype_name(dtype: "torch.dtype") -> str | None:
+    """'fp32' / 'fp16' / 'bf16' for a torch dtype the kernels take, else None."""
+    import torch
+
+    return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype)
 # The head dims the kernels take: every multiple of 8 up to 256, which covers the Hugging Face families we import.
 # Each runs the kernels compiled for the next of KERNEL_HEAD_DIMS (tl.arange needs a power of two, tl.dot >= 16),
 # with its own head_dim passed in and the head dimension masked beyond it.
@@ -161,8 +169,8 @@ def _described(dims: tuple[int, ...]) -> str:
 
 
 def _check(attrs: AttentionAttrs, dtype: str, query_shape) -> None:
-    if dtype not in DTYPE_NAMES.values():
-        raise InputError(f"attention kernels take {sorted(DTYPE_NAMES.values())}, got {dtype}; "
+    if dtype not in DTYPES:
+        raise InputError(f"attention kernels take {sorted(DTYPES)}, got {dtype}; "
                          "cast the inputs or use plugins.op.reference_attention")
     if attrs.head_dim not in HEAD_DIMS:
         raise InputError(f"attention kernels take head_dim {_described(HEAD_DIMS)}, got {attrs.head_dim}")
@@ -243,12 +251,15 @@ def plan(attrs: AttentionAttrs, dtype: str, shapes, inputs, outputs, workspace=N
 
 def attention(attrs: AttentionAttrs, *inputs: torch.Tensor, num_splits: int | None = None) -> tuple[torch.Tensor, ...]:
     """The op through the Triton kernels; inputs and outputs as in `plugins.op.reference_attention`."""
+    import torch
+
     from seq2trt.plugins.kernels.attention import KERNELS
 
     inputs = tuple(x.contiguous() for x in inputs)
     query = inputs[0]
-    if query.dtype not in DTYPE_NAMES:
-        raise InputError(f"attention kernels take {sorted(DTYPE_NAMES.values())} queries, got {query.dtype}")
+    dtype = dtype_name(query.dtype)
+    if dtype is None:
+        raise InputError(f"attention kernels take {sorted(DTYPES)} queries, got {query.dtype}")
     if attrs.kind is not AttentionKind.DECODER_SELF:
         inputs = inputs[:3] + (inputs[3].to(torch.int32),)
     outputs = [torch.empty_like(query)]
@@ -256,7 +267,7 @@ def attention(attrs: AttentionAttrs, *inputs: torch.Tensor, num_splits: int | No
         B, H, P, Dh = inputs[3].shape
         outputs += [query.new_empty((B, H, P + query.shape[1], Dh)) for _ in range(2)]
     workspace = torch.empty(workspace_bytes(attrs, query.shape[0]) // 4, dtype=torch.float32, device=query.device)
-    for launch in plan(attrs, DTYPE_NAMES[query.dtype], [tuple(x.shape) for x in inputs], inputs, outputs, workspace,
+    for launch in plan(attrs, dtype, [tuple(x.shape) for x in inputs], inputs, outputs, workspace,
                        at=lambda ws, offset: ws[offset // 4:], num_splits=num_splits):
         KERNELS[launch.kernel][launch.grid](**launch.args, **launch.constexprs,
                                             num_warps=launch.num_warps, num_stages=launch.num_stages)
@@ -268,6 +279,8 @@ def random_inputs(kind: AttentionKind, *, batch: int, heads: int, head_dim: int,
                   empty_row: bool = False) -> tuple[AttentionAttrs, tuple[torch.Tensor, ...]]:
     """Seeded op inputs. kv_len is the source length (CROSS; ENCODER_SELF uses tgt_len) or the past length
     (DECODER_SELF, may be 0). Key padding masks keep 1..S tokens per row; `empty_row` pads the last row entirely."""
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     attrs = AttentionAttrs(kind, heads, head_dim, 1.0 / math.sqrt(head_dim))
     D = heads * head_dim

@@ -139,7 +139,7 @@ PLAN_HEAD_DIMS = (8, 16, 24, 40, 64, 96, 128, 200, 256)  # every compiled HEAD_D
 def _plans():
     """Every dtype x kind x head_dims reaching every compiled HEAD_DIM, with one and with several query tokens,
     with and without a workspace."""
-    for dtype in launch.DTYPE_NAMES.values():
+    for dtype in launch.DTYPES:
         for head_dim in PLAN_HEAD_DIMS:
             for kind in AttentionKind:
                 attrs = AttentionAttrs(kind, 2, head_dim, 0.125)

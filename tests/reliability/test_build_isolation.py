@@ -179,3 +179,16 @@ def test_damaged_graph_is_one_error_from_validate(out, damage, rehash, one_error
     result = CliRunner().invoke(cli, ["validate", str(out), "--samples", "0", "--localize-budget", "1"])
     one_error_line(result, 2, str(decoder), named, "re-export")
     assert not (out / "reports" / "parity.json").exists()
+
+
+def test_the_build_child_imports_no_torch():
+    """What TensorRT's build child imports (the build path and the plugin's definitions) must not import torch: it
+    cost every build call 1.2 s of the child's 1.7 s start, for tensors the child never makes."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import seq2trt.exporters.tensorrt_child, seq2trt.exporters.tensorrt_build, "
+            "seq2trt.plugins.tensorrt_plugin; print('torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
