@@ -45,7 +45,7 @@ with _signals_held():
     from rich.logging import RichHandler
     from rich.markup import escape
 
-    from seq2trt.reference_model.errors import Seq2TrtError, Terminated
+    from seq2trt.reference_model.errors import SIGNALS, Seq2TrtError, Terminated
 
 err_console = Console(stderr=True)
 
@@ -133,7 +133,7 @@ def _register() -> None:
                 cli.add_command(command)
 
 
-_received: list[int] = []  # signals that reached a running command
+_received = SIGNALS  # signals that reached a running command (a staged write checks them before committing)
 
 
 def _terminate(signum, frame) -> None:

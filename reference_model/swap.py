@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from .errors import ArtifactError
+from .errors import ArtifactError, raise_if_signalled
 from .io import Kind, WriteError, atomic_write_text, current_umask, refuse_existing, write_error
 
 logger = logging.getLogger(__name__)
@@ -49,6 +49,7 @@ def staged_directory(out: Path, force: bool = False, what: str = "output", kind:
         raise (write_error(exc, out) or exc) from exc
     try:
         yield tmp
+        raise_if_signalled()  # a signal whose interrupt a library swallowed still stops the write here
         _swap_into_place(tmp, out, force)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
