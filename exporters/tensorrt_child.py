@@ -4,8 +4,8 @@ TensorRT-RTX aborts its whole process (SIGABRT, `malloc_consolidate(): invalid c
 that still parse. `BuildChild` runs `tensorrt_build` jobs in a fresh Python started with `sys.executable`: one child
 per `with` block, reused by every job inside it (`build_engines` builds both graphs in one child). Starting one
 imports seq2trt's build path and TensorRT, not torch: 0.2–0.4 s (1.7 s when the plugin's definition still imported
-torch). A child that dies — a signal, or an exit while a job is
-open — is a `BuildError` naming the graph, the signal or exit code and TensorRT's last error lines.
+torch). A child that dies — a signal, or an exit while a job is open — is a `BuildError` naming the graph, the
+signal or exit code and TensorRT's last error lines.
 
 Jobs go in and messages come back over two pipes (multiprocessing's framed pickles): TensorRT's log records,
 re-logged here under their own logger names; build progress; then the result, or the exception the job raised

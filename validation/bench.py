@@ -159,7 +159,8 @@ class Bench:
         stack = contextlib.ExitStack()
         model, _ = stack.enter_context(open_step_model(self.out, name, self.checkpoint, threads))
         # torch's thread count too: the beam loop's log-softmax and top-k run in torch, inside the same budget
-        return bb.StepModelBackend(name, model, self.cfg, threads, closers=[stack.close], set_threads=torch.set_num_threads)
+        return bb.StepModelBackend(name, model, self.cfg, threads, closers=[stack.close],
+                                   set_threads=torch.set_num_threads)
 
     # -- measurement ----------------------------------------------------------------------------------------
     def run(self) -> dict:

@@ -155,6 +155,7 @@ OPTIMIZATION: dict[str, tuple[str, list[str]]] = {
     "extended": ("ORT_ENABLE_EXTENDED", ["SkipLayerNormFusion"]),
 }
 
+
 def session_options(ort, optimization: str):
     """(SessionOptions, optimizers to disable) at an OPTIMIZATION level, warnings quiet; threads are the caller's."""
     options = ort.SessionOptions()

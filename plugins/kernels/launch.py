@@ -31,6 +31,8 @@ def dtype_name(dtype: "torch.dtype") -> str | None:
     import torch
 
     return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype)
+
+
 # The head dims the kernels take: every multiple of 8 up to 256, which covers the Hugging Face families we import.
 # Each runs the kernels compiled for the next of KERNEL_HEAD_DIMS (tl.arange needs a power of two, tl.dot >= 16),
 # with its own head_dim passed in and the head dimension masked beyond it.

@@ -3,10 +3,10 @@ TensorRT-RTX abort natively is one BuildError (exit 2, nothing written), and Ctr
 files whose bytes still parse but break the contract stop `validate` with one ArtifactError line (exit 2).
 
 The artifact is built here (a tiny export, fused for TensorRT, no engines and no reports), not taken from this
-folder's conftest, whose artifact holds both: these tests check that nothing of them is written. The TensorRT reproducer was found by the graph fuzz (run seed 24, case 1:5): the fused encoder's
-Cast of attention_mask to int32, made a Cast to int64, still parses and passes `load_graph`, and TensorRT-RTX 1.7
-then aborts its process while building (`malloc_consolidate(): invalid chunk size`; the fuzz found Shape start/end
-damage doing the same).
+folder's conftest, whose artifact holds both: these tests check that nothing of them is written. The TensorRT
+reproducer was found by the graph fuzz (run seed 24, case 1:5): the fused encoder's Cast of attention_mask to
+int32, made a Cast to int64, still parses and passes `load_graph`, and TensorRT-RTX 1.7 then aborts its process while
+building (`malloc_consolidate(): invalid chunk size`; the fuzz found Shape start/end damage doing the same).
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -29,6 +31,7 @@ from seq2trt.exporters import spec
 from seq2trt.exporters.fuse import Target, fuse_artifacts, fused_dir
 from seq2trt.exporters.manifest import read_manifest
 from seq2trt.reference_model.errors import Terminated
+
 
 @pytest.fixture(scope="module")
 def artifact(make_model, tmp_path_factory) -> Path:
@@ -184,9 +187,6 @@ def test_damaged_graph_is_one_error_from_validate(out, damage, rehash, one_error
 def test_the_build_child_imports_no_torch():
     """What TensorRT's build child imports (the build path and the plugin's definitions) must not import torch: it
     cost every build call 1.2 s of the child's 1.7 s start, for tensors the child never makes."""
-    import subprocess
-    import sys
-
     code = ("import sys; import seq2trt.exporters.tensorrt_child, seq2trt.exporters.tensorrt_build, "
             "seq2trt.plugins.tensorrt_plugin; print('torch' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
