@@ -52,13 +52,14 @@ class DecodeSettings:
     def constrained(self) -> bool:
         return self.forced_bos_id is not None or self.forced_eos or bool(self.suppress_ids)
 
-    def constrain(self, scores: np.ndarray, step: int) -> np.ndarray:
+    def constrain(self, scores: np.ndarray, step: int, inplace: bool = False) -> np.ndarray:
         """Scores (b, V) of generated position `step` with the model's rules applied, as Hugging Face's logits
         processors apply them: -inf for suppressed ids; only the forced id left at step 0 (forced bos) and at the
-        last step the length limit allows (forced eos)."""
+        last step the length limit allows (forced eos). `inplace` writes into `scores` instead of a copy."""
         if not self.constrained:
             return scores
-        scores = scores.copy()
+        if not inplace:
+            scores = scores.copy()
         forced = self.forced_bos_id if step == 0 else None
         if self.forced_eos and step == self.max_new_tokens - 1:
             forced = self.eos_id
@@ -148,21 +149,25 @@ def beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndar
         raise ConfigError(f"beam_size must be >= 1, got {beam_size}")
     B, K = input_ids.shape[0], beam_size
     expand = np.repeat(np.arange(B), K)  # (B*K,) source row of every beam
-    encoder_state = model.select(model.encode(input_ids, attention_mask), expand)
-    mask = attention_mask[expand]
-    past = model.empty_past(B * K)
+    # All K beams of a source start identical: the first step runs one row a source and its log-probabilities are
+    # repeated K times, so what follows sees B x K rows (the state is expanded after that step).
+    encoder_state, mask = model.encode(input_ids, attention_mask), attention_mask
+    past = model.empty_past(B)
     sources = np.arange(B)  # source index of each live source
     scores = np.full((B, K), -np.inf)
     scores[:, 0] = 0.0  # all beams start identical: expand only the first
     beams: list[list[int]] = [[] for _ in range(B * K)]  # tokens of each live beam, row b*K + k
     finished = [_Finished(K, alpha) for _ in range(B)]
-    next_ids = np.full((B * K, 1), settings.bos_id, dtype=np.int64)
+    next_ids = np.full((B, 1), settings.bos_id, dtype=np.int64)
     for step in range(settings.max_new_tokens):
         b_live = len(sources)
         logits, past = model.step(next_ids, mask, encoder_state, past)
-        V = logits.shape[-1]
-        cand = (scores[:, :, None] + settings.constrain(log_softmax(logits), step).reshape(b_live, K, V)
-                ).reshape(b_live, K * V)
+        logp = settings.constrain(log_softmax(logits), step)
+        if step == 0 and K > 1:
+            logp = np.repeat(logp, K, axis=0)
+            encoder_state, mask = model.select(encoder_state, expand), mask[expand]
+        V = logp.shape[-1]
+        cand = (scores[:, :, None] + logp.reshape(b_live, K, V)).reshape(b_live, K * V)
         top = np.argsort(-cand, axis=1, kind="stable")[:, : 2 * K]  # (b, 2K): enough to refill K live beams
         new_scores = np.full((b_live, K), -np.inf)
         origin = np.repeat(np.arange(b_live) * K, K).reshape(b_live, K)
@@ -195,7 +200,7 @@ def beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndar
             rows = (stay[:, None] * K + np.arange(K)).reshape(-1)
             sources, scores, new_tokens, gather = sources[stay], scores[stay], new_tokens[stay], gather[rows]
             beams, mask, encoder_state = [beams[r] for r in rows], mask[rows], model.select(encoder_state, rows)
-        past = model.select(past, gather)
+        past = model.select(past, gather // K if step == 0 else gather)
         next_ids = new_tokens.reshape(-1, 1)
     else:
         for b, source in enumerate(sources):  # the length limit: live beams join their source's hypotheses
@@ -217,20 +222,46 @@ def _top(scores: np.ndarray, k: int) -> np.ndarray:
     return top
 
 
-def _top_wide(scores, k: int) -> np.ndarray:
-    """`_top` of a wide float32 torch tensor (B, K x V), by one torch.topk of k + 1: when the k-th and (k+1)-th
-    values differ, the k found are the row's k largest, put in index order and then sorted stably by value; a row
-    with a tie at that boundary is sorted whole. On 32 x 4 x 58,101 scores, one thread: 17 ms against `_top`'s 37."""
+def _top_wide(scores, k: int, chunk: int = 64) -> np.ndarray:
+    """`_top` of a wide float32 torch tensor (B, K x V) without sorting or selecting over all of it. The k-th largest
+    of a row's chunk maxima (chunks of `chunk` entries, the row's last partial chunk one more) is at most the row's
+    k-th largest value, since k chunks hold an entry at least that large; so the row's k best lie in the chunks whose
+    maximum reaches it, a few of them. Their entries at or above it (every tie at the boundary included), sorted by
+    value and then index, give exactly `_top`'s k (a row with fewer than k finite entries, a forced token's, takes
+    its -inf entries in index order after them; a row with NaN is left to `_top`). On 32 x 4 x 58,101 scores, one
+    thread: 2.7 ms, against 16 ms for one torch.topk of k + 1 and 37 ms for `_top`."""
     import torch
 
-    if k >= scores.shape[1]:
+    b, n = scores.shape
+    if k >= n or n < 16 * chunk:
         return _top(scores.numpy(), k)
-    values, index = torch.topk(scores, k + 1, dim=1)
-    values, index = values.numpy(), index.numpy()
-    cols = np.sort(index[:, :k], axis=1)
-    top = np.take_along_axis(cols, np.argsort(-np.take_along_axis(scores.numpy(), cols, 1), axis=1, kind="stable"), 1)
-    for row in np.flatnonzero(values[:, k - 1] == values[:, k]):
-        top[row] = np.argsort(-scores[row].numpy(), kind="stable")[:k]
+    full = n - n % chunk
+    chunks = torch.as_strided(scores, (b, full // chunk, chunk), (n, chunk, 1))
+    maxima = chunks.amax(-1)
+    if full < n:
+        maxima = torch.cat([maxima, scores[:, full:].amax(1, keepdim=True)], 1)
+    floor = torch.topk(maxima, k, dim=1).values[:, -1].clamp(min=torch.finfo(scores.dtype).min).numpy()
+    x, maxima = scores.numpy(), maxima.numpy()
+    nan = np.isnan(maxima).any(1)
+    row, at = np.nonzero(maxima >= floor[:, None])
+    inner = at < full // chunk
+    rows = np.repeat(row[inner], chunk)
+    cols = (at[inner, None] * chunk + np.arange(chunk)).reshape(-1)
+    if full < n:  # the partial chunk of the rows whose maximum it holds
+        rows = np.concatenate([rows, np.repeat(row[~inner], n - full)])
+        cols = np.concatenate([cols, np.tile(np.arange(full, n), int((~inner).sum()))])
+    values = x[rows, cols]
+    hit = values >= floor[rows]
+    rows, cols, values = rows[hit], cols[hit], values[hit]
+    order = np.lexsort((cols, -values, rows))  # by row, then value (best first), then index
+    rows, cols = rows[order], cols[order]
+    counts = np.bincount(rows, minlength=b)
+    top = np.empty((b, k), dtype=np.int64)
+    for r, start in enumerate(np.cumsum(counts) - counts):
+        found = cols[start:start + min(counts[r], k)]
+        if len(found) < k:  # fewer than k finite entries (a forced token): -inf ones follow in index order
+            found = np.concatenate([found, np.flatnonzero(x[r] == -np.inf)[: k - len(found)]])
+        top[r] = found if len(found) == k and not nan[r] else _top(x[r : r + 1], k)[0]
     return top
 
 
@@ -265,9 +296,10 @@ def hf_beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.n
         raise ConfigError(f"beam_size must be >= 1, got {beam_size}")
     B, K, N = input_ids.shape[0], beam_size, settings.max_new_tokens
     expand = np.repeat(np.arange(B), K)  # (B*K,) source row of every beam
-    encoder_state = model.select(model.encode(input_ids, attention_mask), expand)
-    mask = attention_mask[expand]
-    past = model.empty_past(B * K)
+    # All K beams of a source start identical: the first step runs one row a source and its log-probabilities are
+    # repeated K times, so what follows sees Hugging Face's B x K rows (the state is expanded after that step).
+    encoder_state, mask = model.encode(input_ids, attention_mask), attention_mask
+    past = model.empty_past(B)
     sources = np.arange(B)  # source index of each live source
     results: list[list[int]] = [[] for _ in range(B)]
     running = np.zeros((B * K, 0), dtype=np.int64)  # generated tokens of each live beam, row b*K + k
@@ -280,7 +312,7 @@ def hf_beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.n
     improvable = np.ones(B, dtype=bool)  # HF's is_early_stop_heuristic_unsatisfied
     masked = np.float32(-1e9)
     eos = settings.eos_id
-    next_ids = np.full((B * K, 1), settings.bos_id, dtype=np.int64)
+    next_ids = np.full((B, 1), settings.bos_id, dtype=np.int64)
 
     def result(b: int) -> list[int]:
         tokens = finished[b][0]
@@ -291,8 +323,11 @@ def hf_beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.n
         live = np.arange(b_live)[:, None]
         logits, past = model.step(next_ids, mask, encoder_state, past)
         logp = _log_softmax32(logits)
+        if step == 0 and K > 1:
+            logp = logp.repeat_interleave(K, dim=0)
+            encoder_state, mask = model.select(encoder_state, expand), mask[expand]
         if settings.constrained:
-            logp = torch.from_numpy(settings.constrain(logp.numpy(), step))
+            settings.constrain(logp.numpy(), step, inplace=True)  # logp is this step's own array
         V = logp.shape[-1]
         acc = logp.view(b_live, K, V).add_(torch.from_numpy(running_scores)[:, :, None]).view(b_live, K * V)  # in place
         top = _top_wide(acc, 2 * K)  # (b, 2K), best first
@@ -343,6 +378,6 @@ def hf_beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.n
             finished, finished_scores = [finished[b] for b in stay], finished_scores[stay]
             is_finished, improvable, mask = is_finished[stay], improvable[stay], mask[rows]
             encoder_state, origin = model.select(encoder_state, rows), origin.reshape(b_live, K)[stay].reshape(-1)
-        past = model.select(past, origin)
+        past = model.select(past, origin // K if step == 0 else origin)
         next_ids = np.ascontiguousarray(running[:, -1:])
     return results

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from seq2trt.reference_model.decoding import DecodeSettings, beam_search, greedy_decode, length_penalty, log_softmax
+from seq2trt.reference_model.decoding import (DecodeSettings, _top, _top_wide, beam_search, greedy_decode,
+                                              length_penalty, log_softmax)
 from seq2trt.reference_model.eager import EagerStepModel, RecomputeStepModel
 from seq2trt.reference_model.vocab import pad_batch
 
@@ -78,7 +79,9 @@ def test_beam_search_drops_finished_sources_and_decodes_like_each_source_alone(m
     alone = [beam_search(EagerStepModel(model), *pad_batch([s]), SETTINGS, 3)[0] for s in srcs]
     assert batched == alone
     assert len({len(b) for b in batched}) > 2, "sources must end at different steps to test this"
-    assert rows[0] == 24 and rows == sorted(rows, reverse=True) and rows[-1] < 24 and all(r % 3 == 0 for r in rows)
+    assert rows[0] == 8, "the first step runs one row a source"
+    assert rows[1:] == sorted(rows[1:], reverse=True) and rows[1] <= 24 and rows[-1] < 24
+    assert all(r % 3 == 0 for r in rows[1:])
 
 
 def test_beam_of_one_is_greedy(make_model):
@@ -108,3 +111,39 @@ def test_wide_beam_finds_the_best_sequence_by_brute_force(make_model):
     best = max(candidates, key=score)
     found = beam_search(EagerStepModel(model), ids, mask, settings, beam_size=64, alpha=alpha)[0]
     assert found == best
+
+
+def _wide_scores(kind: str, rng: np.random.Generator, rows: int, n: int) -> np.ndarray:
+    x = rng.standard_normal((rows, n)).astype(np.float32) * 3
+    if kind == "ties":  # many equal values, at the k-th place too
+        x = np.round(x) / 2
+    elif kind == "constant":
+        x[:] = 0.25
+    elif kind == "forced":  # a forced token: one finite entry a beam, the rest -inf
+        x[:] = -np.inf
+        x[:, rng.integers(0, n, 3)] = rng.standard_normal(3)
+    elif kind == "beams":  # the first step of a beam search: beams after the first at -1e9
+        x[:, n // 4:] -= 1e9
+    elif kind == "tail":  # the best entries in the last, partial chunk
+        x[:, -5:] += 100.0
+    return x
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "constant", "forced", "beams", "tail"])
+@pytest.mark.parametrize("k", [2, 8, 10])
+def test_wide_top_k_equals_a_full_stable_sort(kind, k):
+    """The beam search's top-2K over B x (K x V) scores (chunk maxima bound the k-th value, only the chunks that reach
+    it are sorted) gives exactly the full sort's k best: value first, then the lower index, ties at the boundary
+    and -inf entries included."""
+    rng = np.random.default_rng(k)
+    for n in (1024, 4 * 1000 + 3, 3 * 4099):
+        x = _wide_scores(kind, rng, 5, n)
+        expected = np.argsort(-x, axis=1, kind="stable")[:, :k]
+        assert (_top_wide(torch.from_numpy(x), k) == expected).all(), (kind, n)
+        assert (_top(x, k) == expected).all(), (kind, n)
+
+
+def test_wide_top_k_leaves_a_row_with_nan_to_the_exact_path():
+    x = _wide_scores("normal", np.random.default_rng(0), 3, 4000)
+    x[1, [7, 2500]] = np.nan
+    assert (_top_wide(torch.from_numpy(x), 8) == _top(x, 8)).all()

@@ -88,7 +88,8 @@ def test_parity_md_reports_the_near_ties_with_their_margins():
 class BeamToy:
     """A step model whose logits are a table of the tokens generated so far (its past is each row's history).
     `shift`: {history: {token: added logit}}, an honest logit error (it shows when teacher-forced too).
-    `keeps_order`: a reordering bug, its past ignores the beam search's gather: wrong beams, exact logits."""
+    `keeps_order`: a reordering bug, its past takes the gather's rows in their old order (what a gather that only
+    drops or repeats rows needs, as the first step's expansion, comes out right): wrong beams, exact logits."""
 
     def __init__(self, table, shift=None, keeps_order=False):
         self.table, self.shift, self.keeps_order = table, shift or {}, keeps_order
@@ -109,7 +110,7 @@ class BeamToy:
 
     def select(self, state, index):
         if isinstance(state, list):
-            return state if self.keeps_order else [state[i] for i in index]
+            return [state[i] for i in (sorted(index) if self.keeps_order else index)]
         return state[index]
 
 
