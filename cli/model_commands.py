@@ -90,7 +90,8 @@ def _read_ids_file(path: Path) -> list[list[int]]:
 @click.option("--max-new-tokens", type=int, default=None, help="Tokens to generate at most, eos included.")
 @click.option("--batch-size", type=int, default=32, show_default=True, help="Sources decoded together.")
 @click.option("--checkpoint", type=click.Path(path_type=Path), help="The export's checkpoint, if it moved.")
-@click.option("--threads", type=int, default=1, show_default=True, help="ONNX Runtime threads.")
+@click.option("--threads", type=int, default=1, show_default=True,
+              help="CPU threads: ONNX Runtime's, and torch's (the eager model, the beam search's arithmetic).")
 def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path | None, output_ids: Path | None,
               beam: int | None, alpha: float, src_lang: str | None, tgt_lang: str | None,
               max_new_tokens: int | None, batch_size: int, checkpoint: Path | None, threads: int) -> None:

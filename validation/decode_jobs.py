@@ -31,9 +31,28 @@ def has_tokenizer(folder: Path) -> bool:
 
 
 @contextlib.contextmanager
+def torch_threads(threads: int):
+    """torch's intra-op threads at `threads` for the block, restored after: the step loops' search arithmetic
+    (log-softmax, top-k) and the eager model run in torch, beside ONNX Runtime's own `threads`."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+@contextlib.contextmanager
 def open_decoder(source: Path, backend: str, checkpoint: Path | None, threads: int):
     """(StepModel, config, checkpoint folder, (max_src_len, its name), max_batch or None) for a checkpoint or an
-    export."""
+    export, with torch held to `threads` while it is open."""
+    with torch_threads(threads):
+        yield from _open_decoder(source, backend, checkpoint, threads)
+
+
+def _open_decoder(source: Path, backend: str, checkpoint: Path | None, threads: int):
     if (source / "manifest.json").exists():
         from .backends import open_step_model
 

@@ -48,6 +48,28 @@ def test_translate_words_are_the_eager_decode(numbers_checkpoint, beam):
     assert len({line for line in result.output.splitlines()}) > 1
 
 
+def test_translate_threads_hold_torch_too(numbers_checkpoint, monkeypatch):
+    """--threads also holds torch (the eager model, the loops' search arithmetic) while decoding, then restores it."""
+    from seq2trt.validation import decode_jobs
+
+    path, _, _ = numbers_checkpoint
+    seen = []
+
+    def spy(*args):
+        seen.append(torch.get_num_threads())
+        return greedy_decode(*args)
+
+    monkeypatch.setattr(decode_jobs, "greedy_decode", spy)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        result = invoke("translate", path, "40213", "7", "--threads", 1)
+        assert result.exit_code == 0, result.output
+        assert seen == [1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(saved)
+
+
 def test_translate_refuses_bad_input(numbers_checkpoint, tmp_path):
     path, _, _ = numbers_checkpoint
     result = invoke("translate", path, "12", "--backend", "ort")
