@@ -54,7 +54,8 @@ def export(checkpoint: Path, out: Path, dtype: str, opset: int, max_batch: int, 
 @click.option("--backend", type=click.Choice(list(BACKENDS)), default="ort", show_default=True)
 @click.option("--graphs", type=click.Choice(list(GRAPH_SETS)), default="plain", show_default=True,
               help="Which graphs of OUT: plain (the export), fused-ort / fused-trt (`seq2trt fuse`), int8-ort "
-                   "(`seq2trt quantize`), generate (`seq2trt generate`: the whole search, end to end only).")
+                   "(`seq2trt quantize`), generate / generate-int8 (`seq2trt generate [--int8]`: the whole search, end "
+                   "to end only).")
 @click.option("--samples", type=int, default=1000, show_default=True,
               help="Held-out sources decoded end to end (0 skips end-to-end parity).")
 @click.option("--beam", "beam_size", type=int, default=4, show_default=True, help="Beam size of the beam-search check.")

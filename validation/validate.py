@@ -64,6 +64,7 @@ GRAPH_SETS: dict[str, GraphSet] = {
     "fused-trt": _fused(Target.TRT, _plugin_graph_options),
     "int8-ort": GraphSet(quantized_dir, lambda dtype: {"optimization": "extended"}, quantized=True),
     "generate": GraphSet(lambda out: Path(out) / "generate" / "ort", whole_search=True),
+    "generate-int8": GraphSet(lambda out: Path(out) / "generate" / "ort-int8", quantized=True, whole_search=True),
 }
 # --backend name -> runner class taking (graph path, cfg, kind, dtype, limits, **options).
 BACKENDS: dict[str, Callable[..., Runner]] = {"ort": OrtRunner}
@@ -148,7 +149,7 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
     if graph_set.whole_search:
         from .generate_validate import run_generate_validation
 
-        return run_generate_validation(out, settings, checkpoint, progress)
+        return run_generate_validation(out, settings, checkpoint, progress, int8=graph_set.quantized)
     manifest = verify(out, [kind.filename for kind in spec.GraphKind])  # every graph set derives from the export
     if graph_set.quantized:
         verify_quantized(out, manifest)

@@ -67,6 +67,25 @@ def test_validate_graphs_generate(numbers_export):
     assert doc["passed"] and doc["end_to_end"]["samples"] == 24 and doc["settings"]["beam_size"] == 2
 
 
+def test_validate_graphs_generate_int8(numbers_export):
+    """The int8 graphs' generate.onnx (`generate --int8`) is validated end to end by int8's targets, in its own
+    report; before it exists the command names the step that makes it."""
+    root, _, _ = numbers_export
+    result = invoke("validate", root / "out", "--graphs", "generate-int8", "--samples", 8)
+    assert result.exit_code != 0 and "seq2trt generate" in result.output and "--int8" in result.output
+    assert "Traceback" not in result.output
+    for args in (("quantize", root / "out"), ("generate", root / "out", "--int8")):
+        result = invoke(*args)
+        assert result.exit_code == 0, result.output
+    result = invoke("validate", root / "out", "--graphs", "generate-int8", "--samples", 24, "--beam", 2)
+    assert result.exit_code == 0, result.output
+    doc = json.loads((root / "out" / "reports" / "generate_int8_parity.json").read_text())
+    assert doc["passed"] and doc["dtype"] == "int8" and doc["backend"] == "ort-generate-int8"
+    assert doc["targets"]["token_agreement"] < 1.0 and doc["end_to_end"]["samples"] == 24
+    assert doc["end_to_end"]["greedy"]["token_agreement"] >= doc["targets"]["token_agreement"]
+    assert "int8" in (root / "out" / "reports" / "generate_int8_parity.md").read_text()
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_HF, reason="the hf extra is not installed")
 def test_ort_generate_of_an_imported_marian_is_transformers_generate(make_hf_model, make_marian_tokenizer, tmp_path):
