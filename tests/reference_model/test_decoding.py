@@ -130,13 +130,13 @@ def _wide_scores(kind: str, rng: np.random.Generator, rows: int, n: int) -> np.n
 
 
 @pytest.mark.parametrize("kind", ["normal", "ties", "constant", "forced", "beams", "tail"])
-@pytest.mark.parametrize("k", [2, 8, 10])
+@pytest.mark.parametrize("k", [2, 8, 10, 40])
 def test_wide_top_k_equals_a_full_stable_sort(kind, k):
     """The beam search's top-2K over B x (K x V) scores (chunk maxima bound the k-th value, only the chunks that reach
     it are sorted) gives exactly the full sort's k best: value first, then the lower index, ties at the boundary
     and -inf entries included."""
     rng = np.random.default_rng(k)
-    for n in (1024, 4 * 1000 + 3, 3 * 4099):
+    for n in (1024, 1100, 4 * 1000 + 3, 3 * 4099, 40 * 1000 + 7):
         x = _wide_scores(kind, rng, 5, n)
         expected = np.argsort(-x, axis=1, kind="stable")[:, :k]
         assert (_top_wide(torch.from_numpy(x), k) == expected).all(), (kind, n)
