@@ -23,7 +23,8 @@ SERVE_BACKENDS = ("ort-fused", "ort", "ort-int8", "tensorrt", "tensorrt-rtx", "e
 @click.option("--max-queue-delay-us", type=int, default=2000, show_default=True,
               help="How long the dynamic batcher waits for more requests.")
 @click.option("--instances", type=int, default=1, show_default=True, help="Model instances (processes) per model.")
-@click.option("--threads", type=int, default=1, show_default=True, help="ONNX Runtime threads per instance.")
+@click.option("--threads", type=int, default=1, show_default=True,
+              help="CPU threads per instance: ONNX Runtime's, and torch's (the eager model, the search's arithmetic).")
 @click.option("--alpha", type=float, default=0.6, show_default=True, help="GNMT length penalty of beam search.")
 @click.option("--checkpoint", type=click.Path(path_type=Path), help="The export's checkpoint, if it moved.")
 @click.option("--write-repository", type=click.Path(path_type=Path),

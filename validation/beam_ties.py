@@ -64,10 +64,11 @@ class BeamTrace:
     def step(self, input_ids, encoder_attention_mask, encoder_state: _Encoded, past) -> tuple[np.ndarray, Any]:
         if self.origin is not None:
             tokens, K = input_ids[:, -1].tolist(), self.K
+            per_source = len(self.prefixes) * K == len(tokens)  # after the first step: one past row a source
             self.prefixes = [self.prefixes[o] + (t,) for o, t in zip(self.origin, tokens)]
             for b in range(len(tokens) // K):
-                block = range(b * K, (b + 1) * K)
-                if all(self.origin[i] == b * K and tokens[i] == self.pad_id for i in block):
+                block, first = range(b * K, (b + 1) * K), b if per_source else b * K
+                if all(self.origin[i] == first and tokens[i] == self.pad_id for i in block):
                     self.done.add(b)
                 if b not in self.done:
                     self.traces.setdefault(self.offset + b, []).append(frozenset(self.prefixes[i] for i in block))

@@ -77,7 +77,7 @@ def run_generate_validation(out: Path, settings, checkpoint: Path | None = None,
                 if a.token_agreement < targets.token_agreement or a.sequence_match < targets.sequence_match]
     report = "generate_int8_parity" if int8 else "generate_parity"
     document = {"passed": not failures, "graphs_set": name, "backend": f"ort-{name}",
-                "dtype": "int8" if int8 else manifest.dtype, "targets": asdict(targets),
+                "dtype": manifest.dtype, "precision": "int8" if int8 else manifest.dtype, "targets": asdict(targets),
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "reference": "eager PyTorch, float64: greedy_decode and hf_beam_search(early_stopping=True)",
                 "settings": {"samples": settings.samples, "beam_size": K, "length_penalty": length_penalty,
@@ -99,13 +99,13 @@ def _write(out: Path, document: dict, report: str, label: str) -> None:
     lines = [f"# Parity of {label} (the whole search in ONNX Runtime)", "",
              f"{'PASSED' if document['passed'] else 'FAILED'}; {e2e['samples']} sources ({e2e['inputs']}), reference: "
              f"{document['reference']}; length_penalty {s['length_penalty']}, at most {s['max_new_tokens']} new "
-             f"tokens; targets ({document['dtype']}): token agreement >= {t['token_agreement']}, sequence match >= "
+             f"tokens; targets ({document['precision']}): token agreement >= {t['token_agreement']}, sequence match >= "
              f"{t['sequence_match']}.",
              "", "| search | token agreement | sequence match | first divergent step |", "| --- | --- | --- | --- |"]
     for name in ("greedy", "beam"):
         a = e2e[name]
-        search = "greedy" if name == "greedy" else f"beam {s['beam_size']}"
-        lines.append(f"| {search} | {a['token_agreement']:.6f} | {a['sequence_match']:.6f} | {a['first_divergent_step']} |")
+        row = "greedy" if name == "greedy" else f"beam {s['beam_size']}"
+        lines.append(f"| {row} | {a['token_agreement']:.6f} | {a['sequence_match']:.6f} | {a['first_divergent_step']} |")
     reports = Path(out) / "reports"
     atomic_write_text(reports / f"{report}.json", json.dumps(document, indent=2) + "\n")
     atomic_write_text(reports / f"{report}.md", "\n".join(lines + document["failures"]) + "\n")

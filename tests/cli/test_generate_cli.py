@@ -80,7 +80,7 @@ def test_validate_graphs_generate_int8(numbers_export):
     result = invoke("validate", root / "out", "--graphs", "generate-int8", "--samples", 24, "--beam", 2)
     assert result.exit_code == 0, result.output
     doc = json.loads((root / "out" / "reports" / "generate_int8_parity.json").read_text())
-    assert doc["passed"] and doc["dtype"] == "int8" and doc["backend"] == "ort-generate-int8"
+    assert doc["passed"] and doc["precision"] == "int8" and doc["backend"] == "ort-generate-int8"
     assert doc["targets"]["token_agreement"] < 1.0 and doc["end_to_end"]["samples"] == 24
     assert doc["end_to_end"]["greedy"]["token_agreement"] >= doc["targets"]["token_agreement"]
     assert "int8" in (root / "out" / "reports" / "generate_int8_parity.md").read_text()

@@ -194,6 +194,20 @@ def _fp16_weights(model):
     return model
 
 
+def test_beam_trace_knows_a_source_done_right_after_the_one_row_first_step():
+    """The beam search's first step runs one row a source, so the past it gathers next is indexed by source: a
+    source whose K slots all restart from that row on pad (the search's filler) is done, not traced."""
+    from seq2trt.validation.beam_ties import beam_tracer
+
+    traces: dict = {}
+    trace = beam_tracer(2, PAD, traces)(0)(BeamToy(reorder_table))
+    past = trace.empty_past(2)
+    _, past = trace.step(np.array([[BOS], [BOS]]), None, trace.encode(np.zeros((2, 1)), None), past)
+    past = trace.select(past, np.array([0, 0, 1, 1]))  # source 0 goes on; source 1 only has filler slots
+    trace.step(np.array([[3], [4], [PAD], [PAD]]), None, trace.encode(np.zeros((4, 1)), None), past)
+    assert list(traces) == [0] and trace.done == {1}
+
+
 def test_fp16_weights_of_a_random_model_part_beam_only_at_a_near_tie(make_model):
     """The issue's case: a random-weight model whose fp16 rounding (logit error ~0.007) changes one beam search.
     Found by decoding 60 seeded sources; this is the one that parted (eager margin ~0.001 at step 4)."""
