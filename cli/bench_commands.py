@@ -64,9 +64,10 @@ def bench(out: Path, backends: str, batch_sizes: str, threads: str, repeats: int
             for batch, r in by_batch.items():
                 ratio = doc["ratios"][t][backend][batch]
                 vs = ", ".join(f"{k} {v:.2f}x" for k, v in ratio.items() if v is not None)
+                steps = f", step p50 {r['step_ms_p50']:.3f} ms, p99 {r['step_ms_p99']:.3f} ms" \
+                    if r.get("step_ms_p50") is not None else ""  # a whole search (beam, ort-generate) has no steps
                 click.echo(f"{t} thread(s) {backend:>12} B={batch:>3}" + (f" beam {r['beam']}" if "beam" in r else "") +
-                           f": {r['tokens_per_s']:9.1f} tokens/s, decode p50 {r['decode_ms_p50']:.2f} ms, step p50 "
-                           f"{r.get('step_ms_p50', float('nan')):.3f} ms, p99 {r.get('step_ms_p99', float('nan')):.3f} ms"
+                           f": {r['tokens_per_s']:9.1f} tokens/s, decode p50 {r['decode_ms_p50']:.2f} ms{steps}"
                            + (f" ({vs})" if vs else ""))
     click.echo(f"reports in {out / 'reports'} (latency.json, latency.md, plots)")
 
