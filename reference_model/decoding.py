@@ -141,6 +141,11 @@ class _Finished:
             self.hyps[-1][0] >= best_live_logprob / length_penalty(length, self.alpha)
 
 
+def _rows_of(sources: np.ndarray, K: int) -> np.ndarray:
+    """The beam rows (b*K + k) of the live sources at indices `sources`, in order."""
+    return (sources[:, None] * K + np.arange(K)).reshape(-1)
+
+
 def beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndarray, settings: DecodeSettings,
                 beam_size: int = 4, alpha: float = 0.6) -> list[list[int]]:
     """Beam search with GNMT length penalty. Returns the best hypothesis of each source, without bos/eos.
@@ -197,7 +202,7 @@ def beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndar
             break
         if done.any():
             stay = np.flatnonzero(~done)
-            rows = (stay[:, None] * K + np.arange(K)).reshape(-1)
+            rows = _rows_of(stay, K)
             sources, scores, new_tokens, gather = sources[stay], scores[stay], new_tokens[stay], gather[rows]
             beams, mask, encoder_state = [beams[r] for r in rows], mask[rows], model.select(encoder_state, rows)
         past = model.select(past, gather // K if step == 0 else gather)
@@ -326,8 +331,7 @@ def hf_beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.n
         if step == 0 and K > 1:
             logp = logp.repeat_interleave(K, dim=0)
             encoder_state, mask = model.select(encoder_state, expand), mask[expand]
-        if settings.constrained:
-            settings.constrain(logp.numpy(), step, inplace=True)  # logp is this step's own array
+        settings.constrain(logp.numpy(), step, inplace=True)  # logp is this step's own array
         V = logp.shape[-1]
         acc = logp.view(b_live, K, V).add_(torch.from_numpy(running_scores)[:, :, None]).view(b_live, K * V)  # in place
         top = _top_wide(acc, 2 * K)  # (b, 2K), best first
@@ -373,7 +377,7 @@ def hf_beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.n
             for b in np.flatnonzero(blocked):
                 results[sources[b]] = result(b)
             stay = np.flatnonzero(~blocked)
-            rows = (stay[:, None] * K + np.arange(K)).reshape(-1)
+            rows = _rows_of(stay, K)
             sources, running, running_scores = sources[stay], running[rows], running_scores[stay]
             finished, finished_scores = [finished[b] for b in stay], finished_scores[stay]
             is_finished, improvable, mask = is_finished[stay], improvable[stay], mask[rows]

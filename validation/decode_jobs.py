@@ -15,6 +15,8 @@ from seq2trt.reference_model.decoding import DecodeSettings, beam_search, greedy
 from seq2trt.reference_model.errors import InputError
 from seq2trt.reference_model.vocab import pad_batch
 
+from .runners import torch_threads
+
 Decode = Callable  # (step_model, ids, mask, settings) -> list of token lists
 
 
@@ -28,20 +30,6 @@ def checkpoint_folder(out: Path, manifest, checkpoint: Path | None = None) -> Pa
 def has_tokenizer(folder: Path) -> bool:
     """Whether the checkpoint can turn text into ids (its vocab.json, or an imported Hugging Face tokenizer)."""
     return (folder / "vocab.json").exists() or (folder / "tokenizer").is_dir()
-
-
-@contextlib.contextmanager
-def torch_threads(threads: int):
-    """torch's intra-op threads at `threads` for the block, restored after: the step loops' search arithmetic
-    (log-softmax, top-k) and the eager model run in torch, beside ONNX Runtime's own `threads`."""
-    import torch
-
-    saved = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ kernels with fp32 accumulation do). On the CUDA provider bf16 graphs run as they
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -77,6 +78,20 @@ def _to_numpy(t, dtype: np.dtype) -> np.ndarray:
     return t.numpy().astype(dtype, copy=False)
 
 
+@contextlib.contextmanager
+def torch_threads(threads: int):
+    """torch's intra-op threads at `threads` for the block, restored after (the eager model, and the step loops'
+    search arithmetic: log-softmax, top-k, beside ONNX Runtime's own threads)."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
 class EagerRunner(Runner):
     """The PyTorch model as a graph of the contract, at the model's own dtype (float64 for a reference).
 
@@ -91,7 +106,7 @@ class EagerRunner(Runner):
         decoding and does not collapse when the CPU is shared."""
         import torch
 
-        self._source, self.threads, self._saved_threads = model, threads, None
+        self._source, self.threads, self._held = model, threads, contextlib.ExitStack()
         cfg = model.cfg if isinstance(model, torch.nn.Module) else None
         super().__init__(name, cfg, kind, "fp32", limits)
 
@@ -105,15 +120,10 @@ class EagerRunner(Runner):
         self.dtype = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(self._torch_dtype, "fp32")
         self._np_dtype = np.dtype(np.float64) if self._torch_dtype == torch.float64 else spec.numpy_dtype(self.dtype)
         if self.threads:
-            self._saved_threads = torch.get_num_threads()
-            torch.set_num_threads(self.threads)
+            self._held.enter_context(torch_threads(self.threads))
 
     def _deactivate(self) -> None:
-        import torch
-
-        if self._saved_threads:
-            torch.set_num_threads(self._saved_threads)
-            self._saved_threads = None
+        self._held.close()
 
     def infer(self, feed: Mapping[str, np.ndarray], check: bool = False) -> dict[str, np.ndarray]:
         """Only names and shapes matter here (any float dtype is converted), so the dtype check is off."""

@@ -17,6 +17,7 @@ from typing import Callable
 from seq2trt.exporters import spec
 from seq2trt.exporters.artifact_checks import load_graph
 from seq2trt.exporters.fuse import Target, fused_dir, verify_fused
+from seq2trt.exporters.generate import generate_dir
 from seq2trt.exporters.manifest import Manifest, generation, verify, writing_into
 from seq2trt.exporters.quantize import quantized_dir, verify_quantized
 from seq2trt.reference_model.decoding import DecodeSettings
@@ -63,8 +64,8 @@ GRAPH_SETS: dict[str, GraphSet] = {
     "fused-ort": _fused(Target.ORT),
     "fused-trt": _fused(Target.TRT, _plugin_graph_options),
     "int8-ort": GraphSet(quantized_dir, lambda dtype: {"optimization": "extended"}, quantized=True),
-    "generate": GraphSet(lambda out: Path(out) / "generate" / "ort", whole_search=True),
-    "generate-int8": GraphSet(lambda out: Path(out) / "generate" / "ort-int8", quantized=True, whole_search=True),
+    "generate": GraphSet(generate_dir, whole_search=True),
+    "generate-int8": GraphSet(lambda out: generate_dir(out, int8=True), quantized=True, whole_search=True),
 }
 # --backend name -> runner class taking (graph path, cfg, kind, dtype, limits, **options).
 BACKENDS: dict[str, Callable[..., Runner]] = {"ort": OrtRunner}
