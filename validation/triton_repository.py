@@ -5,6 +5,7 @@
   DIR/generate, DIR/translate  Python-backend BLS models running seq2trt's search over the two (`triton_bls`), with
                              dynamic batching, the export's manifest and the checkpoint's tokenizer beside their code
   DIR/README.md              how to start it
+  DIR/seq2trt.json           what it was written from: the mark `--force` looks for before replacing a folder
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ from pathlib import Path
 from seq2trt.exporters import spec
 from seq2trt.exporters.manifest import verify
 from seq2trt.reference_model.errors import InputError
+from seq2trt.reference_model.io import refuse_existing
 from seq2trt.reference_model.swap import staged_directory
 
 from .decode_jobs import checkpoint_folder, has_tokenizer
 from .triton_server import ServeSettings, model_config, tensor_block, write_python_model
 
 REPOSITORY_BACKENDS = ("onnxruntime", "tensorrt_plan", "python")
+MARKER = "seq2trt.json"
+_WHAT = "Triton model repository"
 _TRITON_DTYPES = {"int64": "TYPE_INT64", "fp32": "TYPE_FP32", "fp16": "TYPE_FP16", "bf16": "TYPE_BF16"}
 
 
@@ -98,6 +102,14 @@ _NOTES = {
 }
 
 
+def is_repository(folder: Path) -> bool:
+    """Whether `folder` is a repository `write_repository` wrote (its MARKER names the repository backend)."""
+    try:
+        return "repository_backend" in json.loads((Path(folder) / MARKER).read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
 def write_repository(settings: ServeSettings, folder: Path, repository_backend: str = "onnxruntime",
                      force: bool = False) -> Path:
     """Write the repository (staged, renamed into place; an existing folder only with `force`); returns it."""
@@ -110,7 +122,10 @@ def write_repository(settings: ServeSettings, folder: Path, repository_backend: 
     source = checkpoint_folder(out, manifest, settings.checkpoint)
     text = has_tokenizer(source)
     max_batch = settings.max_batch or limits.max_batch
-    with staged_directory(Path(folder), force, "Triton model repository") as tmp:
+    protect = [out, source, *graphs.values()] + ([settings.checkpoint] if settings.checkpoint else [])
+    # A folder seq2trt did not write is refused with or without --force, and its message never suggests --force.
+    refuse_existing(Path(folder), True, _WHAT, kind=is_repository, protect=protect)
+    with staged_directory(Path(folder), force, _WHAT, kind=is_repository, protect=protect) as tmp:
         for kind, graph in graphs.items():
             (tmp / kind.value / "1").mkdir(parents=True)
             (tmp / kind.value / "config.pbtxt").write_text(
@@ -139,6 +154,6 @@ def write_repository(settings: ServeSettings, folder: Path, repository_backend: 
         (tmp / "README.md").write_text(README.format(
             out=out.name, what=what, max_batch=max_batch, delay=settings.max_queue_delay_us, translate=translate,
             notes=_NOTES[repository_backend].format(opset=manifest.data.get("settings", {}).get("opset", "?"))))
-        (tmp / "seq2trt.json").write_text(json.dumps({"export": str(out.resolve()), "backend": settings.backend,
-                                                      "repository_backend": repository_backend}, indent=2) + "\n")
+        (tmp / MARKER).write_text(json.dumps({"export": str(out.resolve()), "backend": settings.backend,
+                                              "repository_backend": repository_backend}, indent=2) + "\n")
     return Path(folder)

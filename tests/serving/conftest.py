@@ -71,8 +71,8 @@ class Server:
 
 
 @pytest.fixture(scope="package")
-def served(make_model, tmp_path_factory):
-    """(export dir, a running Server) for the package's tests."""
+def exported(make_model, tmp_path_factory) -> Path:
+    """The package's export (fused for ONNX Runtime), its checkpoint beside it in ../ckpt."""
     from seq2trt.exporters import spec
     from seq2trt.exporters.fuse import Target, fuse_artifacts
     from seq2trt.exporters.onnx_export import export
@@ -86,8 +86,14 @@ def served(make_model, tmp_path_factory):
     ckpt = save_checkpoint(root / "ckpt", model, (task.source_vocab, task.target_vocab))
     export(model, root / "out", limits=spec.Limits.for_model(model.cfg, MAX_BATCH), source=source_record(ckpt))
     fuse_artifacts(root / "out", Target.ORT)
-    server = Server(root / "out", root / "server.log", "--max-queue-delay-us", "5000")
-    yield root / "out", server
+    return root / "out"
+
+
+@pytest.fixture(scope="package")
+def served(exported):
+    """(export dir, a running Server) for the package's tests."""
+    server = Server(exported, exported.parent / "server.log", "--max-queue-delay-us", "5000")
+    yield exported, server
     assert server.stop() == 0, "".join(server.lines)
 
 
@@ -130,3 +136,14 @@ def text_inputs(text, **langs):
         inputs[-1].set_data_from_numpy(np.array([[value]], dtype=np.object_))
     return inputs
 
+
+
+def one_error_line(result, code: int, *fragments: str) -> str:
+    """Exit `code`, no traceback, one `error:` line holding every fragment; returns it."""
+    assert result.exit_code == code, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output, result.output
+    lines = [line for line in result.output.splitlines() if line.lower().startswith("error:")]
+    assert len(lines) == 1, result.output
+    assert all(f in lines[0] for f in fragments), lines[0]
+    return lines[0]

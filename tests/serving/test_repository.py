@@ -9,8 +9,9 @@ from click.testing import CliRunner
 
 from seq2trt.cli.main import cli
 from seq2trt.exporters import spec
+from seq2trt.validation.triton_repository import is_repository
 
-from .conftest import Server, generate_inputs, text_inputs, translate_ids
+from .conftest import Server, generate_inputs, one_error_line, text_inputs, translate_ids
 from .test_serve import SOURCES
 
 
@@ -66,3 +67,38 @@ def test_gpu_repository_configs_parse_with_tritons_protobuf(served, tmp_path):
     assert result.exit_code == 2 and "seq2trt build" in result.output  # no engines in this export: named
     result = CliRunner().invoke(cli, ["serve", str(out), "--write-repository", str(tmp_path / "repo")])
     assert result.exit_code == 2 and not (tmp_path / "plans").exists()  # nothing overwritten without --force
+
+
+def _write(out, folder, *extra):
+    return CliRunner().invoke(cli, ["serve", str(out), "--write-repository", str(folder), *extra])
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_a_folder_seq2trt_did_not_write_is_never_replaced(exported, tmp_path, force):
+    folder = tmp_path / "mine"
+    (folder / "photos").mkdir(parents=True)
+    (folder / "notes.txt").write_text("keep me")
+    line = one_error_line(_write(exported, folder, *(["--force"] if force else [])), 2, str(folder),
+                          "not a seq2trt Triton model repository", "notes.txt, photos")
+    assert "pass --force" not in line
+    assert (folder / "notes.txt").read_text() == "keep me" and (folder / "photos").is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]  # no staging folder left either
+
+
+@pytest.mark.parametrize("where", ["export", "its parent", "the checkpoint"])
+def test_force_never_replaces_what_the_repository_is_written_from(exported, where):
+    folder = {"export": exported, "its parent": exported.parent, "the checkpoint": exported.parent / "ckpt"}[where]
+    before = sorted(str(p.relative_to(exported.parent)) for p in exported.parent.rglob("*"))
+    one_error_line(_write(exported, folder, "--force"), 2, f"path {folder} holds", "which this command reads")
+    assert sorted(str(p.relative_to(exported.parent)) for p in exported.parent.rglob("*")) == before
+
+
+def test_force_replaces_a_repository_seq2trt_wrote(exported, tmp_path):
+    folder = tmp_path / "repo"
+    assert _write(exported, folder).exit_code == 0
+    assert is_repository(folder)
+    (folder / "stale.txt").write_text("from the last run")
+    one_error_line(_write(exported, folder), 2, f"{folder} already exists", "pass --force")
+    result = _write(exported, folder, "--force", "--repository-backend", "python")
+    assert result.exit_code == 0, result.output
+    assert not (folder / "stale.txt").exists() and (folder / "encoder" / "1" / "model.py").exists()
