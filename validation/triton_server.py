@@ -5,18 +5,26 @@ tokenizer) whose code is `triton_model.TritonPythonModel`.
 Two facts of the bundled server (measured, see docs/DESIGN): the Python-backend stub must be the one for the running
 interpreter's version, and it loads `libpython3.X.so` through the dynamic loader — the running interpreter's
 LIBDIR goes first on LD_LIBRARY_PATH, else a system copy of another patch level fails model loading.
+
+The server dies with `serve`, even when `serve` is killed outright (a parent-death signal, as nvidia-pytriton sets
+for its own tritonserver), and its working folder `seq2trt-serve-<pid>-*` in the temporary directory names its owner,
+so the next `serve` removes the folders of owners that are gone.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -172,6 +180,46 @@ def wait_ready(url: str, process: subprocess.Popen, timeout_s: float, models: li
     raise ServerError(f"tritonserver was not ready within {timeout_s:.0f} s")
 
 
+_WORKDIR_PREFIX = "seq2trt-serve-"
+
+
+def die_with(parent_pid: int):
+    """A preexec_fn: the child gets SIGTERM (Triton's drain; it exits within its exit timeout) when `parent_pid`
+    dies, however it dies. Linux only; elsewhere the child outlives a killed parent."""
+    def preexec() -> None:
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+            libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent_pid:  # the parent died before prctl: no signal will come
+            os._exit(1)
+    return preexec
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def remove_dead_workdirs(root: Path | None = None) -> list[Path]:
+    """Remove the working folders of `serve` processes that are gone (killed before they could clean up)."""
+    removed = []
+    for folder in Path(root or tempfile.gettempdir()).glob(f"{_WORKDIR_PREFIX}*"):
+        match = re.fullmatch(rf"{_WORKDIR_PREFIX}(\d+)-.+", folder.name)
+        if match and folder.is_dir() and not folder.is_symlink() and not _alive(int(match.group(1))):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    if removed:
+        logger.info("removed %d working folder(s) of serve processes that are gone", len(removed))
+    return removed
+
+
 def served_models(settings: ServeSettings) -> tuple[int, bool]:
     """(the export's max_batch, whether its checkpoint has a tokenizer), read from the verified manifest."""
     from seq2trt.exporters import spec
@@ -188,10 +236,9 @@ def serve(settings: ServeSettings, on_ready, ready_timeout_s: float = 300, exit_
     """Run Triton on `settings` until SIGINT/SIGTERM, then drain it: Triton refuses new requests, answers the ones in
     flight (up to `exit_timeout_s`) and exits. Calls on_ready(models, endpoints) once every model is ready. Returns
     the server's exit code (0 after a clean drain)."""
-    import tempfile
-
     stop = {"signal": None}
-    with tempfile.TemporaryDirectory(prefix="seq2trt-serve-") as tmp:
+    remove_dead_workdirs()
+    with tempfile.TemporaryDirectory(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-") as tmp:
         binary, backends, env = bundled_server(Path(tmp))
         if repository is None:
             export_batch, text = served_models(settings)
@@ -203,7 +250,8 @@ def serve(settings: ServeSettings, on_ready, ready_timeout_s: float = 300, exit_
         logger.debug("starting %s", " ".join(command))
         with open(log or os.devnull, "ab") as sink:
             # Its own session: a terminal's Ctrl-C reaches only us, and we pass one SIGTERM on.
-            process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+            process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+                                       preexec_fn=die_with(os.getpid()))
 
             def forward(signum, _frame):
                 stop["signal"] = signum
