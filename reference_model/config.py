@@ -69,6 +69,9 @@ class Seq2SeqConfig:
     forced_bos_id: int | None = None  # the first generated token is forced to this id (mBART/NLLB language codes)
     forced_eos: bool = False  # the last token allowed by the length limit is forced to eos
     suppress_ids: tuple[int, ...] = ()  # never generated (Marian never emits its pad id)
+    # The model's own limit on generated tokens, eos included (Hugging Face's max_new_tokens, or max_length - 1):
+    # the default of every search. None: every position the decoder has.
+    max_new_tokens: int | None = None
 
     def __post_init__(self) -> None:
         # JSON has no tuples: config.json gives suppress_ids back as a list.
@@ -108,6 +111,9 @@ class Seq2SeqConfig:
             for name, value in (("forced_bos_id", self.forced_bos_id), *(("suppress_ids", i) for i in self.suppress_ids)):
                 if value is not None and not 0 <= value < self.tgt_vocab_size:
                     problems.append(f"{name} ({value}) must be a valid target id")
+            if self.max_new_tokens is not None and not 1 <= self.max_new_tokens <= self.max_tgt_len - 1:
+                problems.append(f"max_new_tokens must be null or in [1, {self.max_tgt_len - 1}] (max_tgt_len - 1), "
+                                f"got {self.max_new_tokens}")
             if self.eos_id in self.suppress_ids:
                 problems.append(f"suppress_ids must not hold eos_id ({self.eos_id}): nothing could end")
         if problems:
@@ -118,7 +124,7 @@ class Seq2SeqConfig:
         problems = []
         for f in dataclasses.fields(self):
             value, kind = getattr(self, f.name), _FIELD_TYPES.get(f.name)
-            if f.name == "forced_bos_id" and value is None:
+            if f.name in ("forced_bos_id", "max_new_tokens") and value is None:
                 continue
             if f.name == "suppress_ids":
                 ok = isinstance(value, tuple) and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
@@ -176,7 +182,7 @@ class Seq2SeqConfig:
 # Fields added with the Hugging Face families (2026-11-30). Their defaults are what every earlier config meant,
 # so records written before them (export manifests) may lack them; every other field must be present.
 LATER_FIELDS = ("positions", "position_offset", "pad_position_zero", "embed_norm", "logits_bias", "bias",
-                "forced_bos_id", "forced_eos", "suppress_ids")
+                "forced_bos_id", "forced_eos", "suppress_ids", "max_new_tokens")
 
 _FIELD_TYPES = {"dropout": float, "layer_norm_eps": float, "activation": str, "positions": str,
                 "pre_norm": bool, "scale_embeddings": bool, "tie_embeddings": bool, "share_vocab": bool,
@@ -184,7 +190,7 @@ _FIELD_TYPES = {"dropout": float, "layer_norm_eps": float, "activation": str, "p
 _FIELD_TYPES.update({f.name: int for f in dataclasses.fields(Seq2SeqConfig) if f.name not in _FIELD_TYPES})
 _TYPE_WORDS = {name: {float: "a finite number", bool: "true or false", str: "a string", int: "an integer",
                       tuple: "a list of integers"}[kind] for name, kind in _FIELD_TYPES.items()}
-_TYPE_WORDS["forced_bos_id"] = "an integer or null"
+_TYPE_WORDS["forced_bos_id"] = _TYPE_WORDS["max_new_tokens"] = "an integer or null"
 
 
 PRESETS: dict[str, dict[str, Any]] = {

@@ -44,9 +44,12 @@ class DecodeSettings:
 
     @classmethod
     def for_model(cls, cfg, max_new_tokens: int | None = None) -> "DecodeSettings":
-        """The settings a `Seq2SeqConfig` implies; `max_new_tokens` defaults to every position the decoder has."""
-        return cls(cfg.bos_id, cfg.eos_id, cfg.pad_id, cfg.max_tgt_len - 1 if max_new_tokens is None else max_new_tokens,
-                   cfg.forced_bos_id, cfg.forced_eos, tuple(cfg.suppress_ids))
+        """The settings a `Seq2SeqConfig` implies; `max_new_tokens` defaults to the model's own limit (an imported
+        model's max_new_tokens / max_length), else to every position the decoder has."""
+        if max_new_tokens is None:
+            max_new_tokens = cfg.max_new_tokens if cfg.max_new_tokens is not None else cfg.max_tgt_len - 1
+        return cls(cfg.bos_id, cfg.eos_id, cfg.pad_id, max_new_tokens, cfg.forced_bos_id, cfg.forced_eos,
+                   tuple(cfg.suppress_ids))
 
     @property
     def constrained(self) -> bool:

@@ -104,6 +104,19 @@ def generation_settings(src: Path, hf: dict) -> dict[str, Any]:
             "decoder_start_token_id": gen.get("decoder_start_token_id"), "bos_token_id": gen.get("bos_token_id")}
 
 
+def own_limit(gen: dict[str, Any], max_positions: int) -> int | None:
+    """The generated tokens (eos included) the source's own settings allow, as transformers' generate counts them:
+    max_new_tokens wins; max_length counts the decoder start token. At most what the decoder's positions hold
+    (transformers would index past its position table there). None when the source sets neither."""
+    if gen.get("max_new_tokens") is not None:
+        limit = gen["max_new_tokens"]
+    elif gen.get("max_length") is not None:
+        limit = gen["max_length"] - 1
+    else:
+        return None
+    return min(limit, max_positions - 1)
+
+
 def config_from_hf(src: Path) -> tuple[str, Seq2SeqConfig, dict[str, Any]]:
     """(family, our config, generation settings) of the Hugging Face model in `src`; unsupported models and
     options raise one ConfigError naming them and what is supported."""
@@ -153,7 +166,8 @@ def config_from_hf(src: Path) -> tuple[str, Seq2SeqConfig, dict[str, Any]]:
             scale_embeddings=bool(hf.get("scale_embedding", False)),
             tie_embeddings=bool(hf.get("tie_word_embeddings", True)), share_vocab=bool(shared),
             pad_id=pad, bos_id=start, eos_id=eos, forced_bos_id=gen["forced_bos_token_id"],
-            forced_eos=gen["forced_eos"], suppress_ids=gen["suppress_ids"], **fam))
+            forced_eos=gen["forced_eos"], suppress_ids=gen["suppress_ids"],
+            max_new_tokens=own_limit(gen, max_pos), **fam))
     except KeyError as exc:
         raise CheckpointError(f"{src / 'config.json'} lacks {exc}; is it a complete {family} config?") from None
     return family, cfg, gen

@@ -4,7 +4,8 @@ transformers is the judge: the model it loads from the source directory (local f
 with the imported weights, on seeded random sources and, when the source has a tokenizer, on texts that tokenizer
 made. Checked: encoder states and the logits of every step of `generate`'s own greedy search (fp32, within
 `LOGIT_TOLERANCE` of the logits' scale), and the tokens of greedy search and of beam search (4 beams, the source's length penalty and early
-stopping) against `generate` itself. The figures become the checkpoint's import.json.
+stopping) against `generate` itself; and the model's own length limit (max_length / max_new_tokens) as transformers
+resolves it, the searches run to it on both sides when it is short. The figures become the checkpoint's import.json.
 """
 
 from __future__ import annotations
@@ -95,8 +96,9 @@ def _scaled_err(ours: np.ndarray, theirs: np.ndarray) -> tuple[float, float]:
 
 
 def compare(hf_model, model: Seq2SeqTransformer, sources: list[list[int]], gen: dict[str, Any],
-            max_new_tokens: int) -> dict[str, Any]:
-    """Encoder states, step logits, greedy and beam tokens of ours vs transformers on `sources`."""
+            max_new_tokens: int | None) -> dict[str, Any]:
+    """Encoder states, step logits, greedy and beam tokens of ours vs transformers on `sources`; `max_new_tokens`
+    None: each side's default length (transformers' generation config, our checkpoint's config)."""
     cfg = model.cfg
     ids, mask = pad_batch(sources, cfg.pad_id)
     t_ids, t_mask = torch.as_tensor(ids), torch.as_tensor(mask)
@@ -111,7 +113,8 @@ def compare(hf_model, model: Seq2SeqTransformer, sources: list[list[int]], gen: 
     recorded: list[tuple[int, np.ndarray, np.ndarray]] = []
     ours_greedy = greedy_decode(step_model, ids, mask, settings,
                                 on_step=lambda step, rows, logits: recorded.append((step, rows.copy(), logits.copy())))
-    common = dict(input_ids=t_ids, attention_mask=t_mask, max_new_tokens=max_new_tokens, do_sample=False)
+    common = dict(input_ids=t_ids, attention_mask=t_mask, do_sample=False,
+                  **({} if max_new_tokens is None else {"max_new_tokens": max_new_tokens}))
     with torch.inference_mode():
         greedy = hf_model.generate(**common, num_beams=1, output_logits=True, return_dict_in_generate=True)
         theirs_beam = _generated(hf_model.generate(**common, num_beams=BEAM_SIZE, length_penalty=gen["length_penalty"],
@@ -121,8 +124,10 @@ def compare(hf_model, model: Seq2SeqTransformer, sources: list[list[int]], gen: 
     # Step logits compared wherever both searches fed the same tokens so far (everywhere, when the tokens agree).
     ours_steps, theirs_steps = [], []
     for step, rows, logits in recorded:
-        same = [i for i, r in enumerate(rows) if step < theirs_logits.shape[1] and
-                (ours_greedy[r] + [cfg.eos_id])[:step] == (theirs_greedy[r] + [cfg.eos_id])[:step]]
+        if step >= theirs_logits.shape[1]:  # ours ran longer (a limit read wrong): the tokens tell
+            break
+        same = [i for i, r in enumerate(rows)
+                if (ours_greedy[r] + [cfg.eos_id])[:step] == (theirs_greedy[r] + [cfg.eos_id])[:step]]
         ours_steps.append(logits[same])
         theirs_steps.append(theirs_logits[rows[same], step])
     ours_steps, theirs_steps = np.concatenate(ours_steps), np.concatenate(theirs_steps)
@@ -137,6 +142,24 @@ def compare(hf_model, model: Seq2SeqTransformer, sources: list[list[int]], gen: 
             "beam_mismatches": [i for i, (a, b) in enumerate(zip(ours_beam, theirs_beam)) if a != b]}
 
 
+def _limit_failure(hf_model, cfg) -> str | None:
+    """Whether transformers' generate, given no length, stops where our checkpoint's default does (its max_new_tokens
+    winning over max_length, which counts the start token); the library's own default (max_length 20) where the
+    model sets no limit is not the model's, and ours then runs to the decoder's length."""
+    config, _ = hf_model._prepare_generation_config(None)
+    theirs = config.max_new_tokens if config.max_new_tokens is not None else config.max_length - 1
+    if cfg.max_new_tokens is None:
+        default = type(config)()
+        if config.max_new_tokens is None and config.max_length == default.max_length:
+            return None
+        return (f"transformers' generate stops after {theirs} new tokens (max_length {config.max_length}, "
+                f"max_new_tokens {config.max_new_tokens}) where the import read no length limit")
+    if min(theirs, cfg.max_tgt_len - 1) != cfg.max_new_tokens:
+        return (f"transformers' generate stops after {theirs} new tokens (max_length {config.max_length}, "
+                f"max_new_tokens {config.max_new_tokens}) where the import's limit is {cfg.max_new_tokens}")
+    return None
+
+
 def verify(src: Path, model: Seq2SeqTransformer, gen: dict[str, Any], progress: Callable[[str], None] = lambda m: None,
            count: int = 8, max_new_tokens: int = 24) -> dict[str, Any]:
     """The import's proof: `compare` on seeded sources, and on tokenizer-made texts when there is a tokenizer."""
@@ -144,15 +167,18 @@ def verify(src: Path, model: Seq2SeqTransformer, gen: dict[str, Any], progress: 
 
     hf_model = load_transformers_model(src)
     cfg = model.cfg
-    new_tokens = max(1, min(max_new_tokens, cfg.max_tgt_len - 1))
+    own = cfg.max_new_tokens
+    # A short limit of the model's own is what translate stops at: the searches run to it, unprompted on both sides.
+    new_tokens = None if own is not None and own <= max_new_tokens else max(1, min(max_new_tokens, cfg.max_tgt_len - 1))
     sets = {"seeded": seeded_sources(cfg, count)}
     tokenizer = load_tokenizer(src)
     if tokenizer is not None:
         _, sets["texts"] = text_sources(tokenizer, cfg, count)
     report: dict[str, Any] = {"transformers": transformers.__version__, "beam_size": BEAM_SIZE,
-                              "max_new_tokens": new_tokens, "tolerance_scaled": LOGIT_TOLERANCE,
+                              "max_new_tokens": new_tokens if new_tokens is not None else f"the model's own ({own})",
+                              "model_max_new_tokens": own, "tolerance_scaled": LOGIT_TOLERANCE,
                               "length_penalty": gen["length_penalty"], "early_stopping": gen["early_stopping"]}
-    failures = []
+    failures = [] if (limit := _limit_failure(hf_model, cfg)) is None else [limit]
     for name, sources in sets.items():
         progress(f"comparing {len(sources)} {name} sources with transformers")
         result = compare(hf_model, model, sources, gen, new_tokens)

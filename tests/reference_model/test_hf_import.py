@@ -189,3 +189,47 @@ def test_finished_sources_leave_the_beam_batch_and_tokens_stay_transformers(earl
     # The first step runs one row a source (the K beams start identical), then K rows a live source.
     assert rows[0] == 8 and rows[1] <= 32 and rows[1:] == sorted(rows[1:], reverse=True) and rows[-1] < 32, rows
     assert all(r % 4 == 0 for r in rows[1:])
+
+
+# transformers' own limits: max_length counts the decoder start token; max_new_tokens wins when both are set.
+LIMITS = {"marian-max_length": ("marian", dict(max_length=10)),
+          "bart-both-beam": ("bart", dict(max_length=30, max_new_tokens=6, num_beams=3))}
+
+
+@pytest.mark.parametrize("case", sorted(LIMITS))
+def test_the_models_own_length_limits_bound_translate_as_generate(case, make_hf_model, tmp_path):
+    """translate with no --max-new-tokens stops where transformers' generate, given no length either, stops; a flag
+    still overrides the model's limit."""
+    family, generation = LIMITS[case]
+    src = make_hf_model(tmp_path / "src", family, generation=generation)
+    assert CliRunner().invoke(cli, ["import", "hf", str(src), "-o", str(tmp_path / "ckpt")]).exit_code == 0
+    model, _ = load_checkpoint(tmp_path / "ckpt")
+    sources = seeded_sources(model.cfg, 6, seed=42)
+    (tmp_path / "ids.jsonl").write_text("".join(json.dumps(s) + "\n" for s in sources))
+    ids, mask = pad_batch(sources, model.cfg.pad_id)
+    with torch.inference_mode():
+        rows = load_transformers_model(src).generate(input_ids=torch.as_tensor(ids),
+                                                     attention_mask=torch.as_tensor(mask))[:, 1:].tolist()
+    eos = model.cfg.eos_id
+    want = [r[: r.index(eos)] if eos in r else r for r in rows]
+    limit = generation.get("max_new_tokens") or generation["max_length"] - 1
+    assert max(len(r) for r in want) in (limit - 1, limit), "the sources must reach the limit to test it"
+
+    def translate(*flags):
+        out = tmp_path / "out.jsonl"
+        result = CliRunner().invoke(cli, ["translate", str(tmp_path / "ckpt"), "--ids-file", str(tmp_path / "ids.jsonl"),
+                                          "--output-ids", str(out), *flags])
+        assert result.exit_code == 0, result.output
+        return [json.loads(line) for line in out.read_text().splitlines()]
+
+    assert translate() == want
+    assert max(len(r) for r in translate("--max-new-tokens", "20")) > limit
+
+
+def test_a_wrong_reading_of_the_length_limit_fails_the_import(make_hf_model, tmp_path, monkeypatch):
+    """Negative control of the proof: max_length read as new tokens (the start token not counted) is caught."""
+    src = make_hf_model(tmp_path / "src", "marian", generation=dict(max_length=10))
+    monkeypatch.setattr(hf_import, "own_limit", lambda gen, positions: gen["max_length"])
+    result = CliRunner().invoke(cli, ["import", "hf", str(src), "-o", str(tmp_path / "ckpt")])
+    assert result.exit_code == 1 and "stops after 9 new tokens" in result.output, result.output
+    assert "greedy tokens differ" in result.output and not (tmp_path / "ckpt").exists()

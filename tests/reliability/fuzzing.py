@@ -212,7 +212,7 @@ def damaged_key(how: str, prefix: tuple[str, ...] = ()) -> str | None:
 def _same_kind(value: Any, base: Any, name: str) -> bool:
     """Whether `value` is a legal value of the config field whose valid value is `base` (types as JSON holds them;
     written independently of the config's own checks)."""
-    if name == "forced_bos_id":
+    if name in ("forced_bos_id", "max_new_tokens"):
         return value is None or (isinstance(value, int) and not isinstance(value, bool))
     if isinstance(base, bool):
         return isinstance(value, bool)
