@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import os
 import re
 import signal
 import sys
@@ -71,6 +72,20 @@ def clip_values(message: str) -> str:
                      for line in message.splitlines())
 
 
+def _stdout_broken(exc: BaseException) -> bool:
+    """Whether `exc` is a failed write to standard output (a full disk, a closed pipe): an OSError raised by click.echo
+    itself. Standard output is then pointed at /dev/null, so that the interpreter's flush at exit adds no second
+    message."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if not (isinstance(exc, OSError) and tb is not None and tb.tb_frame.f_code is click.utils.echo.__code__):
+        return False
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return True
+
+
 class Seq2TrtGroup(click.Group):
     """Turns library errors into one clear line and an exit code."""
 
@@ -86,7 +101,13 @@ class Seq2TrtGroup(click.Group):
                 err_console.print(f"[bold red]{'terminated' if terminated else 'interrupted'}[/]: nothing was left "
                                   "half-written")
                 sys.exit(Terminated.exit_code if terminated else 130)
-            if not isinstance(exc, Seq2TrtError) or (ctx.obj and ctx.obj.get("debug")):
+            debug = bool(ctx.obj and ctx.obj.get("debug"))
+            if not debug and _stdout_broken(exc):
+                err_console.print(f"[bold red]error:[/] cannot write to standard output: "
+                                  f"{(exc.strerror or str(exc)).lower()}; send it to a file with room, or to a "
+                                  "program that reads all of it", highlight=False, soft_wrap=True)
+                sys.exit(2)
+            if not isinstance(exc, Seq2TrtError) or debug:
                 raise
             err_console.print(f"[bold red]error:[/] {escape(clip_values(str(exc)))}", highlight=False,
                               soft_wrap=True)

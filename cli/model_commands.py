@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
@@ -73,6 +74,23 @@ def _read_ids_file(path: Path) -> list[list[int]]:
     return sources
 
 
+def _check_output_ids(output: Path, ids_file: Path | None, read: list[Path]) -> None:
+    """Refuse an --output-ids that is a folder, the --ids-file (by any spelling, link or hard link), or an existing
+    file inside a folder this command reads (the checkpoint, the export): writing it would replace an input."""
+    if output.is_dir():
+        raise InputError(f"--output-ids {output} is a directory; give a file path")
+    if not output.exists():
+        return
+    if ids_file is not None and ids_file.exists() and os.path.samefile(output, ids_file):
+        raise InputError(f"--output-ids {output} is the --ids-file {ids_file}; writing the ids there would replace "
+                         "the sources; choose another file")
+    real = output.resolve()
+    for folder in read:
+        if folder.resolve() in real.parents:
+            raise InputError(f"--output-ids {output} is a file of {folder}, which this command reads; writing there "
+                             "would replace it; choose another file")
+
+
 @click.command()
 @click.argument("source", type=click.Path(path_type=Path))
 @click.argument("texts", nargs=-1)
@@ -99,7 +117,7 @@ def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path
 
     Prints one line per source (text when the checkpoint has a tokenizer, else the ids), in input order, as
     each batch finishes; --output-ids also writes the ids as JSON lines."""
-    from seq2trt.reference_model.io import atomic_write_text
+    from seq2trt.reference_model.io import write_plain_output
     from seq2trt.reference_model.text import load_codec
 
     if bool(texts) == bool(ids_file):
@@ -114,6 +132,8 @@ def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path
             codec = load_codec(folder, cfg.eos_id, src_lang, tgt_lang)
         elif (folder / "vocab.json").exists() or (folder / "tokenizer").is_dir():
             codec = load_codec(folder, cfg.eos_id)
+        if output_ids is not None:  # before any decode
+            _check_output_ids(output_ids, ids_file, [source, folder])
         sources = [codec.encode(t) for t in texts] if texts else _read_ids_file(ids_file)
         check_sources(sources, cfg, *src_limit, "source" if texts else f"{ids_file} line")
         beams, decode = choose_search(generation_config(folder), beam, alpha)
@@ -128,7 +148,7 @@ def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path
             outputs.append(out)
             click.echo(codec.decode(out) if codec is not None else json.dumps(out))
     if output_ids is not None:
-        atomic_write_text(output_ids, "".join(json.dumps(o) + "\n" for o in outputs))
+        write_plain_output(output_ids, "".join(json.dumps(o) + "\n" for o in outputs).encode(), "--output-ids")
 
 
 COMMANDS = [train, translate]

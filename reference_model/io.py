@@ -1,7 +1,8 @@
 """Atomic file writes, sha256 of files, and what may be replaced.
 
 Every file is written under a temporary name and renamed into place, so an interrupted or failed write (disk
-full, Ctrl-C, an exception) leaves the previous file intact and no half-written file behind. A full disk, a quota
+full, Ctrl-C, an exception) leaves the previous file intact and no half-written file behind; a plain output the user
+names may also be a device or a FIFO, written in place (`write_plain_output`). A full disk, a quota
 or a read-only / forbidden folder becomes an `ArtifactError` that says so (`WriteError`).
 
 `--force` replaces only an artifact of the kind the command writes (`refuse_existing`), never the current
@@ -15,6 +16,7 @@ import contextlib
 import errno
 import hashlib
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Callable, Iterable, Union
@@ -78,6 +80,39 @@ def current_umask() -> int:
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
+
+
+def write_plain_output(path: Path, data: bytes, what: str) -> None:
+    """Write a user-named output file (`what` is its flag, e.g. --output-ids).
+
+    A regular file (or a new one) is replaced atomically. A device or a FIFO is opened and written in place: renaming
+    a file onto it would replace it (as root, /dev/null with a regular file). A symlink is written through: it is
+    resolved and its target is written as above (a regular target staged beside the target, not beside the link), so
+    the link stays a link. A folder, or a write that fails, is one ArtifactError naming the path.
+    """
+    path = Path(path)
+    target = Path(os.path.realpath(path))
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:  # a link loop, a parent that is a file
+        raise ArtifactError(f"cannot write {what} {path}: {exc.strerror}; give a file path") from None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise ArtifactError(f"{what} {path} is a directory; give a file path")
+    if mode is None or stat.S_ISREG(mode):
+        try:
+            atomic_write_bytes(target, data)
+        except OSError as exc:  # not a space, quota or permission problem (those are WriteErrors already)
+            raise ArtifactError(f"cannot write {what} {path}: {exc.strerror or exc}; give a file path") from None
+        return
+    try:
+        with open(target, "wb") as f:  # a device or FIFO: no O_CREAT race, it exists
+            f.write(data)
+    except OSError as exc:
+        kept = "it is a device or a pipe, written in place, so part of the output may have reached it"
+        error = write_error(exc, path, kept)
+        raise error or ArtifactError(f"cannot write {path}: {(exc.strerror or str(exc)).lower()}; {kept}") from None
 
 
 # A directory kind: the file name that marks it (manifest.json, build.json, ...) or a test of the directory.
