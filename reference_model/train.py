@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from .config import preset
 from .decoding import DecodeSettings, greedy_decode
 from .eager import EagerStepModel
-from .errors import ConfigError, InputError
+from .errors import CheckFailed, ConfigError, InputError
 from .model import Seq2SeqTransformer
 from .tasks import Task, get_task
 from .vocab import BOS_ID, EOS_ID, PAD_ID, pad_batch
@@ -69,6 +69,12 @@ def lr_at(step: int, s: TrainSettings) -> float:
     return s.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def _diverged(what: str, s: TrainSettings) -> CheckFailed:
+    """A failed check, not a bad input: every setting is valid on its own, but together they did not train."""
+    return CheckFailed(f"training diverged: {what} (--lr {s.lr:g}); lower --lr (the default is {TrainSettings.lr:g}) "
+                       "and train again; nothing was written")
+
+
 def train(s: TrainSettings, progress: Callable[[int, float], None] | None = None) -> tuple[Seq2SeqTransformer, dict]:
     """Train a model of preset `s.preset` on task `s.task`; returns the model and its training metrics."""
     task = get_task(s.task)
@@ -87,13 +93,19 @@ def train(s: TrainSettings, progress: Callable[[int, float], None] | None = None
         logits = model(src_ids, src_mask, dec_in)
         loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100,
                                label_smoothing=s.label_smoothing)
+        loss_value = loss.item()
+        if not math.isfinite(loss_value):
+            raise _diverged(f"the loss is {loss_value} at step {step + 1} of {s.steps}", s)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if not torch.isfinite(norm):  # the step would write non-finite weights
+            raise _diverged(f"the gradient norm is {norm.item()} at step {step + 1} of {s.steps}", s)
         opt.step()
-        loss_value = loss.item()
         if progress is not None:
             progress(step + 1, loss_value)
+    if not all(torch.isfinite(p).all() for p in model.parameters()):
+        raise _diverged(f"the weights are not finite after step {s.steps}", s)
     train_seconds = time.perf_counter() - start
     model.eval()
     exact = heldout_exact_match(model, task, s.eval_examples)
