@@ -122,8 +122,10 @@ def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path
 
     if bool(texts) == bool(ids_file):
         raise InputError("give either TEXTS or --ids-file F (JSON lines of source ids), not both or neither")
-    if not alpha == alpha or batch_size < 1 or threads < 1:
-        raise InputError("--alpha must be a number, --batch-size and --threads >= 1")
+    if not alpha == alpha:
+        raise InputError(f"--alpha must be a number, got {alpha}; give a length penalty such as 0.6")
+    if batch_size < 1:
+        raise InputError(f"--batch-size must be >= 1, got {batch_size}")
     if any(not t.strip() for t in texts):
         raise InputError("empty source text; give at least one symbol")
     with open_decoder(source, backend, checkpoint, threads) as (step_model, cfg, folder, src_limit, max_batch):

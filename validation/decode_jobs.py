@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -18,6 +19,17 @@ from seq2trt.reference_model.vocab import pad_batch
 from .runners import torch_threads
 
 Decode = Callable  # (step_model, ids, mask, settings) -> list of token lists
+
+# Far more threads than cores only slows intra-op work down, and tens of thousands crash libgomp's thread creation
+# (a segmentation fault); four per core leaves room to oversubscribe on purpose.
+MAX_THREADS = 4 * (os.cpu_count() or 1)
+
+
+def check_threads(threads: int, flag: str = "--threads") -> None:
+    """Refuse a thread count outside [1, MAX_THREADS], naming `flag`, the value and the limit."""
+    if not 1 <= threads <= MAX_THREADS:
+        raise InputError(f"{flag} must be in [1, {MAX_THREADS}], got {threads} (the limit is 4 per CPU core, "
+                         f"{os.cpu_count() or 1} here); give a count in that range")
 
 
 def checkpoint_folder(out: Path, manifest, checkpoint: Path | None = None) -> Path:
@@ -35,7 +47,8 @@ def has_tokenizer(folder: Path) -> bool:
 @contextlib.contextmanager
 def open_decoder(source: Path, backend: str, checkpoint: Path | None, threads: int):
     """(StepModel, config, checkpoint folder, (max_src_len, its name), max_batch or None) for a checkpoint or an
-    export, with torch held to `threads` while it is open."""
+    export, with torch held to `threads` (checked against MAX_THREADS) while it is open."""
+    check_threads(threads)
     with torch_threads(threads):
         yield from _open_decoder(source, backend, checkpoint, threads)
 

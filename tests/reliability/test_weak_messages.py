@@ -57,3 +57,26 @@ def test_a_deleted_checkpoint_points_at_checkpoint_not_train(work, artifact, inv
 @pytest.mark.parametrize("alpha", ["nan", "-nan"])
 def test_a_nan_length_penalty_is_refused(work, alpha, invoke, one_error_line):
     one_error_line(invoke("translate", work / "ckpt", "123", "--beam", "2", "--alpha", alpha), 2, "--alpha")
+
+
+def _max_threads() -> int:
+    from seq2trt.validation.decode_jobs import MAX_THREADS
+
+    return MAX_THREADS
+
+
+@pytest.mark.parametrize("flag, value, fragment", [
+    ("--threads", "0", "--threads must be in [1, {limit}], got 0"),
+    ("--threads", "-1", "--threads must be in [1, {limit}], got -1"),
+    ("--threads", "{over}", "--threads must be in [1, {limit}], got {over}"),
+    ("--threads", "100000", "--threads must be in [1, {limit}], got 100000"),  # libgomp crashed creating them
+    ("--batch-size", "0", "--batch-size must be >= 1, got 0"),
+    ("--alpha", "nan", "--alpha must be a number, got nan"),
+], ids=["threads-0", "threads-negative", "threads-just-over", "threads-huge", "batch-size-0", "alpha-nan"])
+def test_translate_names_the_flag_and_the_value(work, flag, value, fragment, invoke, one_error_line, monkeypatch):
+    from seq2trt.validation import decode_jobs
+
+    limit = _max_threads()
+    value, fragment = (s.format(limit=limit, over=limit + 1) for s in (value, fragment))
+    monkeypatch.setattr(decode_jobs, "torch_threads", lambda n: pytest.fail(f"torch was set to {n} threads"))
+    one_error_line(invoke("translate", work / "ckpt", "123", flag, value), 2, fragment)
