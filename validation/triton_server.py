@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import json
 import logging
 import os
 import re
+import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -30,7 +33,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from seq2trt.reference_model.errors import DependencyError, Seq2TrtError
+from seq2trt.reference_model.errors import DependencyError, InputError, Seq2TrtError
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +62,47 @@ class ServeSettings:
     def endpoints(self) -> dict[str, str]:
         return {"http": f"http://{self.host}:{self.http_port}", "grpc": f"grpc://{self.host}:{self.grpc_port}",
                 "metrics": f"http://{self.host}:{self.metrics_port}/metrics"}
+
+
+_PORT_FLAGS = {"http_port": "--http-port", "grpc_port": "--grpc-port", "metrics_port": "--metrics-port"}
+
+
+def check_listen(settings: ServeSettings) -> None:
+    """Refuse, before anything starts, a port out of range or shared by two endpoints, a host this machine cannot
+    listen on, and a port something else listens on (else the readiness poll would reach that other server)."""
+    ports = {flag: getattr(settings, field) for field, flag in _PORT_FLAGS.items()}
+    seen: dict[int, str] = {}
+    for flag, port in ports.items():
+        if not 1 <= port <= 65535:
+            why = " (0, any free port, is not offered: Triton would not say which it took)" if port == 0 else ""
+            raise InputError(f"{flag} must be a port number in [1, 65535], got {port}{why}; choose a free port")
+        if port in seen:
+            raise InputError(f"{seen[port]} and {flag} are both {port}; give each endpoint its own port")
+        seen[port] = flag
+    host = settings.host
+    try:
+        family, *_, address = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        raise InputError(f"--host {host} is not an address or a name that resolves ({exc.strerror or exc}); give an "
+                         "address of this machine, such as 127.0.0.1 or 0.0.0.0") from None
+    for flag, port in ports.items():
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a server does: TIME_WAIT is no owner
+            try:
+                probe.bind((address[0], port, *address[2:]))
+            except OSError as exc:
+                raise _listen_error(exc, host, port, flag) from None
+
+
+def _listen_error(exc: OSError, host: str, port: int, flag: str) -> InputError:
+    if exc.errno == errno.EADDRINUSE:
+        return InputError(f"port {port} on {host} is in use ({flag}); stop what listens there or choose another port")
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return InputError(f"--host {host} is not an address of this machine; give one of its addresses, such as "
+                          "127.0.0.1 or 0.0.0.0")
+    if exc.errno == errno.EACCES:
+        return InputError(f"port {port} on {host} ({flag}) needs privileges; choose a port above 1023")
+    return InputError(f"cannot listen on port {port} on {host} ({flag}): {exc.strerror}; choose another --host or port")
 
 
 def _pbtxt_value(value) -> str:
@@ -154,8 +198,9 @@ def bundled_server(workdir: Path) -> tuple[Path, Path, dict[str, str]]:
     return dist / "bin" / "tritonserver", backends, env
 
 
-def server_command(binary: Path, repository: Path, backends: Path, settings: ServeSettings, exit_timeout_s: int) -> list[str]:
-    return [str(binary), f"--model-repository={repository}", f"--backend-directory={backends}",
+def server_command(binary: Path, repository: Path, backends: Path, settings: ServeSettings, exit_timeout_s: int,
+                   server_id: str) -> list[str]:
+    return [str(binary), f"--id={server_id}", f"--model-repository={repository}", f"--backend-directory={backends}",
             f"--http-address={settings.host}", f"--grpc-address={settings.host}", f"--metrics-address={settings.host}",
             f"--http-port={settings.http_port}", f"--grpc-port={settings.grpc_port}",
             f"--metrics-port={settings.metrics_port}", "--allow-metrics=true", "--allow-gpu-metrics=false",
@@ -163,18 +208,21 @@ def server_command(binary: Path, repository: Path, backends: Path, settings: Ser
             "--log-info=true", "--log-warning=true"]
 
 
-def wait_ready(url: str, process: subprocess.Popen, timeout_s: float, models: list[str]) -> None:
-    """Poll the server's readiness (every model loaded) until it answers 200, the process dies, or time runs out."""
+def wait_ready(url: str, process: subprocess.Popen, timeout_s: float, models: list[str], server_id: str) -> None:
+    """Poll until the server at `url` is ours (its metadata names `server_id`) and every model is loaded; raise if
+    the process dies or time runs out. A server of someone else's on that port never counts as ready."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise ServerError(f"tritonserver exited with code {process.returncode} before it was ready; "
                               "rerun with --debug for its log")
         try:
-            ready = [urllib.request.urlopen(f"{url}/v2/models/{m}/ready", timeout=2).status == 200 for m in models]
-            if all(ready):
+            with urllib.request.urlopen(f"{url}/v2", timeout=2) as answer:
+                ours = json.loads(answer.read()).get("name") == server_id
+            if ours and all(urllib.request.urlopen(f"{url}/v2/models/{m}/ready", timeout=2).status == 200
+                            for m in models):
                 return
-        except OSError:
+        except (OSError, ValueError, AttributeError):
             pass
         time.sleep(0.2)
     raise ServerError(f"tritonserver was not ready within {timeout_s:.0f} s")
@@ -237,7 +285,9 @@ def serve(settings: ServeSettings, on_ready, ready_timeout_s: float = 300, exit_
     flight (up to `exit_timeout_s`) and exits. Calls on_ready(models, endpoints) once every model is ready. Returns
     the server's exit code (0 after a clean drain)."""
     stop = {"signal": None}
+    check_listen(settings)
     remove_dead_workdirs()
+    server_id = f"{_WORKDIR_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
     with tempfile.TemporaryDirectory(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-") as tmp:
         binary, backends, env = bundled_server(Path(tmp))
         if repository is None:
@@ -246,7 +296,7 @@ def serve(settings: ServeSettings, on_ready, ready_timeout_s: float = 300, exit_
             models = write_local_repository(repository, settings, settings.max_batch or export_batch, text)
         else:  # a repository written by --write-repository
             models = sorted(p.parent.name for p in Path(repository).glob("*/config.pbtxt"))
-        command = server_command(binary, Path(repository).resolve(), backends, settings, exit_timeout_s)
+        command = server_command(binary, Path(repository).resolve(), backends, settings, exit_timeout_s, server_id)
         logger.debug("starting %s", " ".join(command))
         with open(log or os.devnull, "ab") as sink:
             # Its own session: a terminal's Ctrl-C reaches only us, and we pass one SIGTERM on.
@@ -261,7 +311,7 @@ def serve(settings: ServeSettings, on_ready, ready_timeout_s: float = 300, exit_
             previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
             try:
                 try:
-                    wait_ready(settings.endpoints()["http"], process, ready_timeout_s, models)
+                    wait_ready(settings.endpoints()["http"], process, ready_timeout_s, models, server_id)
                     ready = True
                 except ServerError:
                     if stop["signal"] is None:
