@@ -92,6 +92,11 @@ class Seq2TrtGroup(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
+        except click.NoSuchOption as exc:
+            if ctx.invoked_subcommand == "translate" and not exc.possibilities:  # most likely a text such as -5
+                exc.message = (f"{exc.message.rstrip('.')}; to translate a text that starts with '-', put `--` before "
+                               f"the texts: seq2trt translate SOURCE -- {exc.option_name}")
+            raise
         except (KeyboardInterrupt, Exception) as exc:
             # A signal can land inside a library that turns it into an error of its own (torch.onnx.export wraps
             # whatever its lazy imports raise): once one was received, the command ends as that signal, whatever

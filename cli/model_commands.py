@@ -15,7 +15,7 @@ from seq2trt.reference_model.tasks import TASKS
 from seq2trt.reference_model.train import TrainSettings, train as train_model
 from seq2trt.validation.backends import DECODE_BACKENDS
 from seq2trt.validation.decode_jobs import (batch_rows, check_sources, choose_search, decode_batches, decode_settings,
-                                            generation_config, open_decoder)
+                                            generation_config, has_tokenizer, open_decoder)
 
 
 @click.command()
@@ -130,9 +130,14 @@ def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path
         raise InputError("empty source text; give at least one symbol")
     with open_decoder(source, backend, checkpoint, threads) as (step_model, cfg, folder, src_limit, max_batch):
         codec = None
+        if not texts and (src_lang or tgt_lang) and not has_tokenizer(folder):
+            flag, lang = ("--tgt-lang", tgt_lang) if tgt_lang else ("--src-lang", src_lang)
+            raise InputError(f"{flag} {lang} needs the model's tokenizer (its language codes), and {folder} has none "
+                             f"(no tokenizer/ and no vocab.json); drop {flag}, or import the model with its tokenizer "
+                             "files")
         if texts or src_lang or tgt_lang:
             codec = load_codec(folder, cfg.eos_id, src_lang, tgt_lang)
-        elif (folder / "vocab.json").exists() or (folder / "tokenizer").is_dir():
+        elif has_tokenizer(folder):
             codec = load_codec(folder, cfg.eos_id)
         if output_ids is not None:  # before any decode
             _check_output_ids(output_ids, ids_file, [source, folder])

@@ -80,3 +80,20 @@ def test_translate_names_the_flag_and_the_value(work, flag, value, fragment, inv
     value, fragment = (s.format(limit=limit, over=limit + 1) for s in (value, fragment))
     monkeypatch.setattr(decode_jobs, "torch_threads", lambda n: pytest.fail(f"torch was set to {n} threads"))
     one_error_line(invoke("translate", work / "ckpt", "123", flag, value), 2, fragment)
+
+
+def test_a_text_starting_with_a_dash_hints_at_double_dash(work, invoke, one_error_line):
+    one_error_line(invoke("translate", work / "ckpt", "-5"), 2, "No such option", "-5",
+                   "put `--` before the texts", "seq2trt translate SOURCE -- -5")
+    line = one_error_line(invoke("translate", work / "ckpt", "12", "--beams", "2"), 2, "--beams", "--beam")
+    assert "`--`" not in line  # a misspelt option keeps click's own suggestion alone
+    one_error_line(invoke("translate", work / "ckpt", "--", "-5"), 2, "outside the vocabulary: ['-']")
+
+
+@pytest.mark.parametrize("flag", ["--tgt-lang", "--src-lang"])
+def test_a_language_without_a_tokenizer_says_it_needs_one(work, flag, invoke, one_error_line):
+    (work / "ckpt" / "vocab.json").unlink()  # a checkpoint that holds no tokenizer at all
+    (work / "ids.jsonl").write_text("[4, 5, 2]\n")
+    line = one_error_line(invoke("translate", work / "ckpt", "--ids-file", work / "ids.jsonl", flag, "de"), 2,
+                          f"{flag} de needs the model's tokenizer", "has none", f"drop {flag}")
+    assert "give token ids with --ids-file" not in line
