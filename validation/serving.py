@@ -112,8 +112,10 @@ def scalar(array: np.ndarray | None, name: str) -> int | None:
     return int(array.reshape(-1)[0])
 
 
-def source_ids(array: np.ndarray) -> tuple[int, ...]:
+def source_ids(array: np.ndarray | None) -> tuple[int, ...]:
     """One request's input_ids ([1, L] once batched) as a tuple; one source per request."""
+    if array is None:
+        raise InputError("input 'input_ids' is missing; give the source's token ids as INT64 [1, L]")
     if array.ndim != 2 or array.shape[0] != 1:
         raise InputError(f"input_ids must hold one source per request (shape [1, L]), got shape {list(array.shape)}")
     return tuple(int(i) for i in array[0])

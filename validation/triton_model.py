@@ -55,7 +55,9 @@ class TritonPythonModel:
         for n, request in enumerate(requests):
             try:
                 job, codec = self._job(request, pb_utils)
-            except Seq2TrtError as exc:
+            except Exception as exc:  # noqa: BLE001 - an escaping exception would reach the client with its frames
+                if not isinstance(exc, Seq2TrtError):
+                    logger.exception("reading request %d failed", n)
                 errors[n], job, codec = exc, Job(()), None
             jobs.append(job)
             codecs.append(codec)
@@ -64,18 +66,22 @@ class TritonPythonModel:
         results.update(errors)
         responses = []
         for n in range(len(requests)):
-            result = results[n]
-            if isinstance(result, Exception):
-                if isinstance(result, Seq2TrtError):  # the request's fault: HTTP 400, gRPC INVALID_ARGUMENT
-                    error = pb_utils.TritonError(str(result), pb_utils.TritonError.INVALID_ARG)
-                else:
-                    error = pb_utils.TritonError(f"internal error: {result!r}")
-                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=error))
-            elif self.kind == "generate":
-                responses.append(pb_utils.InferenceResponse(
-                    output_tensors=[pb_utils.Tensor("output_ids", np.array([result], dtype=np.int64).reshape(1, -1))]))
-            else:
-                text = codecs[n].decode(result).encode("utf-8")
-                responses.append(pb_utils.InferenceResponse(
-                    output_tensors=[pb_utils.Tensor("text", np.array([[text]], dtype=np.object_))]))
+            try:
+                responses.append(self._response(results[n], codecs[n], pb_utils))
+            except Exception as exc:  # noqa: BLE001 - as above
+                logger.exception("answering request %d failed", n)
+                responses.append(self._response(exc, None, pb_utils))
         return responses
+
+    def _response(self, result, codec, pb_utils):
+        if isinstance(result, Exception):
+            if isinstance(result, Seq2TrtError):  # the request's fault: HTTP 400, gRPC INVALID_ARGUMENT
+                error = pb_utils.TritonError(str(result), pb_utils.TritonError.INVALID_ARG)
+            else:
+                error = pb_utils.TritonError(f"internal error: {result!r}")
+            return pb_utils.InferenceResponse(output_tensors=[], error=error)
+        if self.kind == "generate":
+            return pb_utils.InferenceResponse(
+                output_tensors=[pb_utils.Tensor("output_ids", np.array([result], dtype=np.int64).reshape(1, -1))])
+        text = codec.decode(result).encode("utf-8")
+        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("text", np.array([[text]], dtype=np.object_))])

@@ -150,3 +150,22 @@ def test_load_64_clients_every_response_is_translate(served):
     batched = {size: after.get(size, 0) - before.get(size, 0) for size in after}
     assert sum(size * n for size, n in batched.items()) == 64 * 20  # every request ran once, none twice
     assert max(size for size, n in batched.items() if n) > 1  # the server did batch
+
+
+@pytest.mark.parametrize("model, inputs, missing", [
+    ("generate", [{"name": "num_beams", "shape": [1, 1], "datatype": "INT32", "data": [2]}], "input_ids"),
+    ("translate", [{"name": "tgt_lang", "shape": [1, 1], "datatype": "BYTES", "data": ["de"]}], "text"),
+])
+def test_a_missing_input_is_a_400_naming_it(served, model, inputs, missing):
+    import urllib.error
+
+    out, server = served
+    request = urllib.request.Request(f"http://{server.url}/v2/models/{model}/infer",
+                                     data=json.dumps({"inputs": inputs}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=60)
+    body = info.value.read().decode()
+    assert info.value.code == 400, body
+    assert f"input '{missing}' is missing" in body and "Traceback" not in body and 'File "' not in body, body
+    assert generate(client(server), SOURCES[0]) == translate_ids(out, SOURCES[:1])[0]  # and the server goes on
