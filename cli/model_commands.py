@@ -74,6 +74,19 @@ def _read_ids_file(path: Path) -> list[list[int]]:
     return sources
 
 
+def _check_utf8(texts: tuple[str, ...]) -> None:
+    """Refuse a text holding bytes that are not UTF-8: Python hands them over from argv as lone surrogates
+    (byte 0xff as U+DCFF), which the tokenizers cannot take (sentencepiece raised a RuntimeError)."""
+    for n, text in enumerate(texts, 1):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            code = ord(text[exc.start])
+            what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"the lone surrogate U+{code:04X}"
+            raise InputError(f"source {n} holds {what} at character {exc.start + 1}, which is not UTF-8; give UTF-8 "
+                             "text (re-encode it, e.g. with iconv -t UTF-8)") from None
+
+
 def _check_output_ids(output: Path, ids_file: Path | None, read: list[Path]) -> None:
     """Refuse an --output-ids that is a folder, the --ids-file (by any spelling, link or hard link), or an existing
     file inside a folder this command reads (the checkpoint, the export): writing it would replace an input."""
@@ -128,6 +141,7 @@ def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path
         raise InputError(f"--batch-size must be >= 1, got {batch_size}")
     if any(not t.strip() for t in texts):
         raise InputError("empty source text; give at least one symbol")
+    _check_utf8(texts)
     with open_decoder(source, backend, checkpoint, threads) as (step_model, cfg, folder, src_limit, max_batch):
         codec = None
         if not texts and (src_lang or tgt_lang) and not has_tokenizer(folder):

@@ -198,3 +198,14 @@ def test_many_sources_decode_in_bounded_batches_and_stream(numbers_checkpoint, t
     assert len(result.output.splitlines()) == 2000
     assert max(batches) <= 64 and sum(batches) == 2000
     assert printed_before == [64 * i for i in range(len(batches))]  # streamed: batch i starts after 64 x i lines
+
+
+@pytest.mark.skipif(not HAS_HF, reason="the hf extra is not installed")
+def test_a_text_that_is_not_utf8_is_one_error_line(imported_marian):
+    """b'\\xff' in argv reaches Python as the surrogate '\\udcff': sentencepiece raised a pybind11 RuntimeError."""
+    result = invoke("translate", imported_marian / "ckpt", "kalo mine", "ka\udcfflo")
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: source 2 holds byte 0xff at character 3"), result.output
+    assert "UTF-8" in lines[0]
