@@ -57,6 +57,9 @@ def _open_decoder(source: Path, backend: str, checkpoint: Path | None, threads: 
     if (source / "manifest.json").exists():
         from .backends import open_step_model
 
+        if backend.startswith("ort-generate"):
+            _refuse_generate_dtype(source, backend)
+
         with open_step_model(source, backend, checkpoint, threads) as (model, manifest):
             yield (model, manifest.config, checkpoint_folder(source, manifest, checkpoint), (manifest.limits.max_src_len, "the export's max_src_len"),
                    manifest.limits.max_batch)
@@ -69,6 +72,19 @@ def _open_decoder(source: Path, backend: str, checkpoint: Path | None, threads: 
 
     model, _ = load_checkpoint(source)
     yield EagerStepModel(model), model.cfg, source, (model.cfg.max_src_len, "the model's max_src_len"), None
+
+
+def _refuse_generate_dtype(out: Path, backend: str) -> None:
+    """An fp16/bf16 export has no generate.onnx to make (`seq2trt generate` and `quantize` take float32 graphs):
+    say which backends do run it, rather than 'run `seq2trt generate` first'."""
+    from seq2trt.exporters.manifest import read_manifest
+
+    dtype = read_manifest(out).dtype
+    if dtype != "fp32":
+        raise InputError(f"--backend {backend} runs ONNX Runtime's BeamSearch, which takes float32 graphs, and the graphs "
+                         f"of {out} are {dtype} (`seq2trt generate` refuses them too); translate it with --backend ort, "
+                         f"ort-fused (after `seq2trt fuse {out} --target ort`), tensorrt, tensorrt-rtx or eager, or "
+                         f"export with --dtype fp32 into another folder for {backend}")
 
 
 def check_sources(sources: Sequence[Sequence[int]], cfg, max_src_len: int, limit_name: str, origin: str,
