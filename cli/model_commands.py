@@ -110,7 +110,8 @@ def _check_output_ids(output: Path, ids_file: Path | None, read: list[Path]) -> 
 @click.option("--backend", type=click.Choice(DECODE_BACKENDS), default="eager", show_default=True,
               help="eager runs the checkpoint's model; the others run an export directory's graphs or engines.")
 @click.option("--ids-file", type=click.Path(path_type=Path), help="JSON lines: one list of source token ids each.")
-@click.option("--output-ids", type=click.Path(path_type=Path), help="Write the generated ids here as JSON lines.")
+@click.option("--output-ids", type=click.Path(path_type=Path), help="Write the generated ids here as JSON lines (a device or FIFO in place, a symlink "
+                   "through to its target).")
 @click.option("--beam", type=int, default=None,
               help="Beam size; 1 is greedy. Default: the imported model's num_beams, else 1.")
 @click.option("--alpha", type=float, default=0.6, show_default=True,

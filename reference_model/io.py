@@ -91,10 +91,9 @@ def write_plain_output(path: Path, data: bytes, what: str) -> None:
     the link stays a link. A folder, or a write that fails, is one ArtifactError naming the path.
     """
     path = Path(path)
-    target = Path(os.path.realpath(path))
     try:
-        mode = os.stat(target).st_mode
-    except FileNotFoundError:
+        mode = os.stat(path).st_mode  # through links, /proc's fd links (/dev/stdout) included
+    except FileNotFoundError:  # a new file, or a link to one
         mode = None
     except OSError as exc:  # a link loop, a parent that is a file
         raise ArtifactError(f"cannot write {what} {path}: {exc.strerror}; give a file path") from None
@@ -102,12 +101,12 @@ def write_plain_output(path: Path, data: bytes, what: str) -> None:
         raise ArtifactError(f"{what} {path} is a directory; give a file path")
     if mode is None or stat.S_ISREG(mode):
         try:
-            atomic_write_bytes(target, data)
+            atomic_write_bytes(Path(os.path.realpath(path)), data)
         except OSError as exc:  # not a space, quota or permission problem (those are WriteErrors already)
             raise ArtifactError(f"cannot write {what} {path}: {exc.strerror or exc}; give a file path") from None
         return
     try:
-        with open(target, "wb") as f:  # a device or FIFO: no O_CREAT race, it exists
+        with open(path, "wb") as f:  # a device or a FIFO, opened where it is
             f.write(data)
     except OSError as exc:
         kept = "it is a device or a pipe, written in place, so part of the output may have reached it"
