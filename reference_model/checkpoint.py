@@ -8,6 +8,7 @@ and raised as one `CheckpointError` that lists them all.
 from __future__ import annotations
 
 import pickle
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -51,7 +52,7 @@ def save_checkpoint(out: Path, model: Seq2SeqTransformer, vocabs: tuple[Vocab, V
     from safetensors.torch import save_file
 
     with staged_directory(out, force, "checkpoint", kind=is_checkpoint, protect=protect) as tmp:
-        save_file(canonical_state_dict(model), str(tmp / WEIGHTS), metadata={"format": "pt"})
+        _save_weights(save_file, canonical_state_dict(model), tmp / WEIGHTS)
         model.cfg.save(tmp / CONFIG)
         if vocabs is not None:
             save_vocabs(tmp / VOCAB, *vocabs)
@@ -60,6 +61,22 @@ def save_checkpoint(out: Path, model: Seq2SeqTransformer, vocabs: tuple[Vocab, V
         if extra_writer is not None:
             extra_writer(tmp)
     return Path(out)
+
+
+def _save_weights(save_file: Callable, state: dict[str, torch.Tensor], path: Path) -> None:
+    """safetensors' writer, its I/O failures (a full disk) as the OSError they are, for the usual write error."""
+    from safetensors import SafetensorError
+
+    from .io import write_error
+
+    try:
+        save_file(state, str(path), metadata={"format": "pt"})
+    except SafetensorError as exc:
+        code = re.search(r"\(os error (\d+)\)", str(exc))
+        error = write_error(OSError(int(code.group(1)), str(exc)), path) if code else None
+        if error is None:
+            raise
+        raise error from exc
 
 
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -90,6 +107,11 @@ def _read_pt(path: Path) -> dict[str, torch.Tensor]:
     return obj
 
 
+def _few(keys: list[str], n: int = 8) -> str:
+    """At most `n` keys, then how many more (a config with 100,000 layers must not make a 70 MB message)."""
+    return str(keys[:n]) + (f" and {len(keys) - n} more" if len(keys) > n else "")
+
+
 def load_state_dict_checked(model: Seq2SeqTransformer, state: dict[str, torch.Tensor], source: str) -> None:
     """Load `state` into `model`, or raise one error listing every missing, unexpected or misshapen key."""
     aliases = _aliases(model.cfg)
@@ -102,9 +124,9 @@ def load_state_dict_checked(model: Seq2SeqTransformer, state: dict[str, torch.Te
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing:
-        problems.append(f"missing keys {missing}")
+        problems.append(f"missing keys {_few(missing)}")
     if unexpected:
-        problems.append(f"unexpected keys {unexpected}")
+        problems.append(f"unexpected keys {_few(unexpected)}")
     for key in sorted(set(expected) & set(state)):
         if tuple(state[key].shape) != tuple(expected[key].shape):
             problems.append(f"{key}: weights have shape {tuple(state[key].shape)}, "

@@ -193,6 +193,25 @@ _TYPE_WORDS = {name: {float: "a finite number", bool: "true or false", str: "a s
 _TYPE_WORDS["forced_bos_id"] = _TYPE_WORDS["max_new_tokens"] = "an integer or null"
 
 
+def memory_parts(cfg: Seq2SeqConfig) -> dict[str, int]:
+    """Bytes the eager model of `cfg` allocates (fp32 weights; a sinusoid table is built in float64 first), by part:
+    what a size check names when a config asks for more memory than the machine has."""
+    d, ff = cfg.d_model, cfg.d_ff
+    tables = 1 + (not cfg.share_vocab) + (not cfg.tie_embeddings)
+    rows = cfg.max_positions + cfg.position_offset
+    return {"embeddings": 4 * (tables * cfg.tgt_vocab_size * d + cfg.tgt_vocab_size),
+            "positions": 4 * 2 * rows * d if cfg.positions == "learned" else 12 * rows * d,
+            "encoder": 4 * cfg.num_encoder_layers * (4 * d * d + 2 * d * ff + 9 * d + ff),
+            "decoder": 4 * cfg.num_decoder_layers * (8 * d * d + 2 * d * ff + 15 * d + ff)}
+
+
+def physical_memory() -> int:
+    """The machine's memory in bytes."""
+    import os
+
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 PRESETS: dict[str, dict[str, Any]] = {
     # Small enough to build and export in a test in well under a second.
     "tiny": dict(d_model=32, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=64,

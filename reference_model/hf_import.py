@@ -10,8 +10,11 @@ generation settings in `generation.json` and the proof in `import.json`.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import math
+import os
 import re
 import shutil
 from pathlib import Path
@@ -20,7 +23,7 @@ from typing import Any, Callable
 import torch
 
 from .checkpoint import _read_pt, _read_safetensors, load_state_dict_checked, save_checkpoint
-from .config import Seq2SeqConfig
+from .config import Seq2SeqConfig, memory_parts, physical_memory
 from .errors import CheckFailed, CheckpointError, ConfigError
 from .io import sha256_file
 from .model import Seq2SeqTransformer
@@ -54,8 +57,12 @@ _NEUTRAL_GENERATION = {"do_sample": False, "no_repeat_ngram_size": 0, "encoder_n
                        "remove_invalid_values": False, "num_return_sequences": 1}
 
 
-_REQUIRED = ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
-             "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "pad_token_id", "eos_token_id")
+_SIZES = ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+          "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim")
+_REQUIRED = _SIZES + ("pad_token_id", "eos_token_id")
+# What a part of the model's memory (config.memory_parts) is sized by, in the source's own keys.
+_PART_KEYS = {"embeddings": "vocab_size, d_model", "positions": "max_position_embeddings, d_model",
+              "encoder": "encoder_layers, d_model, encoder_ffn_dim", "decoder": "decoder_layers, d_model, decoder_ffn_dim"}
 
 
 def _read_json(path: Path) -> dict:
@@ -66,21 +73,111 @@ def _read_json(path: Path) -> dict:
                               "(as save_pretrained or a hub download writes it)") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{path} is not valid JSON ({exc}); re-save or re-download the model") from None
+    except OSError as exc:
+        raise _unreadable(path, exc) from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path} must hold a JSON object, got {type(data).__name__}")
     return data
 
 
+def _unreadable(path: Path, exc: OSError) -> CheckpointError:
+    if exc.errno == errno.ELOOP:
+        return CheckpointError(f"{path} is a symlink loop (too many levels of symbolic links); point it at the real "
+                               "file or folder")
+    if exc.errno == errno.EISDIR or path.is_dir():
+        return CheckpointError(f"{path} is a directory, not a file; re-save or re-download the model")
+    return CheckpointError(f"cannot read {path}: {exc.strerror or exc}; check the file and its permissions")
+
+
+def check_source_dir(src: Path) -> None:
+    """Refuse a source that is not a readable directory (missing, a file, a symlink loop) before any work."""
+    try:
+        os.stat(src)
+    except FileNotFoundError:
+        raise CheckpointError(f"{src} not found; give the folder save_pretrained wrote (no downloads)") from None
+    except OSError as exc:
+        raise _unreadable(src, exc) from None
+    if not src.is_dir():
+        raise CheckpointError(f"{src} is not a directory; give the folder save_pretrained wrote (no downloads)")
+
+
+def _show(value: Any) -> str:
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _integer(where: Path, doc: dict, key: str, minimum: int = 1, default: Any = None,
+             nullable: bool = False) -> int | None:
+    """`doc[key]` as an integer >= `minimum` (None when absent or null and `nullable`), else one error naming it."""
+    value = doc.get(key, default)
+    if value is None and nullable:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= minimum:
+        return value
+    what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+    raise ConfigError(f"{where}: {key} must be {what}{' or null' if nullable else ''}, got {_show(value)}; "
+                      "write a whole number without quotes, as save_pretrained does")
+
+
+def _flag(where: Path, doc: dict, key: str, default: bool) -> bool:
+    value = doc.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: {key} must be true or false, got {_show(value)}")
+    return value
+
+
+def _token_ids(where: Path, key: str, value: Any, vocab: int, nested: bool = False) -> list[int]:
+    """A list of token ids (of single-id lists when `nested`: bad_words_ids), each inside the vocabulary."""
+    rows = value if isinstance(value, list) else None
+    if rows is not None and nested:
+        rows = [w[0] if isinstance(w, list) and len(w) == 1 else None for w in rows]
+    if rows is None or any(not isinstance(i, int) or isinstance(i, bool) for i in rows):
+        shape = "a list of one-id lists such as [[5]]" if nested else "a list of token ids such as [5]"
+        raise ConfigError(f"{where}: {key} must be {shape} (only single-token entries are supported), got "
+                          f"{_show(value)}")
+    bad = [i for i in rows if not 0 <= i < vocab]
+    if bad:
+        raise ConfigError(f"{where}: {key} holds {bad[:5]}, outside the vocabulary [0, {vocab}) (vocab_size {vocab}); "
+                          "remove them or fix vocab_size")
+    return rows
+
+
+def _gen_value(gen: dict, origin: Callable[[str], Path], key: str, default: Any) -> Any:
+    """A generation setting checked for its type (null: transformers' default)."""
+    value = gen.get(key)
+    if value is None:
+        return default
+    if key == "num_beams":
+        return _integer(origin(key), gen, key)
+    if key == "length_penalty":
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+        raise ConfigError(f"{origin(key)}: length_penalty must be a finite number such as 1.0, got {_show(value)}")
+    if key == "early_stopping":
+        if isinstance(value, bool) or value == "never":
+            return value
+        raise ConfigError(f"{origin(key)}: early_stopping must be true, false or \"never\", got {_show(value)}")
+    # max_length counts the decoder start token: 2 is the least that generates anything
+    return _integer(origin(key), gen, key, minimum=2 if key == "max_length" else 1)
+
+
 def generation_settings(src: Path, hf: dict) -> dict[str, Any]:
     """The source's generation settings (generation_config.json, else config.json's), checked: every option we do
-    not reproduce must hold its neutral value, or the import stops naming it."""
+    not reproduce must hold its neutral value, or the import stops naming it; the ones we do must hold values of
+    their kind (errors name the file and key they came from)."""
     gen_path = src / "generation_config.json"
-    gen = {**hf, **_read_json(gen_path)} if gen_path.exists() else dict(hf)
-    unsupported = [f"{k}={gen[k]!r}" for k, neutral in _NEUTRAL_GENERATION.items()
-                   if k in gen and gen[k] != neutral and not (neutral is None and gen[k] in ([], {}))]
-    bad_words = gen.get("bad_words_ids") or []
-    if any(not isinstance(w, list) or len(w) != 1 for w in bad_words):
-        unsupported.append(f"bad_words_ids={bad_words!r} (only single-token entries are supported)")
+    gen_doc = _read_json(gen_path) if gen_path.exists() else {}
+    gen = {**hf, **gen_doc}
+
+    def origin(key: str) -> Path:
+        return gen_path if key in gen_doc else src / "config.json"
+
+    unsupported = []
+    for k, neutral in _NEUTRAL_GENERATION.items():
+        if k in gen and gen[k] != neutral and not (neutral is None and gen[k] in ([], {})):
+            unsupported.append(f"{k}={gen[k]!r}")
     eos = gen.get("eos_token_id")
     if isinstance(eos, list):
         if len(eos) != 1:
@@ -96,12 +193,43 @@ def generation_settings(src: Path, hf: dict) -> dict[str, Any]:
                           f"{', '.join(unsupported)}; supported: greedy and beam search with length_penalty, "
                           "early_stopping, max_length/max_new_tokens, forced_bos/eos_token_id, bad_words_ids of "
                           "single tokens and suppress_tokens. Edit generation_config.json or drop the option")
-    suppress = sorted({w[0] for w in bad_words} | set(gen.get("suppress_tokens") or []))
-    return {"num_beams": int(gen.get("num_beams") or 1), "length_penalty": float(gen.get("length_penalty", 1.0)),
-            "early_stopping": gen.get("early_stopping", False), "max_length": gen.get("max_length"),
-            "max_new_tokens": gen.get("max_new_tokens"), "forced_bos_token_id": gen.get("forced_bos_token_id"),
-            "forced_eos": forced_eos is not None, "suppress_ids": suppress,
-            "decoder_start_token_id": gen.get("decoder_start_token_id"), "bos_token_id": gen.get("bos_token_id")}
+    settings = {key: _gen_value(gen, origin, key, default) for key, default in
+                (("num_beams", 1), ("length_penalty", 1.0), ("early_stopping", False), ("max_length", None),
+                 ("max_new_tokens", None))}
+    ids = {key: _integer(origin(key), gen, key, minimum=0, nullable=True)
+           for key in ("forced_bos_token_id", "decoder_start_token_id", "bos_token_id")}
+    return {**settings, **ids, "forced_eos": forced_eos is not None, "_origin": origin,
+            "_suppress": [(origin(k), k, gen.get(k), k == "bad_words_ids") for k in ("bad_words_ids", "suppress_tokens")
+                          if gen.get(k) is not None]}
+
+
+def _check_ids(src: Path, hf: dict, gen: dict, where: Callable[[str], Path], vocab: int,
+               tgt_vocab: int) -> tuple[int, int, tuple[int, ...]]:
+    """(decoder start id, eos id, suppressed ids), every special id checked against the vocabularies, in the source's keys."""
+    config = src / "config.json"
+    pad, eos = _integer(config, hf, "pad_token_id", minimum=0), hf.get("eos_token_id")
+    eos = eos[0] if isinstance(eos, list) and len(eos) == 1 else eos
+    eos = _integer(config, {"eos_token_id": eos}, "eos_token_id", minimum=0)
+    start_key = next((k for k in ("decoder_start_token_id", "bos_token_id") if gen[k] is not None), None)
+    if start_key is None:  # generate() would fail the same way
+        raise ConfigError(f"{src} names neither decoder_start_token_id nor bos_token_id; set one in config.json")
+    for key, value, limit, file in (("pad_token_id", pad, min(vocab, tgt_vocab), config),
+                                    ("eos_token_id", eos, min(vocab, tgt_vocab), config),
+                                    (start_key, gen[start_key], tgt_vocab, where(start_key)),
+                                    ("forced_bos_token_id", gen["forced_bos_token_id"], tgt_vocab,
+                                     where("forced_bos_token_id"))):
+        if value is not None and value >= limit:
+            raise ConfigError(f"{file}: {key} {value} is outside the vocabulary [0, {limit}) (vocab_size {limit}); "
+                              "fix the id or vocab_size")
+    if pad == eos:
+        raise ConfigError(f"{config}: pad_token_id and eos_token_id are both {pad}; they must differ")
+    suppress: set[int] = set()
+    for file, key, value, nested in gen.pop("_suppress"):
+        suppress |= set(_token_ids(file, key, value, tgt_vocab, nested))
+    if eos in suppress:
+        raise ConfigError(f"{where('suppress_tokens')}: suppress_tokens / bad_words_ids hold eos_token_id {eos}: "
+                          "nothing could end; remove it")
+    return gen[start_key], eos, tuple(sorted(suppress))
 
 
 def own_limit(gen: dict[str, Any], max_positions: int) -> int | None:
@@ -120,23 +248,30 @@ def own_limit(gen: dict[str, Any], max_positions: int) -> int | None:
 def config_from_hf(src: Path) -> tuple[str, Seq2SeqConfig, dict[str, Any]]:
     """(family, our config, generation settings) of the Hugging Face model in `src`; unsupported models and
     options raise one ConfigError naming them and what is supported."""
-    hf = _read_json(src / "config.json")
+    config = src / "config.json"
+    hf = _read_json(config)
     family = hf.get("model_type")
     if family is None:
-        raise ConfigError(f"{src / 'config.json'} names no model_type, so it is not a Hugging Face model config "
+        raise ConfigError(f"{config} names no model_type, so it is not a Hugging Face model config "
                           "(a seq2trt checkpoint needs no import: pass it to export or translate as it is)")
-    if family not in FAMILIES:
+    if not isinstance(family, str) or family not in FAMILIES:
         raise ConfigError(f"{src} holds a {family!r} model; seq2trt imports {', '.join(FAMILIES)} "
                           "(Marian/opus-mt, BART, mBART, M2M100 and NLLB dense)")
     missing = [k for k in _REQUIRED if hf.get(k) is None]
     if missing:
-        raise CheckpointError(f"{src / 'config.json'} lacks {missing}; is it a complete {family} config?")
+        raise CheckpointError(f"{config} lacks {missing}; is it a complete {family} config?")
+    sizes = {k: _integer(config, hf, k) for k in _SIZES}
+    max_pos = _integer(config, hf, "max_position_embeddings", minimum=2, default=1024)  # the start token + 1
+    shared = _flag(config, hf, "share_encoder_decoder_embeddings", True)
     problems = []
     for enc, dec in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")):
-        if hf.get(enc) != hf.get(dec):
-            problems.append(f"{enc}={hf.get(enc)} differs from {dec}={hf.get(dec)}")
+        if sizes[enc] != sizes[dec]:
+            problems.append(f"{enc}={sizes[enc]} differs from {dec}={sizes[dec]}")
+    if sizes["d_model"] % sizes["encoder_attention_heads"]:
+        problems.append(f"d_model={sizes['d_model']} is not divisible by "
+                        f"encoder_attention_heads={sizes['encoder_attention_heads']}")
     act = hf.get("activation_function", "gelu")
-    if act not in ACTIVATIONS:
+    if not isinstance(act, str) or act not in ACTIVATIONS:
         problems.append(f"activation_function={act!r} (supported: {', '.join(ACTIVATIONS)})")
     if hf.get("normalize_before", _FAMILY[family]["pre_norm"]) != _FAMILY[family]["pre_norm"]:
         problems.append(f"normalize_before={hf['normalize_before']!r} (a {family} model is "
@@ -146,48 +281,101 @@ def config_from_hf(src: Path) -> tuple[str, Seq2SeqConfig, dict[str, Any]]:
     if problems:
         raise ConfigError(f"{src}: unsupported options in this {family} model: {'; '.join(problems)}")
     gen = generation_settings(src, hf)
-    shared = hf.get("share_encoder_decoder_embeddings", True)
-    vocab = int(hf["vocab_size"])
-    tgt_vocab = int(hf.get("decoder_vocab_size") or vocab) if not shared else vocab
-    pad, eos = hf.get("pad_token_id"), hf.get("eos_token_id")
-    start = next((v for v in (gen["decoder_start_token_id"], gen["bos_token_id"]) if v is not None), None)
-    if start is None:  # generate() would fail the same way
-        raise ConfigError(f"{src} names neither decoder_start_token_id nor bos_token_id; set one in config.json")
+    vocab = sizes["vocab_size"]
+    tgt_vocab = vocab if shared else _integer(config, hf, "decoder_vocab_size", nullable=True) or vocab
+    origin = gen.pop("_origin")
+    start, eos, suppress = _check_ids(src, hf, gen, origin, vocab, tgt_vocab)
     fam = dict(_FAMILY[family])
     if fam["position_offset"] is None:  # fairseq's sinusoid: position p is row pad + 1 + p
-        fam["position_offset"] = int(pad) + 1
-    max_pos = int(hf.get("max_position_embeddings", 1024))
-    try:
-        cfg = Seq2SeqConfig.from_dict(dict(
-            src_vocab_size=vocab, tgt_vocab_size=tgt_vocab, d_model=hf["d_model"],
-            num_heads=hf["encoder_attention_heads"], num_encoder_layers=hf["encoder_layers"],
-            num_decoder_layers=hf["decoder_layers"], d_ff=hf["encoder_ffn_dim"], dropout=0.0,
-            max_src_len=max_pos, max_tgt_len=max_pos, activation=ACTIVATIONS[act],
-            scale_embeddings=bool(hf.get("scale_embedding", False)),
-            tie_embeddings=bool(hf.get("tie_word_embeddings", True)), share_vocab=bool(shared),
-            pad_id=pad, bos_id=start, eos_id=eos, forced_bos_id=gen["forced_bos_token_id"],
-            forced_eos=gen["forced_eos"], suppress_ids=gen["suppress_ids"],
-            max_new_tokens=own_limit(gen, max_pos), **fam))
-    except KeyError as exc:
-        raise CheckpointError(f"{src / 'config.json'} lacks {exc}; is it a complete {family} config?") from None
+        fam["position_offset"] = hf["pad_token_id"] + 1
+    cfg = Seq2SeqConfig.from_dict(dict(
+        src_vocab_size=vocab, tgt_vocab_size=tgt_vocab, d_model=sizes["d_model"],
+        num_heads=sizes["encoder_attention_heads"], num_encoder_layers=sizes["encoder_layers"],
+        num_decoder_layers=sizes["decoder_layers"], d_ff=sizes["encoder_ffn_dim"], dropout=0.0,
+        max_src_len=max_pos, max_tgt_len=max_pos, activation=ACTIVATIONS[act],
+        scale_embeddings=_flag(config, hf, "scale_embedding", False),
+        tie_embeddings=_flag(config, hf, "tie_word_embeddings", True), share_vocab=shared,
+        pad_id=hf["pad_token_id"], bos_id=start, eos_id=eos, forced_bos_id=gen["forced_bos_token_id"],
+        forced_eos=gen["forced_eos"], suppress_ids=suppress,
+        max_new_tokens=own_limit(gen, max_pos), **fam))
+    gen["suppress_ids"] = list(suppress)
+    _check_memory(config, cfg, gen["num_beams"], origin("num_beams"))
     return family, cfg, gen
 
 
+def _check_memory(config: Path, cfg: Seq2SeqConfig, beams: int, beams_file: Path) -> None:
+    """Refuse sizes the machine cannot hold before anything is allocated: the import holds our model and
+    transformers' at once; one source's beam search holds num_beams rows of logits and K/V."""
+    total, parts = physical_memory(), memory_parts(cfg)
+    need = 2 * sum(parts.values())
+    if need > total:
+        biggest = max(parts, key=parts.get)
+        raise ConfigError(f"{config} describes a model of about {need / 8:.2g} parameters ({need / 2**30:,.0f} GiB "
+                          f"to import), more than this machine's {total / 2**30:,.0f} GiB of memory; most of it is "
+                          f"the {biggest} ({_PART_KEYS[biggest]}): check those values")
+    per_beam = 4 * (4 * cfg.tgt_vocab_size + 2 * cfg.num_decoder_layers * 2 * cfg.max_positions * cfg.d_model)
+    if beams * per_beam > total // 2:
+        raise ConfigError(f"{beams_file}: num_beams {beams} needs about {beams * per_beam / 2**30:,.0f} GiB for one "
+                          f"source's beam search, over half this machine's {total / 2**30:,.0f} GiB of memory; "
+                          "set a smaller num_beams")
+
+
 def read_hf_weights(src: Path) -> tuple[dict[str, torch.Tensor], list[Path]]:
-    """Every tensor of the source's weights (single file or sharded with an index), and the files read."""
+    """Every tensor of the source's weights (single file or sharded with an index), and the files read; each a
+    floating-point tensor."""
     for index_name, reader in (("model.safetensors.index.json", _read_safetensors),
                                ("pytorch_model.bin.index.json", _read_pt)):
         if (src / index_name).exists():
-            shards = sorted(set(_read_json(src / index_name).get("weight_map", {}).values()))
+            files = _shards(src, index_name)
             state: dict[str, torch.Tensor] = {}
-            for shard in shards:
-                state.update(reader(src / shard))
-            return state, [src / s for s in shards]
+            for shard in files:
+                state.update(_read_weights(shard, reader))
+            return state, files
     for name, reader in (("model.safetensors", _read_safetensors), ("pytorch_model.bin", _read_pt)):
         if (src / name).exists():
-            return reader(src / name), [src / name]
+            return _read_weights(src / name, reader), [src / name]
     raise CheckpointError(f"{src} holds no weights (model.safetensors, pytorch_model.bin or a sharded index); "
                           "save the model with save_pretrained")
+
+
+def _shards(src: Path, index_name: str) -> list[Path]:
+    """The shard files an index names: relative names inside `src` (symlinks may point anywhere, as a hub
+    download's do; the names themselves may not leave the folder)."""
+    index = src / index_name
+    weight_map = _read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        got = f"a list of {len(weight_map)}" if isinstance(weight_map, list) else _show(weight_map)[:80]
+        raise CheckpointError(f"{index}: weight_map must be an object of tensor name -> shard file, got {got}; "
+                              "re-save the model with save_pretrained")
+    names = set()
+    for key, name in weight_map.items():
+        if not isinstance(name, str) or not name:
+            raise CheckpointError(f"{index}: weight_map[{key!r}] must name a shard file, got {_show(name)[:80]}; "
+                                  "re-save the model with save_pretrained")
+        names.add(name)
+    for name in sorted(names):
+        parts = Path(name).parts
+        if Path(name).is_absolute() or ".." in parts or "\0" in name:
+            raise CheckpointError(f"{index}: shard {name!r} lies outside {src}; an index may only name files in "
+                                  "its own folder: refusing to read it")
+    return [src / name for name in sorted(names)]
+
+
+def _read_weights(path: Path, reader: Callable[[Path], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    try:
+        os.stat(path)
+    except OSError as exc:
+        raise _unreadable(path, exc) from None
+    if path.is_dir():
+        raise CheckpointError(f"{path} is a directory, not a weights file; re-save or re-download the model")
+    state = reader(path)
+    wrong = {k: v.dtype for k, v in state.items() if not v.is_floating_point()}
+    if wrong:
+        key = min(wrong)
+        raise CheckpointError(f"{path}: {key} holds {str(wrong[key]).removeprefix('torch.')} values"
+                              f"{f' (and {len(wrong) - 1} more tensors)' if len(wrong) > 1 else ''}; a model's weights "
+                              "are floating point: re-save the model with save_pretrained")
+    return state
 
 
 _LAYER_RENAMES = [  # Hugging Face layer parameter -> ours, per stack
@@ -264,15 +452,33 @@ def _copy_tokenizer(src: Path, dest: Path) -> None:
             shutil.copyfile(src / name, dest / TOKENIZER_DIR / name)
 
 
+def _check_sizes(src: Path, cfg: Seq2SeqConfig, state: dict[str, torch.Tensor], files: list[Path]) -> None:
+    """The config's layer counts and embedding size against the weights, in config.json's keys, before the model is
+    built (a config asking for 100,000 layers would take minutes to build only to find them missing)."""
+    weights = ", ".join(f.name for f in files)
+    for side, key, want in (("encoder", "encoder_layers", cfg.num_encoder_layers),
+                            ("decoder", "decoder_layers", cfg.num_decoder_layers)):
+        found = {int(m.group(1)) for k in state if (m := re.match(rf"{side}_layers\.(\d+)\.", k))}
+        if len(found) != want:
+            raise CheckpointError(f"{src / 'config.json'}: {key} is {want} but {weights} holds weights for "
+                                  f"{len(found)} {side} layers; fix {key} or re-save the model with save_pretrained")
+    embed = state.get("tgt_embed.weight")
+    if embed is not None and tuple(embed.shape) != (cfg.tgt_vocab_size, cfg.d_model):
+        raise CheckpointError(f"{src / 'config.json'}: vocab_size {cfg.tgt_vocab_size} and d_model {cfg.d_model} "
+                              f"do not fit the embedding in {weights} ({tuple(embed.shape)}); fix config.json or "
+                              "re-save the model with save_pretrained")
+
+
 def load_hf_as_model(src: Path) -> tuple[str, Seq2SeqTransformer, dict[str, Any], list[Path]]:
     """(family, our eager model with the source's weights, generation settings, weight files read)."""
     src = Path(src)
-    if not src.is_dir():
-        raise CheckpointError(f"{src} is not a directory; give the folder save_pretrained wrote (no downloads)")
+    check_source_dir(src)
     family, cfg, gen = config_from_hf(src)
     hf_state, files = read_hf_weights(src)
+    state = map_weights(cfg, hf_state)
+    _check_sizes(src, cfg, state, files)
     model = Seq2SeqTransformer(cfg)
-    load_state_dict_checked(model, map_weights(cfg, hf_state), str(src))
+    load_state_dict_checked(model, state, str(src))
     return family, model.eval(), gen, files
 
 

@@ -40,8 +40,9 @@ def load_transformers_model(src: Path):
     try:
         model = AutoModelForSeq2SeqLM.from_pretrained(str(src), local_files_only=True, dtype=torch.float32,
                                                       attn_implementation="eager")
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise CheckpointError(f"transformers cannot load {src}: {str(exc).splitlines()[0]}") from None
+    except (OSError, ValueError, RuntimeError) as exc:  # torch's load_state_dict errors put the cause on line 2
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+        raise CheckpointError(f"transformers cannot load {src}: {' '.join(lines[:2])[:400]}") from None
     return model.eval()
 
 
@@ -58,9 +59,32 @@ def load_tokenizer(folder: Path):
             warnings.filterwarnings("ignore", message=".*sacremoses.*")
             return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except Exception as exc:  # tokenizer classes raise anything from OSError to AttributeError on bad files
-        raise CheckpointError(f"the tokenizer files in {folder} cannot be loaded ({type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0] if str(exc) else ''}); re-save them with "
-                              "tokenizer.save_pretrained, or remove them to import without a tokenizer") from None
+        raise _bad_tokenizer(folder, exc) from None
+
+
+def _bad_tokenizer(folder: Path, exc: BaseException) -> CheckpointError:
+    from .hf_import import tokenizer_files
+
+    detail = f"{type(exc).__name__}: {str(exc).splitlines()[0]}" if str(exc).strip() else type(exc).__name__
+    return CheckpointError(f"the tokenizer files in {folder} ({', '.join(tokenizer_files(folder))}) cannot be loaded "
+                           f"({detail}); re-save them with tokenizer.save_pretrained, or remove them to import "
+                           "without a tokenizer")
+
+
+def check_tokenizer_ids(src: Path, tokenizer, cfg) -> None:
+    """Refuse a tokenizer that maps tokens to ids the model has no embedding for: every text holding one would fail
+    at translate (transformers' own model raises an IndexError on it), so the pair is not a usable model."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except Exception as exc:  # the same lazy failures as above
+        raise _bad_tokenizer(src, exc) from None
+    beyond = sorted(((i, t) for t, i in vocab.items() if isinstance(i, int) and i >= cfg.src_vocab_size), reverse=True)
+    if beyond:
+        top, token = beyond[0]
+        raise CheckpointError(f"the tokenizer in {src} maps {len(beyond)} token(s) to ids beyond the model's vocabulary "
+                              f"(vocab_size {cfg.src_vocab_size} in config.json), up to {top} ({token!r}); texts holding "
+                              "them could not be translated: use the tokenizer saved with this model, or resize the "
+                              "model's embeddings (resize_token_embeddings) and save both again")
 
 
 def seeded_sources(cfg, count: int, seed: int = 0, max_len: int = 24) -> list[list[int]]:
@@ -173,7 +197,11 @@ def verify(src: Path, model: Seq2SeqTransformer, gen: dict[str, Any], progress: 
     sets = {"seeded": seeded_sources(cfg, count)}
     tokenizer = load_tokenizer(src)
     if tokenizer is not None:
-        _, sets["texts"] = text_sources(tokenizer, cfg, count)
+        check_tokenizer_ids(src, tokenizer, cfg)
+        try:
+            _, sets["texts"] = text_sources(tokenizer, cfg, count)
+        except Exception as exc:  # a tokenizer that loads lazily fails here instead (a garbage sentencepiece model)
+            raise _bad_tokenizer(src, exc) from None
     report: dict[str, Any] = {"transformers": transformers.__version__, "beam_size": BEAM_SIZE,
                               "max_new_tokens": new_tokens if new_tokens is not None else f"the model's own ({own})",
                               "model_max_new_tokens": own, "tolerance_scaled": LOGIT_TOLERANCE,
