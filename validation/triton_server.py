@@ -214,8 +214,7 @@ def wait_ready(url: str, process: subprocess.Popen, timeout_s: float, models: li
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise ServerError(f"tritonserver exited with code {process.returncode} before it was ready; "
-                              "rerun with --debug for its log")
+            raise ServerError(f"tritonserver exited with code {process.returncode} before it was ready")
         try:
             with urllib.request.urlopen(f"{url}/v2", timeout=2) as answer:
                 ours = json.loads(answer.read()).get("name") == server_id
@@ -268,14 +267,60 @@ def remove_dead_workdirs(root: Path | None = None) -> list[Path]:
     return removed
 
 
+# What Triton's log says went wrong: its error lines, protobuf's parse errors, its last word; not the CUDA notice
+# every start on a machine without a GPU logs.
+_LOG_ERRORS = (re.compile(r"^E\d{4} \S+ +\d+ [^\]]+\] (.*)"), re.compile(r"^\[libprotobuf ERROR [^\]]*\] (.*)"),
+               re.compile(r"^(error: .*)"))
+_LOG_NOISE = ("CudaDriverHelper has not been initialized",)
+
+
+def log_errors(path: Path, start: int = 0, n: int = 3) -> list[str]:
+    """The last `n` error lines of the server log `path` written after byte `start`, each shortened to one line."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(start, size - (1 << 20)))
+            lines = f.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        match = next((m for m in (p.match(line) for p in _LOG_ERRORS) if m), None)
+        if match and not any(noise in line for noise in _LOG_NOISE):
+            message = match.group(1).strip().strip('"').split("\\n")[0]  # a Python error's frames follow
+            found.append(message if len(message) <= 300 else message[:297] + "...")
+    return found[-n:]
+
+
+def check_backend(out: Path, backend: str, manifest) -> None:
+    """What the served models will load, checked before the server starts: the graphs of an ONNX Runtime backend,
+    a GPU and the engines of a TensorRT one (eager loads the checkpoint, checked in the server)."""
+    from seq2trt.exporters import spec
+
+    from .backends import ENGINE_BACKENDS, graph_folder
+
+    if backend.startswith("ort"):
+        graph_folder(out, backend, manifest)
+    elif backend in ENGINE_BACKENDS:
+        from .bench_backends import engine_dir
+        from .trt_runner import _torch_cuda, runner_for
+
+        _torch_cuda()
+        engines = engine_dir(out, backend)
+        for kind in spec.GraphKind:
+            runner_for(engines, kind, manifest.config, manifest.limits)
+
+
 def served_models(settings: ServeSettings) -> tuple[int, bool]:
-    """(the export's max_batch, whether its checkpoint has a tokenizer), read from the verified manifest."""
+    """(the export's max_batch, whether its checkpoint has a tokenizer), read from the verified manifest, once the
+    backend's graphs are checked."""
     from seq2trt.exporters import spec
     from seq2trt.exporters.manifest import verify
 
     from .decode_jobs import checkpoint_folder, has_tokenizer
 
     manifest = verify(Path(settings.out), [kind.filename for kind in spec.GraphKind])
+    check_backend(Path(settings.out), settings.backend, manifest)
     return manifest.limits.max_batch, has_tokenizer(checkpoint_folder(settings.out, manifest, settings.checkpoint))
 
 
@@ -283,51 +328,66 @@ def serve(settings: ServeSettings, on_ready, ready_timeout_s: float = 300, exit_
           log: Path | None = None, repository: Path | None = None) -> int:
     """Run Triton on `settings` until SIGINT/SIGTERM, then drain it: Triton refuses new requests, answers the ones in
     flight (up to `exit_timeout_s`) and exits. Calls on_ready(models, endpoints) once every model is ready. Returns
-    the server's exit code (0 after a clean drain)."""
-    stop = {"signal": None}
+    the server's exit code (0 after a clean drain). What can be checked before the start is (ports, host, graphs)."""
     check_listen(settings)
+    served = served_models(settings) if repository is None else None
     remove_dead_workdirs()
     server_id = f"{_WORKDIR_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
     with tempfile.TemporaryDirectory(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-") as tmp:
         binary, backends, env = bundled_server(Path(tmp))
-        if repository is None:
-            export_batch, text = served_models(settings)
+        if served is not None:
             repository = Path(tmp) / "models"
-            models = write_local_repository(repository, settings, settings.max_batch or export_batch, text)
+            models = write_local_repository(repository, settings, settings.max_batch or served[0], served[1])
         else:  # a repository written by --write-repository
             models = sorted(p.parent.name for p in Path(repository).glob("*/config.pbtxt"))
         command = server_command(binary, Path(repository).resolve(), backends, settings, exit_timeout_s, server_id)
         logger.debug("starting %s", " ".join(command))
-        with open(log or os.devnull, "ab") as sink:
+        log_file = Path(log) if log else Path(tmp) / "server.log"  # kept to quote its errors
+        with open(log_file, "ab") as sink:
+            start = sink.tell()
             # Its own session: a terminal's Ctrl-C reaches only us, and we pass one SIGTERM on.
             process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
                                        preexec_fn=die_with(os.getpid()))
-
-            def forward(signum, _frame):
-                stop["signal"] = signum
-                if process.poll() is None:
-                    process.send_signal(signal.SIGTERM)
-
-            previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
             try:
-                try:
-                    wait_ready(settings.endpoints()["http"], process, ready_timeout_s, models, server_id)
-                    ready = True
-                except ServerError:
-                    if stop["signal"] is None:
-                        raise
-                    ready = False  # stopped while loading
-                if ready and stop["signal"] is None:
-                    on_ready(models, settings.endpoints())
-                code = process.wait()
-            except BaseException:
-                if process.poll() is None:
-                    process.kill()
-                    process.wait()
-                raise
-            finally:
-                for s, handler in previous.items():
-                    signal.signal(s, handler)
-    if stop["signal"] is None:
-        raise ServerError(f"tritonserver stopped by itself with code {code}" + (f"; its log: {log}" if log else ""))
+                code, stopped = _supervise(process, settings, models, server_id, on_ready, ready_timeout_s)
+                if not stopped:
+                    raise ServerError(f"tritonserver stopped by itself with code {code}")
+            except ServerError as exc:
+                errors = log_errors(log_file, start)
+                said = f": {' | '.join(errors)}" if errors else ""
+                where = f"its whole log is in {log}" if log else "pass --log FILE to keep its whole log"
+                raise ServerError(f"{exc}{said}; {where}") from None
     return code
+
+
+def _supervise(process: subprocess.Popen, settings: ServeSettings, models: list[str], server_id: str, on_ready,
+               ready_timeout_s: float) -> tuple[int, bool]:
+    """Wait for the started server to be ready, announce it, pass SIGINT/SIGTERM on as one SIGTERM and wait for its
+    exit: (its exit code, whether a signal stopped it). Killed if anything else ends the wait."""
+    stop = {"signal": None}
+
+    def forward(signum, _frame):
+        stop["signal"] = signum
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        try:
+            wait_ready(settings.endpoints()["http"], process, ready_timeout_s, models, server_id)
+            ready = True
+        except ServerError:
+            if stop["signal"] is None:
+                raise
+            ready = False  # stopped while loading
+        if ready and stop["signal"] is None:
+            on_ready(models, settings.endpoints())
+        return process.wait(), stop["signal"] is not None
+    except BaseException:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        raise
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
