@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from .config import Seq2SeqConfig
+from .config import Seq2SeqConfig, memory_parts, physical_memory
 from .errors import CheckpointError
 from .swap import staged_directory
 from .model import Seq2SeqTransformer
@@ -174,6 +174,29 @@ def source_record(path: Path) -> dict:
     return {"checkpoint": str(path.resolve()), "weights_sha256": sha256_file(weights_path(path)), "task": task}
 
 
+_PART_FIELDS = {"embeddings": "src_vocab_size, tgt_vocab_size, d_model", "positions": "max_src_len, max_tgt_len",
+                "encoder": "num_encoder_layers, d_model, d_ff", "decoder": "num_decoder_layers, d_model, d_ff"}
+
+
+def _check_fits(config: Path, cfg: Seq2SeqConfig) -> None:
+    """Refuse a config the machine cannot hold before anything is allocated."""
+    parts, total = memory_parts(cfg), physical_memory()
+    if sum(parts.values()) > total:
+        biggest = max(parts, key=parts.get)
+        raise CheckpointError(f"{config} describes a model of {sum(parts.values()) / 2**30:,.0f} GiB, more than this "
+                              f"machine's {total / 2**30:,.0f} GiB of memory; most of it is the {biggest} "
+                              f"({_PART_FIELDS[biggest]}): check those values")
+
+
+def _check_layers(config: Path, cfg: Seq2SeqConfig, state: dict[str, torch.Tensor], weights: Path) -> None:
+    """The config's layer counts against the weights before the model is built (100,000 layers take minutes)."""
+    for side, want in (("encoder", cfg.num_encoder_layers), ("decoder", cfg.num_decoder_layers)):
+        found = {int(m.group(1)) for k in state if (m := re.match(rf"{side}_layers\.(\d+)\.", k))}
+        if len(found) != want:
+            raise CheckpointError(f"{config}: num_{side}_layers is {want} but {weights} holds weights for {len(found)} "
+                                  f"{side} layers; load the weights with the config.json they were saved with")
+
+
 def load_checkpoint(path: Path) -> tuple[Seq2SeqTransformer, tuple[Vocab, Vocab] | None]:
     """Load a checkpoint directory (or a `.safetensors` / `.pt` file with `config.json` beside it)."""
     path = Path(path)
@@ -188,7 +211,9 @@ def load_checkpoint(path: Path) -> tuple[Seq2SeqTransformer, tuple[Vocab, Vocab]
         raise
     except Exception as exc:  # ConfigError and friends: re-raise as a checkpoint problem with the same text
         raise CheckpointError(f"{folder / CONFIG}: {exc}") from None
+    _check_fits(folder / CONFIG, cfg)
     state = _read_pt(weights) if weights.suffix in (".pt", ".pth", ".bin") else _read_safetensors(weights)
+    _check_layers(folder / CONFIG, cfg, state, weights)
     model = Seq2SeqTransformer(cfg)
     load_state_dict_checked(model, state, str(weights))
     vocabs = load_vocabs(folder / VOCAB) if (folder / VOCAB).exists() else None

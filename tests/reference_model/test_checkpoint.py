@@ -97,3 +97,23 @@ def test_config_contradicting_weights(saved):
 def test_missing_checkpoint(tmp_path):
     with pytest.raises(CheckpointError, match="not found"):
         load_checkpoint(tmp_path / "nope")
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("num_encoder_layers", 100000, "num_encoder_layers is 100000 but"),
+    ("num_encoder_layers", 10 ** 9, "more than this machine's"),
+    ("tgt_vocab_size", 10 ** 12, "src_vocab_size, tgt_vocab_size, d_model"),
+], ids=["layers-the-weights-lack", "layers-beyond-memory", "vocabulary-beyond-memory"])
+def test_sizes_are_checked_before_the_model_is_built(saved, monkeypatch, key, value, message):
+    """Refused before any allocation (a config of 100,000 layers took minutes to build before it failed)."""
+    import json
+
+    from seq2trt.reference_model import checkpoint
+
+    _, path = saved
+    doc = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**doc, key: value}))
+    monkeypatch.setattr(checkpoint, "physical_memory", lambda: 64 * 2**30)
+    monkeypatch.setattr(checkpoint, "Seq2SeqTransformer", lambda cfg: pytest.fail("the model was built"))
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(path)
