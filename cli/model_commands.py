@@ -74,6 +74,20 @@ def _read_ids_file(path: Path) -> list[list[int]]:
     return sources
 
 
+def _codec(folder: Path, eos_id: int, texts: bool, src_lang: str | None, tgt_lang: str | None):
+    """The checkpoint's codec: required for texts and languages, used to print words when it has one, else None."""
+    from seq2trt.reference_model.text import load_codec
+
+    if not texts and (src_lang or tgt_lang) and not has_tokenizer(folder):
+        flag, lang = ("--tgt-lang", tgt_lang) if tgt_lang else ("--src-lang", src_lang)
+        raise InputError(f"{flag} {lang} needs the model's tokenizer (its language codes), and {folder} has none "
+                         f"(no tokenizer/ and no vocab.json); drop {flag}, or import the model with its tokenizer "
+                         "files")
+    if texts or src_lang or tgt_lang:
+        return load_codec(folder, eos_id, src_lang, tgt_lang)
+    return load_codec(folder, eos_id) if has_tokenizer(folder) else None
+
+
 def _check_utf8(texts: tuple[str, ...]) -> None:
     """Refuse a text holding bytes that are not UTF-8: Python hands them over from argv as lone surrogates
     (byte 0xff as U+DCFF), which the tokenizers cannot take (sentencepiece raised a RuntimeError)."""
@@ -132,7 +146,6 @@ def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path
     Prints one line per source (text when the checkpoint has a tokenizer, else the ids), in input order, as
     each batch finishes; --output-ids also writes the ids as JSON lines."""
     from seq2trt.reference_model.io import write_plain_output
-    from seq2trt.reference_model.text import load_codec
 
     if bool(texts) == bool(ids_file):
         raise InputError("give either TEXTS or --ids-file F (JSON lines of source ids), not both or neither")
@@ -144,16 +157,7 @@ def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path
         raise InputError("empty source text; give at least one symbol")
     _check_utf8(texts)
     with open_decoder(source, backend, checkpoint, threads) as (step_model, cfg, folder, src_limit, max_batch):
-        codec = None
-        if not texts and (src_lang or tgt_lang) and not has_tokenizer(folder):
-            flag, lang = ("--tgt-lang", tgt_lang) if tgt_lang else ("--src-lang", src_lang)
-            raise InputError(f"{flag} {lang} needs the model's tokenizer (its language codes), and {folder} has none "
-                             f"(no tokenizer/ and no vocab.json); drop {flag}, or import the model with its tokenizer "
-                             "files")
-        if texts or src_lang or tgt_lang:
-            codec = load_codec(folder, cfg.eos_id, src_lang, tgt_lang)
-        elif has_tokenizer(folder):
-            codec = load_codec(folder, cfg.eos_id)
+        codec = _codec(folder, cfg.eos_id, bool(texts), src_lang, tgt_lang)
         if output_ids is not None:  # before any decode
             _check_output_ids(output_ids, ids_file, [source, folder])
         sources = [codec.encode(t) for t in texts] if texts else _read_ids_file(ids_file)
