@@ -30,7 +30,7 @@ import sysconfig
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from seq2trt.reference_model.errors import DependencyError, InputError, Seq2TrtError
@@ -67,9 +67,11 @@ class ServeSettings:
 _PORT_FLAGS = {"http_port": "--http-port", "grpc_port": "--grpc-port", "metrics_port": "--metrics-port"}
 
 
-def check_listen(settings: ServeSettings) -> None:
+def check_listen(settings: ServeSettings) -> str:
     """Refuse, before anything starts, a port out of range or shared by two endpoints, a host this machine cannot
-    listen on, and a port something else listens on (else the readiness poll would reach that other server)."""
+    listen on, and a port something else listens on (else the readiness poll would reach that other server).
+    Returns the host's IPv4 address: Triton's HTTP and metrics endpoints take only that (given `localhost` they
+    listen on 255.255.255.255)."""
     ports = {flag: getattr(settings, field) for field, flag in _PORT_FLAGS.items()}
     seen: dict[int, str] = {}
     for flag, port in ports.items():
@@ -80,18 +82,28 @@ def check_listen(settings: ServeSettings) -> None:
             raise InputError(f"{seen[port]} and {flag} are both {port}; give each endpoint its own port")
         seen[port] = flag
     host = settings.host
-    try:
-        family, *_, address = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    except (socket.gaierror, UnicodeError) as exc:
-        raise InputError(f"--host {host} is not an address or a name that resolves ({exc.strerror or exc}); give an "
-                         "address of this machine, such as 127.0.0.1 or 0.0.0.0") from None
+    address = _ipv4_of(host)
     for flag, port in ports.items():
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a server does: TIME_WAIT is no owner
             try:
-                probe.bind((address[0], port, *address[2:]))
+                probe.bind((address, port))
             except OSError as exc:
                 raise _listen_error(exc, host, port, flag) from None
+    return address
+
+
+def _ipv4_of(host: str) -> str:
+    try:
+        return socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][4][0]
+    except (socket.gaierror, UnicodeError) as exc:
+        try:
+            socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        except (socket.gaierror, UnicodeError):
+            raise InputError(f"--host {host} is not an address or a name that resolves ({exc.strerror or exc}); "
+                             "give an address of this machine, such as 127.0.0.1 or 0.0.0.0") from None
+        raise InputError(f"--host {host} has no IPv4 address, and Triton's HTTP endpoint listens on IPv4 only; give "
+                         "an IPv4 address of this machine, such as 127.0.0.1 or 0.0.0.0") from None
 
 
 def _listen_error(exc: OSError, host: str, port: int, flag: str) -> InputError:
@@ -329,7 +341,7 @@ def serve(settings: ServeSettings, on_ready, ready_timeout_s: float = 300, exit_
     """Run Triton on `settings` until SIGINT/SIGTERM, then drain it: Triton refuses new requests, answers the ones in
     flight (up to `exit_timeout_s`) and exits. Calls on_ready(models, endpoints) once every model is ready. Returns
     the server's exit code (0 after a clean drain). What can be checked before the start is (ports, host, graphs)."""
-    check_listen(settings)
+    settings = replace(settings, host=check_listen(settings))
     served = served_models(settings) if repository is None else None
     remove_dead_workdirs()
     server_id = f"{_WORKDIR_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"

@@ -10,10 +10,11 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import pytest
 
-from .conftest import free_ports
+from .conftest import Server, free_ports
 
 
 def _serve(out, *args: str) -> subprocess.CompletedProcess:
@@ -90,3 +91,20 @@ def test_readiness_counts_only_our_server(tmp_path):
         ours.kill()
         ours.wait()
         other.shutdown()
+
+
+def test_an_ipv6_only_host_is_refused(exported):
+    ports = free_ports(3)
+    _one_error_line(_serve(exported, "--host", "::1", "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
+                           "--metrics-port", str(ports[2])), "--host ::1 has no IPv4 address")
+
+
+def test_a_host_name_is_served_on_its_address(exported, tmp_path):
+    """Triton's HTTP endpoint given a name listens on 255.255.255.255 and is never ready: it gets the address."""
+    server = Server(exported, tmp_path / "server.log", "--host", "localhost")
+    try:
+        printed = "".join(server.lines)
+        assert f"http://127.0.0.1:{server.http}" in printed and f"grpc://127.0.0.1:{server.grpc}" in printed
+        assert urllib.request.urlopen(f"http://127.0.0.1:{server.http}/v2/health/ready", timeout=10).status == 200
+    finally:
+        assert server.stop() == 0
