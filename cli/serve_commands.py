@@ -46,8 +46,10 @@ def serve(out: Path, backend: str, http_port: int, grpc_port: int, metrics_port:
     dynamically; each gets what `seq2trt translate --ids-file` gives. SIGINT/SIGTERM drain the server, then exit 0."""
     from seq2trt.validation.triton_server import ServeSettings, serve as run_server
 
-    if threads < 1 or instances < 1 or max_queue_delay_us < 0 or (max_batch is not None and max_batch < 1):
-        raise InputError("--threads, --instances and --max-batch must be >= 1, --max-queue-delay-us >= 0")
+    for flag, value, least in (("--threads", threads, 1), ("--instances", instances, 1), ("--max-batch", max_batch, 1),
+                               ("--max-queue-delay-us", max_queue_delay_us, 0)):
+        if value is not None and value < least:
+            raise InputError(f"{flag} must be >= {least}, got {value}")
     settings = ServeSettings(out, backend, checkpoint, threads, max_batch, max_queue_delay_us, instances, alpha, host,
                              http_port, grpc_port, metrics_port)
     if write_repository is not None:

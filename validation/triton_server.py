@@ -342,6 +342,12 @@ def serve(settings: ServeSettings, on_ready, ready_timeout_s: float = 300, exit_
     flight (up to `exit_timeout_s`) and exits. Calls on_ready(models, endpoints) once every model is ready. Returns
     the server's exit code (0 after a clean drain). What can be checked before the start is (ports, host, graphs)."""
     settings = replace(settings, host=check_listen(settings))
+    if log is not None:
+        try:
+            open(log, "ab").close()
+        except OSError as exc:
+            raise InputError(f"cannot write the server log --log {log}: {exc.strerror}; give a file in a folder you "
+                             "can write to") from None
     served = served_models(settings) if repository is None else None
     remove_dead_workdirs()
     server_id = f"{_WORKDIR_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"

@@ -58,3 +58,21 @@ def test_a_model_that_fails_to_load_is_quoted_without_its_frames(exported, tmp_p
     line = _error(_serve(str(exported), "--backend", "eager", "--checkpoint", str(tmp_path / "gone")), 1,
                   "before it was ready: ", f"CheckpointError: checkpoint {tmp_path / 'gone'} not found")
     assert "At:" not in line and ".py(" not in line
+
+
+@pytest.mark.parametrize("flag, value, least", [("--threads", "0", 1), ("--instances", "-2", 1), ("--max-batch", "0", 1),
+                                                ("--max-queue-delay-us", "-1", 0)])
+def test_a_setting_out_of_range_is_named_with_its_value(exported, flag, value, least):
+    from click.testing import CliRunner
+
+    from seq2trt.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["serve", str(exported), flag, value])
+    assert result.exit_code == 2 and result.output.strip() == f"error: {flag} must be >= {least}, got {value}", \
+        result.output
+
+
+def test_a_log_that_cannot_be_written_is_named_before_the_start(exported, tmp_path):
+    _error(_serve(str(exported), "--log", str(tmp_path)), 2, f"cannot write the server log --log {tmp_path}",
+           "Is a directory")
+    assert list(tmp_path.iterdir()) == []
