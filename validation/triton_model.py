@@ -84,4 +84,5 @@ class TritonPythonModel:
             return pb_utils.InferenceResponse(
                 output_tensors=[pb_utils.Tensor("output_ids", np.array([result], dtype=np.int64).reshape(1, -1))])
         text = codec.decode(result).encode("utf-8")
-        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("text", np.array([[text]], dtype=np.object_))])
+        return pb_utils.InferenceResponse(
+            output_tensors=[pb_utils.Tensor("text", np.array([[text]], dtype=np.object_))])

@@ -43,7 +43,8 @@ def test_a_port_out_of_range_is_named(exported, flag, port):
 
 def test_one_port_for_two_endpoints_is_refused(exported):
     http, metrics = free_ports(2)
-    _one_error_line(_serve(exported, "--http-port", str(http), "--grpc-port", str(http), "--metrics-port", str(metrics)),
+    _one_error_line(_serve(exported, "--http-port", str(http), "--grpc-port", str(http),
+                           "--metrics-port", str(metrics)),
                     f"--http-port and --grpc-port are both {http}", "give each endpoint its own port")
 
 

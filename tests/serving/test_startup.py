@@ -60,8 +60,8 @@ def test_a_model_that_fails_to_load_is_quoted_without_its_frames(exported, tmp_p
     assert "At:" not in line and ".py(" not in line
 
 
-@pytest.mark.parametrize("flag, value, least", [("--threads", "0", 1), ("--instances", "-2", 1), ("--max-batch", "0", 1),
-                                                ("--max-queue-delay-us", "-1", 0)])
+@pytest.mark.parametrize("flag, value, least", [("--threads", "0", 1), ("--instances", "-2", 1),
+                                                ("--max-batch", "0", 1), ("--max-queue-delay-us", "-1", 0)])
 def test_a_setting_out_of_range_is_named_with_its_value(exported, flag, value, least):
     from click.testing import CliRunner
 
