@@ -349,6 +349,9 @@ def serve(settings: ServeSettings, on_ready, ready_timeout_s: float = 300, exit_
             raise InputError(f"cannot write the server log --log {log}: {exc.strerror}; give a file in a folder you "
                              "can write to") from None
     served = served_models(settings) if repository is None else None
+    if repository is not None and not any(Path(repository).glob("*/config.pbtxt")):
+        raise InputError(f"--repository {repository} holds no model (no */config.pbtxt); write one with "
+                         "`seq2trt serve OUT --write-repository DIR --repository-backend python`")
     remove_dead_workdirs()
     server_id = f"{_WORKDIR_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
     with tempfile.TemporaryDirectory(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-") as tmp:

@@ -76,3 +76,8 @@ def test_a_log_that_cannot_be_written_is_named_before_the_start(exported, tmp_pa
     _error(_serve(str(exported), "--log", str(tmp_path)), 2, f"cannot write the server log --log {tmp_path}",
            "Is a directory")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_repository_without_models_is_refused(exported, tmp_path):
+    (tmp_path / "notes.txt").write_text("not a model")
+    _error(_serve(str(exported), "--repository", str(tmp_path)), 2, f"--repository {tmp_path} holds no model")
