@@ -163,10 +163,11 @@ def _gen_value(gen: dict, origin: Callable[[str], Path], key: str, default: Any)
     return _integer(origin(key), gen, key, minimum=2 if key == "max_length" else 1)
 
 
-def generation_settings(src: Path, hf: dict) -> dict[str, Any]:
+def generation_settings(src: Path, hf: dict) -> tuple[dict[str, Any], Callable[[str], Path], list[tuple]]:
     """The source's generation settings (generation_config.json, else config.json's), checked: every option we do
     not reproduce must hold its neutral value, or the import stops naming it; the ones we do must hold values of
-    their kind (errors name the file and key they came from)."""
+    their kind. Also the file each key came from (for errors), and the suppressed-token lists to check against the
+    vocabulary: (file, key, value, nested)."""
     gen_path = src / "generation_config.json"
     gen_doc = _read_json(gen_path) if gen_path.exists() else {}
     gen = {**hf, **gen_doc}
@@ -198,13 +199,13 @@ def generation_settings(src: Path, hf: dict) -> dict[str, Any]:
                  ("max_new_tokens", None))}
     ids = {key: _integer(origin(key), gen, key, minimum=0, nullable=True)
            for key in ("forced_bos_token_id", "decoder_start_token_id", "bos_token_id")}
-    return {**settings, **ids, "forced_eos": forced_eos is not None, "_origin": origin,
-            "_suppress": [(origin(k), k, gen.get(k), k == "bad_words_ids") for k in ("bad_words_ids", "suppress_tokens")
-                          if gen.get(k) is not None]}
+    suppress = [(origin(k), k, gen[k], k == "bad_words_ids") for k in ("bad_words_ids", "suppress_tokens")
+                if gen.get(k) is not None]
+    return {**settings, **ids, "forced_eos": forced_eos is not None}, origin, suppress
 
 
-def _check_ids(src: Path, hf: dict, gen: dict, where: Callable[[str], Path], vocab: int,
-               tgt_vocab: int) -> tuple[int, int, tuple[int, ...]]:
+def _check_ids(src: Path, hf: dict, gen: dict, where: Callable[[str], Path], suppress_lists: list[tuple],
+               vocab: int, tgt_vocab: int) -> tuple[int, int, tuple[int, ...]]:
     """(decoder start id, eos id, suppressed ids), every special id checked against the vocabularies, in the source's keys."""
     config = src / "config.json"
     pad, eos = _integer(config, hf, "pad_token_id", minimum=0), hf.get("eos_token_id")
@@ -224,7 +225,7 @@ def _check_ids(src: Path, hf: dict, gen: dict, where: Callable[[str], Path], voc
     if pad == eos:
         raise ConfigError(f"{config}: pad_token_id and eos_token_id are both {pad}; they must differ")
     suppress: set[int] = set()
-    for file, key, value, nested in gen.pop("_suppress"):
+    for file, key, value, nested in suppress_lists:
         suppress |= set(_token_ids(file, key, value, tgt_vocab, nested))
     if eos in suppress:
         raise ConfigError(f"{where('suppress_tokens')}: suppress_tokens / bad_words_ids hold eos_token_id {eos}: "
@@ -270,6 +271,10 @@ def config_from_hf(src: Path) -> tuple[str, Seq2SeqConfig, dict[str, Any]]:
     if sizes["d_model"] % sizes["encoder_attention_heads"]:
         problems.append(f"d_model={sizes['d_model']} is not divisible by "
                         f"encoder_attention_heads={sizes['encoder_attention_heads']}")
+    for key in ("dropout", "attention_dropout", "activation_dropout"):  # transformers' eval-mode forward checks them
+        value = hf.get(key, 0.0)
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1):
+            raise ConfigError(f"{config}: {key} must be a number in [0, 1], got {_show(value)}")
     act = hf.get("activation_function", "gelu")
     if not isinstance(act, str) or act not in ACTIVATIONS:
         problems.append(f"activation_function={act!r} (supported: {', '.join(ACTIVATIONS)})")
@@ -280,11 +285,14 @@ def config_from_hf(src: Path) -> tuple[str, Seq2SeqConfig, dict[str, Any]]:
         problems.append("add_bias_logits / add_final_layer_norm (older BART variants)")
     if problems:
         raise ConfigError(f"{src}: unsupported options in this {family} model: {'; '.join(problems)}")
-    gen = generation_settings(src, hf)
+    gen, origin, suppress_lists = generation_settings(src, hf)
     vocab = sizes["vocab_size"]
     tgt_vocab = vocab if shared else _integer(config, hf, "decoder_vocab_size", nullable=True) or vocab
-    origin = gen.pop("_origin")
-    start, eos, suppress = _check_ids(src, hf, gen, origin, vocab, tgt_vocab)
+    if abs(gen["length_penalty"]) * math.log(max_pos) > 700:  # length ** length_penalty overflows a float (and generate)
+        raise ConfigError(f"{origin('length_penalty')}: length_penalty {gen['length_penalty']} overflows "
+                          f"length ** length_penalty at {max_pos} positions; use a value of magnitude at most "
+                          f"{700 / math.log(max_pos):.0f}")
+    start, eos, suppress = _check_ids(src, hf, gen, origin, suppress_lists, vocab, tgt_vocab)
     fam = dict(_FAMILY[family])
     if fam["position_offset"] is None:  # fairseq's sinusoid: position p is row pad + 1 + p
         fam["position_offset"] = hf["pad_token_id"] + 1
@@ -326,10 +334,16 @@ def read_hf_weights(src: Path) -> tuple[dict[str, torch.Tensor], list[Path]]:
     for index_name, reader in (("model.safetensors.index.json", _read_safetensors),
                                ("pytorch_model.bin.index.json", _read_pt)):
         if (src / index_name).exists():
-            files = _shards(src, index_name)
+            weight_map = _weight_map(src, index_name)
+            files = [src / name for name in sorted(set(weight_map.values()))]
             state: dict[str, torch.Tensor] = {}
             for shard in files:
-                state.update(_read_weights(shard, reader))
+                tensors = _read_weights(shard, reader)
+                absent = sorted(k for k, name in weight_map.items() if src / name == shard and k not in tensors)
+                if absent:  # transformers would leave those weights at random: its model would not be this one
+                    raise CheckpointError(f"{src / index_name}: weight_map puts {_few(absent)} in {shard.name}, which "
+                                          "does not hold them; re-save the model with save_pretrained")
+                state.update(tensors)
             return state, files
     for name, reader in (("model.safetensors", _read_safetensors), ("pytorch_model.bin", _read_pt)):
         if (src / name).exists():
@@ -338,11 +352,15 @@ def read_hf_weights(src: Path) -> tuple[dict[str, torch.Tensor], list[Path]]:
                           "save the model with save_pretrained")
 
 
-def _shards(src: Path, index_name: str) -> list[Path]:
-    """The shard files an index names: relative names inside `src` (symlinks may point anywhere, as a hub
-    download's do; the names themselves may not leave the folder)."""
+def _weight_map(src: Path, index_name: str) -> dict[str, str]:
+    """An index's tensor -> shard file map, checked: relative names inside `src` (symlinks may point anywhere, as a
+    hub download's do; the names themselves may not leave the folder)."""
     index = src / index_name
-    weight_map = _read_json(index).get("weight_map")
+    doc = _read_json(index)
+    if not isinstance(doc.get("metadata", {}), (dict, type(None))):
+        raise CheckpointError(f"{index}: metadata must be an object, got {_show(doc['metadata'])[:80]}; re-save the "
+                              "model with save_pretrained")
+    weight_map = doc.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         got = f"a list of {len(weight_map)}" if isinstance(weight_map, list) else _show(weight_map)[:80]
         raise CheckpointError(f"{index}: weight_map must be an object of tensor name -> shard file, got {got}; "
@@ -358,7 +376,7 @@ def _shards(src: Path, index_name: str) -> list[Path]:
         if Path(name).is_absolute() or ".." in parts or "\0" in name:
             raise CheckpointError(f"{index}: shard {name!r} lies outside {src}; an index may only name files in "
                                   "its own folder: refusing to read it")
-    return [src / name for name in sorted(names)]
+    return weight_map
 
 
 def _read_weights(path: Path, reader: Callable[[Path], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -462,11 +480,20 @@ def _check_sizes(src: Path, cfg: Seq2SeqConfig, state: dict[str, torch.Tensor], 
         if len(found) != want:
             raise CheckpointError(f"{src / 'config.json'}: {key} is {want} but {weights} holds weights for "
                                   f"{len(found)} {side} layers; fix {key} or re-save the model with save_pretrained")
+    table = state.get("tgt_positions.weight")
+    if table is not None and table.shape[0] != cfg.max_tgt_len + cfg.position_offset:
+        raise CheckpointError(f"{src / 'config.json'}: max_position_embeddings {cfg.max_tgt_len} does not fit the "
+                              f"position table in {weights} ({table.shape[0]} rows, {cfg.position_offset} of them "
+                              "offset); fix max_position_embeddings or re-save the model with save_pretrained")
     embed = state.get("tgt_embed.weight")
     if embed is not None and tuple(embed.shape) != (cfg.tgt_vocab_size, cfg.d_model):
         raise CheckpointError(f"{src / 'config.json'}: vocab_size {cfg.tgt_vocab_size} and d_model {cfg.d_model} "
                               f"do not fit the embedding in {weights} ({tuple(embed.shape)}); fix config.json or "
                               "re-save the model with save_pretrained")
+
+
+def _few(keys: list[str], n: int = 4) -> str:
+    return ", ".join(keys[:n]) + (f" and {len(keys) - n} more" if len(keys) > n else "")
 
 
 def load_hf_as_model(src: Path) -> tuple[str, Seq2SeqTransformer, dict[str, Any], list[Path]]:

@@ -10,6 +10,7 @@ resolves it, the searches run to it on both sides when it is short. The figures 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
 from pathlib import Path
@@ -20,7 +21,7 @@ import torch
 
 from .decoding import DecodeSettings, greedy_decode, hf_beam_search
 from .eager import EagerStepModel
-from .errors import CheckpointError, DependencyError
+from .errors import CheckpointError, DependencyError, first_line
 from .model import Seq2SeqTransformer
 from .vocab import pad_batch
 
@@ -40,7 +41,7 @@ def load_transformers_model(src: Path):
     try:
         model = AutoModelForSeq2SeqLM.from_pretrained(str(src), local_files_only=True, dtype=torch.float32,
                                                       attn_implementation="eager")
-    except (OSError, ValueError, RuntimeError) as exc:  # torch's load_state_dict errors put the cause on line 2
+    except Exception as exc:  # it reads the user's damaged files: anything it raises is theirs (torch's cause: line 2)
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
         raise CheckpointError(f"transformers cannot load {src}: {' '.join(lines[:2])[:400]}") from None
     return model.eval()
@@ -106,6 +107,17 @@ def text_sources(tokenizer, cfg, count: int, seed: int = 1) -> tuple[list[str], 
     return texts, ids
 
 
+@contextlib.contextmanager
+def _transformers_runs():
+    """transformers' own model run on the source: what it raises comes from the source's settings, not from us."""
+    try:
+        yield
+    except Exception as exc:
+        raise CheckpointError(f"transformers' own model fails on this source ({type(exc).__name__}: "
+                              f"{first_line(exc)}); check the values of its config.json and "
+                              "generation_config.json") from None
+
+
 def _generated(sequences: torch.Tensor, eos_id: int) -> list[list[int]]:
     """generate's rows -> tokens after the decoder start, up to (without) eos."""
     out = []
@@ -128,8 +140,9 @@ def compare(hf_model, model: Seq2SeqTransformer, sources: list[list[int]], gen: 
     t_ids, t_mask = torch.as_tensor(ids), torch.as_tensor(mask)
     settings = DecodeSettings.for_model(cfg, max_new_tokens)
     step_model = EagerStepModel(model)
-    with torch.inference_mode():
+    with torch.inference_mode(), _transformers_runs():
         theirs_enc = hf_model.get_encoder()(input_ids=t_ids, attention_mask=t_mask).last_hidden_state.numpy()
+    with torch.inference_mode():
         ours_enc = model.encode(t_ids, t_mask).numpy()
     valid = mask.astype(bool)
     enc_err, enc_rel = _scaled_err(ours_enc[valid], theirs_enc[valid])
@@ -139,7 +152,7 @@ def compare(hf_model, model: Seq2SeqTransformer, sources: list[list[int]], gen: 
                                 on_step=lambda step, rows, logits: recorded.append((step, rows.copy(), logits.copy())))
     common = dict(input_ids=t_ids, attention_mask=t_mask, do_sample=False,
                   **({} if max_new_tokens is None else {"max_new_tokens": max_new_tokens}))
-    with torch.inference_mode():
+    with torch.inference_mode(), _transformers_runs():
         greedy = hf_model.generate(**common, num_beams=1, output_logits=True, return_dict_in_generate=True)
         theirs_beam = _generated(hf_model.generate(**common, num_beams=BEAM_SIZE, length_penalty=gen["length_penalty"],
                                                    early_stopping=gen["early_stopping"]), cfg.eos_id)

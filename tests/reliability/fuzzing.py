@@ -144,6 +144,45 @@ def mutate_json(text: str, rng: random.Random) -> tuple[str, str]:
     return f"{kind} {'.'.join(map(str, path))}", json.dumps(doc)
 
 
+# A Hugging Face source's JSON: values of every kind a hand edit or a broken writer leaves (sizes far beyond any
+# machine, non-finite numbers, strings of digits), and shard names that leave the folder or name nothing.
+HF_VALUES = [None, 0, -1, 1, 3, 1.5, 1e9, 10 ** 9, 10 ** 12, 2 ** 63, float("nan"), float("inf"), True, False, "",
+             "64", "x", "never", [], {}, [1], [[1]], ["a"]]
+HF_KEYS = {"config.json": ["vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+                           "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings",
+                           "pad_token_id", "eos_token_id", "bos_token_id", "decoder_start_token_id", "model_type",
+                           "activation_function", "scale_embedding", "tie_word_embeddings", "decoder_vocab_size",
+                           "share_encoder_decoder_embeddings", "forced_eos_token_id", "normalize_before"],
+           "generation_config.json": ["num_beams", "length_penalty", "early_stopping", "max_length", "max_new_tokens",
+                                      "decoder_start_token_id", "bos_token_id", "eos_token_id", "forced_bos_token_id",
+                                      "forced_eos_token_id", "suppress_tokens", "bad_words_ids", "do_sample",
+                                      "num_return_sequences", "min_length"]}
+SHARD_NAMES = ["../../x.safetensors", "../x", "/etc/hostname", "", ".", "sub/../model-00001-of-00002.safetensors",
+               "missing.safetensors", "model-00002-of-00002.safetensors", None, 3, [], {}]
+
+
+def mutate_hf_json(text: str, rng: random.Random, name: str) -> tuple[str, str]:
+    """Damage that still parses, aimed at what an import reads: a size, id or setting of config.json /
+    generation_config.json set to one of HF_VALUES; an index's shard names, its weight_map or its metadata."""
+    doc = json.loads(text)
+    if name.endswith(".index.json"):
+        kind = rng.choice(["shard", "shard", "all-shards", "weight_map", "metadata"])
+        if kind == "weight_map":
+            value = rng.choice([None, [], list(doc["weight_map"]), "x", {}, {"a": "b"}, 3])
+            doc["weight_map"] = value
+            return f"index weight_map={value!r}"[:120], json.dumps(doc)
+        if kind == "metadata":
+            doc["metadata"] = rng.choice(HF_VALUES)
+            return f"index metadata={doc['metadata']!r}", json.dumps(doc)
+        shard = rng.choice(SHARD_NAMES)
+        keys = list(doc["weight_map"]) if kind == "all-shards" else [rng.choice(sorted(doc["weight_map"]))]
+        doc["weight_map"].update({k: shard for k in keys})
+        return f"index {kind} -> {shard!r}", json.dumps(doc)
+    key = rng.choice(HF_KEYS[name] if rng.random() < 0.8 else sorted(doc))
+    doc[key] = rng.choice(HF_VALUES)
+    return f"{name} {key}={doc[key]!r}", json.dumps(doc)
+
+
 # --- the run -----------------------------------------------------------------------------------------------------
 
 @dataclass

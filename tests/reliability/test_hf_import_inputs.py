@@ -56,6 +56,19 @@ def _shard_is_directory(src: Path) -> None:
     (src / "shard").mkdir()
 
 
+def _second_shard(src: Path) -> None:
+    """One tensor's entry names a shard (a copy of the first, without that tensor) that does not hold it."""
+    from safetensors.torch import load_file, save_file
+
+    key = "model.encoder.layers.0.fc1.weight"
+    state = load_file(str(src / "model-00001-of-00001.safetensors"))
+    save_file({k: v for k, v in state.items() if k != key}, str(src / "model-00002.safetensors"))
+    _edit("model.safetensors.index.json")(src)
+    doc = json.loads((src / "model.safetensors.index.json").read_text())
+    doc["weight_map"][key] = "model-00002.safetensors"
+    (src / "model.safetensors.index.json").write_text(json.dumps(doc))
+
+
 def _weights_directory(src: Path) -> None:
     (src / "model.safetensors").unlink()
     (src / "model.safetensors").mkdir()
@@ -128,6 +141,14 @@ CASES = {  # name: (damage, fragments of the one error line)
                                      ["generation_config.json", "suppress_tokens", "500"]),
     "bad_words_ids-out-of-range": (_edit("generation_config.json", bad_words_ids=[[500]]),
                                    ["generation_config.json", "bad_words_ids", "500"]),
+    "length_penalty-overflow": (_edit("generation_config.json", length_penalty=10 ** 12),
+                                ["generation_config.json", "length_penalty", "1000000000000", "overflows"]),
+    "activation_dropout-huge": (_edit("config.json", activation_dropout=1e308),
+                                ["config.json", "activation_dropout", "1e+308"]),
+    "index-metadata-list": (lambda src: (_sharded(lambda real: real)(src), _edit(
+        "model.safetensors.index.json", metadata=["a"])(src)), ["model.safetensors.index.json", "metadata"]),
+    "weight_map-wrong-shard": (lambda src: (_sharded(lambda real: real)(src), _second_shard(src)),
+                               ["model.safetensors.index.json", "model.encoder.layers.0.fc1.weight", "does not hold"]),
     "weight_map-list": (_sharded(lambda real: list(real)), ["model.safetensors.index.json", "weight_map"]),
     "weight_map-null": (_sharded(lambda real: {**real, next(iter(real)): None}),
                         ["model.safetensors.index.json", "weight_map", "null"]),
