@@ -6,7 +6,7 @@ log-probability (logit minus log-sum-exp) moves by at most 2e, and a sum over n 
 hypotheses share (a common prefix) move both sums alike. `e` is measured where it matters: both models are
 teacher-forced along the hypotheses being compared (the largest |logit difference| over their positions), not the
 beam search's overall error, which unlikely rows inflate (int8: 3.9 against 0.23 on the greedy path); where it
-exceeds the dtype's `max_logit_abs_err` target, the divergence is no near-tie. A beam divergence is a near-tie,
+exceeds the dtype's `max_logit_abs_err` target (fp32; reduced precision has none: its numbers are judged per case at graph level), the divergence is no near-tie. A beam divergence is a near-tie,
 reported with its eager gap and tolerance, when either
 - "boundary": at the first step where the candidate keeps other live beams than the eager search (both having kept
   the same ones before), the best beam it dropped beats the worst one it kept instead, under the eager model, by at

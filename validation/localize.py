@@ -14,6 +14,13 @@ tolerance, and the first one over it is the divergent block. Its op types are th
 block: nodes whose name-scope metadata names it, and nodes without metadata (made by the fuser or the quantizer) that
 lie between the previous block's output and this one's.
 
+Reduced precision is localised as validation/precision.py judges its structure: an fp16/bf16 graph runs as its exact
+fp32 twin beside the eager model holding the same rounded values, an int8 graph beside the float64 reference that
+quantizes as it does and follows its decisions; both at the fp32 tolerances (plus the dtype's unit roundoff for the
+twin's stored constants), so a planted fault is named at its layer, not lost in rounding noise. A near-tie of a
+reduced-precision graph is measured against what its rounding can move the logits (the eager model computing in the
+same dtype).
+
 A case is localised when it fails graph parity ("failure"); when the graph's top-1 token differs from the eager
 model's although every output passes, or the eager top-2 logits are closer than the logits tolerance lets each move
 (`near_ties`: a graph within tolerance may pick either token) ("near-tie"); or, asked for with nothing else to show,
@@ -120,7 +127,11 @@ class EagerLayers:
     """The eager model in float64 with forward hooks, on a copy, capturing every sub-block's output."""
 
     def __init__(self, model, kind: spec.GraphKind, limits: spec.Limits):
-        self.model = copy.deepcopy(model).double().eval()
+        import torch
+
+        self.model = copy.deepcopy(model).eval()
+        if next(self.model.parameters()).dtype != torch.float64:  # .double() would rebuild rounded position tables
+            self.model = self.model.double()
         self.captured: dict[str, np.ndarray] = {}
         for path in spec.sub_block_paths(self.model.cfg, kind):
             self.model.get_submodule(path).register_forward_hook(self._hook(path))
@@ -167,36 +178,71 @@ class GraphLocaliser:
     """One graph of a graph set, marked, beside the hooked eager model; `run(feed)` compares every sub-block."""
 
     def __init__(self, candidate: onnx.ModelProto, plain: onnx.ModelProto, model, kind: spec.GraphKind, dtype: str,
-                 limits: spec.Limits, precision: str, runner_options: Mapping | None = None):
+                 limits: spec.Limits, precision: str, runner_options: Mapping | None = None,
+                 twin_options: Mapping | None = None):
+        """`precision` "fp16"/"bf16": the graph runs as its fp32 twin beside the eager model holding the same rounded
+        values (`twin_options`: an fp32 graph's runner options); "int8": beside the reference that quantizes as it
+        does and follows its decisions. Every comparison is then at the fp32 tolerances (validation/precision.py)."""
+        from .precision import UNIT_ROUNDOFF, peer_model, rounded_model, twin_prepare
+
         cfg = model.cfg
         self.kind, self.precision = kind, precision
         self.tensors = block_tensors(plain, cfg, kind)
         self.nodes = block_nodes(candidate, self.tensors)
-        marked = debug_copy(candidate, self.tensors, spec.DTYPES[dtype][1])
-        self.runner = OrtRunner(marked.SerializeToString(), cfg, kind, dtype, limits, name="onnxruntime-debug",
-                                **(runner_options or {}))
-        self.eager = EagerLayers(model, kind, limits)
+        marked = debug_copy(candidate, self.tensors, spec.DTYPES[dtype][1]).SerializeToString()
+        options, run_dtype, reference = dict(runner_options or {}), dtype, model
+        if precision in ("fp16", "bf16"):
+            options = dict(twin_options or {})
+            options["prepare"] = twin_prepare(options.get("prepare"))
+            run_dtype, reference = "fp32", rounded_model(model, precision)
+        elif precision == "int8":
+            from .int8_reference import expose_decisions, quantized_reference
+
+            marked = expose_decisions(marked)
+            reference = quantized_reference(model, candidate)[0]
+        self.run_dtype = run_dtype
+        self.runner = OrtRunner(marked, cfg, kind, run_dtype, limits, name="onnxruntime-debug", **options)
+        self.eager = EagerLayers(reference, kind, limits)
+        # near-ties of a reduced-precision graph: against what its rounding can move the logits (precision.py)
+        self.peer = EagerRunner(peer_model(model, precision), kind, limits, name=f"eager-{precision}") \
+            if precision in UNIT_ROUNDOFF and kind is spec.GraphKind.DECODER else None
 
     def __enter__(self) -> "GraphLocaliser":
         self.runner.__enter__()
+        if self.peer is not None:
+            self.peer.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
+        if self.peer is not None:
+            self.peer.__exit__(*exc)
         self.runner.__exit__(*exc)
 
     def run(self, feed: Mapping[str, np.ndarray], case: str, reason: str | None = None) -> tuple[Localisation, bool]:
         """The case's localisation and whether its ordinary outputs pass; `reason` None: "failure" when an output
         fails, "near-tie" when only tokens flip, else "requested"."""
-        got = self.runner.infer(feed)
+        from .int8_reference import decisions_of
+        from .precision import UNIT_ROUNDOFF, as_fp32, noise_tolerance, twin_tolerance
+
+        got = self.runner.infer(as_fp32(feed) if self.run_dtype == "fp32" else feed)
+        decisions = decisions_of(self.eager.model)
+        if decisions is not None:
+            decisions.outputs = got
         want, captured = self.eager.infer(feed)
-        tol = lambda name: tolerance_for(self.precision, name)
+        tol = lambda name: (twin_tolerance(self.precision) if self.precision in UNIT_ROUNDOFF
+                            else tolerance_for("fp32", name))
         passed = all(compare_output(n, got[n], want[n], tol(n)) for n in want)
+        if decisions is not None:  # int8: a quantized input off the graph's integers is a failure too
+            passed = passed and all(decisions.checks)
+            decisions.outputs, decisions.checks = None, []
         blocks = [compare_output(path, got[spec.debug_output_name(path)], captured[path],
                                  tol(spec.debug_output_name(path))) for path in self.tensors]
         flips = ties = 0
         if "logits" in want:
             flips = int((np.argmax(got["logits"].astype(np.float64), -1) != np.argmax(want["logits"], -1)).sum())
-            ties = near_ties(want["logits"], tol("logits"))
+            ties_tolerance = tol("logits") if self.peer is None else noise_tolerance(
+                want["logits"], self.peer.infer(feed)["logits"], self.precision)
+            ties = near_ties(want["logits"], ties_tolerance)
         reason = reason or ("failure" if not passed else "near-tie" if flips or ties else "requested")
         result = Localisation(self.kind.value, case, reason, blocks, flips, ties)
         if result.first_divergent:
@@ -267,14 +313,14 @@ def localise(localisers: Mapping[spec.GraphKind, GraphLocaliser], feeds: list[tu
 
 def localise_export(graph_dir: Path, plain_dir: Path, model, dtype: str, limits: spec.Limits, precision: str,
                     runner_options: Mapping, parity: GraphParity | None, seed: int, budget_s: float,
-                    requested: bool) -> dict:
+                    requested: bool, twin_options: Mapping | None = None) -> dict:
     """`validate`'s localisation of one graph set (graphs in `graph_dir`, tensor names from the plain export in
     `plain_dir`) over the parity sweep replayed with `seed`: parity.json's `localisation` list and what the time
     budget left unchecked."""
     start = time.perf_counter()
     try:
         localisers = {kind: GraphLocaliser(onnx.load(graph_dir / kind.filename), onnx.load(plain_dir / kind.filename),
-                                           model, kind, dtype, limits, precision, runner_options)
+                                           model, kind, dtype, limits, precision, runner_options, twin_options)
                       for kind in spec.GraphKind}
     except ArtifactError as exc:
         if requested:

@@ -4,14 +4,17 @@ Inputs are realistic, not noise: the cross K/V come from the reference encoder o
 the past from a reference prefill of past_len random tokens; they are rounded to the graph's dtype and the
 reference replays the rounded values in float64. Statistics per output: max abs, max rel (|d| / (|ref| + 1e-6)),
 mean abs, 99th percentile of |d|, cosine similarity, NaN/Inf counts. Tolerances are data (`TOLERANCES`): an
-output passes when |d| <= atol + rtol * |ref| everywhere, cosine >= min_cosine and nothing is NaN/Inf.
+output passes when |d| <= atol + rtol * |ref| everywhere, cosine >= min_cosine, its RMS error is within bound and
+nothing is NaN/Inf. A `Judge` decides how a case is compared: fp32 graphs at the fp32 tolerances; reduced-precision
+graphs by bounds made for the case from the arithmetic (validation/precision.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 from dataclasses import asdict, dataclass, field
-from typing import Mapping
+from typing import Mapping, Protocol
 
 import numpy as np
 
@@ -23,37 +26,24 @@ from .runners import Runner
 
 @dataclass(frozen=True)
 class Tolerance:
+    """An output passes when |d| <= atol + rtol * |ref| everywhere, its cosine >= min_cosine and its
+    root-mean-square error <= max_rms; `basis` says where a bound made for the case came from."""
+
     atol: float
     rtol: float
     min_cosine: float
+    max_rms: float = float("inf")
+    basis: str = ""
 
 
-# dtype -> output-name pattern -> tolerance; "*" is the default. fp32 meets the issue's 1e-4 on logits.
-# fp16 / bf16 are derived from measured error (2026-11-30, ORT CPU against the float64 eager model over the spec's
-# sweep): the smallest atol that passes at the rtol chosen (about 4 ulps: fp16 2e-3, bf16 1.6e-2), and the largest
-# cosine deficit (1 - cosine), on the trained demo checkpoint and tiny random models (conftest.random_model seed 1,
-# post-LN relu; seed 3, pre-LN gelu). Measured / bound:
-#   fp16, every output:      atol 0.0117 (demo, present.*.encoder.key, |x| ~ 10) -> 0.025 (x2.1);
-#                            deficit 6.5e-7 (seed 1 logits) -> 5e-6 (x7.7)
-#   bf16, present.*.decoder: atol 0.034 (demo) -> 0.05 (x1.47); deficit 4.0e-5 (seed 1) -> 8e-5 (x2)
-#   bf16, logits:            atol 0.083 (seed 1) -> 0.12 (x1.45); deficit 7.3e-5 (seed 1) -> 1.5e-4 (x2)
-#   bf16, other outputs:     atol 0.108 (demo, present.*.encoder.key) -> 0.16 (x1.49); deficit 6.1e-5 -> 1.5e-4 (x2.5)
-# bf16's margins are thin on purpose: an attention scale off by 10% moves seed 1's decoder K/V by 0.069 (cosine
-# deficit 1.2e-4) and its logits by 0.14 — under 2x bf16's own rounding error. The negative controls
-# (tests/exporters/test_onnx_export.py: scale x1.1 cross / self, one head swapped, one bias ramped) pin that each
-# planted fault fails; widen a bound only with new measurements of both sides.
+# fp32 meets 1e-4 on logits, far above float32 arithmetic's own error on these models (about 1e-6). Reduced
+# precision is judged case by case (validation/precision.py): by these same bounds for what float32 arithmetic
+# must reproduce exactly (an fp16/bf16 graph's fp32 twin, an int8 graph against the reference that quantizes as it
+# does), and by a bound made from the eager model's own error in that precision.
 TOLERANCES: dict[str, dict[str, Tolerance]] = {
     "fp32": {"*": Tolerance(atol=1e-4, rtol=1e-4, min_cosine=0.99999)},
-    "fp16": {"*": Tolerance(atol=2.5e-2, rtol=2e-3, min_cosine=0.999995)},
-    "bf16": {"present.*.decoder.*": Tolerance(atol=5e-2, rtol=1.6e-2, min_cosine=0.99992),
-             "logits": Tolerance(atol=1.2e-1, rtol=1.6e-2, min_cosine=0.99985),
-             "*": Tolerance(atol=1.6e-1, rtol=1.6e-2, min_cosine=0.99985)},
-    # int8 weights and run-time uint8 activations (quantize --per-tensor, the default): on the demo model's sweep the
-    # largest |d| is 0.42 (an encoder key), the lowest cosine 0.99970 for the demo model trained on an AMD machine,
-    # 0.99885 (decoder logits, B1-S32-T4-P0) for the one the same seed trains on an Intel Xeon (its weights differ:
-    # held-out exact match 0.979 against 0.994). 0.998 keeps a margin over both; cosine is the check that matters.
-    "int8": {"*": Tolerance(atol=1.0, rtol=1e-1, min_cosine=0.998)},
 }
+REPORTED = Tolerance(atol=float("inf"), rtol=0.0, min_cosine=-1.0, basis="reported, not judged")
 
 
 def tolerance_for(dtype: str, output: str) -> Tolerance:
@@ -70,6 +60,7 @@ class OutputStats:
     mean_abs: float
     p99_abs: float
     cosine: float
+    rms: float
     nan: int
     inf: int
     violations: int  # elements outside atol + rtol * |ref|
@@ -77,7 +68,10 @@ class OutputStats:
 
     @property
     def passed(self) -> bool:
-        return self.violations == 0 and self.nan == 0 and self.inf == 0 and self.cosine >= self.tolerance.min_cosine
+        if self.tolerance == REPORTED:
+            return True
+        return (self.violations == 0 and self.nan == 0 and self.inf == 0 and self.cosine >= self.tolerance.min_cosine
+                and self.rms <= self.tolerance.max_rms)
 
     def __bool__(self) -> bool:
         return self.passed
@@ -94,7 +88,7 @@ def compare_output(name: str, candidate: np.ndarray, reference: np.ndarray, tole
     nan, inf = int(np.isnan(c).sum()), int(np.isinf(c).sum())
     d = np.abs(c - r)
     if d.size == 0:
-        return OutputStats(name, candidate.shape, 0.0, 0.0, 0.0, 0.0, 1.0, nan, inf, 0, tolerance)
+        return OutputStats(name, candidate.shape, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, nan, inf, 0, tolerance)
     finite = np.isfinite(d)
     violations = int((~finite).sum() + (d[finite] > tolerance.atol + tolerance.rtol * np.abs(r[finite])).sum())
     norms = np.linalg.norm(c[finite]) * np.linalg.norm(r[finite])
@@ -102,7 +96,8 @@ def compare_output(name: str, candidate: np.ndarray, reference: np.ndarray, tole
     # Nothing finite to measure (NaN or inf everywhere): the counts and violations above carry the failure.
     d_f, r_f = (d[finite], r[finite]) if finite.any() else (np.zeros(1), np.ones(1))
     return OutputStats(name, tuple(candidate.shape), float(d_f.max()), float((d_f / (np.abs(r_f) + 1e-6)).max()),
-                       float(d_f.mean()), float(np.percentile(d_f, 99)), cosine, nan, inf, violations, tolerance)
+                       float(d_f.mean()), float(np.percentile(d_f, 99)), cosine, float(np.sqrt(np.mean(d_f ** 2))),
+                       nan, inf, violations, tolerance)
 
 
 @dataclass
@@ -126,9 +121,11 @@ class GraphParity:
         return all(self.cases)
 
     def failures(self) -> list[str]:
-        return [f"{c.graph} {c.case} {o.name}: max_abs {o.max_abs:.3g} (atol {o.tolerance.atol:g}, rtol "
-                f"{o.tolerance.rtol:g}, {o.violations} elements over), cosine {o.cosine:.6f} (min "
-                f"{o.tolerance.min_cosine}), nan {o.nan}, inf {o.inf}"
+        return [f"{c.graph} {c.case} {o.name}: max_abs {o.max_abs:.3g} (atol {o.tolerance.atol:.3g}, rtol "
+                f"{o.tolerance.rtol:g}, {o.violations} elements over), "
+                + (f"rms {o.rms:.3g} (max {o.tolerance.max_rms:.3g}), " if o.tolerance.max_rms < float("inf") else "")
+                + (f"cosine {o.cosine:.6f} (min {o.tolerance.min_cosine}), " if o.tolerance.min_cosine > -1 else "")
+                + f"nan {o.nan}, inf {o.inf}" + (f" [{o.tolerance.basis}]" if o.tolerance.basis else "")
                 for c in self.cases for o in c.outputs if not o]
 
     def summary(self) -> dict[str, dict[str, dict]]:
@@ -137,9 +134,9 @@ class GraphParity:
         for case in self.cases:
             for o in case.outputs:
                 row = table.setdefault(case.graph, {}).setdefault(o.name, {
-                    "max_abs": 0.0, "max_rel": 0.0, "mean_abs": 0.0, "p99_abs": 0.0, "min_cosine": 1.0,
+                    "max_abs": 0.0, "max_rel": 0.0, "mean_abs": 0.0, "p99_abs": 0.0, "rms": 0.0, "min_cosine": 1.0,
                     "nan": 0, "inf": 0, "cases": 0, "failed_cases": [], "tolerance": asdict(o.tolerance)})
-                for key in ("max_abs", "max_rel", "mean_abs", "p99_abs"):
+                for key in ("max_abs", "max_rel", "mean_abs", "p99_abs", "rms"):
                     row[key] = max(row[key], getattr(o, key))
                 row["min_cosine"] = min(row["min_cosine"], o.cosine)
                 row["nan"] += o.nan
@@ -187,28 +184,42 @@ def case_feeds(reference_encoder: Runner, reference_decoder: Runner, case: spec.
     return encoder_feed, _round(decoder_feed, np_dtype)
 
 
-def compare_graph(candidate: Runner, reference: Runner, feed: Mapping[str, np.ndarray], case: str,
-                  tolerances: str | None = None) -> CaseResult:
-    """`tolerances`: the TOLERANCES row to judge by (default: the candidate's dtype; "int8" for int8 graphs)."""
+def compare_graph(candidate: Runner, reference: Runner, feed: Mapping[str, np.ndarray], case: str) -> CaseResult:
+    """Every output of `candidate` against `reference` at the fp32 tolerances."""
     got, want = candidate.infer(feed), reference.infer(feed)
-    key = tolerances or candidate.dtype
-    outputs = [compare_output(name, got[name], want[name], tolerance_for(key, name)) for name in want]
+    outputs = [compare_output(name, got[name], want[name], tolerance_for("fp32", name)) for name in want]
     return CaseResult(candidate.kind.value, case, outputs)
 
 
+class Judge(Protocol):
+    """How one graph set's cases are compared (validation/precision.py has the reduced-precision ones); entered as
+    a context manager around the sweep, for the runners it keeps."""
+
+    def compare(self, index: int, candidate: Runner, reference: Runner, feed: Mapping[str, np.ndarray],
+                case: str) -> CaseResult: ...
+
+
+class Fp32Judge(contextlib.nullcontext):
+    def compare(self, index, candidate, reference, feed, case) -> CaseResult:
+        return compare_graph(candidate, reference, feed, case)
+
+
 def graph_parity(candidates: tuple[Runner, Runner], references: tuple[Runner, Runner],
-                 cases: list[spec.ShapeCase], seed: int = 0, tolerances: str | None = None) -> GraphParity:
+                 cases: list[spec.ShapeCase], seed: int = 0, judge: Judge | None = None) -> GraphParity:
     """Encoder and decoder graphs over `cases`; runners must be active. references: float64 eager runners.
-    `tolerances`: the TOLERANCES row (default: the candidates' dtype)."""
+    `judge`: how a case is compared (default: every output at the fp32 tolerances; see validation/precision.py
+    for fp16, bf16 and int8 graphs)."""
     rng = np.random.default_rng(seed)
     result = GraphParity(candidates[1].dtype)
+    judge = judge or Fp32Judge()
     seen_sources = set()
-    for case in cases:
-        encoder_feed, decoder_feed = case_feeds(references[0], references[1], case, result.dtype, rng)
-        source_key = (case.batch, case.src_len, case.padded)
-        if source_key not in seen_sources:
-            seen_sources.add(source_key)
-            label = f"B{case.batch}-S{case.src_len}{'-pad' if case.padded else ''}"
-            result.cases.append(compare_graph(candidates[0], references[0], encoder_feed, label, tolerances))
-        result.cases.append(compare_graph(candidates[1], references[1], decoder_feed, case.label, tolerances))
+    with judge:
+        for case in cases:
+            encoder_feed, decoder_feed = case_feeds(references[0], references[1], case, result.dtype, rng)
+            source_key = (case.batch, case.src_len, case.padded)
+            if source_key not in seen_sources:
+                seen_sources.add(source_key)
+                label = f"B{case.batch}-S{case.src_len}{'-pad' if case.padded else ''}"
+                result.cases.append(judge.compare(0, candidates[0], references[0], encoder_feed, label))
+            result.cases.append(judge.compare(1, candidates[1], references[1], decoder_feed, case.label))
     return result

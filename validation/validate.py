@@ -27,6 +27,7 @@ from .adapter import RunnerStepModel
 from .end_to_end import EndToEndResult, end_to_end
 from .localize import localise_export
 from .parity import GraphParity, graph_parity
+from .precision import judge_for
 from .reference import e2e_sources, load_reference
 from .report_parity import write_reports
 from .runners import EagerRunner, OrtRunner, Runner
@@ -167,19 +168,24 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
                          "larger --max-tgt-len")
     model, task_name = load_reference(manifest, checkpoint)
     runner = BACKENDS[settings.backend]
-    options = {"device": settings.device, "intra_op_threads": settings.threads,
-               **(graph_set.runner_options(dtype) if graph_set.runner_options else {})}
-    candidates = tuple(runner(graph_set.folder(out) / kind.filename, cfg, kind, dtype, limits, **options)
-                       for kind in spec.GraphKind)
+    base = {"device": settings.device, "intra_op_threads": settings.threads}
+    options = {**base, **(graph_set.runner_options(dtype) if graph_set.runner_options else {})}
+    twin_options = {**base, **(graph_set.runner_options("fp32") if graph_set.runner_options else {})}
+    paths = {kind: graph_set.folder(out) / kind.filename for kind in spec.GraphKind}
+    candidates = tuple(runner(paths[kind], cfg, kind, dtype, limits, **options) for kind in spec.GraphKind)
+    precision = "int8" if graph_set.quantized else dtype  # how the graphs are judged (validation/precision.py)
+    judge, judged_options = judge_for(precision, paths, cfg, limits, model, options, twin_options)
+    judged = candidates if judged_options == options else tuple(
+        runner(paths[kind], cfg, kind, dtype, limits, name=f"onnxruntime-{precision}-judged", **judged_options)
+        for kind in spec.GraphKind)
     reference = model.double()
     references = tuple(EagerRunner(reference, kind, limits, name="eager-fp64") for kind in spec.GraphKind)
     with contextlib.ExitStack() as stack:  # runners leave in reverse order, restoring thread settings
-        for r in candidates + references:
+        for r in dict.fromkeys(candidates + judged + references):
             stack.enter_context(r)
         if progress:
             progress("graph-level parity over the spec sweep")
-        precision = "int8" if graph_set.quantized else dtype  # which tolerances and targets judge the graphs
-        graphs = graph_parity(candidates, references, spec.sweep(limits), seed=settings.seed, tolerances=precision)
+        graphs = graph_parity(judged, references, spec.sweep(limits), seed=settings.seed, judge=judge)
         e2e = None
         if settings.samples:
             sources, origin = e2e_sources(cfg, task_name, settings.samples, settings.seed)
@@ -194,7 +200,8 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
         if progress:
             progress(f"localising failures and near-ties per layer (budget {settings.localize_budget_s:g} s)")
         document.update(localise_export(graph_set.folder(out), out, reference, dtype, limits, precision, options,
-                                        graphs, settings.seed, settings.localize_budget_s, settings.localize))
+                                        graphs, settings.seed, settings.localize_budget_s, settings.localize,
+                                        twin_options))
     with writing_into(out, started, "validate"):
         write_reports(out, document)
     failures = graphs.failures() + (e2e.failures() if e2e is not None else [])

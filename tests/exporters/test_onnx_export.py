@@ -20,6 +20,7 @@ from seq2trt.plugins.op import AttentionAttrs
 from seq2trt.reference_model.errors import ArtifactError
 from seq2trt.reference_model.model import MultiHeadAttention, attention_core
 from seq2trt.validation.parity import graph_parity
+from seq2trt.validation.precision import judge_for
 from seq2trt.validation.runners import EagerRunner, OrtRunner
 
 
@@ -110,12 +111,13 @@ def test_ort_matches_float64_eager_over_the_sweep(exported, model):
     manifest = verify(out)
     limits, cfg = manifest.limits, model.cfg
     reference = _double(model)
-    candidates = tuple(OrtRunner(out / k.filename, cfg, k, dtype, limits) for k in spec.GraphKind)
+    judge, options = judge_for(dtype, {k: out / k.filename for k in spec.GraphKind}, cfg, limits, model, {})
+    candidates = tuple(OrtRunner(out / k.filename, cfg, k, dtype, limits, **options) for k in spec.GraphKind)
     references = tuple(EagerRunner(reference, k, limits) for k in spec.GraphKind)
     with contextlib.ExitStack() as stack:
         for r in candidates + references:
             stack.enter_context(r)
-        result = graph_parity(candidates, references, spec.sweep(limits))
+        result = graph_parity(candidates, references, spec.sweep(limits), judge=judge)
     assert result, result.failures()
     labels = {c.case for c in result.cases}
     assert any("-P0" in label and label.startswith("B1-") for label in labels)
@@ -135,20 +137,21 @@ def _double(model):
 def test_parity_catches_a_wrong_graph(exports, model, tmp_path, dtype, fault):
     """Negative controls: each planted fault (tests/exporters/conftest.py: attention scale x1.1 in the cross, the
     decoder self or the encoder self attention, one head swapped, one bias ramped) must fail parity in every dtype
-    under validation.parity.TOLERANCES — the clean graphs pass them in test_ort_matches_float64_eager_over_the_sweep."""
+    as validation/precision.py judges it — the clean graphs pass in test_ort_matches_float64_eager_over_the_sweep."""
     name, filename, plant = fault
     out, _ = exports(dtype)
     proto = onnx.load(out / filename)
     plant(proto, model.cfg)
     onnx.save(proto, tmp_path / filename)
     limits = read_manifest(out).limits
-    candidates = tuple(OrtRunner(tmp_path / k.filename if k.filename == filename else out / k.filename, model.cfg, k,
-                                 dtype, limits) for k in spec.GraphKind)
+    paths = {k: tmp_path / k.filename if k.filename == filename else out / k.filename for k in spec.GraphKind}
+    judge, options = judge_for(dtype, paths, model.cfg, limits, model, {})
+    candidates = tuple(OrtRunner(paths[k], model.cfg, k, dtype, limits, **options) for k in spec.GraphKind)
     references = tuple(EagerRunner(_double(model), k, limits) for k in spec.GraphKind)
     with contextlib.ExitStack() as stack:
         for r in candidates + references:
             stack.enter_context(r)
-        result = graph_parity(candidates, references, control_cases(limits))
+        result = graph_parity(candidates, references, control_cases(limits), judge=judge)
     graph = filename.split(".")[0]
     assert not result, f"{name} passed {dtype} parity"
     assert all(f.startswith(graph) for f in result.failures()), result.failures()

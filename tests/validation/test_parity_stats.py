@@ -39,7 +39,26 @@ def test_low_cosine_fails():
 def test_tolerances_are_data_per_dtype():
     assert tolerance_for("fp32", "logits") is TOLERANCES["fp32"]["*"]
     assert tolerance_for("fp32", "logits").atol <= 1e-4  # the issue's target
-    assert tolerance_for("fp16", "logits").atol < tolerance_for("bf16", "logits").atol
+    assert set(TOLERANCES) == {"fp32"}  # reduced precision gets bounds made for each case (precision.py)
+
+
+def test_reduced_precision_bounds_scale_with_the_case():
+    """The precision bound is the eager model's own error in that dtype times the factors, floored at one rounding
+    of the output: a case whose numbers are 1000x larger gets a 1000x larger bound."""
+    from seq2trt.validation.precision import MAX_FACTOR, RMS_FACTOR, UNIT_ROUNDOFF, noise_tolerance
+
+    rng = np.random.default_rng(0)
+    ref = rng.normal(size=1000)
+    peer = ref + rng.normal(scale=1e-3, size=1000)
+    small, large = noise_tolerance(ref, peer, "fp16"), noise_tolerance(1000 * ref, 1000 * peer, "fp16")
+    assert large.atol == pytest.approx(1000 * small.atol) and large.max_rms == pytest.approx(1000 * small.max_rms)
+    assert small.max_rms == pytest.approx(RMS_FACTOR * np.sqrt(np.mean((peer - ref) ** 2)))
+    assert small.atol == pytest.approx(MAX_FACTOR * np.abs(peer - ref).max())
+    exact = noise_tolerance(ref, ref, "bf16")  # a peer that happens to be exact: one rounding of the output
+    assert exact.max_rms == pytest.approx(RMS_FACTOR * UNIT_ROUNDOFF["bf16"] * np.sqrt(np.mean(ref ** 2)))
+    over = ref + 1.01 * exact.max_rms  # an error over the RMS bound fails though every element is within atol
+    stats = compare_output("x", over, ref, exact)
+    assert stats.max_abs <= exact.atol and not stats
 
 
 def test_agreement_counts_positions_and_the_first_divergence():
