@@ -26,6 +26,9 @@ def test_presets_round_trip_through_json(name, tmp_path):
     ({"share_vocab": True, "src_vocab_size": 10, "tgt_vocab_size": 12}, "share_vocab"),
     ({"eos_id": 0}, "must differ"),
     ({"bos_id": 99, "tgt_vocab_size": 20}, "bos_id"),
+    ({"max_new_tokens": 0}, r"max_new_tokens must be null or in \[1, 255\]"),
+    ({"max_new_tokens": 256}, "max_new_tokens"),
+    ({"max_new_tokens": "9"}, "max_new_tokens must be an integer or null"),
 ])
 def test_invalid_values_raise(overrides, message):
     with pytest.raises(ConfigError, match=message):

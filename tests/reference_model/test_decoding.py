@@ -147,3 +147,12 @@ def test_wide_top_k_leaves_a_row_with_nan_to_the_exact_path():
     x = _wide_scores("normal", np.random.default_rng(0), 3, 4000)
     x[1, [7, 2500]] = np.nan
     assert (_top_wide(torch.from_numpy(x), 8) == _top(x, 8)).all()
+
+
+def test_the_models_own_length_limit_is_the_default_and_a_given_one_wins():
+    from seq2trt.reference_model import preset
+
+    assert DecodeSettings.for_model(preset("tiny")).max_new_tokens == 31  # every position the decoder has
+    limited = preset("tiny", max_new_tokens=9)
+    assert DecodeSettings.for_model(limited).max_new_tokens == 9
+    assert DecodeSettings.for_model(limited, 20).max_new_tokens == 20
