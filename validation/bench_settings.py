@@ -11,6 +11,7 @@ from pathlib import Path
 from seq2trt.reference_model.errors import InputError
 
 from .bench_prepare import HF_BACKENDS
+from .decode_jobs import check_threads
 
 KNOWN_BACKENDS = ("eager", "eager-cuda", "ort", "ort-fused", "ort-int8", "tensorrt", "tensorrt-rtx", "ct2", "ct2-int8",
                   "hf", "optimum", "ort-generate", "ort-generate-int8")
@@ -60,6 +61,8 @@ class BenchSettings:
         if self.repeats < 1 or self.warmup < 0 or self.step_calls < 1 or self.check_samples < 1:
             raise InputError(f"repeats, step_calls and check_samples must be >= 1 and warmup >= 0, got "
                              f"{self.repeats}, {self.step_calls}, {self.check_samples} and {self.warmup}")
+        for count in self.threads:
+            check_threads(count)
         multi = [t for t in self.threads if t != 1]
         if len(multi) > 1 and any(b.startswith("ort") or b == "optimum" for b in self.backends):
             raise InputError(f"--threads {','.join(map(str, self.threads))}: ONNX Runtime runs one shared thread pool "

@@ -24,6 +24,7 @@ from seq2trt.reference_model.decoding import DecodeSettings
 from seq2trt.reference_model.errors import ArtifactError, CheckFailed, InputError
 
 from .adapter import RunnerStepModel
+from .decode_jobs import check_threads
 from .end_to_end import EndToEndResult, end_to_end
 from .localize import localise_export
 from .parity import GraphParity, graph_parity
@@ -93,6 +94,8 @@ class ValidateSettings:
             raise InputError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         if self.graphs not in GRAPH_SETS:
             raise InputError(f"unknown graph set {self.graphs!r}; choose one of {', '.join(GRAPH_SETS)}")
+        if self.threads != 0:  # 0: one per core
+            check_threads(self.threads)
         if self.localize_budget_s < 0 or (self.localize and not self.localize_budget_s):
             raise InputError(f"--localize-budget must be > 0 with --localize and >= 0 otherwise, got "
                              f"{self.localize_budget_s}")

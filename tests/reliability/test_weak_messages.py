@@ -109,3 +109,13 @@ def test_ort_generate_on_an_fp16_export_says_what_runs_it(work, invoke, one_erro
         assert "run `seq2trt generate" not in line
     result = invoke("translate", work / "half", "123", "--backend", "ort")  # what the line offers does run it
     assert result.exit_code == 0 and result.output.strip(), result.output
+
+
+@pytest.mark.parametrize("verb", ["validate", "bench"])
+def test_validate_and_bench_bound_their_thread_counts(work, verb, invoke, one_error_line):
+    """As translate: a count libgomp cannot create is refused by name before anything runs (validate's 0 means one
+    thread per core and stays allowed)."""
+    limit = _max_threads()
+    one_error_line(invoke(verb, work / "out", "--threads", str(limit + 1)), 2,
+                   f"--threads must be in [1, {limit}], got {limit + 1}")
+    one_error_line(invoke(verb, work / "out", "--threads", "100000"), 2, "got 100000")
