@@ -183,15 +183,17 @@ def _limit_failure(hf_model, cfg) -> str | None:
     """Whether transformers' generate, given no length, stops where our checkpoint's default does (its max_new_tokens
     winning over max_length, which counts the start token); the library's own default (max_length 20) where the
     model sets no limit is not the model's, and ours then runs to the decoder's length."""
-    config, _ = hf_model._prepare_generation_config(None)
-    theirs = config.max_new_tokens if config.max_new_tokens is not None else config.max_length - 1
+    with warnings.catch_warnings(), _transformers_runs():  # generate's own resolution (config.json's legacy keys too)
+        warnings.simplefilter("ignore")
+        config, _ = hf_model._prepare_generation_config(None)
+    limit = config.max_length - 1 if isinstance(config.max_length, int) else None
+    theirs = config.max_new_tokens if config.max_new_tokens is not None else limit
     if cfg.max_new_tokens is None:
-        default = type(config)()
-        if config.max_new_tokens is None and config.max_length == default.max_length:
+        if config.max_new_tokens is None and config.max_length in (None, type(config)().max_length):
             return None
         return (f"transformers' generate stops after {theirs} new tokens (max_length {config.max_length}, "
                 f"max_new_tokens {config.max_new_tokens}) where the import read no length limit")
-    if min(theirs, cfg.max_tgt_len - 1) != cfg.max_new_tokens:
+    if theirs is None or min(theirs, cfg.max_tgt_len - 1) != cfg.max_new_tokens:
         return (f"transformers' generate stops after {theirs} new tokens (max_length {config.max_length}, "
                 f"max_new_tokens {config.max_new_tokens}) where the import's limit is {cfg.max_new_tokens}")
     return None
