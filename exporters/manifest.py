@@ -1,5 +1,5 @@
 """`manifest.json` of an artifact directory: what was exported, how, with what tools, and the sha256 of
-every file, so later stages can refuse a tampered or half-copied directory (DESIGN.md, "The artifact directory").
+every file, so later stages can refuse a tampered or half-copied directory (docs/design.md, "The artifact directory").
 """
 
 from __future__ import annotations

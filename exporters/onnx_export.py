@@ -1,4 +1,4 @@
-"""Export a model to the encoder graph and the one KV-cached decoder graph (DESIGN.md, "Graph contract").
+"""Export a model to the encoder graph and the one KV-cached decoder graph (docs/design.md, "Graph contract").
 
 `torch.onnx.export(dynamo=True)` traces thin wrappers around `Seq2SeqTransformer.encode`/`cross_kv` and
 `decode_step`. The traced copy computes attention with `marked_core` (`Seq2SeqTransformer.use_attention`), which

@@ -1,6 +1,6 @@
 """The graph contract, declared once: tensor names, dtypes, axes, KV naming, profiles and the parity sweep.
 
-Names follow Hugging Face Optimum's (DESIGN.md, "Graph contract"). The exporter, the fuser, the builder, the
+Names follow Hugging Face Optimum's (docs/design.md, "Graph contract"). The exporter, the fuser, the builder, the
 runners and the validators read this module; nobody else spells a tensor name.
 
 Encoder graph: `input_ids`, `attention_mask` (B, S) int64 -> `encoder_hidden_states` (B, S, D) and, for every

@@ -1,4 +1,4 @@
-"""The build stage: an artifact directory's graphs -> `engines/<backend>-<target>-<dtype>/` (DESIGN.md, "The
+"""The build stage: an artifact directory's graphs -> `engines/<backend>-<target>-<dtype>/` (docs/design.md, "The
 artifact directory").
 
 `build_engines(out, backend, targets, ...)` verifies the sha256 of every graph it reads (manifest.json for the

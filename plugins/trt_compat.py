@@ -5,7 +5,7 @@ for what differs — which extra installs it, which compute capabilities it can 
 what its ONNX parser needs before it meets a plugin node, whether it has a timing cache, and whether a built
 engine can run here.
 
-TensorRT-RTX facts this relies on (measured, see DESIGN.md "Toolchain facts"): it builds real engines with no
+TensorRT-RTX facts this relies on (measured, see docs/design.md, "Toolchain facts the code relies on"): it builds real engines with no
 GPU for explicit targets (`IBuilderConfig.set_compute_capability`, SM75/80/86/89/120/121, no SM90); only
 IPluginV3 + IPluginCreatorV3One plugins pass its ONNX parser; the parser dlopens the unversioned
 `libtensorrt_rtx.so` that the wheel lacks (`ensure_rtx_parser_library`); its timing-cache APIs demand a GPU.

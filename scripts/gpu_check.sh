@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one prepared command for the GPU test machine (DESIGN.md, "The GPU check").
+# The one prepared command for the GPU test machine (docs/design.md, "The GPU check").
 #
 #   scripts/gpu_check.sh OUT_DIR
 #

@@ -1,7 +1,7 @@
 """`seq2trt bench`: latency and throughput of every backend, measured side by side, and the ratios between them.
 What may be asked for (backends, searches, settings) and what can run here is bench_settings.py.
 
-What is measured (DESIGN.md, issue 7): encoder latency by source length; decoder step latency by past length
+What is measured (benchmarks/README.md): encoder latency by source length; decoder step latency by past length
 (0 .. max); end-to-end greedy decoding tokens/s at each batch size (exactly `new_tokens` per source, eos never
 stops a row, so every backend does the same work); p50/p90/p99 after warm-up; peak RSS; build seconds and plan
 sizes from build.json. Backends run round-robin within each repetition (the starting backend rotates), so a
@@ -10,7 +10,7 @@ load spike on a shared machine hits all of them; ratios are medians of per-repet
 CTranslate2 is converted from the reference weights (from the Hugging Face directory, by CTranslate2's own
 converter, when the checkpoint was imported), checked against the eager model's greedy tokens (float32 must agree;
 int8's agreement is reported as its accuracy cost), then timed in worker processes, one Translator each; int8
-always with 1 thread (DESIGN.md: 2 threads are pathological there).
+always with 1 thread (benchmarks/README.md: 2 threads are pathological there).
 
 For an imported checkpoint, `hf` (transformers' eager `generate`) and `optimum` (Optimum's ONNX Runtime export,
 `ORTModelForSeq2SeqLM.generate`) time what users of that Hugging Face directory run today (hf_backends.py), on the

@@ -2,7 +2,7 @@
 `Translator.translate_batch`, and the check that its greedy tokens agree with the eager model.
 
 The conversion goes through CTranslate2's Python spec API (`TransformerSpec.from_config`), as its own
-converters do. The mapping (DESIGN.md, "Toolchain facts"): post-LN when `pre_norm=False`; self-attention
+converters do. The mapping (docs/design.md, "Toolchain facts the code relies on"): post-LN when `pre_norm=False`; self-attention
 `linear[0]` = q, k, v stacked, cross-attention `linear[0]` = q and `linear[1]` = k, v stacked; the
 sqrt(d_model) factor is `scale_embeddings`; the position table is passed explicitly, because CTranslate2's
 built-in sinusoid puts sin and cos in two halves, not interleaved as in the paper (and as our model does).

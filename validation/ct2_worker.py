@@ -2,7 +2,7 @@
 
 Run by file path (`python ct2_worker.py MODEL_DIR THREADS COMPUTE_TYPE`), never imported as part of seq2trt: it
 imports only ctranslate2 and the standard library, so its peak RSS is CTranslate2's, not PyTorch's. One
-Translator per process because two in one process slow each other 10x on our 2-core machines (DESIGN.md). It
+Translator per process because two in one process slow each other 10x on our 2-core machines (docs/design.md). It
 runs with CTranslate2's defaults and the parent's environment (see bench_backends.CT2_ENV_KEYS).
 
 Requests (one JSON object per line) and replies:

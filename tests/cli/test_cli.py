@@ -25,7 +25,7 @@ def assert_clean_error(proc: subprocess.CompletedProcess, code: int, *fragments:
 def test_help_and_version():
     listed = run("--help").stdout.split("Commands:")[1]
     names = {line.split()[0] for line in listed.splitlines() if line.strip()}
-    # every verb of the design's pipeline (DESIGN.md), and translate, has its line
+    # every verb of the design's pipeline (docs/design.md), and translate, has its line
     assert {"export", "fuse", "build", "validate", "bench", "report", "demo", "train", "translate"} <= names, names
     version = run("--version")
     assert version.returncode == 0 and "seq2trt" in version.stdout

@@ -1,6 +1,6 @@
 """Engines built for real on CPU with TensorRT-RTX: plugin graphs of every kind, and TensorRT's own Attention op.
 
-TensorRT-RTX compiles for named compute capabilities with no GPU (see DESIGN.md "Toolchain facts"), so these
+TensorRT-RTX compiles for named compute capabilities with no GPU (see docs/design.md, "Toolchain facts the code relies on"), so these
 tests build genuine plans; only running them needs a GPU (tests/validation).
 """
 
