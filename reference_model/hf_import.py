@@ -117,8 +117,9 @@ def _integer(where: Path, doc: dict, key: str, minimum: int = 1, default: Any = 
     if isinstance(value, int) and not isinstance(value, bool) and value >= minimum:
         return value
     what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-    raise ConfigError(f"{where}: {key} must be {what}{' or null' if nullable else ''}, got {_show(value)}; "
-                      "write a whole number without quotes, as save_pretrained does")
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    fix = f"set it to {minimum} or more" if whole else "write a whole number without quotes, as save_pretrained does"
+    raise ConfigError(f"{where}: {key} must be {what}{' or null' if nullable else ''}, got {_show(value)}; {fix}")
 
 
 def _flag(where: Path, doc: dict, key: str, default: bool) -> bool:
