@@ -33,10 +33,11 @@ def fuse(out: Path, target: str, allow_partial: bool, force: bool) -> None:
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option("--per-channel", is_flag=True, help="One weight scale per output channel instead of per tensor "
                                                   "(finer; ~10% slower at batch 1 on our CPU).")
-@click.option("--reduce-range", is_flag=True, help="7-bit weights, for CPUs without VNNI where uint8 x int8 "
-                                                   "products can saturate.")
+@click.option("--reduce-range/--full-range", default=None,
+              help="7-bit weights, for x86 CPUs without VNNI where uint8 x int8 products saturate (default: chosen "
+                   "for this CPU).")
 @click.option("--force", is_flag=True, help="Replace existing int8 graphs.")
-def quantize(out: Path, per_channel: bool, reduce_range: bool, force: bool) -> None:
+def quantize(out: Path, per_channel: bool, reduce_range: bool | None, force: bool) -> None:
     """Quantize the fused ORT graphs of OUT to int8 (dynamic) into OUT/quantized/ort-int8/.
 
     Opt-in: weights become int8 and activations are quantized at run time; check the accuracy cost with

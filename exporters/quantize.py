@@ -19,7 +19,7 @@ import json
 import logging
 import tempfile
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -43,7 +43,31 @@ NAME = "ort-int8"
 @dataclass(frozen=True)
 class QuantizeSettings:
     per_channel: bool = False  # one scale per output channel instead of per weight tensor
-    reduce_range: bool = False  # 7-bit weights: for CPUs without AVX512-VNNI/AVX-VNNI, where u8 x s8 can saturate
+    # 7-bit weights, for x86 CPUs without AVX512-VNNI/AVX-VNNI: their uint8 x int8 instruction sums pairs of products
+    # in int16, which saturates for 8-bit weights, so the graph would not compute what quantization defines.
+    # None: decided from this CPU (`saturating_int8_dot`).
+    reduce_range: bool | None = None
+
+    def resolved(self) -> "QuantizeSettings":
+        return self if self.reduce_range is not None else replace(self, reduce_range=saturating_int8_dot())
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        return set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return set()
+
+
+def saturating_int8_dot() -> bool:
+    """Whether ONNX Runtime's uint8 x int8 products saturate on this CPU: x86 without VNNI (vpmaddubsw adds two
+    products in int16; 255 x 127 x 2 > 32767). Other architectures and VNNI CPUs accumulate in int32."""
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64", "i686", "i386"):
+        return False
+    flags = _cpu_flags()
+    return bool(flags) and not flags & {"avx512_vnni", "avx_vnni", "amx_int8"}
 
 
 def quantized_dir(out: Path) -> Path:
@@ -116,6 +140,7 @@ def quantize_artifacts(out: Path, settings: QuantizeSettings = QuantizeSettings(
         raise InputError(f"{out} is a {manifest.dtype} export; int8 dynamic quantization starts from float32 "
                          f"graphs: export with `--dtype fp32` into another folder")
     source_dir = fused_dir(out, Target.ORT)
+    settings = settings.resolved()
     doc = {"method": "onnxruntime dynamic quantization (int8 weights, uint8 activations quantized at run time)",
            "onnxruntime": onnxruntime.__version__, **asdict(settings), "graphs": {}, "files": {}}
     with staged_directory(quantized_dir(out), force, "int8 graphs", kind=QUANTIZATION_JSON) as tmp:

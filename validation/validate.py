@@ -210,8 +210,18 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
     failures = graphs.failures() + (e2e.failures() if e2e is not None else [])
     if failures:
         raise CheckFailed(f"parity failed for {out} ({len(failures)} failing checks; see "
-                          f"{out}/reports/parity.md):\n  " + "\n  ".join(failures))
+                          f"{out}/reports/parity.md):\n  " + "\n  ".join(failures) + _int8_hint(out, graph_set))
     return document
+
+
+def _int8_hint(out: Path, graph_set: GraphSet) -> str:
+    """Why full-range int8 graphs fail on an x86 CPU without VNNI, and the fix."""
+    from seq2trt.exporters.quantize import saturating_int8_dot
+
+    if not graph_set.quantized or not saturating_int8_dot() or verify_quantized(out).get("reduce_range"):
+        return ""
+    return (f"\nthis CPU has no VNNI: ONNX Runtime's uint8 x int8 products saturate with the 8-bit weights of these "
+            f"graphs; re-quantize for it with `seq2trt quantize {out} --reduce-range --force`")
 
 
 def parity_document(manifest: Manifest, settings: ValidateSettings, graphs: GraphParity,

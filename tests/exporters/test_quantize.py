@@ -235,3 +235,19 @@ def test_tied_output_projection_is_a_weight_and_int8(demo_checkpoint, tmp_path):
             r.__enter__()
     result = graph_parity(tuple(p[0] for p in pairs), tuple(p[1] for p in pairs), spec.sweep(manifest.limits)[:8])
     assert result, result.failures()[:3]
+
+
+@pytest.mark.parametrize("machine, flags, reduced", [
+    ("x86_64", {"avx2", "avx512f", "avx512_vnni"}, False), ("x86_64", {"avx2", "avx_vnni"}, False),
+    ("x86_64", {"avx2", "amx_int8"}, False), ("x86_64", {"avx2", "fma"}, True), ("aarch64", {"asimd"}, False),
+])
+def test_reduce_range_is_chosen_for_the_cpu(monkeypatch, machine, flags, reduced):
+    """x86 without VNNI sums uint8 x int8 pairs in int16 (saturating with 8-bit weights): 7-bit weights there."""
+    import platform
+
+    from seq2trt.exporters import quantize
+
+    monkeypatch.setattr(platform, "machine", lambda: machine)
+    monkeypatch.setattr(quantize, "_cpu_flags", lambda: flags)
+    assert QuantizeSettings().resolved().reduce_range is reduced
+    assert QuantizeSettings(reduce_range=False).resolved().reduce_range is False  # a choice given is kept
