@@ -115,8 +115,10 @@ def choose_search(generation: dict | None, beam: int | None, alpha: float) -> tu
     an imported model, GNMT's length penalty (`alpha`) otherwise; greedy at one beam. `beam` None: the model's
     num_beams, else 1."""
     beams = beam if beam is not None else (generation or {}).get("num_beams", 1)
-    if beams < 1:
-        raise InputError(f"--beam must be >= 1, got {beams}")
+    if not isinstance(beams, int) or isinstance(beams, bool) or beams < 1:
+        where = "--beam" if beam is not None else "the checkpoint's generation settings: num_beams"
+        raise InputError(f"{where} must be an integer >= 1, got {beams!r}"
+                         + ("" if beam is not None else "; re-import the model or pass --beam"))
     if beams == 1:
         return 1, greedy_decode
     if generation is not None:

@@ -119,3 +119,17 @@ def test_validate_and_bench_bound_their_thread_counts(work, verb, invoke, one_er
     one_error_line(invoke(verb, work / "out", "--threads", str(limit + 1)), 2,
                    f"--threads must be in [1, {limit}], got {limit + 1}")
     one_error_line(invoke(verb, work / "out", "--threads", "100000"), 2, "got 100000")
+
+
+@pytest.mark.parametrize("generation, beam, fragment", [
+    ({"num_beams": -3}, None, "the checkpoint's generation settings: num_beams must be an integer >= 1, got -3"),
+    ({"num_beams": 4}, 0, "--beam must be an integer >= 1, got 0"),
+])
+def test_a_bad_beam_count_names_where_it_came_from(generation, beam, fragment):
+    """A hand-edited generation.json is named as the source of its num_beams, not as a --beam never given."""
+    from seq2trt.reference_model.errors import InputError
+    from seq2trt.validation.decode_jobs import choose_search
+
+    with pytest.raises(InputError) as raised:
+        choose_search(generation, beam, 0.6)
+    assert fragment in str(raised.value)
