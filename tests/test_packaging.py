@@ -1,11 +1,17 @@
-"""The wheel holds every package folder on disk as seq2trt.<folder>, and no generic top-level module."""
+"""The wheel holds every package folder on disk as seq2trt.<folder> (api/ as `seq2trt` itself), and no generic
+top-level module."""
 
 import tomllib
 from importlib.metadata import distribution
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TOP_LEVEL = ["reference_model", "exporters", "plugins", "validation", "cli"]
+TOP_LEVEL = ["reference_model", "exporters", "plugins", "validation", "cli", "hf", "api"]
+PACKAGE_OF = {"api": "seq2trt"}  # folder -> package, where it is not seq2trt.<folder>
+
+
+def package_name(folder: str) -> str:
+    return PACKAGE_OF.get(folder, f"seq2trt.{folder}")
 
 
 def packages_on_disk() -> set[str]:
@@ -13,17 +19,17 @@ def packages_on_disk() -> set[str]:
     for top in TOP_LEVEL:
         for init in (ROOT / top).rglob("__init__.py"):
             if "__pycache__" not in init.parts:
-                rel = init.parent.relative_to(ROOT)
-                found.add("seq2trt." + ".".join(rel.parts))
+                folder, *rest = init.parent.relative_to(ROOT).parts
+                found.add(".".join([package_name(folder), *rest]))
     return found
 
 
 def test_pyproject_lists_every_package_folder():
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert set(config["packages"]) == packages_on_disk()
-    for package in config["packages"]:
-        top = package.split(".")[1]
-        assert config["package-dir"][f"seq2trt.{top}"] == top
+    for top in TOP_LEVEL:
+        assert config["package-dir"][package_name(top)] == top
+    assert "py.typed" in config["package-data"]["seq2trt"] and (ROOT / "api" / "py.typed").is_file()
 
 
 def test_installed_distribution_has_no_generic_top_level_names():
@@ -31,3 +37,7 @@ def test_installed_distribution_has_no_generic_top_level_names():
     top = (dist.read_text("top_level.txt") or "").split()
     assert not set(top) & set(TOP_LEVEL), f"generic top-level modules installed: {top}"
     import seq2trt.cli.main  # noqa: F401  the console script's module is importable under the package name
+    import seq2trt
+
+    assert seq2trt.__file__ == str(ROOT / "api" / "__init__.py")
+    assert all(getattr(seq2trt, name) is not None for name in seq2trt.__all__)

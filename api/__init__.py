@@ -1,0 +1,38 @@
+"""seq2trt as a library: `seq2trt.Translator` decodes with a checkpoint or an export through any backend, and
+`seq2trt.hf.Seq2TrtModelForSeq2SeqLM` lets transformers' `generate()` and `pipeline()` drive an export's graphs.
+
+The stages' subpackages (`seq2trt.reference_model`, `seq2trt.exporters`, `seq2trt.validation`, ...) install
+beside this one. Names load on first use, so `import seq2trt` costs nothing until one is touched.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__all__ = ["Translator", "Hypothesis", "DECODE_BACKENDS", "Seq2TrtError", "InputError", "ConfigError",
+           "CheckpointError", "ArtifactError", "DependencyError", "CheckFailed"]
+
+# public name -> the module that defines it
+_HOMES = {"Translator": "seq2trt.translator", "Hypothesis": "seq2trt.translator",
+          "DECODE_BACKENDS": "seq2trt.validation.backends",
+          **{name: "seq2trt.reference_model.errors" for name in __all__ if name.endswith(("Error", "Failed"))}}
+
+if TYPE_CHECKING:
+    from seq2trt.reference_model.errors import (ArtifactError, CheckFailed, CheckpointError, ConfigError,
+                                                DependencyError, InputError, Seq2TrtError)
+    from seq2trt.validation.backends import DECODE_BACKENDS
+
+    from .translator import Hypothesis, Translator
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'seq2trt' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOMES[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,139 @@
+"""`seq2trt.hf.Seq2TrtModelForSeq2SeqLM` driven by transformers itself: `pipeline(...)` over it gives the text that
+`pipeline(...)` over the original transformers model gives, greedy and beam, and `generate()` the same ids. The
+original model is the independent reference (the import proved our model equal to it; here the graphs are judged)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from seq2trt.cli.main import cli
+from seq2trt.reference_model.errors import InputError
+
+pytest.importorskip("transformers", reason="the hf extra is not installed")
+
+TEXTS = ["kalo mine suta", "ri po de an elor", "taelor", "su ta ri po de mi ne kalo"]
+MAX_NEW = 24  # within the export's decoder (max_tgt_len 64); transformers' pipeline default would pass it
+
+
+def invoke(*args):
+    result = CliRunner().invoke(cli, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+@pytest.fixture(scope="module")
+def marian_export(make_hf_model, make_marian_tokenizer, tmp_path_factory):
+    """A random Marian with its own tokenizer: imported, exported (fp32), its ORT graphs fused."""
+    root = tmp_path_factory.mktemp("marian")
+    src, n = make_marian_tokenizer(root / "src")
+    make_hf_model(src, "marian", dict(vocab_size=n, pad_token_id=n - 1, decoder_start_token_id=n - 1,
+                                      activation_function="swish", scale_embedding=True), std=0.2)
+    invoke("import", "hf", src, "-o", root / "ckpt")
+    invoke("export", root / "ckpt", "-o", root / "out", "--max-batch", 16)
+    invoke("fuse", root / "out", "--target", "ort")
+    return root
+
+
+@pytest.fixture(scope="module")
+def original(marian_export):
+    from transformers import AutoTokenizer, MarianMTModel
+
+    return MarianMTModel.from_pretrained(marian_export / "src").eval(), AutoTokenizer.from_pretrained(
+        str(marian_export / "src"))
+
+
+@pytest.fixture(scope="module")
+def fused(marian_export):
+    from seq2trt.hf import Seq2TrtModelForSeq2SeqLM
+
+    with Seq2TrtModelForSeq2SeqLM.from_pretrained(marian_export / "out", backend="ort-fused", threads=1) as model:
+        yield model
+
+
+def test_the_model_is_a_transformers_generation_model(fused, marian_export):
+    from transformers import GenerationMixin, MarianConfig, PreTrainedModel
+
+    assert isinstance(fused, PreTrainedModel) and isinstance(fused, GenerationMixin) and fused.can_generate()
+    assert isinstance(fused.config, MarianConfig) and fused.config.is_encoder_decoder  # the imported model's own
+    assert fused.generation_config.decoder_start_token_id == fused.config.decoder_start_token_id
+    assert fused.generation_config.forced_eos_token_id == fused.config.eos_token_id
+
+
+@pytest.mark.parametrize("task", ["translation", "text2text-generation", "summarization"])
+@pytest.mark.parametrize("beams", [1, 4])
+def test_pipeline_text_is_the_original_models(fused, original, task, beams):
+    from transformers import pipeline
+
+    model, tokenizer = original
+    got = pipeline(task, model=fused, tokenizer=tokenizer)(TEXTS, num_beams=beams, max_new_tokens=MAX_NEW)
+    want = pipeline(task, model=model, tokenizer=tokenizer)(TEXTS, num_beams=beams, max_new_tokens=MAX_NEW)
+    assert got == want
+    assert len({next(iter(row.values())) for row in want}) > 1  # the texts differ: the check can fail
+
+
+def test_greedy_and_beam_differ_somewhere(original):
+    """The beam tests would prove nothing if this random model's beam search returned its greedy output."""
+    model, tokenizer = original
+    batch = tokenizer(TEXTS, return_tensors="pt", padding=True)
+    with torch.inference_mode():
+        greedy = model.generate(**batch, num_beams=1, max_new_tokens=MAX_NEW).tolist()
+        beam = model.generate(**batch, num_beams=4, max_new_tokens=MAX_NEW).tolist()
+    assert greedy != beam
+
+
+@pytest.mark.parametrize("backend", ["ort-fused", "ort"])
+@pytest.mark.parametrize("beams", [1, 4])
+def test_generate_ids_are_the_original_models(backend, beams, marian_export, original, fused):
+    from seq2trt.hf import Seq2TrtModelForSeq2SeqLM
+
+    model, tokenizer = original
+    batch = tokenizer(TEXTS, return_tensors="pt", padding=True)  # padded rows: the encoder mask reaches the graphs
+    with torch.inference_mode():
+        want = model.generate(**batch, num_beams=beams, max_new_tokens=MAX_NEW)
+    if backend == "ort-fused":
+        got = fused.generate(**batch, num_beams=beams, max_new_tokens=MAX_NEW)
+    else:
+        with Seq2TrtModelForSeq2SeqLM.from_pretrained(marian_export / "out", backend=backend) as plain:
+            got = plain.generate(**batch, num_beams=beams, max_new_tokens=MAX_NEW)
+    assert got.tolist() == want.tolist()
+
+
+def test_forward_logits_and_cache_are_the_original_models(fused, original):
+    """One forward over a whole target prefix, then one cached step: logits equal, the cache in transformers' types."""
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+    model, tokenizer = original
+    batch = tokenizer(TEXTS[:2], return_tensors="pt", padding=True)
+    start = model.config.decoder_start_token_id
+    prefix = torch.tensor([[start, 5, 9], [start, 12, 3]])
+    with torch.inference_mode():
+        want = model(**batch, decoder_input_ids=prefix).logits
+        got = fused(**batch, decoder_input_ids=prefix[:, :2], use_cache=True)
+        cache = got.past_key_values
+        assert isinstance(cache, EncoderDecoderCache) and isinstance(cache.self_attention_cache, DynamicCache)
+        assert cache.get_seq_length() == 2
+        encoder_outputs = fused.get_encoder()(**batch)
+        step = fused(attention_mask=batch["attention_mask"], decoder_input_ids=prefix[:, 2:],
+                     encoder_outputs=encoder_outputs, past_key_values=cache, use_cache=True)
+    torch.testing.assert_close(got.logits, want[:, :2].float(), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(step.logits, want[:, 2:].float(), atol=1e-4, rtol=1e-4)
+    assert step.past_key_values.get_seq_length() == 3
+
+
+def test_bad_backends_and_paths_are_named(marian_export):
+    from seq2trt.hf import Seq2TrtModelForSeq2SeqLM
+
+    with pytest.raises(InputError, match="backend 'eager' cannot drive transformers' generate.*ort-fused"):
+        Seq2TrtModelForSeq2SeqLM.from_pretrained(marian_export / "out", backend="eager")
+    with pytest.raises(InputError, match=r"ckpt is not an export directory \(no manifest.json\)"):
+        Seq2TrtModelForSeq2SeqLM.from_pretrained(marian_export / "ckpt")
+    with pytest.raises(InputError, match="threads must be in"):
+        Seq2TrtModelForSeq2SeqLM.from_pretrained(marian_export / "out", threads=0)
+
+
+def test_a_length_over_the_export_is_one_clear_error(fused, original):
+    _, tokenizer = original
+    with pytest.raises(InputError, match="over the export's max_tgt_len 64; generate at most 63 tokens"):
+        fused.generate(**tokenizer(TEXTS[:1], return_tensors="pt"), max_new_tokens=100, min_new_tokens=100)
