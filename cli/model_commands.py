@@ -14,8 +14,8 @@ from seq2trt.reference_model.errors import InputError
 from seq2trt.reference_model.tasks import TASKS
 from seq2trt.reference_model.train import TrainSettings, train as train_model
 from seq2trt.validation.backends import DECODE_BACKENDS
-from seq2trt.validation.decode_jobs import (batch_rows, check_sources, choose_search, decode_batches, decode_settings,
-                                            generation_config, has_tokenizer, open_decoder)
+from seq2trt.translator import check_decode_options, decode_sources
+from seq2trt.validation.decode_jobs import has_tokenizer, open_decoder
 
 
 @click.command()
@@ -149,28 +149,21 @@ def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path
 
     if bool(texts) == bool(ids_file):
         raise InputError("give either TEXTS or --ids-file F (JSON lines of source ids), not both or neither")
-    if not alpha == alpha:
-        raise InputError(f"--alpha must be a number, got {alpha}; give a length penalty such as 0.6")
-    if batch_size < 1:
-        raise InputError(f"--batch-size must be >= 1, got {batch_size}")
+    check_decode_options(alpha, batch_size)
     if any(not t.strip() for t in texts):
         raise InputError("empty source text; give at least one symbol")
     _check_utf8(texts)
-    with open_decoder(source, backend, checkpoint, threads) as (step_model, cfg, folder, src_limit, max_batch):
+    with open_decoder(source, backend, checkpoint, threads) as opened:
+        _, cfg, folder, _, _ = opened
         codec = _codec(folder, cfg.eos_id, bool(texts), src_lang, tgt_lang)
         if output_ids is not None:  # before any decode
             _check_output_ids(output_ids, ids_file, [source, folder])
         sources = [codec.encode(t) for t in texts] if texts else _read_ids_file(ids_file)
-        check_sources(sources, cfg, *src_limit, "source" if texts else f"{ids_file} line")
-        beams, decode = choose_search(generation_config(folder), beam, alpha)
-        if backend.startswith("ort-generate"):  # the search runs inside the graph (Hugging Face's, --alpha its length_penalty)
-            from seq2trt.validation.generate_backend import generate_search, read_generation
-
-            decode = generate_search(read_generation(folder), beams, alpha)
-        settings = decode_settings(cfg, max_new_tokens, codec.forced_bos_id if codec is not None else None)
-        rows = batch_rows(batch_size, max_batch, beams)
+        # the decode path seq2trt.Translator takes too
+        decoded = decode_sources(opened, backend, sources, "source" if texts else f"{ids_file} line", beam, alpha,
+                                 max_new_tokens, batch_size, codec.forced_bos_id if codec is not None else None)
         outputs: list[list[int]] = []
-        for out in decode_batches(step_model, sources, cfg.pad_id, decode, settings, rows):
+        for out in decoded:
             outputs.append(out)
             click.echo(codec.decode(out) if codec is not None else json.dumps(out))
     if output_ids is not None:

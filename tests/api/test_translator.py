@@ -1,0 +1,168 @@
+"""`seq2trt.Translator`: its hypotheses are the eager model's decode (models trained here) and transformers' generate
+(imported ones), equal to `seq2trt translate`'s output on the same inputs; its errors are the CLI's typed errors with
+the CLI's messages; one Translator called from 4 threads at once returns what each call returns alone."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import threading
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import seq2trt
+from seq2trt.cli.main import cli
+from seq2trt.reference_model.checkpoint import save_checkpoint
+from seq2trt.reference_model.decoding import DecodeSettings, beam_search, greedy_decode
+from seq2trt.reference_model.eager import EagerStepModel
+from seq2trt.reference_model.errors import InputError
+from seq2trt.reference_model.tasks import get_task
+from seq2trt.reference_model.vocab import pad_batch
+
+HAS_HF = importlib.util.find_spec("transformers") is not None
+TEXTS = ["40213", "7", "999999", "120", "5550", "31"]
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def numbers(make_model, tmp_path_factory):
+    """A random model on the numbers task's vocabularies: its checkpoint, and its export with fused ORT graphs."""
+    task = get_task("numbers")
+    model = make_model(seed=5, dtype=torch.float32, src_vocab_size=len(task.source_vocab),
+                       tgt_vocab_size=len(task.target_vocab))
+    root = tmp_path_factory.mktemp("numbers")
+    save_checkpoint(root / "ckpt", model, (task.source_vocab, task.target_vocab))
+    assert invoke("export", root / "ckpt", "-o", root / "out", "--max-batch", 8).exit_code == 0
+    assert invoke("fuse", root / "out", "--target", "ort").exit_code == 0
+    return root, model, task
+
+
+def eager_decode(model, task, texts, beam):
+    ids, mask = pad_batch([task.source_vocab.encode(t) + [model.cfg.eos_id] for t in texts], model.cfg.pad_id)
+    settings, step = DecodeSettings.for_model(model.cfg), EagerStepModel(model)
+    return greedy_decode(step, ids, mask, settings) if beam == 1 else beam_search(step, ids, mask, settings, beam)
+
+
+def test_public_names():
+    assert {"Translator", "Hypothesis", "InputError", "DECODE_BACKENDS"} <= set(seq2trt.__all__)
+    assert seq2trt.InputError is InputError and "ort-fused" in seq2trt.DECODE_BACKENDS
+
+
+@pytest.mark.parametrize("source, backend", [("ckpt", "eager"), ("out", "ort"), ("out", "ort-fused")])
+@pytest.mark.parametrize("beam", [1, 3])
+def test_translate_is_the_eager_decode_and_the_cli(numbers, source, backend, beam):
+    root, model, task = numbers
+    want = eager_decode(model, task, TEXTS, beam)
+    with seq2trt.Translator(root / source, backend=backend, threads=1) as translator:
+        got = translator.translate(TEXTS, beam=beam, batch_size=4)  # two batches
+        by_ids = translator.generate([task.source_vocab.encode(t) + [model.cfg.eos_id] for t in TEXTS], beam=beam)
+    assert [h.ids for h in got] == want == [h.ids for h in by_ids]
+    assert [h.text for h in got] == [task.target_vocab.decode(w) for w in want]
+    assert len({h.text for h in got}) > 1
+    result = invoke("translate", root / source, *TEXTS, "--backend", backend, "--beam", beam)
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == [h.text for h in got]
+
+
+def test_max_new_tokens_bounds_the_output(numbers):
+    root, model, task = numbers
+    with seq2trt.Translator(root / "out", backend="ort-fused") as translator:
+        short = translator.translate(TEXTS, max_new_tokens=2)
+    assert all(len(h.ids) <= 2 for h in short)
+    assert [h.ids for h in short] == [w[:2] for w in eager_decode(model, task, TEXTS, 1)]
+
+
+@pytest.mark.parametrize("backend, beam", [("ort-fused", 1), ("ort-fused", 3), ("eager", 3)])
+def test_four_threads_at_once_return_what_each_call_returns_alone(numbers, backend, beam):
+    root, _, _ = numbers
+    jobs = [TEXTS, TEXTS[::-1], TEXTS[1:4] * 3, ["12", "340", "7"]]
+    with seq2trt.Translator(root / ("ckpt" if backend == "eager" else "out"), backend=backend) as translator:
+        alone = [translator.translate(texts, beam=beam, batch_size=2) for texts in jobs]
+        together: list = [None] * len(jobs)
+        start = threading.Barrier(len(jobs))
+        errors = []
+
+        def work(i):
+            try:
+                start.wait()
+                for _ in range(3):  # overlap the calls for a while, not just their first steps
+                    together[i] = translator.translate(jobs[i], beam=beam, batch_size=2)
+            except BaseException as exc:  # noqa: BLE001  re-raised below, in the test's thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(jobs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors, errors
+    assert together == alone
+
+
+def test_closing_releases_sessions_and_torch_threads(numbers):
+    root, _, _ = numbers
+    saved = torch.get_num_threads()
+    translator = seq2trt.Translator(root / "out", backend="ort-fused", threads=1)
+    assert torch.get_num_threads() == 1
+    runners = [translator._opened[0].encoder, translator._opened[0].decoder]
+    translator.close()
+    assert torch.get_num_threads() == saved
+    assert not any(r.is_active for r in runners)
+    with pytest.raises(InputError, match="this Translator is closed; open a new one"):
+        translator.translate(TEXTS)
+
+
+def _cli_error(*args) -> str:
+    result = invoke(*args)
+    assert result.exit_code == 2, result.output
+    return result.output.strip().removeprefix("error: ")
+
+
+def test_errors_are_the_clis(numbers, tmp_path):
+    root, _, task = numbers
+    with pytest.raises(InputError) as exc:
+        seq2trt.Translator(root / "ckpt", backend="ort")
+    assert str(exc.value) == _cli_error("translate", root / "ckpt", "12", "--backend", "ort")
+    with seq2trt.Translator(root / "out", backend="ort-fused") as translator:
+        for options, flags in (({"beam": 0}, ["--beam", 0]), ({"max_new_tokens": 0}, ["--max-new-tokens", 0]),
+                               ({"batch_size": 0}, ["--batch-size", 0]), ({"alpha": float("nan")}, ["--alpha", "nan"])):
+            with pytest.raises(InputError) as exc:
+                translator.translate(["12"], **options)
+            assert str(exc.value) == _cli_error("translate", root / "out", "12", "--backend", "ort-fused", *flags)
+        (tmp_path / "ids.jsonl").write_text(json.dumps([3, 4, 9999]) + "\n")
+        with pytest.raises(InputError, match=r"source 1 holds ids outside the source vocabulary \[0, \d+\): \[9999\]"):
+            translator.generate([[3, 4, 9999]])
+        with pytest.raises(InputError, match="texts must be a list of strings, got one string"):
+            translator.translate("12")
+        with pytest.raises(InputError, match="source 2 must be a list of integer token ids"):
+            translator.generate([[3, 4], [3, "x"]])
+        with pytest.raises(InputError, match="empty source text"):
+            translator.translate(["12", " "])
+        assert translator.translate([]) == []
+    with pytest.raises(InputError, match="unknown backend 'onnx'; choose one of eager, ort, ort-fused"):
+        seq2trt.Translator(root / "out", backend="onnx")
+
+
+@pytest.mark.skipif(not HAS_HF, reason="the hf extra is not installed")
+@pytest.mark.parametrize("beam", [1, 4])
+def test_an_imported_model_translates_as_transformers_generate(make_hf_model, make_marian_tokenizer, tmp_path, beam):
+    from transformers import AutoTokenizer, MarianMTModel
+
+    src, n = make_marian_tokenizer(tmp_path / "src")
+    make_hf_model(src, "marian", dict(vocab_size=n, pad_token_id=n - 1, decoder_start_token_id=n - 1), std=0.2)
+    assert invoke("import", "hf", src, "-o", tmp_path / "ckpt").exit_code == 0
+    assert invoke("export", tmp_path / "ckpt", "-o", tmp_path / "out", "--max-batch", 16).exit_code == 0
+    texts = ["kalo mine suta", "ri po de an", "taelor"]
+    tokenizer, original = AutoTokenizer.from_pretrained(str(src)), MarianMTModel.from_pretrained(src).eval()
+    with torch.inference_mode():
+        rows = original.generate(**tokenizer(texts, return_tensors="pt", padding=True), num_beams=beam,
+                                 max_new_tokens=20)
+    want = tokenizer.batch_decode(rows, skip_special_tokens=True)
+    with seq2trt.Translator(tmp_path / "out", backend="ort") as translator:
+        got = translator.translate(texts, beam=beam, max_new_tokens=20)
+    assert [h.text for h in got] == want
