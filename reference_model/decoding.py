@@ -9,7 +9,7 @@ code drives the eager model, ONNX Runtime and TensorRT, and their outputs are co
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, NamedTuple, Protocol
 
 import numpy as np
 
@@ -31,6 +31,16 @@ class StepModel(Protocol):
         """Rows `index` of an encoder state or a past, along the batch axis."""
 
 
+# Options of a generation config that DecodeSettings takes as they are (generation.json and `for_model`).
+GENERATION_OPTIONS = ("min_length", "min_new_tokens", "no_repeat_ngram_size", "repetition_penalty", "bad_words_ids",
+                      "do_sample", "temperature", "top_k", "top_p", "num_return_sequences")
+
+
+class Hypothesis(NamedTuple):
+    tokens: list[int]  # without bos/eos
+    score: float  # beam: Hugging Face's sequences_scores (GNMT's for models trained here); else the sum of log-probs
+
+
 @dataclass(frozen=True)
 class DecodeSettings:
     bos_id: int
@@ -41,28 +51,64 @@ class DecodeSettings:
     forced_bos_id: int | None = None
     forced_eos: bool = False
     suppress_ids: tuple[int, ...] = ()
+    # Hugging Face's logits processors that read what came before (its input_ids: the start token, then the
+    # generated ones) and its length floors; min_length counts the start token, min_new_tokens does not.
+    min_length: int = 0
+    min_new_tokens: int = 0
+    no_repeat_ngram_size: int = 0
+    repetition_penalty: float = 1.0
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()  # sequences of two tokens or more; single ones are suppress_ids
+    # Sampling (Hugging Face's warpers: temperature, top-k, top-p; its defaults) and what a search returns.
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 50
+    top_p: float = 1.0
+    seed: int | None = None  # None: a fresh seed from the system
+    num_return_sequences: int = 1
+    output_scores: bool = False
 
     @classmethod
-    def for_model(cls, cfg, max_new_tokens: int | None = None) -> "DecodeSettings":
-        """The settings a `Seq2SeqConfig` implies; `max_new_tokens` defaults to the model's own limit (an imported
-        model's max_new_tokens / max_length), else to every position the decoder has."""
+    def for_model(cls, cfg, max_new_tokens: int | None = None, generation: dict | None = None) -> "DecodeSettings":
+        """The settings a `Seq2SeqConfig` implies, with an imported model's generation options (generation.json,
+        GENERATION_OPTIONS; absent or null keys keep their defaults); `max_new_tokens` defaults to the model's own
+        limit (an imported model's max_new_tokens / max_length), else to every position the decoder has."""
         if max_new_tokens is None:
             max_new_tokens = cfg.max_new_tokens if cfg.max_new_tokens is not None else cfg.max_tgt_len - 1
+        options = {k: generation[k] for k in GENERATION_OPTIONS if (generation or {}).get(k) is not None}
+        if "bad_words_ids" in options:
+            options["bad_words_ids"] = tuple(tuple(w) for w in options["bad_words_ids"])
         return cls(cfg.bos_id, cfg.eos_id, cfg.pad_id, max_new_tokens, cfg.forced_bos_id, cfg.forced_eos,
-                   tuple(cfg.suppress_ids))
+                   tuple(cfg.suppress_ids), **options)
+
+    @property
+    def uses_history(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.no_repeat_ngram_size > 0 or bool(self.bad_words_ids)
 
     @property
     def constrained(self) -> bool:
-        return self.forced_bos_id is not None or self.forced_eos or bool(self.suppress_ids)
+        return (self.forced_bos_id is not None or self.forced_eos or bool(self.suppress_ids) or self.uses_history
+                or self.min_length > 1 or self.min_new_tokens > 0)
 
-    def constrain(self, scores: np.ndarray, step: int, inplace: bool = False) -> np.ndarray:
+    @property
+    def plain(self) -> bool:
+        """Whether a search returns one token list a source (else lists of Hypothesis)."""
+        return self.num_return_sequences == 1 and not self.output_scores
+
+    def constrain(self, scores: np.ndarray, step: int, inplace: bool = False,
+                  tokens: np.ndarray | None = None) -> np.ndarray:
         """Scores (b, V) of generated position `step` with the model's rules applied, as Hugging Face's logits
-        processors apply them: -inf for suppressed ids; only the forced id left at step 0 (forced bos) and at the
-        last step the length limit allows (forced eos). `inplace` writes into `scores` instead of a copy."""
+        processors apply them and in their order: repetition penalty, no-repeat n-grams, bad words, min_length,
+        min_new_tokens, forced bos (only it left at step 0), forced eos (at the last step the limit allows),
+        suppressed ids. `tokens` (b, step): each row's generated tokens, needed by the first three (None at step
+        0). `inplace` writes into `scores` instead of a copy."""
         if not self.constrained:
             return scores
         if not inplace:
             scores = scores.copy()
+        if self.uses_history:
+            self._history_rules(scores, np.zeros((len(scores), 0), np.int64) if tokens is None else tokens)
+        if step + 1 < self.min_length or step < self.min_new_tokens:
+            scores[:, self.eos_id] = -np.inf
         forced = self.forced_bos_id if step == 0 else None
         if self.forced_eos and step == self.max_new_tokens - 1:
             forced = self.eos_id
@@ -73,17 +119,84 @@ class DecodeSettings:
             scores[:, list(self.suppress_ids)] = -np.inf
         return scores
 
+    def _history_rules(self, scores: np.ndarray, tokens: np.ndarray) -> None:
+        """Repetition penalty, no-repeat n-grams and bad words in place, over Hugging Face's input_ids."""
+        import torch
+
+        seen = np.concatenate([np.full((len(scores), 1), self.bos_id, np.int64), np.asarray(tokens, np.int64)], 1)
+        if self.repetition_penalty != 1.0:  # in torch: Hugging Face's own float32 arithmetic
+            x, ids = torch.from_numpy(scores), torch.from_numpy(seen)
+            picked = torch.gather(x, 1, ids)
+            x.scatter_(1, ids, torch.where(picked < 0, picked * self.repetition_penalty,
+                                           picked / self.repetition_penalty))
+        n = self.no_repeat_ngram_size
+        if n and seen.shape[1] + 1 >= n:
+            for row, hist in enumerate(seen.tolist()):
+                prefix = tuple(hist[len(hist) - n + 1:]) if n > 1 else ()
+                banned = [g[-1] for g in zip(*(hist[i:] for i in range(n))) if g[:-1] == prefix]
+                if banned:
+                    scores[row, banned] = -np.inf
+        for word in self.bad_words_ids:  # a word's last token, after its other tokens (generated ones only)
+            if seen.shape[1] >= len(word):
+                hit = (seen[:, seen.shape[1] - len(word) + 1:] == np.asarray(word[:-1])).all(1)
+                scores[hit, word[-1]] = -np.inf
+
+    def warp(self, scores):
+        """Hugging Face's sampling warpers on float32 torch scores (b, V): temperature, top-k (ties with the k-th
+        kept), top-p (ascending sort; drop where the cumulative probability <= 1 - top_p; keep one at least)."""
+        import torch
+
+        if self.temperature != 1.0:
+            scores = scores / self.temperature
+        if self.top_k:
+            kth = torch.topk(scores, min(self.top_k, scores.shape[-1]))[0][..., -1, None]
+            scores = scores.masked_fill(scores < kth, -float("inf"))
+        if self.top_p < 1.0:
+            ordered, order = torch.sort(scores, descending=False)
+            drop = ordered.softmax(dim=-1).cumsum(dim=-1) <= (1 - self.top_p)
+            drop[..., -1:] = False
+            scores = scores.masked_fill(drop.scatter(1, order, drop), -float("inf"))
+        return scores
+
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        checks = (("min_length", self.min_length >= 0, ">= 0"), ("min_new_tokens", self.min_new_tokens >= 0, ">= 0"),
+                  ("no_repeat_ngram_size", self.no_repeat_ngram_size >= 0, ">= 0"),
+                  ("repetition_penalty", self.repetition_penalty > 0, "> 0"),
+                  ("temperature", self.temperature > 0, "> 0"), ("top_k", self.top_k >= 0, ">= 0 (0: no top-k)"),
+                  ("top_p", 0 < self.top_p <= 1, "in (0, 1]"),
+                  ("num_return_sequences", self.num_return_sequences >= 1, ">= 1"),
+                  ("bad_words_ids", all(len(w) >= 1 for w in self.bad_words_ids), "lists of one id or more"))
+        for name, ok, rule in checks:
+            if not ok:
+                raise ConfigError(f"{name} must be {rule}, got {getattr(self, name)!r}")
+
+    def generator(self):
+        """The torch generator a sampling search draws from: seeded with `seed`, else from the system."""
+        import torch
+
+        gen = torch.Generator()
+        if self.seed is None:
+            gen.seed()
+        else:
+            gen.manual_seed(self.seed)
+        return gen
 
 
 StepHook = Callable[[int, np.ndarray, np.ndarray], None]  # (step, rows (b,), logits (b, V))
 
 
 def greedy_decode(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndarray, settings: DecodeSettings,
-                  on_step: StepHook | None = None) -> list[list[int]]:
-    """Greedy search. Returns each source's tokens without bos/eos. Finished rows leave the batch."""
+                  on_step: StepHook | None = None, generator=None) -> list:
+    """Greedy search, or sampling (`settings.do_sample`; `num_return_sequences` samples a source, drawn from
+    `generator`, else from `settings.generator()`). Returns each source's tokens without bos/eos, or its
+    Hypothesis list when `settings.plain` is not. Finished rows leave the batch."""
+    if not settings.do_sample and settings.num_return_sequences > 1:
+        raise ConfigError(f"greedy search returns one sequence a source, not num_return_sequences "
+                          f"{settings.num_return_sequences}; use beam search with as many beams, or sampling")
+    if settings.do_sample and settings.num_return_sequences > 1:  # Hugging Face's expansion: each source N times
+        input_ids, attention_mask = (np.repeat(a, settings.num_return_sequences, 0) for a in (input_ids, attention_mask))
     B = input_ids.shape[0]
     encoder_state = model.encode(input_ids, attention_mask)
     past = model.empty_past(B)
@@ -96,23 +209,62 @@ def greedy_decode(model: StepModel, input_ids: np.ndarray, attention_mask: np.nd
     # the earlier bookkeeping (a scatter into an output array, a count) 0.5 ms of a 14 ms decode.
     history: list[tuple[np.ndarray, np.ndarray]] = []  # (rows, tokens) of each step
     eos = settings.eos_id
+    generated = np.zeros((B, 0), np.int64) if settings.uses_history else None  # live rows' tokens, for the rules
+    sample = _Sampler(settings, B, generator) if settings.do_sample else None
+    totals = None if settings.plain else np.zeros(B)
     for step in range(settings.max_new_tokens):
         logits, past = model.step(next_ids, mask, encoder_state, past)
         if on_step is not None:
             on_step(step, rows, logits)
-        tokens = (settings.constrain(logits, step) if settings.constrained else logits).argmax(-1)  # (b,) int64
+        scores = settings.constrain(logits, step, tokens=generated) if settings.constrained else logits
+        if sample is not None:
+            tokens, logp = sample(scores, rows, totals is not None)
+        else:
+            tokens = scores.argmax(-1)  # (b,) int64
+            logp = None if totals is None else _log_softmax32(scores).numpy()
+        if totals is not None:
+            totals[rows] += logp[np.arange(len(rows)), tokens]
         history.append((rows, tokens))
+        if generated is not None:
+            generated = np.concatenate([generated, tokens[:, None]], 1)
         if eos in tokens.tolist():  # rows that produced eos leave the batch
             keep = np.flatnonzero(tokens != eos)
             if not len(keep):
                 break
             rows, mask, tokens = rows[keep], mask[keep], tokens[keep]
+            generated = None if generated is None else generated[keep]
             encoder_state, past = model.select(encoder_state, keep), model.select(past, keep)
         next_ids = tokens[:, None]
     out = np.full((B, len(history)), eos, dtype=np.int64)
     for step, (step_rows, step_tokens) in enumerate(history):
         out[step_rows, step] = step_tokens
-    return [row[: row.index(eos)] if eos in row else row for row in out.tolist()]
+    found = [row[: row.index(eos)] if eos in row else row for row in out.tolist()]
+    if totals is None:
+        return found
+    n = settings.num_return_sequences if settings.do_sample else 1
+    hyps = [Hypothesis(tokens, float(score)) for tokens, score in zip(found, totals)]
+    return [hyps[i: i + n] for i in range(0, B, n)]
+
+
+class _Sampler:
+    """Hugging Face's sampling step, reproducible under the same seed: torch's multinomial with one sample is
+    argmax(p / q), q ~ Exp(1) drawn for every entry of the batch it was given, finished rows included. So q is drawn
+    for the original batch every step, and the live rows pick theirs."""
+
+    def __init__(self, settings: DecodeSettings, batch: int, generator=None):
+        self.settings, self.batch = settings, batch
+        self.generator = generator if generator is not None else settings.generator()
+
+    def __call__(self, scores: np.ndarray, rows: np.ndarray, want_logp: bool):
+        import torch
+
+        warped = self.settings.warp(torch.from_numpy(np.asarray(scores, dtype=np.float32)))
+        probs = warped.softmax(dim=-1)
+        q = torch.empty((self.batch, probs.shape[-1]), dtype=probs.dtype).exponential_(1, generator=self.generator)
+        if len(rows) < self.batch:
+            q = q[torch.from_numpy(rows)]
+        tokens = (probs / q).argmax(-1).numpy()
+        return tokens, (torch.log_softmax(warped, dim=-1).numpy() if want_logp else None)
 
 
 def length_penalty(length: int, alpha: float) -> float:
@@ -153,8 +305,7 @@ def beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndar
                 beam_size: int = 4, alpha: float = 0.6) -> list[list[int]]:
     """Beam search with GNMT length penalty. Returns the best hypothesis of each source, without bos/eos.
     A source that is done leaves the batch: its K rows are dropped from the model's state with the step's reorder."""
-    if beam_size < 1:
-        raise ConfigError(f"beam_size must be >= 1, got {beam_size}")
+    n_best = _check_beams(settings, beam_size)
     B, K = input_ids.shape[0], beam_size
     expand = np.repeat(np.arange(B), K)  # (B*K,) source row of every beam
     # All K beams of a source start identical: the first step runs one row a source and its log-probabilities are
@@ -170,7 +321,8 @@ def beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndar
     for step in range(settings.max_new_tokens):
         b_live = len(sources)
         logits, past = model.step(next_ids, mask, encoder_state, past)
-        logp = settings.constrain(log_softmax(logits), step)
+        history = np.array(beams, np.int64).reshape(len(beams), step) if settings.uses_history and step else None
+        logp = settings.constrain(log_softmax(logits), step, tokens=history)
         if step == 0 and K > 1:
             logp = np.repeat(logp, K, axis=0)
             encoder_state, mask = model.select(encoder_state, expand), mask[expand]
@@ -215,7 +367,21 @@ def beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndar
             for k in range(K):
                 if np.isfinite(scores[b, k]):
                     finished[source].add(beams[b * K + k], scores[b, k], ended=False)
-    return [kept.hyps[0][1] if kept.hyps else [] for kept in finished]
+    if settings.plain:
+        return [kept.hyps[0][1] if kept.hyps else [] for kept in finished]
+    return [[Hypothesis(tokens, float(score)) for score, tokens in kept.hyps[:n_best]] for kept in finished]
+
+
+def _check_beams(settings: DecodeSettings, beam_size: int) -> int:
+    """The hypotheses a beam search returns a source, checked against the beams (Hugging Face's rule)."""
+    if beam_size < 1:
+        raise ConfigError(f"beam_size must be >= 1, got {beam_size}")
+    if settings.do_sample:
+        raise ConfigError("beam search does not sample; sample with one beam")
+    if settings.num_return_sequences > beam_size:
+        raise ConfigError(f"num_return_sequences {settings.num_return_sequences} is more than the {beam_size} beams; "
+                          "ask for at most as many sequences as beams")
+    return settings.num_return_sequences
 
 
 def _top(scores: np.ndarray, k: int) -> np.ndarray:
@@ -300,9 +466,8 @@ def hf_beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.n
     a batch-1 step's time)."""
     import torch
 
-    if beam_size < 1:
-        raise ConfigError(f"beam_size must be >= 1, got {beam_size}")
     B, K, N = input_ids.shape[0], beam_size, settings.max_new_tokens
+    n_best = _check_beams(settings, beam_size)
     expand = np.repeat(np.arange(B), K)  # (B*K,) source row of every beam
     # All K beams of a source start identical: the first step runs one row a source and its log-probabilities are
     # repeated K times, so what follows sees Hugging Face's B x K rows (the state is expanded after that step).
@@ -322,9 +487,9 @@ def hf_beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.n
     eos = settings.eos_id
     next_ids = np.full((B, 1), settings.bos_id, dtype=np.int64)
 
-    def result(b: int) -> list[int]:
-        tokens = finished[b][0]
-        return tokens[: tokens.index(eos)] if eos in tokens else tokens
+    def result(b: int) -> list:
+        cut = [tokens[: tokens.index(eos)] if eos in tokens else tokens for tokens in finished[b][:n_best]]
+        return cut[0] if settings.plain else [Hypothesis(t, float(s)) for t, s in zip(cut, finished_scores[b])]
 
     for step in range(N):
         b_live = len(sources)
@@ -334,7 +499,7 @@ def hf_beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.n
         if step == 0 and K > 1:
             logp = logp.repeat_interleave(K, dim=0)
             encoder_state, mask = model.select(encoder_state, expand), mask[expand]
-        settings.constrain(logp.numpy(), step, inplace=True)  # logp is this step's own array
+        settings.constrain(logp.numpy(), step, inplace=True, tokens=running)  # logp is this step's own array
         V = logp.shape[-1]
         acc = logp.view(b_live, K, V).add_(torch.from_numpy(running_scores)[:, :, None]).view(b_live, K * V)  # in place
         top = _top_wide(acc, 2 * K)  # (b, 2K), best first

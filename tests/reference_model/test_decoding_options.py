@@ -1,0 +1,156 @@
+"""Hugging Face's generation options in the reference decoding (min_length / min_new_tokens, no-repeat n-grams,
+repetition penalty, multi-token bad words, early stopping, n-best lists with their scores, sampling), judged by
+transformers' own `generate` with the same options on small random models of two families, fp32, eager."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="the hf extra is not installed")
+
+from seq2trt.reference_model.decoding import DecodeSettings, Hypothesis, greedy_decode, hf_beam_search  # noqa: E402
+from seq2trt.reference_model.eager import EagerStepModel  # noqa: E402
+from seq2trt.reference_model.errors import ConfigError  # noqa: E402
+from seq2trt.reference_model.hf_import import load_hf_as_model  # noqa: E402
+from seq2trt.reference_model.hf_verify import load_transformers_model, seeded_sources  # noqa: E402
+from seq2trt.reference_model.vocab import pad_batch  # noqa: E402
+
+NEW = 16
+
+# Each set changes what these models decode (checked below): the history rules bite on models that repeat.
+OPTIONS = {
+    "min_length": dict(min_length=12),
+    "min_new_tokens": dict(min_new_tokens=9),
+    "no_repeat_ngram_2": dict(no_repeat_ngram_size=2),
+    "no_repeat_ngram_1": dict(no_repeat_ngram_size=1),
+    "repetition_penalty": dict(repetition_penalty=1.8),
+    "repetition_reward": dict(repetition_penalty=0.6),
+    "bad_words": dict(bad_words_ids="planted"),
+    "all": dict(min_length=6, no_repeat_ngram_size=3, repetition_penalty=1.3, bad_words_ids="planted"),
+}
+
+
+# eos made likely (the logits bias): some sources end at once, others run on, so the length floors bite.
+EOS_BIAS = {"marian": 8.0, "bart": 3.0}
+
+
+@pytest.fixture(scope="module", params=sorted(EOS_BIAS))
+def models(request, make_hf_model, tmp_path_factory):
+    src = make_hf_model(tmp_path_factory.mktemp(request.param), request.param)
+    hf_model = load_transformers_model(src)
+    with torch.no_grad():
+        hf_model.final_logits_bias[0, hf_model.config.eos_token_id] += EOS_BIAS[request.param]
+    hf_model.save_pretrained(src)
+    _, model, _, _ = load_hf_as_model(src)
+    ids, mask = pad_batch(seeded_sources(model.cfg, 6, seed=3), model.cfg.pad_id)
+    return model, load_transformers_model(src), ids, mask
+
+
+def _generate(hf_model, ids, mask, eos, **kwargs):
+    with torch.inference_mode():
+        out = hf_model.generate(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
+                                max_new_tokens=NEW, return_dict_in_generate=True, **kwargs)
+    rows = [r[: r.index(eos)] if eos in r else r for r in out.sequences[:, 1:].tolist()]
+    return rows, out
+
+
+def _options(name, baseline):
+    """The option set, with bad words planted from the baseline's own output (2- and 3-token words it produced)."""
+    opts = dict(OPTIONS[name])
+    if opts.get("bad_words_ids") == "planted":
+        words = {tuple(row[i: i + n]) for row in baseline for n in (2, 3) for i in range(0, len(row) - n, 3)}
+        opts["bad_words_ids"] = [list(w) for w in sorted(words)[:6]]
+    return opts
+
+
+def _settings(model, opts, **extra):
+    base = DecodeSettings.for_model(model.cfg, NEW)
+    opts = {**opts, **({"bad_words_ids": tuple(map(tuple, opts["bad_words_ids"]))} if "bad_words_ids" in opts else {})}
+    return dataclasses.replace(base, **opts, **extra)
+
+
+@pytest.mark.parametrize("name", sorted(OPTIONS))
+def test_greedy_options_equal_generate(models, name):
+    model, hf_model, ids, mask = models
+    eos, step = model.cfg.eos_id, EagerStepModel(model)
+    baseline = greedy_decode(step, ids, mask, DecodeSettings.for_model(model.cfg, NEW))
+    opts = _options(name, baseline)
+    want, _ = _generate(hf_model, ids, mask, eos, do_sample=False, num_beams=1, **opts)
+    ours = greedy_decode(step, ids, mask, _settings(model, opts))
+    assert ours == want
+    assert ours != baseline, f"{name} changed nothing: the test could not fail"
+
+
+# Every option with early_stopping False; the three stopping modes on the length floor and on everything at once.
+BEAM_CASES = [(name, False) for name in sorted(OPTIONS)] + [(name, mode) for name in ("all", "min_length")
+                                                             for mode in (True, "never")]
+
+
+@pytest.mark.parametrize("name,early_stopping", BEAM_CASES)
+def test_beam_options_nbest_and_scores_equal_generate(models, name, early_stopping):
+    model, hf_model, ids, mask = models
+    eos, step = model.cfg.eos_id, EagerStepModel(model)
+    nbest = dict(num_return_sequences=3, output_scores=True)
+    baseline = hf_beam_search(step, ids, mask, _settings(model, {}, **nbest), 4, 1.0, early_stopping)
+    opts = _options(name, [h.tokens for row in baseline for h in row])
+    want, out = _generate(hf_model, ids, mask, eos, do_sample=False, num_beams=4, num_return_sequences=3,
+                          early_stopping=early_stopping, output_scores=True, **opts)
+    ours = hf_beam_search(step, ids, mask, _settings(model, opts, **nbest), 4, 1.0, early_stopping)
+    assert all(isinstance(h, Hypothesis) for row in ours for h in row)
+    assert [h.tokens for row in ours for h in row] == want
+    np.testing.assert_allclose([h.score for row in ours for h in row], out.sequences_scores.numpy(), rtol=1e-5)
+    assert ours != baseline, f"{name} changed nothing: the test could not fail"
+    plain = hf_beam_search(step, ids, mask, _settings(model, opts), 4, 1.0, early_stopping)
+    assert plain == [row[0].tokens for row in ours]
+
+
+def test_greedy_scores_are_the_transition_scores(models):
+    model, hf_model, ids, mask = models
+    eos = model.cfg.eos_id
+    want, out = _generate(hf_model, ids, mask, eos, do_sample=False, num_beams=1, output_scores=True,
+                          repetition_penalty=1.3)
+    ours = greedy_decode(EagerStepModel(model), ids, mask, _settings(model, dict(repetition_penalty=1.3),
+                                                                     output_scores=True))
+    steps = hf_model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True).numpy()
+    totals = [steps[i, : len(row) + (len(row) < NEW)].sum() for i, row in enumerate(want)]  # eos counted
+    assert [row[0].tokens for row in ours] == want
+    np.testing.assert_allclose([row[0].score for row in ours], totals, rtol=1e-5)
+
+
+SAMPLING = {"default-top50": {}, "temperature": dict(temperature=0.7), "top_k": dict(top_k=5),
+            "top_p": dict(top_p=0.8, top_k=0), "all": dict(temperature=1.3, top_k=20, top_p=0.9)}
+
+
+@pytest.mark.parametrize("n", [1, 3])
+@pytest.mark.parametrize("name", sorted(SAMPLING))
+def test_sampling_equals_generate_with_the_same_seed(models, name, n):
+    """Rows finish at different steps and leave our batch; the draws still follow transformers' (full batch)."""
+    model, hf_model, ids, mask = models
+    eos, opts = model.cfg.eos_id, SAMPLING[name]
+    torch.manual_seed(11)
+    want, _ = _generate(hf_model, ids, mask, eos, do_sample=True, num_beams=1, num_return_sequences=n,
+                        min_length=3, **opts)
+    settings = _settings(model, dict(min_length=3, **opts), do_sample=True, seed=11, num_return_sequences=n)
+    ours = greedy_decode(EagerStepModel(model), ids, mask, settings)
+    ours = [h.tokens for row in ours for h in row] if n > 1 else ours
+    assert ours == want
+    assert len({len(r) for r in ours}) > 1, "every row ended together: dropping rows went untested"
+    other = greedy_decode(EagerStepModel(model), ids, mask, dataclasses.replace(settings, seed=12))
+    assert other != greedy_decode(EagerStepModel(model), ids, mask, settings)
+
+
+def test_options_that_cannot_hold_are_refused(models):
+    model, _, ids, mask = models
+    step = EagerStepModel(model)
+    with pytest.raises(ConfigError, match="num_return_sequences 5 is more than the 4 beams"):
+        hf_beam_search(step, ids, mask, _settings(model, {}, num_return_sequences=5), 4)
+    with pytest.raises(ConfigError, match="greedy search returns one sequence"):
+        greedy_decode(step, ids, mask, _settings(model, {}, num_return_sequences=2))
+    for bad, message in ((dict(top_p=0.0), "top_p must be in"), (dict(temperature=0.0), "temperature must be > 0"),
+                         (dict(repetition_penalty=-1.0), "repetition_penalty must be > 0")):
+        with pytest.raises(ConfigError, match=message):
+            _settings(model, bad)
