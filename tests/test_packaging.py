@@ -1,6 +1,7 @@
 """The wheel holds every package folder on disk as seq2trt.<folder> (api/ as `seq2trt` itself), and no generic
 top-level module."""
 
+import ast
 import tomllib
 from importlib.metadata import distribution
 from pathlib import Path
@@ -41,3 +42,13 @@ def test_installed_distribution_has_no_generic_top_level_names():
 
     assert seq2trt.__file__ == str(ROOT / "api" / "__init__.py")
     assert all(getattr(seq2trt, name) is not None for name in seq2trt.__all__)
+
+
+def test_the_library_layers_never_import_the_cli():
+    """api/ and hf/ sit above validation/ and below cli/: the CLI may call them, never the reverse."""
+    for folder in ("api", "hf"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                assert not any(n == "seq2trt.cli" or n.startswith("seq2trt.cli.") for n in names), (path, names)

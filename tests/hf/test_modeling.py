@@ -137,3 +137,37 @@ def test_a_length_over_the_export_is_one_clear_error(fused, original):
     _, tokenizer = original
     with pytest.raises(InputError, match="over the export's max_tgt_len 64; generate at most 63 tokens"):
         fused.generate(**tokenizer(TEXTS[:1], return_tensors="pt"), max_new_tokens=100, min_new_tokens=100)
+
+
+def test_pipeline_defaults_stay_within_the_export(fused, original):
+    """transformers' pipeline asks 256 new tokens by default; the model's generation config bounds it to what the
+    export's decoder holds, so a plain call runs."""
+    from transformers import pipeline
+
+    rows = pipeline("translation", model=fused, tokenizer=original[1])(TEXTS[:2])
+    assert len(rows) == 2 and all(isinstance(row["translation_text"], str) for row in rows)
+    assert fused.generation_config.max_length == 64
+
+
+def test_a_model_trained_here_generates_its_eager_greedy_decode(make_model, tmp_path):
+    """No Hugging Face config to copy: a minimal encoder-decoder config is built from the model's own."""
+    from seq2trt.hf import Seq2TrtModelForSeq2SeqLM
+    from seq2trt.reference_model.checkpoint import save_checkpoint
+    from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode
+    from seq2trt.reference_model.eager import EagerStepModel
+    from seq2trt.reference_model.tasks import get_task
+    from seq2trt.reference_model.vocab import pad_batch
+
+    task = get_task("numbers")
+    model = make_model(seed=5, dtype=torch.float32, src_vocab_size=len(task.source_vocab),
+                       tgt_vocab_size=len(task.target_vocab))
+    save_checkpoint(tmp_path / "ckpt", model, (task.source_vocab, task.target_vocab))
+    invoke("export", tmp_path / "ckpt", "-o", tmp_path / "out", "--max-batch", 8)
+    ids, mask = pad_batch([task.source_vocab.encode(t) + [model.cfg.eos_id] for t in ("40213", "7", "999999")],
+                          model.cfg.pad_id)
+    want = greedy_decode(EagerStepModel(model), ids, mask, DecodeSettings.for_model(model.cfg))
+    with Seq2TrtModelForSeq2SeqLM.from_pretrained(tmp_path / "out", backend="ort") as hf_model:
+        assert hf_model.config.is_encoder_decoder and hf_model.config.vocab_size == len(task.target_vocab)
+        rows = hf_model.generate(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask))[:, 1:].tolist()
+    eos = model.cfg.eos_id
+    assert [r[: r.index(eos)] if eos in r else r for r in rows] == want
