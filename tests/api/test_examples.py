@@ -1,0 +1,65 @@
+"""The README's "Python API" examples run as written, in a folder holding what they name: `ckpt` (an imported Marian
+with its tokenizer) and `out` (its export, ORT graphs fused). Until the README holds the section, the examples below
+(the text proposed for it) run instead."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from seq2trt.cli.main import cli
+
+pytest.importorskip("transformers", reason="the hf extra is not installed")
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+EXAMPLES = [
+    '''
+import seq2trt
+
+with seq2trt.Translator("out", backend="ort-fused", threads=1) as translator:
+    for hyp in translator.translate(["kalo mine suta", "ri po de an"], beam=4, max_new_tokens=20):
+        print(hyp.text, hyp.ids)
+    ids = translator.generate([[5, 9, 13, 0]], beam=1)[0].ids
+''',
+    '''
+from transformers import AutoTokenizer, pipeline
+from seq2trt.hf import Seq2TrtModelForSeq2SeqLM
+
+tokenizer = AutoTokenizer.from_pretrained("ckpt/tokenizer")
+model = Seq2TrtModelForSeq2SeqLM.from_pretrained("out", backend="ort-fused")
+translate = pipeline("translation", model=model, tokenizer=tokenizer)
+print(translate(["kalo mine suta"], num_beams=4, max_new_tokens=20))
+batch = tokenizer(["kalo mine suta"], return_tensors="pt")
+print(model.generate(**batch, num_beams=4, max_new_tokens=20))
+model.close()
+''',
+]
+
+
+def readme_examples() -> list[str]:
+    """The ```python blocks of the README's "## Python API" section, or [] when it has none."""
+    text = README.read_text() if README.is_file() else ""
+    section = re.search(r"^## Python API\n(.*?)(?=^## |\Z)", text, re.S | re.M)
+    return re.findall(r"```python\n(.*?)```", section.group(1), re.S) if section else []
+
+
+@pytest.fixture(scope="module")
+def workdir(make_hf_model, make_marian_tokenizer, tmp_path_factory):
+    root = tmp_path_factory.mktemp("examples")
+    src, n = make_marian_tokenizer(root / "src")
+    make_hf_model(src, "marian", dict(vocab_size=n, pad_token_id=n - 1, decoder_start_token_id=n - 1), std=0.2)
+    for args in (["import", "hf", src, "-o", root / "ckpt"], ["export", root / "ckpt", "-o", root / "out"],
+                 ["fuse", root / "out", "--target", "ort"]):
+        result = CliRunner().invoke(cli, [str(a) for a in args])
+        assert result.exit_code == 0, result.output
+    return root
+
+
+@pytest.mark.parametrize("number", range(len(readme_examples() or EXAMPLES)))
+def test_the_python_api_examples_run(workdir, number, monkeypatch, capsys):
+    monkeypatch.chdir(workdir)
+    exec(compile((readme_examples() or EXAMPLES)[number], f"README Python API example {number + 1}", "exec"), {})
+    assert capsys.readouterr().out.strip()  # each example prints what it got
