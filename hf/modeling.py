@@ -61,6 +61,8 @@ class Seq2TrtEncoder(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, return_dict: bool = True,
                 **kwargs: Any) -> Seq2TrtEncoderOutput:
+        if not self.runner.is_active:
+            raise InputError("this Seq2TrtModelForSeq2SeqLM is closed (its sessions released); load it again")
         ids = _to_numpy(input_ids, np.dtype(np.int64))
         mask = np.ones_like(ids) if attention_mask is None else _to_numpy(attention_mask, np.dtype(np.int64))
         out = self.runner.infer({"input_ids": ids, "attention_mask": mask})
@@ -130,7 +132,7 @@ class Seq2TrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         super().__init__(config)
         self.encoder = Seq2TrtEncoder(step_model.encoder)
         self._decoder, self.manifest, self.backend = step_model.decoder, manifest, backend
-        self._stack = stack or contextlib.ExitStack()
+        self._stack, self._closed = stack or contextlib.ExitStack(), False
         cfg = manifest.config
         self._cross_names = spec.kv_names(cfg, "encoder", "past")
         self._past_names = spec.kv_names(cfg, "decoder", "past")
@@ -173,6 +175,7 @@ class Seq2TrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
 
     def close(self) -> None:
         """Release the graph sessions; the model cannot run after."""
+        self._closed = True
         self._stack.close()
 
     def __enter__(self) -> "Seq2TrtModelForSeq2SeqLM":
@@ -209,6 +212,8 @@ class Seq2TrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
                 return_dict: bool | None = None, **kwargs: Any) -> Seq2SeqLMOutput:
         """One decoder run: logits (B, T, V) for `decoder_input_ids` (B, T) after the cached past, and the cache
         holding the past plus these T tokens. Without `encoder_outputs` the encoder runs on `input_ids` first."""
+        if self._closed:
+            raise InputError("this Seq2TrtModelForSeq2SeqLM is closed (its sessions released); load it again")
         if decoder_input_ids is None:
             raise InputError("Seq2TrtModelForSeq2SeqLM.forward needs decoder_input_ids (the target so far, starting "
                              "with the decoder start token); generate() passes them")

@@ -133,6 +133,16 @@ def test_bad_backends_and_paths_are_named(marian_export):
         Seq2TrtModelForSeq2SeqLM.from_pretrained(marian_export / "out", threads=0)
 
 
+def test_a_closed_model_says_so(marian_export, original):
+    from seq2trt.hf import Seq2TrtModelForSeq2SeqLM
+
+    with Seq2TrtModelForSeq2SeqLM.from_pretrained(marian_export / "out", backend="ort") as model:
+        runners = [model.get_encoder().runner, model._decoder]
+    assert not any(r.is_active for r in runners)
+    with pytest.raises(InputError, match="is closed"):
+        model.generate(**original[1](TEXTS[:1], return_tensors="pt"), max_new_tokens=4)
+
+
 def test_a_length_over_the_export_is_one_clear_error(fused, original):
     _, tokenizer = original
     with pytest.raises(InputError, match="over the export's max_tgt_len 64; generate at most 63 tokens"):
