@@ -16,6 +16,7 @@ returns what it would return alone.
 from __future__ import annotations
 
 import contextlib
+import numbers
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,10 +130,12 @@ class Translator:
     def generate(self, ids: Sequence[Sequence[int]], beam: int | None = None, max_new_tokens: int | None = None,
                  alpha: float = 0.6, batch_size: int = 32) -> list[Hypothesis]:
         """Decode source token ids (used as given: include eos where the model expects it); options as `translate`."""
-        sources = [list(s) for s in ids]
-        for n, source in enumerate(sources, 1):
-            if not all(isinstance(i, int) and not isinstance(i, bool) for i in source):
+        sources = []
+        for n, source in enumerate(ids, 1):
+            source = list(source)
+            if not all(isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in source):
                 raise InputError(f"source {n} must be a list of integer token ids, got {source[:8]!r}")
+            sources.append([int(i) for i in source])  # numpy integers too
         return self._run(sources, "source", beam, max_new_tokens, alpha, batch_size)
 
     def _run(self, sources: list[list[int]], origin: str, beam: int | None, max_new_tokens: int | None,

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import threading
 
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
@@ -60,7 +61,8 @@ def test_translate_is_the_eager_decode_and_the_cli(numbers, source, backend, bea
     want = eager_decode(model, task, TEXTS, beam)
     with seq2trt.Translator(root / source, backend=backend, threads=1) as translator:
         got = translator.translate(TEXTS, beam=beam, batch_size=4)  # two batches
-        by_ids = translator.generate([task.source_vocab.encode(t) + [model.cfg.eos_id] for t in TEXTS], beam=beam)
+        by_ids = translator.generate([np.array(task.source_vocab.encode(t) + [model.cfg.eos_id]) for t in TEXTS],
+                                     beam=beam)
     assert [h.ids for h in got] == want == [h.ids for h in by_ids]
     assert [h.text for h in got] == [task.target_vocab.decode(w) for w in want]
     assert len({h.text for h in got}) > 1
