@@ -48,13 +48,18 @@ _FAMILY = {
 }
 
 # Generation settings we reproduce, and the neutral value of every other one we know to change the search.
-_NEUTRAL_GENERATION = {"do_sample": False, "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0,
-                       "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "min_length": 0,
-                       "min_new_tokens": None, "num_beam_groups": 1, "diversity_penalty": 0.0,
-                       "forced_decoder_ids": None, "begin_suppress_tokens": None, "sequence_bias": None,
-                       "exponential_decay_length_penalty": None, "constraints": None, "force_words_ids": None,
-                       "penalty_alpha": None, "guidance_scale": None, "renormalize_logits": False,
-                       "remove_invalid_values": False, "num_return_sequences": 1}
+_NEUTRAL_GENERATION = {"encoder_no_repeat_ngram_size": 0, "encoder_repetition_penalty": 1.0, "num_beam_groups": 1,
+                       "diversity_penalty": 0.0, "forced_decoder_ids": None, "begin_suppress_tokens": None,
+                       "sequence_bias": None, "exponential_decay_length_penalty": None, "constraints": None,
+                       "force_words_ids": None, "penalty_alpha": None, "guidance_scale": None,
+                       "renormalize_logits": False, "remove_invalid_values": False}
+# Sampling warpers we do not reproduce: they change the search only when do_sample is true.
+_NEUTRAL_SAMPLING = {"typical_p": 1.0, "min_p": None, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0}
+# Options the decoding reproduces (decoding.GENERATION_OPTIONS): (kind, least value, transformers' default).
+_OPTIONS = {"min_length": ("int", 0, 0), "min_new_tokens": ("int", 0, None), "no_repeat_ngram_size": ("int", 0, 0),
+            "repetition_penalty": ("positive", None, 1.0), "num_return_sequences": ("int", 1, 1),
+            "do_sample": ("bool", None, False), "temperature": ("positive", None, 1.0), "top_k": ("int", 0, 50),
+            "top_p": ("fraction", None, 1.0)}
 
 
 _SIZES = ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
@@ -129,20 +134,36 @@ def _flag(where: Path, doc: dict, key: str, default: bool) -> bool:
     return value
 
 
-def _token_ids(where: Path, key: str, value: Any, vocab: int, nested: bool = False) -> list[int]:
-    """A list of token ids (of single-id lists when `nested`: bad_words_ids), each inside the vocabulary."""
+def _token_ids(where: Path, key: str, value: Any, vocab: int, nested: bool = False) -> list:
+    """A list of token ids (of non-empty id lists when `nested`: bad_words_ids), each inside the vocabulary."""
     rows = value if isinstance(value, list) else None
     if rows is not None and nested:
-        rows = [w[0] if isinstance(w, list) and len(w) == 1 else None for w in rows]
+        words = [w if isinstance(w, list) and w else None for w in rows]
+        rows = None if None in words else [i for w in words for i in w]
     if rows is None or any(not isinstance(i, int) or isinstance(i, bool) for i in rows):
-        shape = "a list of one-id lists such as [[5]]" if nested else "a list of token ids such as [5]"
-        raise ConfigError(f"{where}: {key} must be {shape} (only single-token entries are supported), got "
-                          f"{_show(value)}")
+        shape = "a list of token-id lists such as [[5], [7, 8]]" if nested else "a list of token ids such as [5]"
+        raise ConfigError(f"{where}: {key} must be {shape}, got {_show(value)}")
     bad = [i for i in rows if not 0 <= i < vocab]
     if bad:
         raise ConfigError(f"{where}: {key} holds {bad[:5]}, outside the vocabulary [0, {vocab}) (vocab_size {vocab}); "
                           "remove them or fix vocab_size")
-    return rows
+    return value if nested else rows
+
+
+def _option(where: Path, key: str, value: Any) -> Any:
+    """A reproduced option of `_OPTIONS` checked for its kind (null: transformers' default)."""
+    kind, least, default = _OPTIONS[key]
+    if value is None:
+        return default
+    if kind == "int":
+        return _integer(where, {key: value}, key, minimum=least)
+    if kind == "bool":
+        return _flag(where, {key: value}, key, default)
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if number and value > 0 and (kind == "positive" or value <= 1):
+        return float(value)
+    rule = "a number in (0, 1] such as 0.9" if kind == "fraction" else "a finite number > 0 such as 1.2"
+    raise ConfigError(f"{where}: {key} must be {rule}, got {_show(value)}")
 
 
 def _gen_value(gen: dict, origin: Callable[[str], Path], key: str, default: Any) -> Any:
@@ -176,8 +197,10 @@ def generation_settings(src: Path, hf: dict) -> tuple[dict[str, Any], Callable[[
     def origin(key: str) -> Path:
         return gen_path if key in gen_doc else src / "config.json"
 
+    options = {k: _option(origin(k), k, gen.get(k)) for k in _OPTIONS}
     unsupported = []
-    for k, neutral in _NEUTRAL_GENERATION.items():
+    neutral_keys = {**_NEUTRAL_GENERATION, **(_NEUTRAL_SAMPLING if options["do_sample"] else {})}
+    for k, neutral in neutral_keys.items():
         if k in gen and gen[k] != neutral and not (neutral is None and gen[k] in ([], {})):
             unsupported.append(f"{k}={gen[k]!r}")
     eos = gen.get("eos_token_id")
@@ -190,19 +213,28 @@ def generation_settings(src: Path, hf: dict) -> tuple[dict[str, Any], Callable[[
         forced_eos = forced_eos[0] if len(forced_eos) == 1 else forced_eos
     if forced_eos is not None and forced_eos != gen.get("eos_token_id"):
         unsupported.append(f"forced_eos_token_id={forced_eos!r} (only the eos id is supported)")
-    if unsupported:
-        raise ConfigError(f"generation settings of {src} use options seq2trt does not reproduce: "
-                          f"{', '.join(unsupported)}; supported: greedy and beam search with length_penalty, "
-                          "early_stopping, max_length/max_new_tokens, forced_bos/eos_token_id, bad_words_ids of "
-                          "single tokens and suppress_tokens. Edit generation_config.json or drop the option")
     settings = {key: _gen_value(gen, origin, key, default) for key, default in
                 (("num_beams", 1), ("length_penalty", 1.0), ("early_stopping", False), ("max_length", None),
                  ("max_new_tokens", None))}
+    if options["do_sample"] and settings["num_beams"] > 1:
+        unsupported.append(f"do_sample=True with num_beams={settings['num_beams']} (beam sampling)")
+    if unsupported:
+        raise ConfigError(f"generation settings of {src} use options seq2trt does not reproduce: "
+                          f"{', '.join(unsupported)}; supported: greedy, beam search with length_penalty and "
+                          "early_stopping, sampling with temperature/top_k/top_p, max_length/max_new_tokens, "
+                          "min_length/min_new_tokens, no_repeat_ngram_size, repetition_penalty, bad_words_ids, "
+                          "num_return_sequences, forced_bos/eos_token_id and suppress_tokens. Edit "
+                          "generation_config.json or drop the option")
+    most = settings["num_beams"] if not options["do_sample"] else None
+    if most is not None and options["num_return_sequences"] > most:
+        raise ConfigError(f"{origin('num_return_sequences')}: num_return_sequences {options['num_return_sequences']} "
+                          f"is more than num_beams {most} (transformers' generate refuses it too); set it to at most "
+                          "num_beams, or set do_sample true")
     ids = {key: _integer(origin(key), gen, key, minimum=0, nullable=True)
            for key in ("forced_bos_token_id", "decoder_start_token_id", "bos_token_id")}
     suppress = [(origin(k), k, gen[k], k == "bad_words_ids") for k in ("bad_words_ids", "suppress_tokens")
                 if gen.get(k) is not None]
-    return {**settings, **ids, "forced_eos": forced_eos is not None}, origin, suppress
+    return {**settings, **options, **ids, "forced_eos": forced_eos is not None}, origin, suppress
 
 
 def _check_ids(src: Path, hf: dict, gen: dict, where: Callable[[str], Path], suppress_lists: list[tuple],
@@ -227,7 +259,12 @@ def _check_ids(src: Path, hf: dict, gen: dict, where: Callable[[str], Path], sup
         raise ConfigError(f"{config}: pad_token_id and eos_token_id are both {pad}; they must differ")
     suppress: set[int] = set()
     for file, key, value, nested in suppress_lists:
-        suppress |= set(_token_ids(file, key, value, tgt_vocab, nested))
+        found = _token_ids(file, key, value, tgt_vocab, nested)
+        if nested:  # bad words: single ones are suppressed ids, longer ones are the search's (decoding.py)
+            suppress |= {w[0] for w in found if len(w) == 1}
+            gen["bad_words_ids"] = sorted({tuple(w) for w in found if len(w) > 1}) or None
+        else:
+            suppress |= set(found)
     if eos in suppress:
         raise ConfigError(f"{where('suppress_tokens')}: suppress_tokens / bad_words_ids hold eos_token_id {eos}: "
                           "nothing could end; remove it")

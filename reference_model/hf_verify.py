@@ -11,6 +11,7 @@ resolves it, the searches run to it on both sides when it is short. The figures 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import warnings
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .decoding import DecodeSettings, greedy_decode, hf_beam_search
+from .decoding import GENERATION_OPTIONS, DecodeSettings, greedy_decode, hf_beam_search
 from .eager import EagerStepModel
 from .errors import CheckpointError, DependencyError, first_line
 from .model import Seq2SeqTransformer
@@ -138,7 +139,10 @@ def compare(hf_model, model: Seq2SeqTransformer, sources: list[list[int]], gen: 
     cfg = model.cfg
     ids, mask = pad_batch(sources, cfg.pad_id)
     t_ids, t_mask = torch.as_tensor(ids), torch.as_tensor(mask)
-    settings = DecodeSettings.for_model(cfg, max_new_tokens)
+    # The model's own generation options apply on both sides (transformers takes them from generation_config.json);
+    # the proof runs the deterministic searches, one sequence a source.
+    settings = dataclasses.replace(DecodeSettings.for_model(cfg, max_new_tokens, gen), do_sample=False,
+                                   num_return_sequences=1)
     step_model = EagerStepModel(model)
     with torch.inference_mode(), _transformers_runs():
         theirs_enc = hf_model.get_encoder()(input_ids=t_ids, attention_mask=t_mask).last_hidden_state.numpy()
@@ -150,7 +154,7 @@ def compare(hf_model, model: Seq2SeqTransformer, sources: list[list[int]], gen: 
     recorded: list[tuple[int, np.ndarray, np.ndarray]] = []
     ours_greedy = greedy_decode(step_model, ids, mask, settings,
                                 on_step=lambda step, rows, logits: recorded.append((step, rows.copy(), logits.copy())))
-    common = dict(input_ids=t_ids, attention_mask=t_mask, do_sample=False,
+    common = dict(input_ids=t_ids, attention_mask=t_mask, do_sample=False, num_return_sequences=1,
                   **({} if max_new_tokens is None else {"max_new_tokens": max_new_tokens}))
     with torch.inference_mode(), _transformers_runs():
         greedy = hf_model.generate(**common, num_beams=1, output_logits=True, return_dict_in_generate=True)
@@ -220,7 +224,8 @@ def verify(src: Path, model: Seq2SeqTransformer, gen: dict[str, Any], progress: 
     report: dict[str, Any] = {"transformers": transformers.__version__, "beam_size": BEAM_SIZE,
                               "max_new_tokens": new_tokens if new_tokens is not None else f"the model's own ({own})",
                               "model_max_new_tokens": own, "tolerance_scaled": LOGIT_TOLERANCE,
-                              "length_penalty": gen["length_penalty"], "early_stopping": gen["early_stopping"]}
+                              "length_penalty": gen["length_penalty"], "early_stopping": gen["early_stopping"],
+                              "options": {k: gen.get(k) for k in GENERATION_OPTIONS if gen.get(k) is not None}}
     failures = [] if (limit := _limit_failure(hf_model, cfg)) is None else [limit]
     for name, sources in sets.items():
         progress(f"comparing {len(sources)} {name} sources with transformers")

@@ -3,6 +3,7 @@ imported and then judged by transformers itself (its model and its `generate` on
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -35,6 +36,12 @@ CASES = {
                              dict(early_stopping="never", length_penalty=1.2, num_beams=5)),
     "m2m_100-forced-lang": ("m2m_100", {}, dict(forced_bos_token_id=5, length_penalty=0.8, num_beams=4)),
     "m2m_100-silu-unscaled": ("m2m_100", dict(activation_function="silu", scale_embedding=False), {}),
+    # A summarization checkpoint's settings (BART CNN-style), multi-token bad words, and a sampling model's defaults.
+    "bart-cnn-style": ("bart", {}, dict(min_length=8, no_repeat_ngram_size=3, length_penalty=2.0, num_beams=4,
+                                        repetition_penalty=1.2, bad_words_ids=[[5], [28, 28]])),
+    "marian-sampling-defaults": ("marian", dict(activation_function="swish", scale_embedding=True),
+                                 dict(do_sample=True, top_k=10, top_p=0.9, temperature=0.8, num_return_sequences=2,
+                                      min_new_tokens=4)),
 }
 
 
@@ -63,19 +70,28 @@ def test_import_equals_transformers_generate(case, make_hf_model, tmp_path):
     hf_model = load_transformers_model(src)
     gen = json.loads((tmp_path / "ckpt" / "generation.json").read_text())
     ids, mask = pad_batch(seeded_sources(model.cfg, 6, seed=42), model.cfg.pad_id)
-    settings = DecodeSettings.for_model(model.cfg, 20)
+    # The model's stored options apply on both sides (transformers reads them from generation_config.json).
+    settings = dataclasses.replace(DecodeSettings.for_model(model.cfg, 20, gen), do_sample=False,
+                                   num_return_sequences=1)
+    for key in ("min_length", "no_repeat_ngram_size", "repetition_penalty", "do_sample", "top_k", "top_p",
+                "temperature", "num_return_sequences", "min_new_tokens"):
+        assert gen[key] == generation.get(key, {"num_return_sequences": 1, "do_sample": False, "top_k": 50,
+                                                "top_p": 1.0, "temperature": 1.0, "repetition_penalty": 1.0,
+                                                "min_new_tokens": None}.get(key, 0)), key
     step = EagerStepModel(model)
     ours = greedy_decode(step, ids, mask, settings)
-    assert ours == _generate(hf_model, ids, mask, 20, model.cfg.eos_id, num_beams=1)
+    assert ours == _generate(hf_model, ids, mask, 20, model.cfg.eos_id, num_beams=1, num_return_sequences=1)
     assert len({t for row in ours for t in row}) > 3, "degenerate outputs cannot tell a wrong model apart"
     beam = hf_beam_search(step, ids, mask, settings, 4, gen["length_penalty"], gen["early_stopping"])
-    assert beam == _generate(hf_model, ids, mask, 20, model.cfg.eos_id, num_beams=4,
+    assert beam == _generate(hf_model, ids, mask, 20, model.cfg.eos_id, num_beams=4, num_return_sequences=1,
                              length_penalty=gen["length_penalty"], early_stopping=gen["early_stopping"])
     assert beam != ours or case.startswith("bart-forced"), "beam search never differed from greedy"
     if generation.get("forced_bos_token_id") is not None:
         assert all(row[0] == generation["forced_bos_token_id"] for row in ours)
     if generation.get("bad_words_ids"):
-        assert all(96 not in row for row in ours + beam)
+        singles = [w[0] for w in generation["bad_words_ids"] if len(w) == 1]
+        assert all(t not in row for t in singles for row in ours + beam)
+        assert gen["bad_words_ids"] == ([w for w in generation["bad_words_ids"] if len(w) > 1] or None)
 
 
 @pytest.mark.parametrize("family, patch", [
@@ -109,9 +125,9 @@ def test_unsupported_models_and_options_are_named(make_hf_model, tmp_path):
     result = CliRunner().invoke(cli, ["import", "hf", str(tmp_path / "t5"), "-o", str(tmp_path / "a")])
     assert result.exit_code == 2 and "'t5' model" in result.output and "marian, bart, mbart, m2m_100" in result.output
 
-    src = make_hf_model(tmp_path / "ngram", "bart", generation=dict(no_repeat_ngram_size=3, num_beams=4))
+    src = make_hf_model(tmp_path / "ngram", "bart", generation=dict(encoder_no_repeat_ngram_size=3, num_beams=4))
     result = CliRunner().invoke(cli, ["import", "hf", str(src), "-o", str(tmp_path / "b")])
-    assert result.exit_code == 2 and "no_repeat_ngram_size=3" in result.output
+    assert result.exit_code == 2 and "encoder_no_repeat_ngram_size=3" in result.output
 
     src = make_hf_model(tmp_path / "heads", "marian", config=dict(decoder_attention_heads=2))
     result = CliRunner().invoke(cli, ["import", "hf", str(src), "-o", str(tmp_path / "c")])
@@ -233,3 +249,29 @@ def test_a_wrong_reading_of_the_length_limit_fails_the_import(make_hf_model, tmp
     result = CliRunner().invoke(cli, ["import", "hf", str(src), "-o", str(tmp_path / "ckpt")])
     assert result.exit_code == 1 and "stops after 9 new tokens" in result.output, result.output
     assert "greedy tokens differ" in result.output and not (tmp_path / "ckpt").exists()
+
+
+@pytest.mark.parametrize("generation, message", [
+    (dict(do_sample=True, num_beams=4), "do_sample=True with num_beams=4 (beam sampling)"),
+    (dict(do_sample=True, typical_p=0.5), "typical_p=0.5"),
+    (dict(num_return_sequences=3, num_beams=2), "num_return_sequences 3 is more than num_beams 2"),
+    (dict(top_p=1.5), "top_p must be a number in (0, 1]"),
+    (dict(repetition_penalty=0.0), "repetition_penalty must be a finite number > 0"),
+    (dict(min_length=-1), "min_length must be an integer >= 0"),
+    (dict(bad_words_ids=[[5], []]), "bad_words_ids must be a list of token-id lists"),
+], ids=["beam-sampling", "typical_p", "n-best-over-beams", "top_p", "repetition_penalty", "min_length", "empty-word"])
+def test_generation_options_still_unsupported_or_out_of_range_are_named(generation, message, make_hf_model, tmp_path):
+    src = make_hf_model(tmp_path / "src", "bart")  # written by hand: save_pretrained refuses some of these itself
+    path = src / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **generation}))
+    result = CliRunner().invoke(cli, ["import", "hf", str(src), "-o", str(tmp_path / "ckpt")])
+    assert result.exit_code == 2 and message in result.output and "generation_config.json" in result.output, \
+        result.output
+    assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "ckpt").exists()
+
+
+def test_typical_p_without_sampling_changes_nothing_and_imports(make_hf_model, tmp_path):
+    src = make_hf_model(tmp_path / "src", "bart")
+    path = src / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "typical_p": 0.5}))
+    assert CliRunner().invoke(cli, ["import", "hf", str(src), "-o", str(tmp_path / "ckpt")]).exit_code == 0
