@@ -16,6 +16,7 @@ returns what it would return alone.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import numbers
 import threading
 from dataclasses import dataclass
@@ -36,7 +37,9 @@ CONCURRENT_BACKENDS = ("eager", "ort", "ort-fused", "ort-int8")
 @dataclass(frozen=True)
 class Hypothesis:
     """One decoded output: `ids` (generated token ids, without the start token and eos), `text` (the ids through
-    the checkpoint's tokenizer, None when it has none) and `score` (None: the decoding loops keep no scores)."""
+    the checkpoint's tokenizer, None when it has none) and `score` (asked with `scores=True`, else None): beam
+    search's own score (Hugging Face's sequences_scores for imported models, GNMT's for models trained here), the
+    sum of the tokens' log-probabilities for greedy search."""
 
     ids: list[int]
     text: str | None = None
@@ -55,8 +58,9 @@ def check_decode_options(alpha: float, batch_size: int) -> None:
 
 def decode_sources(opened: tuple, backend: str, sources: Sequence[Sequence[int]], origin: str, beam: int | None = None,
                    alpha: float = 0.6, max_new_tokens: int | None = None, batch_size: int = 32,
-                   forced_bos_id: int | None = None) -> Iterator[list[int]]:
-    """Each source's generated ids, in order, decoded in padded batches (an iterator, one batch decoded at a time).
+                   forced_bos_id: int | None = None, scores: bool = False) -> Iterator[list]:
+    """Each source's generated ids, in order, decoded in padded batches (an iterator, one batch decoded at a time);
+    with `scores`, each source's list of one `reference_model.decoding.Hypothesis` (tokens, score) instead.
     `opened`: what `open_decoder` yields. Everything is checked before the first decode: the sources against the
     model's limits (errors name `origin` and the source's number), the search, the length limit, the batch."""
     step_model, cfg, folder, src_limit, max_batch = opened
@@ -65,8 +69,13 @@ def decode_sources(opened: tuple, backend: str, sources: Sequence[Sequence[int]]
     if backend.startswith("ort-generate"):  # the search runs inside the graph (Hugging Face's, alpha its length_penalty)
         from seq2trt.validation.generate_backend import generate_search, read_generation
 
+        if scores:
+            raise InputError(f"backend {backend} returns no scores (ONNX Runtime's BeamSearch runs the whole search); "
+                             "use ort-fused or ort for scores")
         decode = generate_search(read_generation(folder), beams, alpha)
     settings = decode_settings(cfg, max_new_tokens, forced_bos_id)
+    if scores:
+        settings = dataclasses.replace(settings, output_scores=True)
     rows = batch_rows(batch_size, max_batch, beams)
     return decode_batches(step_model, sources, cfg.pad_id, decode, settings, rows)
 
@@ -113,11 +122,11 @@ class Translator:
         return self._codec is not None
 
     def translate(self, texts: Sequence[str], beam: int | None = None, max_new_tokens: int | None = None,
-                  alpha: float = 0.6, batch_size: int = 32) -> list[Hypothesis]:
+                  alpha: float = 0.6, batch_size: int = 32, scores: bool = False) -> list[Hypothesis]:
         """Translate `texts` (encoded by the checkpoint's tokenizer); one Hypothesis each, in order.
         `beam`: beam size, 1 greedy (None: an imported model's num_beams, else 1); `alpha`: GNMT's length penalty
         for models trained here (imported ones use their own); `max_new_tokens`: tokens generated at most, eos
-        included (None: the model's limit)."""
+        included (None: the model's limit); `scores`: fill each Hypothesis's score."""
         if isinstance(texts, str):
             raise InputError("texts must be a list of strings, got one string; wrap it in a list")
         if self._codec is None:
@@ -125,10 +134,10 @@ class Translator:
                              "be encoded; give token ids to Translator.generate")
         if any(not isinstance(t, str) or not t.strip() for t in texts):
             raise InputError("empty source text; give at least one symbol")
-        return self._run([self._codec.encode(t) for t in texts], "source", beam, max_new_tokens, alpha, batch_size)
+        return self._run([self._codec.encode(t) for t in texts], beam, max_new_tokens, alpha, batch_size, scores)
 
     def generate(self, ids: Sequence[Sequence[int]], beam: int | None = None, max_new_tokens: int | None = None,
-                 alpha: float = 0.6, batch_size: int = 32) -> list[Hypothesis]:
+                 alpha: float = 0.6, batch_size: int = 32, scores: bool = False) -> list[Hypothesis]:
         """Decode source token ids (used as given: include eos where the model expects it); options as `translate`."""
         sources = []
         for n, source in enumerate(ids, 1):
@@ -136,10 +145,10 @@ class Translator:
             if not all(isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in source):
                 raise InputError(f"source {n} must be a list of integer token ids, got {source[:8]!r}")
             sources.append([int(i) for i in source])  # numpy integers too
-        return self._run(sources, "source", beam, max_new_tokens, alpha, batch_size)
+        return self._run(sources, beam, max_new_tokens, alpha, batch_size, scores)
 
-    def _run(self, sources: list[list[int]], origin: str, beam: int | None, max_new_tokens: int | None,
-             alpha: float, batch_size: int) -> list[Hypothesis]:
+    def _run(self, sources: list[list[int]], beam: int | None, max_new_tokens: int | None, alpha: float,
+             batch_size: int, scores: bool) -> list[Hypothesis]:
         if self._closed:
             raise InputError("this Translator is closed; open a new one")
         check_decode_options(alpha, batch_size)
@@ -147,9 +156,11 @@ class Translator:
             return []
         forced = self._codec.forced_bos_id if self._codec is not None else None
         with self._lock:
-            outputs = list(decode_sources(self._opened, self.backend, sources, origin, beam, alpha, max_new_tokens,
-                                          batch_size, forced))
-        return [Hypothesis(out, self._codec.decode(out) if self._codec is not None else None) for out in outputs]
+            outputs = list(decode_sources(self._opened, self.backend, sources, "source", beam, alpha,
+                                          max_new_tokens, batch_size, forced, scores))
+        found = [(out[0].tokens, out[0].score) for out in outputs] if scores else [(out, None) for out in outputs]
+        return [Hypothesis(ids, self._codec.decode(ids) if self._codec is not None else None, score)
+                for ids, score in found]
 
     def close(self) -> None:
         """Release the sessions (and torch's threads); later calls raise."""

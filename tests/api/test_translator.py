@@ -162,9 +162,19 @@ def test_an_imported_model_translates_as_transformers_generate(make_hf_model, ma
     texts = ["kalo mine suta", "ri po de an", "taelor"]
     tokenizer, original = AutoTokenizer.from_pretrained(str(src)), MarianMTModel.from_pretrained(src).eval()
     with torch.inference_mode():
-        rows = original.generate(**tokenizer(texts, return_tensors="pt", padding=True), num_beams=beam,
-                                 max_new_tokens=20)
-    want = tokenizer.batch_decode(rows, skip_special_tokens=True)
+        out = original.generate(**tokenizer(texts, return_tensors="pt", padding=True), num_beams=beam,
+                                max_new_tokens=20, output_scores=True, return_dict_in_generate=True)
+        if beam > 1:
+            want_scores = out.sequences_scores.tolist()
+        else:  # the log-probs of the generated tokens, up to and with eos (finished rows are padded after it)
+            steps = original.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
+            ended = out.sequences[:, 1:] == original.config.eos_token_id
+            after_eos = (ended.cumsum(-1) - ended.long()) > 0
+            want_scores = steps.masked_fill(after_eos, 0).sum(-1).tolist()
+    want = tokenizer.batch_decode(out.sequences, skip_special_tokens=True)
     with seq2trt.Translator(tmp_path / "out", backend="ort") as translator:
         got = translator.translate(texts, beam=beam, max_new_tokens=20)
-    assert [h.text for h in got] == want
+        scored = translator.translate(texts, beam=beam, max_new_tokens=20, scores=True)
+    assert [h.text for h in got] == want == [h.text for h in scored]
+    assert all(h.score is None for h in got)
+    assert [h.score for h in scored] == pytest.approx(want_scores, abs=1e-4)
