@@ -139,6 +139,10 @@ class GraphParity:
                 for key in ("max_abs", "max_rel", "mean_abs", "p99_abs", "rms"):
                     row[key] = max(row[key], getattr(o, key))
                 row["min_cosine"] = min(row["min_cosine"], o.cosine)
+                if o.tolerance.rtol == 0 and o.tolerance.atol > 0 and o.tolerance.max_rms < float("inf"):
+                    # a bound made for each case: how close the worst case came to it (1 = at the bound)
+                    used = max(o.max_abs / o.tolerance.atol, o.rms / o.tolerance.max_rms)
+                    row["worst_fraction_of_bound"] = max(row.get("worst_fraction_of_bound", 0.0), used)
                 row["nan"] += o.nan
                 row["inf"] += o.inf
                 row["cases"] += 1
