@@ -14,8 +14,8 @@ from seq2trt.reference_model.errors import InputError
 from seq2trt.reference_model.tasks import TASKS
 from seq2trt.reference_model.train import TrainSettings, train as train_model
 from seq2trt.validation.backends import DECODE_BACKENDS
-from seq2trt.translator import check_decode_options, decode_sources
-from seq2trt.validation.decode_jobs import has_tokenizer, open_decoder
+from seq2trt.translator import check_decode_options
+from seq2trt.validation.decode_jobs import decode_job, has_tokenizer, open_decoder
 
 
 @click.command()
@@ -138,13 +138,30 @@ def _check_output_ids(output: Path, ids_file: Path | None, read: list[Path]) -> 
 @click.option("--checkpoint", type=click.Path(path_type=Path), help="The export's checkpoint, if it moved.")
 @click.option("--threads", type=int, default=1, show_default=True,
               help="CPU threads: ONNX Runtime's, and torch's (the eager model, the beam search's arithmetic).")
+@click.option("--sample/--no-sample", default=None,
+              help="Sample (one beam) instead of searching. Default: the imported model's do_sample, else search.")
+@click.option("--temperature", type=float, help="Sampling temperature (default: the model's, else 1.0).")
+@click.option("--top-k", type=int, help="Sample among the k likeliest tokens; 0: all (default: the model's, else 50).")
+@click.option("--top-p", type=float, help="Sample within top-p probability mass (default: the model's, else 1.0).")
+@click.option("--seed", type=int, help="Seed of the sampling (transformers' torch.manual_seed). Default: random.")
+@click.option("--n-best", type=int, help="Hypotheses a source: at most --beam, or this many samples "
+                   "(default: the model's num_return_sequences, else 1).")
+@click.option("--scores", is_flag=True, help="Print each hypothesis's score (beam: Hugging Face's sequences_scores, "
+                   "GNMT's for models trained here; greedy and sampling: the sum of its tokens' log-probabilities).")
+@click.option("--min-length", type=int, help="transformers' min_length: no eos before it (the start token counts).")
+@click.option("--min-new-tokens", type=int, help="No eos before this many generated tokens.")
+@click.option("--no-repeat-ngram-size", type=int, help="No n-gram of this size twice in a hypothesis; 0: off.")
+@click.option("--repetition-penalty", type=float, help="CTRL's penalty on tokens already in the hypothesis; 1: off.")
 def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path | None, output_ids: Path | None,
               beam: int | None, alpha: float, src_lang: str | None, tgt_lang: str | None,
-              max_new_tokens: int | None, batch_size: int, checkpoint: Path | None, threads: int) -> None:
+              max_new_tokens: int | None, batch_size: int, checkpoint: Path | None, threads: int,
+              **flags) -> None:
     """Decode TEXTS (or --ids-file) with SOURCE: a checkpoint (eager) or an export directory (any --backend).
 
     Prints one line per source (text when the checkpoint has a tokenizer, else the ids), in input order, as
-    each batch finishes; --output-ids also writes the ids as JSON lines."""
+    each batch finishes; --output-ids also writes the ids as JSON lines. With --n-best N, N lines a source; with
+    --scores each line starts with its score and a tab; either way the JSON lines are {"ids": [...], "scores":
+    [...]}. Without the search flags, an imported model's own generation settings apply."""
     from seq2trt.reference_model.io import write_plain_output
 
     if bool(texts) == bool(ids_file):
@@ -159,15 +176,26 @@ def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path
         if output_ids is not None:  # before any decode
             _check_output_ids(output_ids, ids_file, [source, folder])
         sources = [codec.encode(t) for t in texts] if texts else _read_ids_file(ids_file)
-        # the decode path seq2trt.Translator takes too
-        decoded = decode_sources(opened, backend, sources, "source" if texts else f"{ids_file} line", beam, alpha,
-                                 max_new_tokens, batch_size, codec.forced_bos_id if codec is not None else None)
-        outputs: list[list[int]] = []
+        settings, decoded = decode_job(opened, backend, sources, "source" if texts else f"{ids_file} line", beam,
+                                       alpha, max_new_tokens, batch_size,
+                                       codec.forced_bos_id if codec is not None else None, _search_options(flags))
+        outputs: list[str] = []
         for out in decoded:
-            outputs.append(out)
-            click.echo(codec.decode(out) if codec is not None else json.dumps(out))
+            outputs.append(json.dumps(out if settings.plain else {"ids": [h.tokens for h in out],
+                                                                    "scores": [h.score for h in out]}))
+            for tokens, score in [(out, None)] if settings.plain else out:
+                line = codec.decode(tokens) if codec is not None else json.dumps(tokens)
+                click.echo(f"{score:.6g}\t{line}" if settings.output_scores else line)
     if output_ids is not None:
-        write_plain_output(output_ids, "".join(json.dumps(o) + "\n" for o in outputs).encode(), "--output-ids")
+        write_plain_output(output_ids, "".join(o + "\n" for o in outputs).encode(), "--output-ids")
+
+
+def _search_options(flags: dict) -> dict:
+    """translate's search flags as DecodeSettings fields (decode_jobs.OPTION_FLAGS); None: the model's default."""
+    named = ("temperature", "top_k", "top_p", "seed", "min_length", "min_new_tokens", "no_repeat_ngram_size",
+             "repetition_penalty")
+    return {"do_sample": flags["sample"], "num_return_sequences": flags["n_best"],
+            "output_scores": flags["scores"] or None, **{k: flags[k] for k in named}}
 
 
 COMMANDS = [train, translate]

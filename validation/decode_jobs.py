@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -110,16 +111,28 @@ def generation_config(folder: Path) -> dict | None:
     return json.loads((folder / GENERATION).read_text()) if (folder / GENERATION).exists() else None
 
 
-def choose_search(generation: dict | None, beam: int | None, alpha: float) -> tuple[int, Decode]:
+def choose_search(generation: dict | None, beam: int | None, alpha: float,
+                  settings: DecodeSettings | None = None) -> tuple[int, Decode]:
     """(beams, decode(step_model, ids, mask, settings)): Hugging Face's beam search with its generation settings for
-    an imported model, GNMT's length penalty (`alpha`) otherwise; greedy at one beam. `beam` None: the model's
-    num_beams, else 1."""
-    beams = beam if beam is not None else (generation or {}).get("num_beams", 1)
+    an imported model, GNMT's length penalty (`alpha`) otherwise; greedy at one beam, or sampling when `settings`
+    ask it (one beam; one random stream over every batch). `beam` None: the model's num_beams, else 1."""
+    sampling = settings is not None and settings.do_sample
+    if sampling and beam is not None and beam != 1:
+        raise InputError(f"--beam {beam} with sampling: seq2trt samples with one beam (beam sampling is not "
+                         "reproduced); drop --beam, or drop --sample")
+    beams = beam if beam is not None else 1 if sampling else (generation or {}).get("num_beams", 1)
     if not isinstance(beams, int) or isinstance(beams, bool) or beams < 1:
         where = "--beam" if beam is not None else "the checkpoint's generation settings: num_beams"
         raise InputError(f"{where} must be an integer >= 1, got {beams!r}"
                          + ("" if beam is not None else "; re-import the model or pass --beam"))
+    n_best = settings.num_return_sequences if settings is not None else 1
+    if not sampling and n_best > beams:
+        raise InputError(f"--n-best {n_best} is more than the {beams} beam{'s' * (beams > 1)} searched: a beam search "
+                         f"returns at most its beams; pass --beam {n_best} or more, --sample, or a smaller --n-best")
     if beams == 1:
+        if sampling:
+            generator = settings.generator()
+            return 1, lambda m, ids, mask, s: greedy_decode(m, ids, mask, s, generator=generator)
         return 1, greedy_decode
     if generation is not None:
         return beams, lambda m, ids, mask, s: hf_beam_search(m, ids, mask, s, beams, generation["length_penalty"],
@@ -127,16 +140,55 @@ def choose_search(generation: dict | None, beam: int | None, alpha: float) -> tu
     return beams, lambda m, ids, mask, s: beam_search(m, ids, mask, s, beam_size=beams, alpha=alpha)
 
 
+# Search options a caller may set (DecodeSettings fields), the flag that sets each, and the values it takes.
+OPTION_FLAGS = {"do_sample": "--sample", "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p",
+                "seed": "--seed", "num_return_sequences": "--n-best", "output_scores": "--scores",
+                "min_length": "--min-length", "min_new_tokens": "--min-new-tokens",
+                "no_repeat_ngram_size": "--no-repeat-ngram-size", "repetition_penalty": "--repetition-penalty"}
+_RULES = {"temperature": (lambda v: v > 0 and math.isfinite(v), "a number > 0 such as 0.7"),
+          "top_k": (lambda v: v >= 0, "an integer >= 0 (0: the whole vocabulary)"),
+          "top_p": (lambda v: 0 < v <= 1, "a number in (0, 1] such as 0.9"),
+          "seed": (lambda v: 0 <= v < 2 ** 64, "an integer in [0, 2**64)"),
+          "num_return_sequences": (lambda v: v >= 1, "an integer >= 1"),
+          "min_length": (lambda v: v >= 0, "an integer >= 0"), "min_new_tokens": (lambda v: v >= 0, "an integer >= 0"),
+          "no_repeat_ngram_size": (lambda v: v >= 0, "an integer >= 0 (0: off)"),
+          "repetition_penalty": (lambda v: v > 0 and math.isfinite(v), "a number > 0 such as 1.2 (1: off)")}
+SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed")
+
+
 def decode_settings(cfg, max_new_tokens: int | None, forced_bos_id: int | None = None,
-                    name: str = "--max-new-tokens") -> DecodeSettings:
-    """The model's settings; `max_new_tokens` checked against its decoder length; a language's forced first token."""
+                    name: str = "--max-new-tokens", generation: dict | None = None,
+                    options: dict | None = None) -> DecodeSettings:
+    """The model's settings; `max_new_tokens` checked against its decoder length; a language's forced first token;
+    an imported model's stored generation options (`generation`: generation.json), overridden by `options`
+    (OPTION_FLAGS keys; None values keep the model's), each checked and named by its flag."""
     limit = cfg.max_tgt_len - 1
     if max_new_tokens is not None and not 1 <= max_new_tokens <= limit:
         raise InputError(f"{name} must be in [1, {limit}], got {max_new_tokens}")
-    settings = DecodeSettings.for_model(cfg, max_new_tokens)
+    settings = DecodeSettings.for_model(cfg, max_new_tokens, generation)
     if forced_bos_id is not None:
         settings = dataclasses.replace(settings, forced_bos_id=forced_bos_id)
+    given = {k: v for k, v in (options or {}).items() if v is not None}
+    for key, value in given.items():
+        ok, rule = _RULES.get(key, (lambda v: True, ""))
+        if not ok(value):
+            raise InputError(f"{OPTION_FLAGS[key]} must be {rule}, got {value}")
+    settings = dataclasses.replace(settings, **given)
+    if not settings.do_sample:
+        stray = [OPTION_FLAGS[k] for k in SAMPLING_ONLY if k in given]
+        if stray:
+            raise InputError(f"{', '.join(stray)} set{'s' * (len(stray) == 1)} how sampling draws, and this decode does "
+                             "not sample; add --sample, or drop " + ", ".join(stray))
     return settings
+
+
+def unsupported_in_graph(settings: DecodeSettings) -> list[str]:
+    """The options of `settings` that a search inside an exported graph (ONNX Runtime's BeamSearch: the model's
+    forced and suppressed ids, beams and length penalty) would not apply, as NAME=VALUE."""
+    neutral = DecodeSettings(settings.bos_id, settings.eos_id, settings.pad_id, settings.max_new_tokens)
+    keys = [k for k in OPTION_FLAGS if k != "seed"] + ["bad_words_ids"]
+    return [f"{k}={getattr(settings, k)!r}" for k in keys
+            if getattr(settings, k) != getattr(neutral, k) and not (k == "min_length" and settings.min_length <= 1)]
 
 
 def batch_rows(batch_size: int, max_batch: int | None, beams: int) -> int:
@@ -149,8 +201,34 @@ def batch_rows(batch_size: int, max_batch: int | None, beams: int) -> int:
 
 
 def decode_batches(step_model, sources: Sequence[Sequence[int]], pad_id: int, decode: Decode,
-                   settings: DecodeSettings, rows: int) -> Iterator[list[int]]:
-    """Each source's generated ids (without bos/eos), in order, decoded in padded batches of `rows` sources."""
+                   settings: DecodeSettings, rows: int) -> Iterator[list]:
+    """Each source's generated ids (without bos/eos), or its Hypothesis list when `settings.plain` is not, in order,
+    decoded in padded batches of `rows` sources."""
     for start in range(0, len(sources), rows):
         ids, mask = pad_batch([list(s) for s in sources[start: start + rows]], pad_id)
         yield from decode(step_model, ids, mask, settings)
+
+
+def decode_job(opened: tuple, backend: str, sources: Sequence[Sequence[int]], origin: str, beam: int | None,
+               alpha: float, max_new_tokens: int | None, batch_size: int, forced_bos_id: int | None = None,
+               options: dict | None = None) -> tuple[DecodeSettings, Iterator[list]]:
+    """(settings, each source's output as `decode_batches` yields it) for `opened` (what `open_decoder` yields),
+    everything checked before the first decode: the sources (errors name `origin` and the number), the search
+    options (an imported model's generation settings, overridden by `options`: OPTION_FLAGS keys), the search, the
+    length limit, the batch. ONNX Runtime's BeamSearch graph refuses the options it would not apply."""
+    step_model, cfg, folder, src_limit, max_batch = opened
+    check_sources(sources, cfg, *src_limit, origin)
+    generation = generation_config(folder)
+    settings = decode_settings(cfg, max_new_tokens, forced_bos_id, generation=generation, options=options)
+    beams, decode = choose_search(generation, beam, alpha, settings)
+    if backend.startswith("ort-generate"):  # the search runs inside the graph (Hugging Face's, alpha its length_penalty)
+        from .generate_backend import generate_search, read_generation
+
+        missing = unsupported_in_graph(settings)
+        if missing:
+            raise InputError(f"--backend {backend} runs ONNX Runtime's BeamSearch graph, which does not apply "
+                             f"{', '.join(missing)} (from the flags or the model's generation settings); use --backend "
+                             "ort (the same graphs through seq2trt's search), or leave those options at their defaults")
+        decode = generate_search(read_generation(folder), beams, alpha)
+    rows = batch_rows(batch_size, max_batch, beams)
+    return settings, decode_batches(step_model, sources, cfg.pad_id, decode, settings, rows)

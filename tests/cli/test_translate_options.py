@@ -1,0 +1,130 @@
+"""`seq2trt translate` with the search options (sampling, n-best lists with scores, length floors, no-repeat
+n-grams, repetition penalty) and an imported model's own generation settings, judged by transformers' `generate`
+on the same source model; an ORT export decodes the same ids as the checkpoint (one step loop for every backend)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+pytest.importorskip("transformers", reason="the hf extra is not installed")
+
+from seq2trt.cli.main import cli  # noqa: E402
+from seq2trt.reference_model.hf_verify import load_transformers_model  # noqa: E402
+from seq2trt.reference_model.vocab import pad_batch  # noqa: E402
+
+SOURCES = [[5, 9, 13, 2], [22, 2], [7, 7, 30, 41, 12, 2], [60, 3, 2], [11, 2], [40, 41, 42, 43, 2]]
+NEW = 20
+# A summarization checkpoint's settings (BART CNN-style): they must apply without a flag.
+STORED = dict(min_length=6, no_repeat_ngram_size=3, length_penalty=2.0, num_beams=4, early_stopping=True)
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def bart(make_hf_model, tmp_path_factory):
+    """A BART with STORED settings, imported and exported (fp32 ORT graphs)."""
+    root = tmp_path_factory.mktemp("bart")
+    make_hf_model(root / "src", "bart", {}, STORED)
+    assert invoke("import", "hf", root / "src", "-o", root / "ckpt").exit_code == 0
+    assert invoke("export", root / "ckpt", "-o", root / "out", "--max-batch", 24).exit_code == 0
+    (root / "ids.jsonl").write_text("".join(json.dumps(s) + "\n" for s in SOURCES))
+    return root
+
+
+def _generate(root, seed=None, **kwargs):
+    hf_model = load_transformers_model(root / "src")
+    ids, mask = pad_batch(SOURCES, hf_model.config.pad_token_id)
+    if seed is not None:
+        torch.manual_seed(seed)
+    with torch.inference_mode():
+        out = hf_model.generate(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
+                                max_new_tokens=NEW, return_dict_in_generate=True, **kwargs)
+    eos = hf_model.config.eos_token_id
+    rows = [r[: r.index(eos)] if eos in r else r for r in out.sequences[:, 1:].tolist()]
+    return rows, out
+
+
+def _translate(root, *flags, source="ckpt"):
+    out = root / "got.jsonl"
+    result = invoke("translate", root / source, "--ids-file", root / "ids.jsonl", "--max-new-tokens", NEW,
+                    "--output-ids", out, *flags)
+    assert result.exit_code == 0, result.output
+    return [json.loads(line) for line in out.read_text().splitlines()], result.output.splitlines()
+
+
+def test_the_models_stored_settings_apply_without_flags(bart):
+    got, lines = _translate(bart)
+    want, _ = _generate(bart)  # transformers reads the same generation_config.json
+    assert got == want and lines == [json.dumps(w) for w in want]
+    neutral, _ = _generate(bart, min_length=0, no_repeat_ngram_size=0)
+    assert got != neutral, "the stored options changed nothing: the test could not fail"
+
+
+def test_flags_override_and_n_best_lists_carry_transformers_scores(bart):
+    flags = ["--beam", 5, "--n-best", 3, "--scores", "--min-length", 4, "--no-repeat-ngram-size", 2,
+             "--repetition-penalty", 1.3]
+    got, lines = _translate(bart, *flags)
+    want, out = _generate(bart, num_beams=5, num_return_sequences=3, output_scores=True, min_length=4,
+                          no_repeat_ngram_size=2, repetition_penalty=1.3)
+    assert [ids for row in got for ids in row["ids"]] == want
+    scores = out.sequences_scores.numpy()
+    np.testing.assert_allclose([s for row in got for s in row["scores"]], scores, rtol=1e-5)
+    assert len(lines) == 3 * len(SOURCES)
+    assert [line.split("\t")[1] for line in lines] == [json.dumps(w) for w in want]
+    np.testing.assert_allclose([float(line.split("\t")[0]) for line in lines], scores, rtol=1e-5)
+
+
+@pytest.mark.parametrize("source", ["ckpt", "out"])
+def test_sampling_is_transformers_with_the_same_seed_eager_and_ort(bart, source):
+    flags = ["--sample", "--top-k", 12, "--top-p", 0.95, "--temperature", 0.8, "--seed", 7, "--n-best", 2]
+    got, _ = _translate(bart, *flags, *(["--backend", "ort"] if source == "out" else []), source=source)
+    want, _ = _generate(bart, seed=7, do_sample=True, num_beams=1, top_k=12, top_p=0.95, temperature=0.8,
+                        num_return_sequences=2)
+    assert [ids for row in got for ids in row["ids"]] == want
+    assert len({json.dumps(w) for w in want}) > len(SOURCES), "the two samples of a source never differed"
+    again, _ = _translate(bart, *flags[:-4], "--seed", 8, "--n-best", 2)
+    assert again != got
+
+
+def test_an_ort_export_decodes_the_options_as_the_checkpoint(bart):
+    flags = ["--beam", 3, "--n-best", 2, "--scores", "--repetition-penalty", 1.5, "--min-new-tokens", 5]
+    eager, _ = _translate(bart, *flags)
+    ort, _ = _translate(bart, *flags, "--backend", "ort", source="out")
+    assert [row["ids"] for row in ort] == [row["ids"] for row in eager]
+    np.testing.assert_allclose([row["scores"] for row in ort], [row["scores"] for row in eager], rtol=1e-4)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--temperature", 0.5], "--temperature sets how sampling draws, and this decode does not sample; add --sample"),
+    (["--sample", "--top-p", 0], "--top-p must be a number in (0, 1] such as 0.9, got 0.0"),
+    (["--sample", "--temperature", 0], "--temperature must be a number > 0 such as 0.7, got 0.0"),
+    (["--n-best", 5], "--n-best 5 is more than the 4 beams searched"),
+    (["--sample", "--beam", 4], "--beam 4 with sampling"),
+    (["--repetition-penalty", -1], "--repetition-penalty must be a number > 0"),
+    (["--no-repeat-ngram-size", -2], "--no-repeat-ngram-size must be an integer >= 0"),
+], ids=["temperature-no-sample", "top-p", "temperature", "n-best-over-beams", "sample-beam", "penalty", "ngram"])
+def test_bad_search_options_are_one_error_line(bart, flags, message):
+    result = invoke("translate", bart / "ckpt", "--ids-file", bart / "ids.jsonl", "--output-ids", bart / "bad.jsonl",
+                    *flags)
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1 and not (bart / "bad.jsonl").exists()
+
+
+def test_ort_generate_refuses_the_options_its_graph_does_not_apply(bart):
+    assert invoke("fuse", bart / "out", "--target", "ort").exit_code == 0
+    assert invoke("generate", bart / "out").exit_code == 0
+    result = invoke("translate", bart / "out", "--backend", "ort-generate", "--ids-file", bart / "ids.jsonl",
+                    "--n-best", 2)
+    assert result.exit_code == 2, result.output
+    line = result.output.strip()
+    assert line.startswith("error: --backend ort-generate runs ONNX Runtime's BeamSearch graph, which does not apply")
+    for name in ("min_length=6", "no_repeat_ngram_size=3", "num_return_sequences=2"):
+        assert name in line
+    assert "--backend ort" in line and len(line.splitlines()) == 1
