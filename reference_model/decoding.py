@@ -212,11 +212,12 @@ def greedy_decode(model: StepModel, input_ids: np.ndarray, attention_mask: np.nd
     generated = np.zeros((B, 0), np.int64) if settings.uses_history else None  # live rows' tokens, for the rules
     sample = _Sampler(settings, B, generator) if settings.do_sample else None
     totals = None if settings.plain else np.zeros(B)
+    constrained = settings.constrained
     for step in range(settings.max_new_tokens):
         logits, past = model.step(next_ids, mask, encoder_state, past)
         if on_step is not None:
             on_step(step, rows, logits)
-        scores = settings.constrain(logits, step, tokens=generated) if settings.constrained else logits
+        scores = settings.constrain(logits, step, tokens=generated) if constrained else logits
         if sample is not None:
             tokens, logp = sample(scores, rows, totals is not None)
         else:

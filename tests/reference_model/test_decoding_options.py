@@ -154,3 +154,35 @@ def test_options_that_cannot_hold_are_refused(models):
                          (dict(repetition_penalty=-1.0), "repetition_penalty must be > 0")):
         with pytest.raises(ConfigError, match=message):
             _settings(model, bad)
+
+
+def _teacher_forced_logprob(model, source: list[int], tokens: list[int], settings) -> float:
+    """The log-probability of `tokens` then eos given `source`, one forward pass of the eager model (no search)."""
+    cfg = model.cfg
+    ids, mask = pad_batch([source], cfg.pad_id)
+    target = [settings.bos_id] + tokens
+    with torch.inference_mode():
+        logits = model(torch.as_tensor(ids), torch.as_tensor(mask), torch.as_tensor([target]))
+    logp = torch.log_softmax(logits[0].double(), -1)
+    return float(sum(logp[i, t] for i, t in enumerate(tokens + [settings.eos_id])))
+
+
+def test_gnmt_beam_n_best_are_its_best_hypotheses_with_their_scores(make_model):
+    """Models trained here: the n-best of GNMT's beam search, best first, each scored log P(y|x) / lp(|y| + 1)
+    (the eos counted) as an independent forward pass of the model computes it; the first is the plain search's."""
+    from seq2trt.reference_model.decoding import beam_search, length_penalty
+
+    model = make_model(7)
+    sources = [[3, 5, 7, 2], [4, 4, 2], [9, 1, 6, 8, 2]]
+    ids, mask = pad_batch(sources, model.cfg.pad_id)
+    step = EagerStepModel(model)
+    base = DecodeSettings.for_model(model.cfg, 10)
+    nbest = beam_search(step, ids, mask, dataclasses.replace(base, num_return_sequences=3), beam_size=4, alpha=0.6)
+    assert [row[0].tokens for row in nbest] == beam_search(step, ids, mask, base, beam_size=4, alpha=0.6)
+    for source, row in zip(sources, nbest):
+        assert len(row) == 3 and len({tuple(h.tokens) for h in row}) == 3
+        assert [h.score for h in row] == sorted((h.score for h in row), reverse=True)
+        for h in row:
+            if len(h.tokens) < 10:  # ended with eos (a hypothesis cut by the limit has no eos to count)
+                want = _teacher_forced_logprob(model, source, h.tokens, base) / length_penalty(len(h.tokens) + 1, 0.6)
+                assert h.score == pytest.approx(want, rel=1e-6)
