@@ -1,6 +1,6 @@
 """`Translator`: a checkpoint or an export opened once with any decode backend, then asked for translations from
-Python — the objects and the decode path `seq2trt translate` uses (validation/decode_jobs.py), with the same checks
-and the same typed errors.
+Python — the objects and the decode path `seq2trt translate` uses (validation/decode_jobs.py: open_decoder, decode_job),
+with the same checks and the same typed errors.
 
     with seq2trt.Translator("out", backend="ort-fused") as translator:
         for hyp in translator.translate(["kalo mine suta"], beam=4):
@@ -16,22 +16,26 @@ returns what it would return alone.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import numbers
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Sequence
 
 from seq2trt.reference_model.errors import InputError
 from seq2trt.validation.backends import DECODE_BACKENDS
-from seq2trt.validation.decode_jobs import (batch_rows, check_sources, choose_search, decode_batches, decode_settings,
-                                            generation_config, has_tokenizer, open_decoder)
+from seq2trt.validation.decode_jobs import decode_job, has_tokenizer, open_decoder
 
-__all__ = ["Translator", "Hypothesis", "decode_sources", "check_decode_options", "CONCURRENT_BACKENDS"]
+__all__ = ["Translator", "Hypothesis", "check_decode_options", "CONCURRENT_BACKENDS", "SEARCH_OPTIONS"]
 
 # Backends whose step model takes calls from several threads at once (see the module docstring).
 CONCURRENT_BACKENDS = ("eager", "ort", "ort-fused", "ort-int8")
+
+# Keyword options of translate/generate -> the DecodeSettings field each sets (decode_jobs.OPTION_FLAGS: the
+# CLI's flags of the same names).
+SEARCH_OPTIONS = {"sample": "do_sample", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
+                  "seed": "seed", "min_length": "min_length", "min_new_tokens": "min_new_tokens",
+                  "no_repeat_ngram_size": "no_repeat_ngram_size", "repetition_penalty": "repetition_penalty"}
 
 
 @dataclass(frozen=True)
@@ -39,7 +43,7 @@ class Hypothesis:
     """One decoded output: `ids` (generated token ids, without the start token and eos), `text` (the ids through
     the checkpoint's tokenizer, None when it has none) and `score` (asked with `scores=True`, else None): beam
     search's own score (Hugging Face's sequences_scores for imported models, GNMT's for models trained here), the
-    sum of the tokens' log-probabilities for greedy search."""
+    sum of the tokens' log-probabilities for greedy search and sampling."""
 
     ids: list[int]
     text: str | None = None
@@ -54,30 +58,6 @@ def check_decode_options(alpha: float, batch_size: int) -> None:
         raise InputError(f"--batch-size must be an integer, got {batch_size!r}")
     if batch_size < 1:
         raise InputError(f"--batch-size must be >= 1, got {batch_size}")
-
-
-def decode_sources(opened: tuple, backend: str, sources: Sequence[Sequence[int]], origin: str, beam: int | None = None,
-                   alpha: float = 0.6, max_new_tokens: int | None = None, batch_size: int = 32,
-                   forced_bos_id: int | None = None, scores: bool = False) -> Iterator[list]:
-    """Each source's generated ids, in order, decoded in padded batches (an iterator, one batch decoded at a time);
-    with `scores`, each source's list of one `reference_model.decoding.Hypothesis` (tokens, score) instead.
-    `opened`: what `open_decoder` yields. Everything is checked before the first decode: the sources against the
-    model's limits (errors name `origin` and the source's number), the search, the length limit, the batch."""
-    step_model, cfg, folder, src_limit, max_batch = opened
-    check_sources(sources, cfg, *src_limit, origin)
-    beams, decode = choose_search(generation_config(folder), beam, alpha)
-    if backend.startswith("ort-generate"):  # the search runs inside the graph (Hugging Face's, alpha its length_penalty)
-        from seq2trt.validation.generate_backend import generate_search, read_generation
-
-        if scores:
-            raise InputError(f"backend {backend} returns no scores (ONNX Runtime's BeamSearch runs the whole search); "
-                             "use ort-fused or ort for scores")
-        decode = generate_search(read_generation(folder), beams, alpha)
-    settings = decode_settings(cfg, max_new_tokens, forced_bos_id)
-    if scores:
-        settings = dataclasses.replace(settings, output_scores=True)
-    rows = batch_rows(batch_size, max_batch, beams)
-    return decode_batches(step_model, sources, cfg.pad_id, decode, settings, rows)
 
 
 class Translator:
@@ -122,11 +102,15 @@ class Translator:
         return self._codec is not None
 
     def translate(self, texts: Sequence[str], beam: int | None = None, max_new_tokens: int | None = None,
-                  alpha: float = 0.6, batch_size: int = 32, scores: bool = False) -> list[Hypothesis]:
-        """Translate `texts` (encoded by the checkpoint's tokenizer); one Hypothesis each, in order.
+                  alpha: float = 0.6, batch_size: int = 32, scores: bool = False, n_best: int | None = None,
+                  **search: Any) -> list[Hypothesis] | list[list[Hypothesis]]:
+        """Translate `texts` (encoded by the checkpoint's tokenizer); one Hypothesis each, in order, or with
+        `n_best` a list of that many each (at most `beam`, or that many samples).
         `beam`: beam size, 1 greedy (None: an imported model's num_beams, else 1); `alpha`: GNMT's length penalty
         for models trained here (imported ones use their own); `max_new_tokens`: tokens generated at most, eos
-        included (None: the model's limit); `scores`: fill each Hypothesis's score."""
+        included (None: the model's limit); `scores`: fill each Hypothesis's score. `search`: SEARCH_OPTIONS
+        (sample, temperature, top_k, top_p, seed, min_length, min_new_tokens, no_repeat_ngram_size,
+        repetition_penalty), as `seq2trt translate`'s flags of those names; None or absent: the model's own."""
         if isinstance(texts, str):
             raise InputError("texts must be a list of strings, got one string; wrap it in a list")
         if self._codec is None:
@@ -134,10 +118,12 @@ class Translator:
                              "be encoded; give token ids to Translator.generate")
         if any(not isinstance(t, str) or not t.strip() for t in texts):
             raise InputError("empty source text; give at least one symbol")
-        return self._run([self._codec.encode(t) for t in texts], beam, max_new_tokens, alpha, batch_size, scores)
+        return self._run([self._codec.encode(t) for t in texts], beam, max_new_tokens, alpha, batch_size,
+                         self._options(scores, n_best, search), n_best is not None)
 
     def generate(self, ids: Sequence[Sequence[int]], beam: int | None = None, max_new_tokens: int | None = None,
-                 alpha: float = 0.6, batch_size: int = 32, scores: bool = False) -> list[Hypothesis]:
+                 alpha: float = 0.6, batch_size: int = 32, scores: bool = False, n_best: int | None = None,
+                 **search: Any) -> list[Hypothesis] | list[list[Hypothesis]]:
         """Decode source token ids (used as given: include eos where the model expects it); options as `translate`."""
         sources = []
         for n, source in enumerate(ids, 1):
@@ -145,10 +131,21 @@ class Translator:
             if not all(isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in source):
                 raise InputError(f"source {n} must be a list of integer token ids, got {source[:8]!r}")
             sources.append([int(i) for i in source])  # numpy integers too
-        return self._run(sources, beam, max_new_tokens, alpha, batch_size, scores)
+        return self._run(sources, beam, max_new_tokens, alpha, batch_size, self._options(scores, n_best, search),
+                         n_best is not None)
+
+    @staticmethod
+    def _options(scores: bool, n_best: int | None, search: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(search) - set(SEARCH_OPTIONS))
+        if unknown:
+            raise InputError(f"unknown search option(s) {', '.join(unknown)}; Translator takes beam, max_new_tokens, "
+                             f"alpha, batch_size, scores, n_best and {', '.join(SEARCH_OPTIONS)}")
+        options = {SEARCH_OPTIONS[k]: v for k, v in search.items()}
+        options.update(num_return_sequences=n_best, output_scores=scores or None)
+        return options
 
     def _run(self, sources: list[list[int]], beam: int | None, max_new_tokens: int | None, alpha: float,
-             batch_size: int, scores: bool) -> list[Hypothesis]:
+             batch_size: int, options: dict[str, Any], lists: bool) -> list[Hypothesis] | list[list[Hypothesis]]:
         if self._closed:
             raise InputError("this Translator is closed; open a new one")
         check_decode_options(alpha, batch_size)
@@ -156,11 +153,16 @@ class Translator:
             return []
         forced = self._codec.forced_bos_id if self._codec is not None else None
         with self._lock:
-            outputs = list(decode_sources(self._opened, self.backend, sources, "source", beam, alpha,
-                                          max_new_tokens, batch_size, forced, scores))
-        found = [(out[0].tokens, out[0].score) for out in outputs] if scores else [(out, None) for out in outputs]
-        return [Hypothesis(ids, self._codec.decode(ids) if self._codec is not None else None, score)
-                for ids, score in found]
+            settings, decoded = decode_job(self._opened, self.backend, sources, "source", beam, alpha,
+                                           max_new_tokens, batch_size, forced, options)
+            outputs = list(decoded)
+        found = [[self._hypothesis(out, None)] if settings.plain else
+                 [self._hypothesis(h.tokens, h.score if settings.output_scores else None) for h in out]
+                 for out in outputs]
+        return found if lists else [hyps[0] for hyps in found]
+
+    def _hypothesis(self, ids: list[int], score: float | None) -> Hypothesis:
+        return Hypothesis(ids, self._codec.decode(ids) if self._codec is not None else None, score)
 
     def close(self) -> None:
         """Release the sessions (and torch's threads); later calls raise."""

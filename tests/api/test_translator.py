@@ -79,6 +79,27 @@ def test_max_new_tokens_bounds_the_output(numbers):
     assert [h.ids for h in short] == [w[:2] for w in eager_decode(model, task, TEXTS, 1)]
 
 
+def test_search_options_are_the_clis(numbers):
+    """n-best lists with scores, and seeded sampling: what `seq2trt translate` prints for the same flags."""
+    from seq2trt.translator import SEARCH_OPTIONS
+    from seq2trt.validation.decode_jobs import OPTION_FLAGS
+
+    assert set(SEARCH_OPTIONS.values()) | {"num_return_sequences", "output_scores"} == set(OPTION_FLAGS)
+    root, _, _ = numbers
+    with seq2trt.Translator(root / "out", backend="ort-fused") as translator:
+        nbest = translator.translate(TEXTS, beam=3, n_best=2, scores=True)
+        sampled = translator.translate(TEXTS, sample=True, seed=3, temperature=0.8, top_k=5)
+        again = translator.translate(TEXTS, sample=True, seed=3, temperature=0.8, top_k=5)
+    assert [len(hyps) for hyps in nbest] == [2] * len(TEXTS) and all(h.score is not None for r in nbest for h in r)
+    result = invoke("translate", root / "out", *TEXTS, "--backend", "ort-fused", "--beam", 3, "--n-best", 2, "--scores")
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == [f"{h.score:.6g}\t{h.text}" for hyps in nbest for h in hyps]
+    result = invoke("translate", root / "out", *TEXTS, "--backend", "ort-fused", "--sample", "--seed", 3,
+                    "--temperature", 0.8, "--top-k", 5)
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == [h.text for h in sampled] and sampled == again
+
+
 @pytest.mark.parametrize("backend, beam", [("ort-fused", 1), ("ort-fused", 3), ("eager", 3)])
 def test_four_threads_at_once_return_what_each_call_returns_alone(numbers, backend, beam):
     root, _, _ = numbers
@@ -139,6 +160,12 @@ def test_errors_are_the_clis(numbers, tmp_path):
         (tmp_path / "ids.jsonl").write_text(json.dumps([3, 4, 9999]) + "\n")
         with pytest.raises(InputError, match=r"source 1 holds ids outside the source vocabulary \[0, \d+\): \[9999\]"):
             translator.generate([[3, 4, 9999]])
+        with pytest.raises(InputError) as exc:
+            translator.translate(["12"], temperature=0.5)
+        assert str(exc.value) == _cli_error("translate", root / "out", "12", "--backend", "ort-fused",
+                                            "--temperature", 0.5)
+        with pytest.raises(InputError, match="unknown search option.s. beams; Translator takes beam"):
+            translator.translate(["12"], beams=2)
         with pytest.raises(InputError, match="texts must be a list of strings, got one string"):
             translator.translate("12")
         with pytest.raises(InputError, match="source 2 must be a list of integer token ids"):
