@@ -191,12 +191,13 @@ def unsupported_in_graph(settings: DecodeSettings) -> list[str]:
             if getattr(settings, k) != getattr(neutral, k) and not (k == "min_length" and settings.min_length <= 1)]
 
 
-def batch_rows(batch_size: int, max_batch: int | None, beams: int) -> int:
-    """Sources per decoder batch: `batch_size`, fewer when beams x sources would pass the export's max_batch."""
+def batch_rows(batch_size: int, max_batch: int | None, beams: int, flag: str = "--beam") -> int:
+    """Sources per decoder batch: `batch_size`, fewer when beams (or samples: `flag` --n-best) x sources would pass
+    the export's max_batch."""
     rows = batch_size if max_batch is None else min(batch_size, max_batch // beams)
     if rows < 1:
-        raise InputError(f"--beam {beams} needs batches of {beams} rows, over the export's max_batch {max_batch}; "
-                         "re-export with --max-batch >= batch x beam, or use a smaller --beam")
+        raise InputError(f"{flag} {beams} needs batches of {beams} rows, over the export's max_batch {max_batch}; "
+                         f"re-export with --max-batch >= batch x {flag[2:]}, or use a smaller {flag}")
     return rows
 
 
@@ -230,5 +231,6 @@ def decode_job(opened: tuple, backend: str, sources: Sequence[Sequence[int]], or
                              f"{', '.join(missing)} (from the flags or the model's generation settings); use --backend "
                              "ort (the same graphs through seq2trt's search), or leave those options at their defaults")
         decode = generate_search(read_generation(folder), beams, alpha)
-    rows = batch_rows(batch_size, max_batch, beams)
+    samples = settings.num_return_sequences if settings.do_sample else 0  # a sampled source takes that many rows
+    rows = batch_rows(batch_size, max_batch, *((samples, "--n-best") if samples > beams else (beams,)))
     return settings, decode_batches(step_model, sources, cfg.pad_id, decode, settings, rows)

@@ -128,3 +128,14 @@ def test_ort_generate_refuses_the_options_its_graph_does_not_apply(bart):
     for name in ("min_length=6", "no_repeat_ngram_size=3", "num_return_sequences=2"):
         assert name in line
     assert "--backend ort" in line and len(line.splitlines()) == 1
+
+
+def test_samples_of_a_source_count_against_the_exports_max_batch(bart):
+    """Each of --n-best N samples is a decoder row: batches hold max_batch // N sources, and N over it is refused."""
+    got, _ = _translate(bart, "--backend", "ort", "--sample", "--seed", 3, "--n-best", 12, "--batch-size", 6,
+                        source="out")  # 6 sources x 12 samples: batches of 2 under max_batch 24
+    assert [len(row["ids"]) for row in got] == [12] * len(SOURCES)
+    result = invoke("translate", bart / "out", "--backend", "ort", "--ids-file", bart / "ids.jsonl", "--sample",
+                    "--n-best", 25)
+    assert result.exit_code == 2 and "--n-best 25 needs batches of 25 rows, over the export's max_batch 24" in \
+        result.output, result.output
