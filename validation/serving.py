@@ -89,7 +89,9 @@ class DecodeService:
         for (beam, max_new_tokens, forced), members in groups.items():
             try:
                 beams, decode = choose_search(self.generation, beam, self.alpha)
-                settings = decode_settings(self.cfg, max_new_tokens, forced)
+                # the model's stored generation options, as translate applies them (one deterministic output a job)
+                settings = decode_settings(self.cfg, max_new_tokens, forced, generation=self.generation,
+                                           options=dict(do_sample=False, num_return_sequences=1))
                 rows = batch_rows(len(members), self.max_batch, beams)
                 outputs = decode_batches(self.model, [jobs[n].ids for n in members], self.cfg.pad_id, decode,
                                          settings, rows)

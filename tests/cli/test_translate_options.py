@@ -139,3 +139,15 @@ def test_samples_of_a_source_count_against_the_exports_max_batch(bart):
                     "--n-best", 25)
     assert result.exit_code == 2 and "--n-best 25 needs batches of 25 rows, over the export's max_batch 24" in \
         result.output, result.output
+
+
+def test_serves_decode_applies_the_stored_settings_as_translate(bart):
+    """serve's DecodeService (requests carry no search options yet) decodes with the model's own settings too."""
+    from seq2trt.validation.serving import DecodeService, Job
+
+    service = DecodeService(bart / "out", "ort")
+    try:
+        got = service.run([Job(tuple(s), max_new_tokens=NEW) for s in SOURCES])
+    finally:
+        service.close()
+    assert got == _generate(bart)[0]
