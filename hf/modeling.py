@@ -89,8 +89,9 @@ def hf_config(cfg, folder: Path) -> PretrainedConfig:
 
 def hf_generation_config(cfg, config: PretrainedConfig, folder: Path, limits: spec.Limits) -> GenerationConfig:
     """The generation settings the checkpoint records (an import's generation.json: beams, length penalty, limits,
-    forced and suppressed tokens), over the defaults transformers derives from the config; a length limit no longer
+    forced and suppressed tokens, the logits processors and sampling options seq2trt reproduces), over the defaults transformers derives from the config; a length limit no longer
     than the export's decoder holds."""
+    from seq2trt.reference_model.decoding import GENERATION_OPTIONS
     from seq2trt.reference_model.hf_import import GENERATION
 
     gen = GenerationConfig.from_model_config(config)
@@ -103,7 +104,7 @@ def hf_generation_config(cfg, config: PretrainedConfig, folder: Path, limits: sp
         gen.suppress_tokens = list(cfg.suppress_ids)
     recorded = json.loads((folder / GENERATION).read_text()) if (folder / GENERATION).is_file() else {}
     for key in ("num_beams", "length_penalty", "early_stopping", "max_length", "max_new_tokens",
-                "forced_bos_token_id"):
+                "forced_bos_token_id", *GENERATION_OPTIONS):
         if recorded.get(key) is not None:
             setattr(gen, key, recorded[key])
     if gen.max_new_tokens is None and (recorded.get("max_length") is None or gen.max_length > limits.max_tgt_len):

@@ -25,11 +25,13 @@ def invoke(*args):
 
 @pytest.fixture(scope="module")
 def marian_export(make_hf_model, make_marian_tokenizer, tmp_path_factory):
-    """A random Marian with its own tokenizer: imported, exported (fp32), its ORT graphs fused."""
+    """A random Marian with its own tokenizer and generation options of its own (they must reach generate through
+    the model's generation config): imported, exported (fp32), its ORT graphs fused."""
     root = tmp_path_factory.mktemp("marian")
     src, n = make_marian_tokenizer(root / "src")
     make_hf_model(src, "marian", dict(vocab_size=n, pad_token_id=n - 1, decoder_start_token_id=n - 1,
-                                      activation_function="swish", scale_embedding=True), std=0.2)
+                                      activation_function="swish", scale_embedding=True),
+                  dict(no_repeat_ngram_size=3, repetition_penalty=1.3), std=0.2)
     invoke("import", "hf", src, "-o", root / "ckpt")
     invoke("export", root / "ckpt", "-o", root / "out", "--max-batch", 16)
     invoke("fuse", root / "out", "--target", "ort")
