@@ -22,7 +22,9 @@ import seq2trt
 with seq2trt.Translator("out", backend="ort-fused", threads=1) as translator:
     for hyp in translator.translate(["kalo mine suta", "ri po de an"], beam=4, max_new_tokens=20):
         print(hyp.text, hyp.ids)
-    ids = translator.generate([[5, 9, 13, 0]], beam=1)[0].ids
+    for hyps in translator.translate(["taelor"], beam=4, n_best=2, scores=True):
+        print([(h.score, h.text) for h in hyps])
+    print(translator.generate([[5, 9, 13, 0]], sample=True, seed=1, top_k=10)[0].ids)
 ''',
     '''
 from transformers import AutoTokenizer, pipeline
