@@ -196,7 +196,8 @@ def greedy_decode(model: StepModel, input_ids: np.ndarray, attention_mask: np.nd
         raise ConfigError(f"greedy search returns one sequence a source, not num_return_sequences "
                           f"{settings.num_return_sequences}; use beam search with as many beams, or sampling")
     if settings.do_sample and settings.num_return_sequences > 1:  # Hugging Face's expansion: each source N times
-        input_ids, attention_mask = (np.repeat(a, settings.num_return_sequences, 0) for a in (input_ids, attention_mask))
+        n = settings.num_return_sequences
+        input_ids, attention_mask = np.repeat(input_ids, n, 0), np.repeat(attention_mask, n, 0)
     B = input_ids.shape[0]
     encoder_state = model.encode(input_ids, attention_mask)
     past = model.empty_past(B)

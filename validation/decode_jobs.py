@@ -177,8 +177,8 @@ def decode_settings(cfg, max_new_tokens: int | None, forced_bos_id: int | None =
     if not settings.do_sample:
         stray = [OPTION_FLAGS[k] for k in SAMPLING_ONLY if k in given]
         if stray:
-            raise InputError(f"{', '.join(stray)} set{'s' * (len(stray) == 1)} how sampling draws, and this decode does "
-                             "not sample; add --sample, or drop " + ", ".join(stray))
+            raise InputError(f"{', '.join(stray)} set{'s' * (len(stray) == 1)} how sampling draws, and this decode "
+                             "does not sample; add --sample, or drop " + ", ".join(stray))
     return settings
 
 
@@ -222,7 +222,7 @@ def decode_job(opened: tuple, backend: str, sources: Sequence[Sequence[int]], or
     generation = generation_config(folder)
     settings = decode_settings(cfg, max_new_tokens, forced_bos_id, generation=generation, options=options)
     beams, decode = choose_search(generation, beam, alpha, settings)
-    if backend.startswith("ort-generate"):  # the search runs inside the graph (Hugging Face's, alpha its length_penalty)
+    if backend.startswith("ort-generate"):  # the search runs inside the graph (Hugging Face's; alpha: length_penalty)
         from .generate_backend import generate_search, read_generation
 
         missing = unsupported_in_graph(settings)
