@@ -119,7 +119,8 @@ def _unchanged_rows() -> list[Row]:
         Row("shape-mismatch", lambda w: edit_weights(w, lambda s: s.update({"lm_head.weight": torch.zeros(3, 32)}))
             or translate(w), 2, ("lm_head.weight: weights have shape (3, 32), config expects", "config.json")),
         Row("config-contradicts-weights", lambda w: edit_config(w, num_decoder_layers=3) or translate(w), 2,
-            ("does not match its config", "missing keys ['decoder_layers.2.")),
+            ("config.json: num_decoder_layers is 3 but", "holds weights for 2 decoder layers",
+             "load the weights with the config.json they were saved with")),
         Row("pickled-code", lambda w: pickled_pt(w) or translate(w), 2,
             ("holds pickled code or objects", "torch.save(model.state_dict()")),
         # export
