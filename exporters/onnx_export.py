@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 
 from seq2trt.plugins.op import AttentionAttrs, AttentionKind
-from seq2trt.reference_model.errors import ArtifactError, ConfigError
+from seq2trt.reference_model.errors import ArtifactError, ConfigError, InputError
 from seq2trt.reference_model.swap import staged_directory
 from seq2trt.reference_model.model import Seq2SeqTransformer
 
@@ -194,6 +194,25 @@ def check_graph(proto: onnx.ModelProto, cfg, kind: spec.GraphKind, dtype: str) -
         raise ArtifactError(f"exported {kind.value} graph breaks the contract: " + "; ".join(problems))
 
 
+def check_torch_cache() -> None:
+    """torch.export writes into torch's compile cache (TORCHINDUCTOR_CACHE_DIR, else a folder in the temporary
+    directory) as it loads; a cache it cannot create or write fails deep inside it with a traceback."""
+    import os
+    import tempfile
+
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    folder = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir()
+    where = "TORCHINDUCTOR_CACHE_DIR " + folder if os.environ.get("TORCHINDUCTOR_CACHE_DIR") else folder
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise InputError(f"torch's compile cache {where} is not a folder it can write ({exc.strerror}), and the ONNX "
+                         "export needs it; point TORCHINDUCTOR_CACHE_DIR at a writable folder") from None
+
+
 def export(model: Seq2SeqTransformer, out: Path, dtype: str = "fp32", opset: int = spec.DEFAULT_OPSET,
            limits: spec.Limits | None = None, force: bool = False, source: dict | None = None) -> Path:
     """Write `out/encoder.onnx`, `out/decoder.onnx` and `out/manifest.json` atomically; returns `out`.
@@ -202,6 +221,7 @@ def export(model: Seq2SeqTransformer, out: Path, dtype: str = "fp32", opset: int
     """
     if opset not in spec.OPSETS:
         raise ConfigError(f"opset {opset} is not supported; choose {spec.OPSETS.start}..{spec.OPSETS.stop - 1}")
+    check_torch_cache()
     limits = limits or spec.Limits.for_model(model.cfg)
     exported = export_copy(model, dtype)
     timings = {}

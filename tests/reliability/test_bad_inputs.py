@@ -271,3 +271,14 @@ def test_runner_refuses_a_bad_feed_with_one_error(artifact, manifest, feed, frag
     with runner, pytest.raises(InputError, match="feed does not match the graph contract") as info:
         runner.infer(feed)
     assert fragment in str(info.value)
+
+
+def test_an_unwritable_torch_compile_cache_is_one_line(work, tmp_path, monkeypatch, invoke, one_error_line):
+    """torch.export writes into torch's compile cache as it loads: one that is a file (or cannot be written) was a
+    FileExistsError traceback from inside torch; now one line naming it, and no export written."""
+    blocker = tmp_path / "cache"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(blocker))
+    one_error_line(invoke("export", work / "ckpt", "-o", tmp_path / "out"), 2,
+                   f"TORCHINDUCTOR_CACHE_DIR {blocker} is not a folder it can write", "point TORCHINDUCTOR_CACHE_DIR")
+    assert not (tmp_path / "out").exists()
