@@ -6,7 +6,7 @@ log-probability (logit minus log-sum-exp) moves by at most 2e, and a sum over n 
 hypotheses share (a common prefix) move both sums alike. `e` is measured where it matters: both models are
 teacher-forced along the hypotheses being compared (the largest |logit difference| over their positions), not the
 beam search's overall error, which unlikely rows inflate (int8: 3.9 against 0.23 on the greedy path); where it
-exceeds the dtype's `max_logit_abs_err` target (fp32; reduced precision has none: its numbers are judged per case at graph level), the divergence is no near-tie. A beam divergence is a near-tie,
+exceeds what the precision's arithmetic allows (`end_to_end._near_tie_cap`), the divergence is no near-tie. A beam divergence is a near-tie,
 reported with its eager gap and tolerance, when either
 - "boundary": at the first step where the candidate keeps other live beams than the eager search (both having kept
   the same ones before), the best beam it dropped beats the worst one it kept instead, under the eager model, by at
@@ -88,11 +88,11 @@ def beam_tracer(beam_size: int, pad_id: int, traces: dict) -> Callable[[int], Ca
 
 
 def _rescore(reference: StepModel, candidate: StepModel, source: list[int], rows: list[list[int]],
-             settings: DecodeSettings, batch: int) -> tuple[list[float], float]:
+             settings: DecodeSettings, batch: int) -> tuple[list[float], float, float]:
     """Teacher-forces `rows` (token lists after bos, of one source) through both models, `batch` rows a call: each
-    row's eager log-probability as the search sums it (log-softmax under the model's rules), and the largest
-    |logit difference| between the models over the positions the rows score."""
-    sums, err = [], 0.0
+    row's eager log-probability as the search sums it (log-softmax under the model's rules), the largest
+    |logit difference| between the models over the positions the rows score, and the largest eager |logit| there."""
+    sums, err, scale = [], 0.0, 0.0
     for start in range(0, len(rows), batch):
         chunk = rows[start: start + batch]
         ids, mask = pad_batch([source], settings.pad_id)
@@ -110,9 +110,10 @@ def _rescore(reference: StepModel, candidate: StepModel, source: list[int], rows
             total[live] += logp[live, tokens[live]]
             diff = np.abs(got.astype(np.float64) - want.astype(np.float64))[live]
             err = max(err, float(np.nan_to_num(diff, nan=np.inf).max(initial=0.0)))
+            scale = max(scale, float(np.abs(np.nan_to_num(want[live].astype(np.float64))).max(initial=0.0)))
             next_ids = tokens[:, None]
         sums += total.tolist()
-    return sums, err
+    return sums, err, scale
 
 
 def _shared(rows: list[tuple[int, ...]] | list[list[int]]) -> int:
@@ -152,17 +153,18 @@ def _final_tie(want: list[int], got: list[int], step: int, settings: DecodeSetti
 
 def beam_near_ties(divergent_steps: dict[int, int], reference: StepModel, candidate: StepModel,
                    sources: list[list[int]], want: list[list[int]], got: list[list[int]], traces: tuple[dict, dict],
-                   settings: DecodeSettings, beam_size: int, max_logit_abs_err: float) -> list[dict]:
+                   settings: DecodeSettings, beam_size: int, cap: tuple[float, float]) -> list[dict]:
     """The near-ties among the divergent samples (`divergent_steps`: sample -> first divergent token) of a beam
     search, by the "boundary" and "final" rules above: {sample, step, kind, eager_margin, tolerance} each.
     `traces`: the live beams of the eager and the candidate search (`beam_tracer`). Where the logit error measured
-    along the hypotheses compared exceeds `max_logit_abs_err` (the target), the divergence is no near-tie: an
-    error the targets reject excuses nothing."""
+    along the hypotheses compared exceeds `cap` (absolute, relative to the largest eager |logit| there: what the
+    precision's arithmetic allows), the divergence is no near-tie: an error the precision cannot make excuses
+    nothing."""
     ties = []
     for i, step in sorted(divergent_steps.items()):
         def score(rows: list[list[int]]) -> tuple[list[float], float]:
-            sums, err = _rescore(reference, candidate, sources[i], rows, settings, beam_size)
-            return sums, err if err <= max_logit_abs_err else np.nan  # nan: every `gap <= tolerance` is False
+            sums, err, scale = _rescore(reference, candidate, sources[i], rows, settings, beam_size)
+            return sums, err if err <= cap[0] + cap[1] * scale else np.nan  # nan: every `gap <= tolerance` is False
         judged = _boundary_tie(traces[0].get(i, []), traces[1].get(i, []), score)
         if judged is None or not judged["tie"]:
             judged = _final_tie(want[i], got[i], step, settings, score)

@@ -320,13 +320,18 @@ def compare_greedy(reference: tuple[list[list[int]], list[list[np.ndarray]]], ca
                    candidate_logits: list[np.ndarray] | None = None, tie_margin: float = 1e-4) -> GreedyComparison:
     """Token-for-token agreement. A divergence is a tie when the reference's two candidates are closer than the
     candidate's own logit error can move them: 2x its largest error on that source up to and including the
-    divergent step, where `candidate_logits` are given; else within `tie_margin`."""
+    divergent step, where `candidate_logits` are given, and only while that error is within what float32
+    arithmetic allows (the fp32 bound, atol + rtol |logit|): a candidate off by more is wrong, not tied. Without
+    logits: within `tie_margin`."""
+    from .parity import TOLERANCES
+
+    fp32 = TOLERANCES["fp32"]["*"]
     ref_tokens, ref_logits = reference
     identical = ties = 0
     mismatches, by_step = [], []
     for i, (want, got) in enumerate(zip(ref_tokens, candidate)):
         step = next((t for t, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
-        source_err = None
+        source_err, wrong = None, False
         if candidate_logits is not None:
             n = min(step + 1, len(ref_logits[i]), len(candidate_logits[i]))
             for t in range(n):  # up to and including the first divergent step: both saw the same history
@@ -335,7 +340,9 @@ def compare_greedy(reference: tuple[list[list[int]], list[list[np.ndarray]]], ca
                 err = float(np.abs(a[:v] - b[:v]).max())
                 by_step.extend([0.0] * (t + 1 - len(by_step)))
                 by_step[t] = max(by_step[t], err)
+                allowed = fp32.atol + fp32.rtol * float(np.abs(a[:v]).max())
                 source_err = max(source_err or 0.0, err)
+                wrong = wrong or not err <= allowed
         if want == got:
             identical += 1
             continue
@@ -343,8 +350,8 @@ def compare_greedy(reference: tuple[list[list[int]], list[list[np.ndarray]]], ca
         ref_next = want[step] if step < len(want) else eos_id  # past its end, a sequence ended with eos
         got_next = got[step] if step < len(got) else eos_id
         margin = None if logits is None else float(logits[ref_next] - logits[got_next])
-        bound = tie_margin if source_err is None else 2 * source_err
-        if margin is not None and margin <= bound:
+        bound = tie_margin if source_err is None else 0.0 if wrong else 2 * source_err
+        if margin is not None and margin <= bound and not wrong:
             ties += 1
         mismatches.append(f"source {i}: diverges at step {step} (eager {ref_next}, candidate {got_next}, "
                           f"eager margin {margin if margin is None else f'{margin:.2e}'})")

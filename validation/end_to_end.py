@@ -220,11 +220,17 @@ def _margin_recorder(settings: DecodeSettings, margins: dict[tuple[int, int], fl
     return for_batch
 
 
-def _near_tie_cap(dtype: str) -> float:
-    """The largest logit error a beam near-tie may rest on: the fp32 bound, none below fp32 (the graph-level checks
-    judge the numbers)."""
-    cap = TARGETS[dtype].max_logit_abs_err
-    return float("inf") if cap is None else cap
+def _near_tie_cap(dtype: str) -> tuple[float, float]:
+    """The largest logit error a beam near-tie may rest on, (absolute, relative to the largest |logit|): fp32's
+    target; for fp16/bf16 the precision check's factor on one rounding of the logits (MAX_FACTOR x unit roundoff);
+    for int8 the same factor on int8's resolution, 1/127 of a tensor's range."""
+    from .precision import MAX_FACTOR, UNIT_ROUNDOFF
+
+    if dtype in UNIT_ROUNDOFF:
+        return 0.0, MAX_FACTOR * UNIT_ROUNDOFF[dtype]
+    if dtype == "int8":
+        return 0.0, MAX_FACTOR / 127
+    return TARGETS[dtype].max_logit_abs_err, 0.0
 
 
 def end_to_end(candidate: StepModel, reference: StepModel, sources: list[list[int]], settings: DecodeSettings,

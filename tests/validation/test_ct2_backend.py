@@ -143,3 +143,16 @@ def test_unknown_quantization_and_missing_dependency(make_model, tmp_path, monke
     monkeypatch.setitem(sys.modules, "ctranslate2", None)
     with pytest.raises(DependencyError, match=r"seq2trt\[ct2\]"):
         ct2_backend.convert(model, tmp_path / "y")
+
+
+def test_a_tie_is_judged_by_the_candidates_own_error():
+    """A divergence is a tie when the eager margin is within twice the candidate's measured logit error on that
+    source (here 3e-4 on logits near 10: float32 territory, so a 5e-4 margin is a tie although over the 1e-4 used
+    without logits), and never when the candidate's error is beyond the fp32 bound (a wrong candidate is no tie)."""
+    eager = np.array([0.0, 0.0, 0.0, 10.0, 10.0 - 5e-4])
+    close = eager + np.array([0, 0, 0, -3e-4, 0])
+    tied = ct2_backend.compare_greedy(([[3]], [[eager]]), [[4]], eos_id=2, candidate_logits=[[close]])
+    assert tied and tied.ties == 1
+    wrong = eager + np.array([0.5, 0, 0, -3e-4, 0])
+    refused = ct2_backend.compare_greedy(([[3]], [[eager]]), [[4]], eos_id=2, candidate_logits=[[wrong]])
+    assert not refused and refused.ties == 0

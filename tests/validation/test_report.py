@@ -124,7 +124,8 @@ def test_report_tables_hold_the_parity_and_latency_records(reported):
             line = next(line for line in text.splitlines() if line.startswith(f"| {graph} | {name} | "))
             cells = [c.strip() for c in line.strip("|").split("|")]
             assert float(cells[2]) == pytest.approx(row["max_abs"], rel=5.01e-3), line  # max abs, 3 significant digits
-            assert float(cells[6]) == pytest.approx(row["min_cosine"], abs=1e-7), line
+            assert float(cells[6]) == pytest.approx(row["rms"], rel=5.01e-3), line  # rms error, 3 significant digits
+            assert float(cells[7]) == pytest.approx(row["min_cosine"], abs=1e-7), line
             assert cells[-1] == f"{len(row['failed_cases'])}/{row['cases']}", line
             rows += 1
     assert rows == sum(len(o) for o in parity["graphs"].values()) > 5
