@@ -9,7 +9,8 @@ integer tensors is exact; the graph then scales it back to float.
 `quantized_reference(model, graph)` returns a copy of the float64 model whose every `nn.Linear` that the graph
 quantized computes exactly that, with the weights, scales and zero points read from the graph. What is left
 between the graph and this reference is float32 arithmetic, and the rare activation whose float32 and float64
-values fall on two sides of a rounding boundary (see `validation/precision.py` for how that is bounded).
+values fall on two sides of a rounding boundary: given the graph's own integers (`expose_decisions`), the reference
+checks each against its own activation and then follows them (`QuantizedLinear`).
 
 Which graph weight belongs to which layer is found by value, not by name (the fuser packs q, k and v into one
 weight and the quantizer renames every weight): a block of columns of a quantized weight belongs to a layer when it
@@ -47,11 +48,16 @@ class QuantizedWeight:
 def quantized_weights(graph: onnx.ModelProto) -> list[QuantizedWeight]:
     """Every constant weight of a MatMulInteger or DynamicQuantizeMatMul node, dequantized."""
     inits = {i.name: i for i in graph.graph.initializer}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    producers = {o: n for n in graph.graph.node for o in n.output}
     found = []
     for node in graph.graph.node:
         if node.op_type == "MatMulInteger":
             weight, zero = node.input[1], node.input[3] if len(node.input) > 3 else ""
-            scale = _weight_scale_of(graph, node, inits)
+            scale = _weight_scale_of(node, inits, consumers, producers)
         elif node.op_type == "DynamicQuantizeMatMul":
             weight, scale, zero = node.input[1], node.input[2], node.input[3] if len(node.input) > 3 else ""
         else:
@@ -66,18 +72,15 @@ def quantized_weights(graph: onnx.ModelProto) -> list[QuantizedWeight]:
     return found
 
 
-def _weight_scale_of(graph: onnx.ModelProto, matmul: onnx.NodeProto, inits: dict) -> str:
-    """MatMulInteger carries no scale: the quantizer multiplies its output by (activation scale * weight scale),
-    computed by a Mul whose constant input is the weight's scale."""
-    products = {n.output[0]: n for n in graph.graph.node if n.op_type == "Mul"}
-    consumers = []
-    for cast in (n for n in graph.graph.node if n.op_type == "Cast" and matmul.output[0] in n.input):
-        consumers += [n for n in graph.graph.node if n.op_type == "Mul" and cast.output[0] in n.input]
-    for mul in consumers:
-        for operand in mul.input:
-            product = products.get(operand)
-            if product is not None:
-                return next((i for i in product.input if i in inits), "")
+def _weight_scale_of(matmul: onnx.NodeProto, inits: dict, consumers: dict, producers: dict) -> str:
+    """MatMulInteger carries no scale: the quantizer casts its output to float and multiplies it by (activation
+    scale * weight scale), a Mul whose constant input is the weight's scale."""
+    for cast in (n for n in consumers.get(matmul.output[0], []) if n.op_type == "Cast"):
+        for mul in (n for n in consumers.get(cast.output[0], []) if n.op_type == "Mul"):
+            for operand in mul.input:
+                product = producers.get(operand)
+                if product is not None and product.op_type == "Mul":
+                    return next((i for i in product.input if i in inits), "")
     return ""
 
 
@@ -120,10 +123,7 @@ class QuantizedLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(torch.float64)
-        q, scale, zero = quantize_activation(x)
-        graph = self._graph_decision(x)
-        if graph is not None:
-            q, scale, zero = graph
+        q, scale, zero = self._graph_decision(x) or quantize_activation(x)
         y = ((q - zero) * scale) @ self.weight_t
         return y if self.bias is None else y + self.bias.to(torch.float64)
 

@@ -179,11 +179,11 @@ class GraphLocaliser:
 
     def __init__(self, candidate: onnx.ModelProto, plain: onnx.ModelProto, model, kind: spec.GraphKind, dtype: str,
                  limits: spec.Limits, precision: str, runner_options: Mapping | None = None,
-                 twin_options: Mapping | None = None):
+                 fp32_options: Mapping | None = None):
         """`precision` "fp16"/"bf16": the graph runs as its fp32 twin beside the eager model holding the same rounded
-        values (`twin_options`: an fp32 graph's runner options); "int8": beside the reference that quantizes as it
+        values (`fp32_options`: an fp32 graph's runner options); "int8": beside the reference that quantizes as it
         does and follows its decisions. Every comparison is then at the fp32 tolerances (validation/precision.py)."""
-        from .precision import UNIT_ROUNDOFF, peer_model, rounded_model, twin_prepare
+        from .precision import UNIT_ROUNDOFF, peer_model, rounded_model, twin_options
 
         cfg = model.cfg
         self.kind, self.precision = kind, precision
@@ -192,8 +192,7 @@ class GraphLocaliser:
         marked = debug_copy(candidate, self.tensors, spec.DTYPES[dtype][1]).SerializeToString()
         options, run_dtype, reference = dict(runner_options or {}), dtype, model
         if precision in ("fp16", "bf16"):
-            options = dict(twin_options or {})
-            options["prepare"] = twin_prepare(options.get("prepare"))
+            options = twin_options(fp32_options or {})
             run_dtype, reference = "fp32", rounded_model(model, precision)
         elif precision == "int8":
             from .int8_reference import expose_decisions, quantized_reference
@@ -313,14 +312,14 @@ def localise(localisers: Mapping[spec.GraphKind, GraphLocaliser], feeds: list[tu
 
 def localise_export(graph_dir: Path, plain_dir: Path, model, dtype: str, limits: spec.Limits, precision: str,
                     runner_options: Mapping, parity: GraphParity | None, seed: int, budget_s: float,
-                    requested: bool, twin_options: Mapping | None = None) -> dict:
+                    requested: bool, fp32_options: Mapping | None = None) -> dict:
     """`validate`'s localisation of one graph set (graphs in `graph_dir`, tensor names from the plain export in
     `plain_dir`) over the parity sweep replayed with `seed`: parity.json's `localisation` list and what the time
     budget left unchecked."""
     start = time.perf_counter()
     try:
         localisers = {kind: GraphLocaliser(onnx.load(graph_dir / kind.filename), onnx.load(plain_dir / kind.filename),
-                                           model, kind, dtype, limits, precision, runner_options, twin_options)
+                                           model, kind, dtype, limits, precision, runner_options, fp32_options)
                       for kind in spec.GraphKind}
     except ArtifactError as exc:
         if requested:

@@ -110,9 +110,11 @@ def fp32_twin(model: bytes) -> bytes:
     return proto.SerializeToString()
 
 
-def twin_prepare(fp32_prepare: Callable[[bytes], bytes] | None) -> Callable[[bytes], bytes]:
-    """A runner's `prepare` for a graph's fp32 twin, followed by whatever an fp32 graph of the set needs."""
-    return (lambda m: fp32_prepare(fp32_twin(m))) if fp32_prepare else fp32_twin
+def twin_options(fp32_options: Mapping) -> dict:
+    """The runner options of a graph's fp32 twin: an fp32 graph's of the same set (`fp32_options`), its `prepare`
+    run after widening the graph."""
+    fp32_prepare: Callable[[bytes], bytes] | None = fp32_options.get("prepare")
+    return {**fp32_options, "prepare": (lambda m: fp32_prepare(fp32_twin(m))) if fp32_prepare else fp32_twin}
 
 
 def as_fp32(feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -120,21 +122,28 @@ def as_fp32(feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: v if np.issubdtype(v.dtype, np.integer) else np.asarray(v, dtype=np.float32) for k, v in feed.items()}
 
 
-class ReducedJudge:
-    """fp16 / bf16: the precision and structure checks of every case (module docstring). `twins`: the graphs'
-    fp32 twins; `rounded`: eager runners of `rounded_model`; `peers`: eager runners of `peer_model`."""
+class _RunnersJudge:
+    """A judge holding runners of its own, active while it is entered (around the sweep)."""
 
-    def __init__(self, dtype: str, twins: tuple, rounded: tuple, peers: tuple):
-        self.dtype, self.twins, self.rounded, self.peers = dtype, twins, rounded, peers
-        self._stack = contextlib.ExitStack()
+    def __init__(self, *runners):
+        self._runners, self._stack = runners, contextlib.ExitStack()
 
-    def __enter__(self) -> "ReducedJudge":
-        for runner in (*self.twins, *self.rounded, *self.peers):
+    def __enter__(self):
+        for runner in self._runners:
             self._stack.enter_context(runner)
         return self
 
     def __exit__(self, *exc) -> None:
         self._stack.close()
+
+
+class ReducedJudge(_RunnersJudge):
+    """fp16 / bf16: the precision and structure checks of every case (module docstring). `twins`: the graphs'
+    fp32 twins; `rounded`: eager runners of `rounded_model`; `peers`: eager runners of `peer_model`."""
+
+    def __init__(self, dtype: str, twins: tuple, rounded: tuple, peers: tuple):
+        super().__init__(*twins, *rounded, *peers)
+        self.dtype, self.twins, self.rounded, self.peers = dtype, twins, rounded, peers
 
     def compare(self, index, candidate, reference, feed, case) -> CaseResult:
         got, want, peer = candidate.infer(feed), reference.infer(feed), self.peers[index].infer(feed)
@@ -144,22 +153,14 @@ class ReducedJudge:
         return CaseResult(candidate.kind.value, case, outputs)
 
 
-class Int8Judge:
+class Int8Judge(_RunnersJudge):
     """int8: each graph (run with its quantization decisions exposed, `int8_reference.expose_decisions`) against
     the float64 reference that quantizes as it does and follows its decisions, at the fp32 tolerances; the graph's
     weights must dequantize to the model's; the error against the float model is reported beside, not judged."""
 
     def __init__(self, quantized: tuple, mismatches: tuple[list, list]):
+        super().__init__(*quantized)
         self.quantized, self.mismatches = quantized, mismatches
-        self._stack = contextlib.ExitStack()
-
-    def __enter__(self) -> "Int8Judge":
-        for runner in self.quantized:
-            self._stack.enter_context(runner)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stack.close()
 
     def compare(self, index, candidate, reference, feed, case) -> CaseResult:
         from .int8_reference import decisions_of
@@ -179,9 +180,9 @@ class Int8Judge:
 
 
 def judge_for(precision: str, graphs: Mapping, cfg, limits, model, runner_options: Mapping,
-              twin_options: Mapping | None = None):
+              fp32_options: Mapping | None = None):
     """The judge of a graph set in `precision` ("fp32", "fp16", "bf16" or "int8"), and the runner options its
-    candidates need. `graphs`: GraphKind -> graph path; `model`: the eager model (any dtype); `twin_options`:
+    candidates need. `graphs`: GraphKind -> graph path; `model`: the eager model (any dtype); `fp32_options`:
     the runner options of an fp32 graph of the same set (plugin graphs need their own)."""
     import onnx
 
@@ -201,11 +202,10 @@ def judge_for(precision: str, graphs: Mapping, cfg, limits, model, runner_option
         prepare = runner_options.get("prepare")
         options = {**runner_options, "prepare": (lambda m: expose_decisions(prepare(m))) if prepare else expose_decisions}
         return Int8Judge(quantized, tuple(m for _, m in built)), options
-    twin_options = dict(twin_options if twin_options is not None else
-                        {k: v for k, v in runner_options.items() if k not in ("prepare", "custom_op_libraries")})
-    twin_options["prepare"] = twin_prepare(twin_options.get("prepare"))
-    twins = tuple(OrtRunner(graphs[kind], cfg, kind, "fp32", limits, name=f"onnxruntime-{TWIN}", **twin_options)
-                  for kind in kinds)
+    if fp32_options is None:
+        fp32_options = {k: v for k, v in runner_options.items() if k not in ("prepare", "custom_op_libraries")}
+    twins = tuple(OrtRunner(graphs[kind], cfg, kind, "fp32", limits, name=f"onnxruntime-{TWIN}",
+                            **twin_options(fp32_options)) for kind in kinds)
     rounded = rounded_model(model, precision)
     peer = peer_model(model, precision)
     return ReducedJudge(precision, twins, tuple(EagerRunner(rounded, k, limits, name="eager-fp64-rounded") for k in kinds),

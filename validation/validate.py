@@ -173,11 +173,11 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
     runner = BACKENDS[settings.backend]
     base = {"device": settings.device, "intra_op_threads": settings.threads}
     options = {**base, **(graph_set.runner_options(dtype) if graph_set.runner_options else {})}
-    twin_options = {**base, **(graph_set.runner_options("fp32") if graph_set.runner_options else {})}
+    fp32_options = {**base, **(graph_set.runner_options("fp32") if graph_set.runner_options else {})}
     paths = {kind: graph_set.folder(out) / kind.filename for kind in spec.GraphKind}
     candidates = tuple(runner(paths[kind], cfg, kind, dtype, limits, **options) for kind in spec.GraphKind)
     precision = "int8" if graph_set.quantized else dtype  # how the graphs are judged (validation/precision.py)
-    judge, judged_options = judge_for(precision, paths, cfg, limits, model, options, twin_options)
+    judge, judged_options = judge_for(precision, paths, cfg, limits, model, options, fp32_options)
     judged = candidates if judged_options == options else tuple(
         runner(paths[kind], cfg, kind, dtype, limits, name=f"onnxruntime-{precision}-judged", **judged_options)
         for kind in spec.GraphKind)
@@ -204,7 +204,7 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
             progress(f"localising failures and near-ties per layer (budget {settings.localize_budget_s:g} s)")
         document.update(localise_export(graph_set.folder(out), out, reference, dtype, limits, precision, options,
                                         graphs, settings.seed, settings.localize_budget_s, settings.localize,
-                                        twin_options))
+                                        fp32_options))
     with writing_into(out, started, "validate"):
         write_reports(out, document)
     failures = graphs.failures() + (e2e.failures() if e2e is not None else [])
