@@ -15,15 +15,15 @@ __all__ = ["Translator", "Hypothesis", "DECODE_BACKENDS", "Seq2TrtError", "Input
 
 # public name -> the module that defines it
 _HOMES = {"Translator": "seq2trt.translator", "Hypothesis": "seq2trt.translator",
-          "DECODE_BACKENDS": "seq2trt.validation.backends",
+          "DECODE_BACKENDS": "seq2trt.runtime.registry",
           **{name: "seq2trt.reference_model.errors" for name in __all__ if name.endswith(("Error", "Failed"))}}
 
 if TYPE_CHECKING:
     from seq2trt.reference_model.errors import (ArtifactError, CheckFailed, CheckpointError, ConfigError,
                                                 DependencyError, InputError, Seq2TrtError)
-    from seq2trt.validation.backends import DECODE_BACKENDS
+    from seq2trt.runtime.registry import DECODE_BACKENDS
 
-    from .translator import Hypothesis, Translator
+    from seq2trt.translator import Hypothesis, Translator
 
 
 def __getattr__(name: str) -> Any:

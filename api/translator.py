@@ -1,5 +1,5 @@
 """`Translator`: a checkpoint or an export opened once with any decode backend, then asked for translations from
-Python — the objects and the decode path `seq2trt translate` uses (validation/decode_jobs.py: open_decoder, decode_job),
+Python — the objects and the decode path `seq2trt translate` uses (runtime/decode_jobs.py: open_decoder, decode_job),
 with the same checks and the same typed errors.
 
     with seq2trt.Translator("out", backend="ort-fused") as translator:
@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from seq2trt.reference_model.errors import InputError
-from seq2trt.validation.backends import DECODE_BACKENDS
-from seq2trt.validation.decode_jobs import decode_job, has_tokenizer, open_decoder
+from seq2trt.runtime.registry import DECODE_BACKENDS
+from seq2trt.runtime.decode_jobs import decode_job, has_tokenizer, open_decoder
 
 __all__ = ["Translator", "Hypothesis", "check_decode_options", "CONCURRENT_BACKENDS", "SEARCH_OPTIONS"]
 

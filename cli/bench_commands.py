@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from seq2trt.validation.bench_settings import KNOWN_BACKENDS, BenchSettings
+from seq2trt.validation.bench.settings import KNOWN_BACKENDS, BenchSettings
 
 
 @click.command()
@@ -40,10 +40,10 @@ def bench(out: Path, backends: str, batch_sizes: str, threads: str, repeats: int
           new_tokens: int, curves: bool, checkpoint: Path | None, search: str, beam: int,
           length_penalty: float) -> None:
     """Time the backends on the export in OUT; write OUT/reports/latency.json, latency.md and plots."""
-    from seq2trt.validation.bench import run_bench
-    from seq2trt.validation.bench_settings import parse_backends, parse_ints
+    from seq2trt.validation.bench.measure import run_bench
+    from seq2trt.validation.bench.settings import parse_backends, parse_ints
 
-    from .progress import progress_bar
+    from seq2trt.cli.progress import progress_bar
 
     settings = BenchSettings(backends=parse_backends(backends), batch_sizes=parse_ints(batch_sizes, "--batch-sizes"),
                              threads=parse_ints(threads, "--threads"), repeats=repeats, warmup=warmup,

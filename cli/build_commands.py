@@ -35,7 +35,7 @@ def build(out: Path, backend: str, target: str | None, dtype: str | None, max_ba
     from seq2trt.exporters import manifest, spec
     from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines
 
-    from .progress import progress_bar
+    from seq2trt.cli.progress import progress_bar
 
     if target is None:  # only TensorRT-RTX can name a target it is not running on
         target = "current" if trt_compat.has_gpu() or backend == trt_compat.Flavour.TENSORRT.value else "sm_86"

@@ -34,15 +34,15 @@ def demo(out: Path, samples: int, force: bool) -> None:
     from seq2trt.exporters.manifest import MANIFEST
     from seq2trt.plugins import trt_compat
     from seq2trt.reference_model.checkpoint import load_checkpoint, source_record
-    from seq2trt.reference_model.io import refuse_existing
+    from seq2trt.reference_model.atomic_files import refuse_existing
     from seq2trt.reference_model.train import demo_checkpoint
-    from seq2trt.validation.bench import run_bench
-    from seq2trt.validation.bench_settings import BenchSettings, unavailable
-    from seq2trt.validation.report import write_report
+    from seq2trt.validation.bench.measure import run_bench
+    from seq2trt.validation.bench.settings import BenchSettings, unavailable
+    from seq2trt.validation.reports.report import write_report
     from seq2trt.validation.validate import ValidateSettings, run_validation
 
-    from .export_commands import quiet_exporters
-    from .progress import progress_bar
+    from seq2trt.cli.export_commands import quiet_exporters
+    from seq2trt.cli.progress import progress_bar
 
     refuse_existing(out, force, "demo", kind=MANIFEST)  # before any work
     start = time.perf_counter()

@@ -36,7 +36,7 @@ def export(checkpoint: Path, out: Path, dtype: str, opset: int, max_batch: int, 
     from seq2trt.exporters.onnx_export import export as export_model
     from seq2trt.exporters.spec import Limits
     from seq2trt.reference_model.checkpoint import load_checkpoint, source_record
-    from seq2trt.reference_model.io import refuse_existing
+    from seq2trt.reference_model.atomic_files import refuse_existing
 
     quiet_exporters()
     refuse_existing(out, force, "export", kind=MANIFEST, protect=(checkpoint,))  # before any work

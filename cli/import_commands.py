@@ -22,9 +22,9 @@ def hf(src: Path, out: Path, force: bool) -> None:
     downloads) after proving it equal to transformers' own model and generate; the proof goes to OUT/import.json."""
     from seq2trt.reference_model.hf_import import check_source_dir, import_hf
     from seq2trt.reference_model.checkpoint import is_checkpoint
-    from seq2trt.reference_model.io import refuse_existing
+    from seq2trt.reference_model.atomic_files import refuse_existing
 
-    from .main import err_console
+    from seq2trt.cli.main import err_console
 
     check_source_dir(src)  # a symlink loop must not reach the protect check's resolve()
     refuse_existing(out, force, "checkpoint", kind=is_checkpoint, protect=(src,))  # before any work; atomic write

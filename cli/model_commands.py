@@ -13,9 +13,9 @@ from seq2trt.reference_model.config import PRESETS
 from seq2trt.reference_model.errors import InputError
 from seq2trt.reference_model.tasks import TASKS
 from seq2trt.reference_model.train import TrainSettings, train as train_model
-from seq2trt.validation.backends import DECODE_BACKENDS
+from seq2trt.runtime.registry import DECODE_BACKENDS
 from seq2trt.translator import check_decode_options
-from seq2trt.validation.decode_jobs import decode_job, has_tokenizer, open_decoder
+from seq2trt.runtime.decode_jobs import decode_job, has_tokenizer, open_decoder
 
 
 @click.command()
@@ -34,10 +34,10 @@ def train(out: Path, task: str, preset: str, steps: int, batch_size: int, lr: fl
     """Train a model on a built-in task (CPU) and write its checkpoint and metrics.json."""
     from seq2trt.reference_model.config import preset as make_preset
     from seq2trt.reference_model.checkpoint import is_checkpoint
-    from seq2trt.reference_model.io import refuse_existing
+    from seq2trt.reference_model.atomic_files import refuse_existing
     from seq2trt.reference_model.tasks import get_task
 
-    from .progress import progress_bar
+    from seq2trt.cli.progress import progress_bar
 
     get_task(task), make_preset(preset)  # fail on a bad name before any work
     settings = TrainSettings(task=task, preset=preset, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
@@ -162,7 +162,7 @@ def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path
     each batch finishes; --output-ids also writes the ids as JSON lines. With --n-best N, N lines a source; with
     --scores each line starts with its score and a tab; either way the JSON lines are {"ids": [...], "scores":
     [...]}. Without the search flags, an imported model's own generation settings apply."""
-    from seq2trt.reference_model.io import write_plain_output
+    from seq2trt.reference_model.atomic_files import write_plain_output
 
     if bool(texts) == bool(ids_file):
         raise InputError("give either TEXTS or --ids-file F (JSON lines of source ids), not both or neither")

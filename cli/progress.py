@@ -7,7 +7,7 @@ from typing import Callable, Iterator
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from .main import err_console
+from seq2trt.cli.main import err_console
 
 
 @contextlib.contextmanager

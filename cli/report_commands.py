@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from seq2trt.validation.report import write_report
+from seq2trt.validation.reports.report import write_report
 
 
 @click.command()

@@ -44,7 +44,7 @@ def serve(out: Path, backend: str, http_port: int, grpc_port: int, metrics_port:
     """Serve the export in OUT with Triton: model `generate` (input_ids -> output_ids, optional max_new_tokens and
     num_beams per request) and, when the checkpoint has a tokenizer, `translate` (text -> text). Requests are batched
     dynamically; each gets what `seq2trt translate --ids-file` gives. SIGINT/SIGTERM drain the server, then exit 0."""
-    from seq2trt.validation.triton_server import ServeSettings, serve as run_server
+    from seq2trt.serving.server import ServeSettings, serve as run_server
 
     for flag, value, least in (("--threads", threads, 1), ("--instances", instances, 1), ("--max-batch", max_batch, 1),
                                ("--max-queue-delay-us", max_queue_delay_us, 0)):
@@ -53,7 +53,7 @@ def serve(out: Path, backend: str, http_port: int, grpc_port: int, metrics_port:
     settings = ServeSettings(out, backend, checkpoint, threads, max_batch, max_queue_delay_us, instances, alpha, host,
                              http_port, grpc_port, metrics_port)
     if write_repository is not None:
-        from seq2trt.validation.triton_repository import write_repository as write
+        from seq2trt.serving.repository import write_repository as write
 
         folder = write(settings, write_repository, repository_backend, force)
         click.echo(f"wrote a Triton model repository to {folder}; start it as {folder / 'README.md'} says")

@@ -13,9 +13,9 @@ import onnx
 from seq2trt.plugins.op import DOMAIN, attrs_from_node
 from seq2trt.reference_model.config import Seq2SeqConfig
 from seq2trt.reference_model.errors import ArtifactError, first_line
-from seq2trt.reference_model.io import sha256_file
+from seq2trt.reference_model.atomic_files import sha256_file
 
-from . import spec
+from seq2trt.exporters import spec
 
 
 def load_graph(path: Path, cfg: Seq2SeqConfig, kind: spec.GraphKind, dtype: str) -> onnx.ModelProto:

@@ -16,7 +16,7 @@ from onnx import helper as h
 
 from seq2trt.plugins.op import ATTRIBUTES, INPUTS, OUTPUTS, AttentionKind
 
-from . import spec
+from seq2trt.exporters import spec
 
 LOWEST_FP32 = -3.4028234663852886e38
 

@@ -30,13 +30,13 @@ from onnx import helper
 from seq2trt.plugins.op import DOMAIN, PLUGIN_NAME, AttentionAttrs, attrs_from_node
 from seq2trt.reference_model.config import Seq2SeqConfig
 from seq2trt.reference_model.errors import ArtifactError, CheckFailed, InputError, Seq2TrtError
-from seq2trt.reference_model.io import atomic_write_text, sha256_file
+from seq2trt.reference_model.atomic_files import atomic_write_text, sha256_file
 from seq2trt.reference_model.swap import staged_directory
 
-from . import spec
-from .artifact_checks import check_derived_graphs, load_graph
-from .fuse_ort import MS_DOMAIN, fold_constant_transposes, fold_projections_into_attention, ort_node
-from .manifest import Manifest, verify
+from seq2trt.exporters import spec
+from seq2trt.exporters.artifact_checks import check_derived_graphs, load_graph
+from seq2trt.exporters.fuse_ort import MS_DOMAIN, fold_constant_transposes, fold_projections_into_attention, ort_node
+from seq2trt.exporters.manifest import Manifest, verify
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def fuse_artifacts(out: Path, target: Target, allow_partial: bool = False, force
     """
     manifest = verify(out, [kind.filename for kind in spec.GraphKind])
     if target is Target.TRT:
-        from seq2trt.plugins.kernels.launch import kernel_head_dim_problem
+        from seq2trt.plugins.kernels.launch_plan import kernel_head_dim_problem
 
         if problem := kernel_head_dim_problem(manifest.config.head_dim, out):
             raise InputError(f"cannot fuse for TensorRT: {problem}")

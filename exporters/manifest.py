@@ -18,10 +18,10 @@ from typing import Any, Iterator
 
 from seq2trt.reference_model.config import LATER_FIELDS, Seq2SeqConfig
 from seq2trt.reference_model.errors import ArtifactError
-from seq2trt.reference_model.io import atomic_write_text, sha256_file
+from seq2trt.reference_model.atomic_files import atomic_write_text, sha256_file
 from seq2trt.reference_model.swap import recover_tree, replacements_paused
 
-from . import spec
+from seq2trt.exporters import spec
 
 MANIFEST = "manifest.json"
 

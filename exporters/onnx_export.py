@@ -26,9 +26,9 @@ from seq2trt.reference_model.errors import ArtifactError, ConfigError, InputErro
 from seq2trt.reference_model.swap import staged_directory
 from seq2trt.reference_model.model import Seq2SeqTransformer
 
-from . import spec
-from .attention_functions import attention_functions
-from .manifest import MANIFEST, write_manifest
+from seq2trt.exporters import spec
+from seq2trt.exporters.attention_functions import attention_functions
+from seq2trt.exporters.manifest import MANIFEST, write_manifest
 
 logger = logging.getLogger(__name__)
 

@@ -26,13 +26,13 @@ from typing import Callable
 import onnx
 
 from seq2trt.reference_model.errors import ArtifactError, DependencyError, InputError
-from seq2trt.reference_model.io import atomic_write_text, sha256_file
+from seq2trt.reference_model.atomic_files import atomic_write_text, sha256_file
 from seq2trt.reference_model.swap import staged_directory
 
-from . import spec
-from .artifact_checks import check_derived_graphs, load_graph
-from .fuse import FUSION_JSON, Target, fused_dir, verify_fused
-from .manifest import Manifest, read_manifest
+from seq2trt.exporters import spec
+from seq2trt.exporters.artifact_checks import check_derived_graphs, load_graph
+from seq2trt.exporters.fuse import FUSION_JSON, Target, fused_dir, verify_fused
+from seq2trt.exporters.manifest import Manifest, read_manifest
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from seq2trt.plugins.op import DOMAIN, PLUGIN_NAME
 from seq2trt.reference_model.errors import ArtifactError, InputError, Terminated, first_line
 
 if TYPE_CHECKING:
-    from .tensorrt_child import BuildChild
+    from seq2trt.exporters.tensorrt_child import BuildChild
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ def graph_has_plugin(model) -> bool:
 
 def plugin_workspace_bytes(model, profiles: Profiles) -> int:
     """The largest workspace any plugin node asks for at the profiles' largest batch (0 without plugin nodes)."""
-    from seq2trt.plugins.kernels.launch import workspace_bytes
+    from seq2trt.plugins.kernels.launch_plan import workspace_bytes
     from seq2trt.plugins.op import attrs_from_node
 
     max_batch = max((hi[0] for _lo, _opt, hi in profiles.values() if len(hi)), default=1)
@@ -249,7 +249,7 @@ def build(onnx_path: Path, profiles: Profiles, targets: Sequence[int | str] | st
     graph; re-export for another dtype). TensorRT runs in a child process (`child`, or one started for this
     call): a graph that crashes it is a BuildError, and Ctrl-C or SIGTERM stop the build at once.
     """
-    from .tensorrt_child import BuildChild
+    from seq2trt.exporters.tensorrt_child import BuildChild
 
     settings = settings or BuildSettings()
     onnx_path = _checked_path(onnx_path)

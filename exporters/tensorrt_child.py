@@ -217,7 +217,7 @@ def child_main() -> None:
     jobs, messages = Connection(jobs_fd, writable=False), Connection(messages_fd, readable=False)
     root = logging.getLogger()
     root.addHandler(_Forward(messages))
-    from . import tensorrt_build
+    from seq2trt.exporters import tensorrt_build
 
     while True:
         try:

@@ -27,14 +27,14 @@ from typing import Callable
 from seq2trt.plugins import trt_compat
 from seq2trt.plugins.op import PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION
 from seq2trt.reference_model.errors import ArtifactError, InputError
-from seq2trt.reference_model.io import atomic_write_bytes, atomic_write_text, refuse_existing, sha256_file
+from seq2trt.reference_model.atomic_files import atomic_write_bytes, atomic_write_text, refuse_existing, sha256_file
 from seq2trt.reference_model.swap import locked, staged_directory
 
-from . import fuse, spec
-from .artifact_checks import load_graph
-from . import manifest as manifest_mod
-from .tensorrt_build import BuildSettings, build, deferred_interrupt
-from .tensorrt_child import BuildChild
+from seq2trt.exporters import fuse, spec
+from seq2trt.exporters.artifact_checks import load_graph
+from seq2trt.exporters import manifest as manifest_mod
+from seq2trt.exporters.tensorrt_build import BuildSettings, build, deferred_interrupt
+from seq2trt.exporters.tensorrt_child import BuildChild
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ def build_engines(out: Path, request: EngineRequest, progress: Callable[[str, st
     _check_limits(limits, manifest.limits, out)
     limits.check_fits(cfg)
     if request.plugin:
-        from seq2trt.plugins.kernels.launch import kernel_head_dim_problem
+        from seq2trt.plugins.kernels.launch_plan import kernel_head_dim_problem
 
         if problem := kernel_head_dim_problem(cfg.head_dim, out):
             raise InputError(problem)

@@ -9,6 +9,6 @@
 transformers is the `hf` extra: importing this package needs it.
 """
 
-from .modeling import HF_BACKENDS, Seq2TrtEncoderOutput, Seq2TrtModelForSeq2SeqLM
+from seq2trt.hf.modeling import HF_BACKENDS, Seq2TrtEncoderOutput, Seq2TrtModelForSeq2SeqLM
 
 __all__ = ["Seq2TrtModelForSeq2SeqLM", "Seq2TrtEncoderOutput", "HF_BACKENDS"]

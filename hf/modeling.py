@@ -27,7 +27,7 @@ from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 from seq2trt.exporters import spec
 from seq2trt.reference_model.errors import InputError
 
-# The backends whose step model is a pair of graph runners (validation/adapter.py): the ones this class can drive.
+# The backends whose step model is a pair of graph runners (runtime/step_model.py): the ones this class can drive.
 HF_BACKENDS = ("ort-fused", "ort", "ort-int8", "tensorrt", "tensorrt-rtx")
 
 
@@ -146,8 +146,8 @@ class Seq2TrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         """Open the export in `out` through `backend` (one of HF_BACKENDS) with `threads` intra-op threads.
         `checkpoint`: the checkpoint it was exported from, if it moved (its tokenizer config and generation
         settings are read there)."""
-        from seq2trt.validation.backends import open_step_model
-        from seq2trt.validation.decode_jobs import check_threads, checkpoint_folder
+        from seq2trt.runtime.registry import open_step_model
+        from seq2trt.runtime.decode_jobs import check_threads, checkpoint_folder
 
         if kwargs:
             raise InputError(f"unknown argument(s) {', '.join(sorted(kwargs))} for Seq2TrtModelForSeq2SeqLM."

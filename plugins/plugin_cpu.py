@@ -18,7 +18,7 @@ import onnx
 
 from seq2trt.reference_model.errors import DependencyError
 
-from .op import (DOMAIN, INPUTS, OUTPUTS, PLUGIN_NAME, AttentionAttrs, AttentionKind, attrs_from_node,
+from seq2trt.plugins.op import (DOMAIN, INPUTS, OUTPUTS, PLUGIN_NAME, AttentionAttrs, AttentionKind, attrs_from_node,
                  reference_attention)
 
 CONTRIB_DOMAIN = "ai.onnx.contrib"

@@ -23,9 +23,9 @@ import numpy as np
 
 from seq2trt.reference_model.errors import InputError
 
-from . import kernel_launch
-from .kernels.launch import kernel_head_dim_problem, workspace_bytes
-from .op import INPUTS, OUTPUTS, PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION, AttentionAttrs, AttentionKind
+from seq2trt.plugins import cuda_launcher as kernel_launch
+from seq2trt.plugins.kernels.launch_plan import kernel_head_dim_problem, workspace_bytes
+from seq2trt.plugins.op import INPUTS, OUTPUTS, PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION, AttentionAttrs, AttentionKind
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The reference encoder-decoder Transformer: config, eager model, checkpoints, decoding, demo tasks."""
 
-from .config import PRESETS, Seq2SeqConfig, preset
-from .errors import (ArtifactError, CheckFailed, CheckpointError, ConfigError, DependencyError, InputError,
+from seq2trt.reference_model.config import PRESETS, Seq2SeqConfig, preset
+from seq2trt.reference_model.errors import (ArtifactError, CheckFailed, CheckpointError, ConfigError, DependencyError, InputError,
                      Seq2TrtError)
 
 
@@ -9,7 +9,7 @@ def __getattr__(name: str):
     """The model imports torch (about a second): load it on first use, so that light users of the package (the
     TensorRT build child, `errors`, `config`) start fast."""
     if name == "Seq2SeqTransformer":
-        from .model import Seq2SeqTransformer
+        from seq2trt.reference_model.model import Seq2SeqTransformer
 
         return Seq2SeqTransformer
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,11 +14,11 @@ from typing import Callable
 
 import torch
 
-from .config import Seq2SeqConfig, memory_parts, physical_memory
-from .errors import CheckpointError
-from .swap import staged_directory
-from .model import Seq2SeqTransformer
-from .vocab import Vocab, load_vocabs, save_vocabs
+from seq2trt.reference_model.config import Seq2SeqConfig, memory_parts, physical_memory
+from seq2trt.reference_model.errors import CheckpointError
+from seq2trt.reference_model.swap import staged_directory
+from seq2trt.reference_model.model import Seq2SeqTransformer
+from seq2trt.reference_model.vocab import Vocab, load_vocabs, save_vocabs
 
 WEIGHTS, LEGACY_WEIGHTS, CONFIG, VOCAB = "model.safetensors", "model.pt", "config.json", "vocab.json"
 
@@ -67,7 +67,7 @@ def _save_weights(save_file: Callable, state: dict[str, torch.Tensor], path: Pat
     """safetensors' writer, its I/O failures (a full disk) as the OSError they are, for the usual write error."""
     from safetensors import SafetensorError
 
-    from .io import write_error
+    from seq2trt.reference_model.atomic_files import write_error
 
     try:
         save_file(state, str(path), metadata={"format": "pt"})
@@ -163,7 +163,7 @@ def source_record(path: Path) -> dict:
     """What an export records of its checkpoint: path, sha256 of the weights, and the task it was trained on."""
     import json
 
-    from .io import sha256_file
+    from seq2trt.reference_model.atomic_files import sha256_file
 
     path = Path(path)
     metrics = (path if path.is_dir() else path.parent) / "metrics.json"

@@ -18,7 +18,7 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any, Literal
 
-from .errors import ConfigError
+from seq2trt.reference_model.errors import ConfigError
 
 
 class AttentionKind(IntEnum):

@@ -13,7 +13,7 @@ from typing import Any, Callable, NamedTuple, Protocol
 
 import numpy as np
 
-from .errors import ConfigError
+from seq2trt.reference_model.errors import ConfigError
 
 
 class StepModel(Protocol):

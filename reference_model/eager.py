@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .model import Seq2SeqTransformer
+from seq2trt.reference_model.model import Seq2SeqTransformer
 
 
 class EagerStepModel:

@@ -22,11 +22,11 @@ from typing import Any, Callable
 
 import torch
 
-from .checkpoint import _read_pt, _read_safetensors, load_state_dict_checked, save_checkpoint
-from .config import Seq2SeqConfig, memory_parts, physical_memory
-from .errors import CheckFailed, CheckpointError, ConfigError
-from .io import sha256_file
-from .model import Seq2SeqTransformer
+from seq2trt.reference_model.checkpoint import _read_pt, _read_safetensors, load_state_dict_checked, save_checkpoint
+from seq2trt.reference_model.config import Seq2SeqConfig, memory_parts, physical_memory
+from seq2trt.reference_model.errors import CheckFailed, CheckpointError, ConfigError
+from seq2trt.reference_model.atomic_files import sha256_file
+from seq2trt.reference_model.model import Seq2SeqTransformer
 
 logger = logging.getLogger(__name__)
 
@@ -550,7 +550,7 @@ def load_hf_as_model(src: Path) -> tuple[str, Seq2SeqTransformer, dict[str, Any]
 def import_hf(src: Path, out: Path, force: bool = False, progress: Callable[[str], None] = lambda msg: None) -> dict:
     """Import, verify against transformers, then write the checkpoint atomically; returns the import record.
     A failed verification raises CheckFailed (exit 1) and writes nothing."""
-    from .hf_verify import verify
+    from seq2trt.reference_model.hf_verify import verify
 
     src = Path(src)
     progress("reading the source model")

@@ -20,11 +20,11 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .decoding import GENERATION_OPTIONS, DecodeSettings, greedy_decode, hf_beam_search
-from .eager import EagerStepModel
-from .errors import CheckpointError, DependencyError, first_line
-from .model import Seq2SeqTransformer
-from .vocab import pad_batch
+from seq2trt.reference_model.decoding import GENERATION_OPTIONS, DecodeSettings, greedy_decode, hf_beam_search
+from seq2trt.reference_model.eager import EagerStepModel
+from seq2trt.reference_model.errors import CheckpointError, DependencyError, first_line
+from seq2trt.reference_model.model import Seq2SeqTransformer
+from seq2trt.reference_model.vocab import pad_batch
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def load_tokenizer(folder: Path):
     """The Hugging Face tokenizer saved in `folder`, or None when it holds no tokenizer file."""
     from transformers import AutoTokenizer
 
-    from .hf_import import tokenizer_files
+    from seq2trt.reference_model.hf_import import tokenizer_files
 
     if not tokenizer_files(folder):
         return None
@@ -65,7 +65,7 @@ def load_tokenizer(folder: Path):
 
 
 def _bad_tokenizer(folder: Path, exc: BaseException) -> CheckpointError:
-    from .hf_import import tokenizer_files
+    from seq2trt.reference_model.hf_import import tokenizer_files
 
     detail = f"{type(exc).__name__}: {str(exc).splitlines()[0]}" if str(exc).strip() else type(exc).__name__
     return CheckpointError(f"the tokenizer files in {folder} ({', '.join(tokenizer_files(folder))}) cannot be loaded "

@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from .config import AttentionKind, Seq2SeqConfig  # noqa: F401 (AttentionKind: the model's, re-exported)
+from seq2trt.reference_model.config import AttentionKind, Seq2SeqConfig  # noqa: F401 (AttentionKind: the model's, re-exported)
 
 KV = tuple[torch.Tensor, torch.Tensor]  # (key, value), each (B, H, L, Dh)
 

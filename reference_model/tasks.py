@@ -11,8 +11,8 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from .errors import InputError
-from .vocab import Vocab
+from seq2trt.reference_model.errors import InputError
+from seq2trt.reference_model.vocab import Vocab
 
 ONES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
         "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"]

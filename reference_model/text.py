@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import CheckpointError, InputError
+from seq2trt.reference_model.errors import CheckpointError, InputError
 
 
 @dataclass
@@ -51,13 +51,13 @@ def _language_id(tokenizer, lang: str, folder: Path) -> int:
 def load_codec(checkpoint: Path, eos_id: int, src_lang: str | None = None, tgt_lang: str | None = None
                ) -> TextCodec:
     """The checkpoint's codec; a missing one is an error that says `--ids-file` works without it."""
-    from .hf_import import TOKENIZER_DIR
-    from .vocab import load_vocabs
+    from seq2trt.reference_model.hf_import import TOKENIZER_DIR
+    from seq2trt.reference_model.vocab import load_vocabs
 
     checkpoint = Path(checkpoint)
     folder = checkpoint / TOKENIZER_DIR
     if folder.is_dir():
-        from .hf_verify import load_tokenizer
+        from seq2trt.reference_model.hf_verify import load_tokenizer
 
         tokenizer = load_tokenizer(folder)
         if tokenizer is not None:

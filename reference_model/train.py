@@ -20,13 +20,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .config import preset
-from .decoding import DecodeSettings, greedy_decode
-from .eager import EagerStepModel
-from .errors import CheckFailed, ConfigError, InputError
-from .model import Seq2SeqTransformer
-from .tasks import Task, get_task
-from .vocab import BOS_ID, EOS_ID, PAD_ID, pad_batch
+from seq2trt.reference_model.config import preset
+from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode
+from seq2trt.reference_model.eager import EagerStepModel
+from seq2trt.reference_model.errors import CheckFailed, ConfigError, InputError
+from seq2trt.reference_model.model import Seq2SeqTransformer
+from seq2trt.reference_model.tasks import Task, get_task
+from seq2trt.reference_model.vocab import BOS_ID, EOS_ID, PAD_ID, pad_batch
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ def default_cache_root() -> Path:
 def demo_checkpoint(cache_root: Path | None = None, settings: TrainSettings = TrainSettings(),
                     progress: Callable[[int, float], None] | None = None) -> Path:
     """The demo model's checkpoint, trained once with `settings` and cached under a key of those settings."""
-    from .checkpoint import save_checkpoint
+    from seq2trt.reference_model.checkpoint import save_checkpoint
 
     key = hashlib.sha256(json.dumps(asdict(settings), sort_keys=True).encode()).hexdigest()[:12]
     root = cache_root or default_cache_root()

@@ -73,7 +73,7 @@ def eager(checkpoint: str, out: str, aot_index: str | None = None) -> int:
     TensorRT plugin's enqueue launches them — the kernels end to end where no TensorRT runs."""
     import torch
 
-    from seq2trt.plugins.torch_core import cubin_run, kernel_attention, triton_run
+    from seq2trt.plugins.eager_kernels import cubin_run, kernel_attention, triton_run
     from seq2trt.reference_model.checkpoint import load_checkpoint
     from seq2trt.reference_model.decoding import DecodeSettings, beam_search, greedy_decode
     from seq2trt.reference_model.eager import EagerStepModel
@@ -98,7 +98,7 @@ def eager(checkpoint: str, out: str, aot_index: str | None = None) -> int:
     runs = {"eager": contextlib.nullcontext}
     runs["kernels_triton"] = lambda: kernel_attention(gpu_model, triton_run)
     if aot_index:
-        from seq2trt.plugins.kernel_launch import CudaDriverLauncher
+        from seq2trt.plugins.cuda_launcher import CudaDriverLauncher
 
         major, minor = torch.cuda.get_device_capability()
         launcher = CudaDriverLauncher(Path(aot_index), 10 * major + minor)
@@ -166,8 +166,8 @@ def bench(checkpoint: str, export_dir: str, out: str) -> int:
     from seq2trt.exporters.fuse import Target, fuse_artifacts, fused_dir
     from seq2trt.exporters.onnx_export import export
     from seq2trt.reference_model.checkpoint import load_checkpoint, source_record
-    from seq2trt.validation.bench import run_bench
-    from seq2trt.validation.bench_settings import BenchSettings, available_backends
+    from seq2trt.validation.bench.measure import run_bench
+    from seq2trt.validation.bench.settings import BenchSettings, available_backends
 
     export_path = Path(export_dir)
     if not (export_path / "manifest.json").exists():
@@ -228,8 +228,8 @@ def _engines_vs_ort(flavour) -> dict:
     from seq2trt.validation.parity import TOLERANCES, compare_output
     from seq2trt.plugins import trt_compat
     from seq2trt.reference_model import Seq2SeqTransformer, preset
-    from seq2trt.validation.runners import OrtRunner
-    from seq2trt.validation.trt_runner import runner_for
+    from seq2trt.runtime.runners import OrtRunner
+    from seq2trt.runtime.tensorrt_runner import runner_for
 
     torch.manual_seed(0)
     model = Seq2SeqTransformer(preset("tiny", src_vocab_size=13, tgt_vocab_size=17)).eval()

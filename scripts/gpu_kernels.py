@@ -68,7 +68,7 @@ def correctness_cases(quick: bool, dtypes=("fp32", "fp16", "bf16")) -> list[dict
 
 def compare(got, ref, dtype: str) -> dict:
     """Errors of the kernel's outputs against the float64 reference's; passes within launch.TOLERANCES."""
-    from seq2trt.plugins.kernels.launch import TOLERANCES
+    from seq2trt.plugins.kernels.launch_plan import TOLERANCES
 
     atol, rtol = TOLERANCES[dtype]
     diff = (got[0].double() - ref[0]).abs()
@@ -81,7 +81,7 @@ def compare(got, ref, dtype: str) -> dict:
 def _inputs(case: dict, device: str):
     import torch
 
-    from seq2trt.plugins.kernels.launch import random_inputs
+    from seq2trt.plugins.kernels.launch_plan import random_inputs
     from seq2trt.plugins.op import AttentionKind
 
     dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -116,8 +116,8 @@ def aot_launcher(index: Path):
     allocated once; launch() returns them without synchronizing, like an enqueue."""
     import torch
 
-    from seq2trt.plugins.kernel_launch import CudaDriverLauncher
-    from seq2trt.plugins.torch_core import prepare_cubin
+    from seq2trt.plugins.cuda_launcher import CudaDriverLauncher
+    from seq2trt.plugins.eager_kernels import prepare_cubin
 
     major, minor = torch.cuda.get_device_capability()
     launcher = CudaDriverLauncher(index, 10 * major + minor)
@@ -204,7 +204,7 @@ def run_benchmarks(specs, dtypes, device: str, warmup: int, iters: int, aot_prep
     """Per spec and dtype: our kernels through triton's JIT launcher and (with aot_prepare) through the AOT cubins as
     the plugin launches them, against the unfused PyTorch op; called from Python ("*_ms") and on a GPU also
     replayed from a CUDA graph ("*_graph_ms": device time alone)."""
-    from seq2trt.plugins.kernels.launch import attention
+    from seq2trt.plugins.kernels.launch_plan import attention
 
     results = []
     for name, kind, batch, heads, head_dim, t, s in specs:
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["TRITON_INTERPRET"] = "1"
     import torch
 
-    from seq2trt.plugins.kernels.launch import attention
+    from seq2trt.plugins.kernels.launch_plan import attention
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA device visible to torch; use --device cpu --quick for a CPU run")

@@ -21,7 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 from pathlib import Path
 from seq2trt.exporters.manifest import verify
 from seq2trt.reference_model.vocab import pad_batch
-from seq2trt.validation.reference import e2e_sources
+from seq2trt.runtime.reference_loader import e2e_sources
 
 out = Path(sys.argv[1])
 src_path = out / "generate/ort/generate.onnx"

@@ -10,9 +10,9 @@ import json, sys, glob, os, collections
 import numpy as np, onnxruntime as ort
 from pathlib import Path
 from seq2trt.exporters.manifest import verify
-from seq2trt.validation.reference import e2e_sources
+from seq2trt.runtime.reference_loader import e2e_sources
 from seq2trt.reference_model.vocab import pad_batch
-from seq2trt.validation.generate_backend import session_options
+from seq2trt.runtime.ort_search import session_options
 out, B = Path(sys.argv[1]), int(sys.argv[2])
 K = int(sys.argv[3]) if len(sys.argv) > 3 else 4
 import tempfile

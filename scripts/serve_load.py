@@ -68,7 +68,7 @@ def run(url: str, srcs: list[list[int]], clients: int, per_client: int, beam: in
 def offline(out: str, srcs: list[list[int]], batch: int, beam: int, threads: int, repeats: int) -> dict:
     from pathlib import Path
 
-    from seq2trt.validation.serving import DecodeService, Job
+    from seq2trt.serving.decode_service import DecodeService, Job
 
     service = DecodeService(Path(out), "ort-fused", threads=threads)
     jobs = [Job(tuple(s), num_beams=beam) for s in srcs]

@@ -7,7 +7,7 @@ from importlib.metadata import distribution
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TOP_LEVEL = ["reference_model", "exporters", "plugins", "validation", "cli", "hf", "api"]
+TOP_LEVEL = ["reference_model", "exporters", "plugins", "runtime", "validation", "serving", "cli", "hf", "api"]
 PACKAGE_OF = {"api": "seq2trt"}  # folder -> package, where it is not seq2trt.<folder>
 
 
@@ -45,11 +45,58 @@ def test_installed_distribution_has_no_generic_top_level_names():
     assert all(getattr(seq2trt, name) is not None for name in seq2trt.__all__)
 
 
-def test_the_library_layers_never_import_the_cli():
-    """api/ and hf/ sit above validation/ and below cli/: the CLI may call them, never the reverse."""
-    for folder in ("api", "hf"):
-        for path in (ROOT / folder).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text())):
-                names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
-                         else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-                assert not any(n == "seq2trt.cli" or n.startswith("seq2trt.cli.") for n in names), (path, names)
+# The layering, lowest first: a module may import its own layer and those below it, never one above (imports inside
+# functions included). api/ (`seq2trt`) and hf/ sit above serving/ and below cli/.
+LAYERS = ["reference_model", "plugins", "exporters", "runtime", "validation", "serving", "api", "hf", "cli"]
+
+
+def layer_of_module(name: str) -> int | None:
+    if name == "seq2trt":
+        return LAYERS.index("api")
+    if not name.startswith("seq2trt."):
+        return None
+    top = name.split(".")[1]
+    return LAYERS.index(top) if top in LAYERS else LAYERS.index("api")
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
+    return found
+
+
+def upward_imports(folder: str) -> list[str]:
+    own = LAYERS.index(folder)
+    bad = []
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        for line, name in imported_modules(path):
+            layer = layer_of_module(name)
+            if layer is not None and layer > own:
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {name} ({LAYERS[layer]} is above {folder})")
+    return bad
+
+
+def test_no_package_imports_a_layer_above_it():
+    bad = [line for folder in LAYERS for line in upward_imports(folder)]
+    assert not bad, "upward imports:\n" + "\n".join(bad)
+
+
+def test_the_layering_check_catches_an_upward_import(tmp_path, monkeypatch):
+    """The check itself can fail: a reference_model module importing the runtime is reported."""
+    fake = tmp_path / "reference_model"
+    fake.mkdir()
+    (fake / "bad.py").write_text("def f():\n    from seq2trt.runtime import registry\n")
+    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    assert upward_imports("reference_model") == [
+        "reference_model/bad.py:2 imports seq2trt.runtime (runtime is above reference_model)"]
+
+
+def test_relative_imports_are_not_used():
+    """Every import names its package (seq2trt.<layer>...), so the layering above sees all of them."""
+    rel = [f"{p.relative_to(ROOT)}:{n.lineno}" for top in TOP_LEVEL for p in (ROOT / top).rglob("*.py")
+           for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.ImportFrom) and n.level]
+    assert not rel, rel

@@ -28,7 +28,7 @@ import numpy as np
 from seq2trt.reference_model.decoding import DecodeSettings, StepHook, StepModel, beam_search, greedy_decode
 from seq2trt.reference_model.vocab import pad_batch
 
-from .beam_ties import BEAM_ALPHA, beam_near_ties, beam_tracer
+from seq2trt.validation.ties import BEAM_ALPHA, beam_near_ties, beam_tracer
 
 
 @dataclass(frozen=True)
@@ -224,7 +224,7 @@ def _near_tie_cap(dtype: str) -> tuple[float, float]:
     """The largest logit error a beam near-tie may rest on, (absolute, relative to the largest |logit|): fp32's
     target; for fp16/bf16 the precision check's factor on one rounding of the logits (MAX_FACTOR x unit roundoff);
     for int8 the same factor on int8's resolution, 1/127 of a tensor's range."""
-    from .precision import MAX_FACTOR, UNIT_ROUNDOFF
+    from seq2trt.validation.precision import MAX_FACTOR, UNIT_ROUNDOFF
 
     if dtype in UNIT_ROUNDOFF:
         return 0.0, MAX_FACTOR * UNIT_ROUNDOFF[dtype]

@@ -131,7 +131,7 @@ class QuantizedLinear(torch.nn.Module):
         """The graph's (q, scale, zero point) for this input, checked: each integer must be round(x / scale) +
         zero point for some x within float32 error of the reference's (fp32 tolerances), so only an activation
         that close to a rounding boundary may round the other way."""
-        from .parity import TOLERANCES, Tolerance, compare_output
+        from seq2trt.validation.parity import TOLERANCES, Tolerance, compare_output
 
         outputs = self.decisions.outputs
         names = [debug_name(self.graph_input, part) for part in DECISION_PARTS]

@@ -45,8 +45,8 @@ import onnx
 from seq2trt.exporters import spec
 from seq2trt.reference_model.errors import ArtifactError
 
-from .parity import GraphParity, OutputStats, case_feeds, compare_output, tolerance_for
-from .runners import EagerRunner, OrtRunner
+from seq2trt.validation.parity import GraphParity, OutputStats, case_feeds, compare_output, tolerance_for
+from seq2trt.runtime.runners import EagerRunner, OrtRunner
 
 logger = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ class GraphLocaliser:
         """`precision` "fp16"/"bf16": the graph runs as its fp32 twin beside the eager model holding the same rounded
         values (`fp32_options`: an fp32 graph's runner options); "int8": beside the reference that quantizes as it
         does and follows its decisions. Every comparison is then at the fp32 tolerances (validation/precision.py)."""
-        from .precision import UNIT_ROUNDOFF, peer_model, rounded_model, twin_options
+        from seq2trt.validation.precision import UNIT_ROUNDOFF, peer_model, rounded_model, twin_options
 
         cfg = model.cfg
         self.kind, self.precision = kind, precision
@@ -195,7 +195,7 @@ class GraphLocaliser:
             options = twin_options(fp32_options or {})
             run_dtype, reference = "fp32", rounded_model(model, precision)
         elif precision == "int8":
-            from .int8_reference import expose_decisions, quantized_reference
+            from seq2trt.validation.int8_reference import expose_decisions, quantized_reference
 
             marked = expose_decisions(marked)
             reference = quantized_reference(model, candidate)[0]
@@ -220,8 +220,8 @@ class GraphLocaliser:
     def run(self, feed: Mapping[str, np.ndarray], case: str, reason: str | None = None) -> tuple[Localisation, bool]:
         """The case's localisation and whether its ordinary outputs pass; `reason` None: "failure" when an output
         fails, "near-tie" when only tokens flip, else "requested"."""
-        from .int8_reference import decisions_of
-        from .precision import UNIT_ROUNDOFF, as_fp32, noise_tolerance, twin_tolerance
+        from seq2trt.validation.int8_reference import decisions_of
+        from seq2trt.validation.precision import UNIT_ROUNDOFF, as_fp32, noise_tolerance, twin_tolerance
 
         got = self.runner.infer(as_fp32(feed) if self.run_dtype == "fp32" else feed)
         decisions = decisions_of(self.eager.model)

@@ -21,7 +21,7 @@ import numpy as np
 from seq2trt.exporters import spec
 from seq2trt.reference_model.errors import ArtifactError
 
-from .runners import Runner
+from seq2trt.runtime.runners import Runner
 
 
 @dataclass(frozen=True)

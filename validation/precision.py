@@ -32,7 +32,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from .parity import REPORTED, TOLERANCES, CaseResult, OutputStats, Tolerance, compare_output
+from seq2trt.validation.parity import REPORTED, TOLERANCES, CaseResult, OutputStats, Tolerance, compare_output
 
 UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
 RMS_FACTOR = 4.0
@@ -163,7 +163,7 @@ class Int8Judge(_RunnersJudge):
         self.quantized, self.mismatches = quantized, mismatches
 
     def compare(self, index, candidate, reference, feed, case) -> CaseResult:
-        from .int8_reference import decisions_of
+        from seq2trt.validation.int8_reference import decisions_of
 
         got, float_want = candidate.infer(feed), reference.infer(feed)
         decisions = decisions_of(self.quantized[index].model)
@@ -188,14 +188,14 @@ def judge_for(precision: str, graphs: Mapping, cfg, limits, model, runner_option
 
     from seq2trt.exporters import spec
 
-    from .parity import Fp32Judge
-    from .runners import EagerRunner, OrtRunner
+    from seq2trt.validation.parity import Fp32Judge
+    from seq2trt.runtime.runners import EagerRunner, OrtRunner
 
     kinds = tuple(spec.GraphKind)
     if precision == "fp32":
         return Fp32Judge(), dict(runner_options)
     if precision == "int8":
-        from .int8_reference import expose_decisions, quantized_reference
+        from seq2trt.validation.int8_reference import expose_decisions, quantized_reference
 
         built = [quantized_reference(model, onnx.load(graphs[kind])) for kind in kinds]
         quantized = tuple(EagerRunner(ref, kind, limits, name="eager-fp64-int8") for (ref, _), kind in zip(built, kinds))

@@ -17,21 +17,21 @@ from typing import Callable
 from seq2trt.exporters import spec
 from seq2trt.exporters.artifact_checks import load_graph
 from seq2trt.exporters.fuse import Target, fused_dir, verify_fused
-from seq2trt.exporters.generate import generate_dir
+from seq2trt.exporters.ort_search import generate_dir
 from seq2trt.exporters.manifest import Manifest, generation, verify, writing_into
 from seq2trt.exporters.quantize import quantized_dir, verify_quantized
 from seq2trt.reference_model.decoding import DecodeSettings
 from seq2trt.reference_model.errors import ArtifactError, CheckFailed, InputError
 
-from .adapter import RunnerStepModel
-from .decode_jobs import check_threads
-from .end_to_end import EndToEndResult, end_to_end
-from .localize import localise_export
-from .parity import GraphParity, graph_parity
-from .precision import judge_for
-from .reference import e2e_sources, load_reference
-from .report_parity import write_reports
-from .runners import EagerRunner, OrtRunner, Runner
+from seq2trt.runtime.step_model import RunnerStepModel
+from seq2trt.runtime.decode_jobs import check_threads
+from seq2trt.validation.end_to_end import EndToEndResult, end_to_end
+from seq2trt.validation.localize import localise_export
+from seq2trt.validation.parity import GraphParity, graph_parity
+from seq2trt.validation.precision import judge_for
+from seq2trt.runtime.reference_loader import e2e_sources, load_reference
+from seq2trt.validation.reports.parity_table import write_reports
+from seq2trt.runtime.runners import EagerRunner, OrtRunner, Runner
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class GraphSet:
 def _plugin_graph_options(dtype: str) -> dict:
     """Plugin nodes run the op's PyTorch reference inside ONNX Runtime (bf16: on the graph's fp32 twin)."""
     from seq2trt.plugins.plugin_cpu import for_cpu, register_reference_ops
-    from .runners import emulate_bf16
+    from seq2trt.runtime.runners import emulate_bf16
 
     prepare = (lambda m: for_cpu(emulate_bf16(m), "fp32")) if dtype == "bf16" else (lambda m: for_cpu(m, dtype))
     return {"prepare": prepare, "custom_op_libraries": (register_reference_ops(),)}
@@ -152,7 +152,7 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
     started = generation(out)  # before anything is read: the reports must describe this export
     graph_set = GRAPH_SETS[settings.graphs]
     if graph_set.whole_search:
-        from .generate_validate import run_generate_validation
+        from seq2trt.validation.ort_search_parity import run_generate_validation
 
         return run_generate_validation(out, settings, checkpoint, progress, int8=graph_set.quantized)
     manifest = verify(out, [kind.filename for kind in spec.GraphKind])  # every graph set derives from the export

@@ -35,7 +35,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Callable, Iterable
 
-from seq2trt.plugins.kernels import launch
+from seq2trt.plugins.kernels import launch_plan as launch
 from seq2trt.reference_model.errors import DependencyError, InputError
 
 logger = logging.getLogger(__name__)

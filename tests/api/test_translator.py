@@ -82,7 +82,7 @@ def test_max_new_tokens_bounds_the_output(numbers):
 def test_search_options_are_the_clis(numbers):
     """n-best lists with scores, and seeded sampling: what `seq2trt translate` prints for the same flags."""
     from seq2trt.translator import SEARCH_OPTIONS
-    from seq2trt.validation.decode_jobs import OPTION_FLAGS
+    from seq2trt.runtime.decode_jobs import OPTION_FLAGS
 
     assert set(SEARCH_OPTIONS.values()) | {"num_return_sequences", "output_scores"} == set(OPTION_FLAGS)
     root, _, _ = numbers

@@ -50,7 +50,7 @@ def test_translate_words_are_the_eager_decode(numbers_checkpoint, beam):
 
 def test_translate_threads_hold_torch_too(numbers_checkpoint, monkeypatch):
     """--threads also holds torch (the eager model, the loops' search arithmetic) while decoding, then restores it."""
-    from seq2trt.validation import decode_jobs
+    from seq2trt.runtime import decode_jobs
 
     path, _, _ = numbers_checkpoint
     seen = []
@@ -172,7 +172,7 @@ def test_translate_text_without_a_tokenizer_names_ids_file(make_hf_model, tmp_pa
 def test_many_sources_decode_in_bounded_batches_and_stream(numbers_checkpoint, tmp_path, monkeypatch):
     """20,000 sources with --beam 4 once went into one batch and died of memory: each batch holds at most
     --batch-size sources, and a source's line is printed before the next batch is decoded."""
-    import seq2trt.validation.decode_jobs as jobs
+    import seq2trt.runtime.decode_jobs as jobs
 
     path, model, task = numbers_checkpoint
     sources = [task.source_vocab.encode(str(n)) + [model.cfg.eos_id] for n in range(2000)]

@@ -143,7 +143,7 @@ def test_samples_of_a_source_count_against_the_exports_max_batch(bart):
 
 def test_serves_decode_applies_the_stored_settings_as_translate(bart):
     """serve's DecodeService (requests carry no search options yet) decodes with the model's own settings too."""
-    from seq2trt.validation.serving import DecodeService, Job
+    from seq2trt.serving.decode_service import DecodeService, Job
 
     service = DecodeService(bart / "out", "ort")
     try:

@@ -20,7 +20,7 @@ from seq2trt.plugins.op import DOMAIN, PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VER
 from seq2trt.plugins.plugin_cpu import for_cpu, register_reference_ops
 from seq2trt.reference_model.errors import ArtifactError, CheckFailed
 from seq2trt.validation.precision import RMS_FACTOR, TWIN, UNIT_ROUNDOFF, fp32_twin, peer_model, rounded_model
-from seq2trt.validation.runners import emulate_bf16
+from seq2trt.runtime.runners import emulate_bf16
 
 PRESET_OVERRIDES = {"post-ln": {}, "pre-ln-gelu": {"pre_norm": True, "activation": "gelu"}}
 

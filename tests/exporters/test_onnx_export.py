@@ -21,7 +21,7 @@ from seq2trt.reference_model.errors import ArtifactError
 from seq2trt.reference_model.model import MultiHeadAttention, attention_core
 from seq2trt.validation.parity import graph_parity
 from seq2trt.validation.precision import judge_for
-from seq2trt.validation.runners import EagerRunner, OrtRunner
+from seq2trt.runtime.runners import EagerRunner, OrtRunner
 
 
 @pytest.fixture(scope="module")

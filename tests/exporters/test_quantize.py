@@ -24,10 +24,10 @@ from seq2trt.exporters.quantize import (QUANTIZATION_JSON, QuantizeSettings, qua
                                         verify_quantized)
 from seq2trt.reference_model.checkpoint import save_checkpoint
 from seq2trt.reference_model.errors import ArtifactError, InputError
-from seq2trt.reference_model.io import sha256_file
+from seq2trt.reference_model.atomic_files import sha256_file
 from seq2trt.validation.parity import REPORTED, graph_parity
 from seq2trt.validation.precision import judge_for
-from seq2trt.validation.runners import EagerRunner, OrtRunner
+from seq2trt.runtime.runners import EagerRunner, OrtRunner
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ from seq2trt.exporters.attention_functions import attention_functions
 from seq2trt.exporters.fuse_ort import MS_DOMAIN, ort_node
 from seq2trt.plugins.op import DOMAIN, INPUTS, OUTPUTS, PLUGIN_NAME, AttentionAttrs, AttentionKind, reference_attention
 from seq2trt.plugins.plugin_cpu import for_cpu, register_reference_ops
-from seq2trt.plugins.torch_core import op_core
+from seq2trt.plugins.eager_kernels import op_core
 from seq2trt.reference_model.model import attention_core
 
 H, DH = 2, 8
@@ -132,7 +132,7 @@ def plugin_graph(attrs, inputs, dtype):
 
 KERNEL_CHILD = """
 import sys, torch
-from seq2trt.plugins.kernels.launch import attention
+from seq2trt.plugins.kernels.launch_plan import attention
 from seq2trt.plugins.op import AttentionAttrs, AttentionKind
 torch.set_num_threads(1)
 cases = torch.load(sys.argv[1])

@@ -23,8 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from seq2trt.plugins import kernel_launch
-from seq2trt.plugins.kernels import aot, launch
+from seq2trt.plugins import cuda_launcher as kernel_launch
+from seq2trt.plugins.kernels import aot
+from seq2trt.plugins.kernels import launch_plan as launch
 from seq2trt.plugins.op import AttentionAttrs, AttentionKind
 from seq2trt.reference_model.errors import InputError
 

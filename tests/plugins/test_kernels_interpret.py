@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from seq2trt.plugins.kernels.launch import KERNEL_HEAD_DIMS, TOLERANCES, kernel_head_dim
+from seq2trt.plugins.kernels.launch_plan import KERNEL_HEAD_DIMS, TOLERANCES, kernel_head_dim
 from seq2trt.plugins.op import AttentionAttrs, AttentionKind, reference_attention
 from seq2trt.reference_model.model import attention_core
 
@@ -179,7 +179,7 @@ def test_gpu_script_runs_on_cpu_in_the_interpreter(tmp_path):
 
 def _run_sweep(cases: list[dict]) -> list[dict]:
     """In the child: run each case through the kernels and measure it against the float64 reference."""
-    from seq2trt.plugins.kernels.launch import attention, random_inputs
+    from seq2trt.plugins.kernels.launch_plan import attention, random_inputs
 
     dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
     results = []

@@ -316,7 +316,8 @@ def test_read_index_prefers_exact_cubin_then_older_ptx(tmp_path):
 @pytest.mark.parametrize("kind", list(AttentionKind))
 def test_enqueue_launches_the_planned_kernels(trt, tmp_path, kind):
     """enqueue -> AttentionCall -> kernel_launch.launch_plan -> cuLaunchKernel with the packed arguments."""
-    from seq2trt.plugins import kernel_launch, tensorrt_plugin
+    from seq2trt.plugins import tensorrt_plugin
+    from seq2trt.plugins import cuda_launcher as kernel_launch
     from seq2trt.plugins.kernels import aot
 
     attrs = AttentionAttrs(kind, 2, 32, 32 ** -0.5)

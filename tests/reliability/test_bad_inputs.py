@@ -244,7 +244,7 @@ def encoder_feed(batch: int, src_len: int, token: int = 5) -> dict[str, np.ndarr
     (1, 0, "(1, 0) is outside the engine's profile"),
 ], ids=["batch", "src-len", "empty"])
 def test_shapes_outside_the_build_profile_are_refused_before_tensorrt(manifest, batch, src_len, fragment):
-    from seq2trt.validation.trt_runner import TensorRTRunner
+    from seq2trt.runtime.tensorrt_runner import TensorRTRunner
 
     kind = spec.GraphKind.ENCODER
     runner = TensorRTRunner(b"", manifest.config, kind, "fp32", manifest.limits)
@@ -264,7 +264,7 @@ def test_shapes_outside_the_build_profile_are_refused_before_tensorrt(manifest, 
     ({**encoder_feed(1, 4), "attention_mask": np.full((1, 4), 2, np.int64)}, "a mask holds 0 (pad) and 1"),
 ], ids=["token-id-ge-vocab", "batch", "src-len", "empty-source", "mask-values"])
 def test_runner_refuses_a_bad_feed_with_one_error(artifact, manifest, feed, fragment):
-    from seq2trt.validation.runners import OrtRunner
+    from seq2trt.runtime.runners import OrtRunner
 
     runner = OrtRunner(artifact / "out" / "encoder.onnx", manifest.config, spec.GraphKind.ENCODER, "fp32",
                        manifest.limits)

@@ -15,7 +15,7 @@ import pytest
 from seq2trt.exporters import spec
 from seq2trt.exporters.fuse import Target, fuse_artifacts
 from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines
-from seq2trt.validation.report import write_report
+from seq2trt.validation.reports.report import write_report
 
 
 def test_damaged_exported_graphs(work, quick_validation, fuzz, outcomes, rewrite_manifest):

@@ -15,7 +15,7 @@ from seq2trt.exporters.manifest import verify
 from seq2trt.exporters.tensorrt_engines import BUILD_JSON, read_build
 from seq2trt.plugins import trt_compat
 from seq2trt.reference_model.errors import ArtifactError
-from seq2trt.validation.report import write_report
+from seq2trt.validation.reports.report import write_report
 
 
 # Damage the seeded cases may or may not draw, always run: the escaped crashes (KeyError without settings.limits,

@@ -76,7 +76,7 @@ def test_a_flip_the_logit_error_cannot_explain_still_fails():
 
 
 def test_parity_md_reports_the_near_ties_with_their_margins():
-    from seq2trt.validation import report_parity
+    from seq2trt.validation.reports import parity_table as report_parity
 
     result = end_to_end(Toy(0.001, 0.002, 0.002), Toy(0.001), SOURCES, SETTINGS, "fp16", beam_size=2, batch_size=1)
     doc = {"graphs": {}, "graph_failures": [], "backend": "ort", "graphs_set": "plain", "dtype": "fp16",
@@ -197,7 +197,7 @@ def _fp16_weights(model):
 def test_beam_trace_knows_a_source_done_right_after_the_one_row_first_step():
     """The beam search's first step runs one row a source, so the past it gathers next is indexed by source: a
     source whose K slots all restart from that row on pad (the search's filler) is done, not traced."""
-    from seq2trt.validation.beam_ties import beam_tracer
+    from seq2trt.validation.ties import beam_tracer
 
     traces: dict = {}
     trace = beam_tracer(2, PAD, traces)(0)(BeamToy(reorder_table))
@@ -228,7 +228,8 @@ def test_fp16_weights_of_a_random_model_part_beam_only_at_a_near_tie(make_model)
 def test_parity_md_and_the_report_show_beam_near_ties_with_their_gaps(tmp_path):
     import json
 
-    from seq2trt.validation import report, report_parity
+    from seq2trt.validation.reports import report
+    from seq2trt.validation.reports import parity_table as report_parity
 
     result = beam_run(BeamToy(boundary_table(), shift={(): {5: 0.002}}), boundary_table())
     doc = {"graphs": {}, "graph_failures": [], "backend": "ort", "graphs_set": "plain", "dtype": "fp16",

@@ -104,7 +104,7 @@ def test_a_folder_as_output_is_one_error_line(work, invoke, one_error_line, snap
 @pytest.mark.parametrize("spelling", ["same", "symlink", "dotdot", "hardlink"])
 def test_an_output_that_is_the_ids_file_is_refused_before_decoding(work, spelling, invoke, one_error_line, snapshot,
                                                                    monkeypatch):
-    from seq2trt.validation import decode_jobs
+    from seq2trt.runtime import decode_jobs
 
     ids = ids_file(work)
     output = {"same": lambda: ids, "dotdot": lambda: work / "ckpt" / ".." / ids.name,

@@ -44,7 +44,7 @@ def test_validate_refuses_to_write_into_an_export_replaced_meanwhile(work, monke
 
 def test_report_refuses_to_write_into_an_export_replaced_meanwhile(work, monkeypatch, snapshot, invoke, one_error_line,
                                                                    rewrite_manifest):
-    from seq2trt.validation import report
+    from seq2trt.validation.reports import report
 
     real = report.render_markdown
     monkeypatch.setattr(report, "render_markdown", lambda out: (real(out), rewrite_manifest(out))[0])
@@ -54,8 +54,8 @@ def test_report_refuses_to_write_into_an_export_replaced_meanwhile(work, monkeyp
 
 
 def test_bench_refuses_to_write_into_an_export_replaced_meanwhile(work, monkeypatch, snapshot, rewrite_manifest):
-    from seq2trt.validation import bench
-    from seq2trt.validation.bench_settings import BenchSettings
+    from seq2trt.validation.bench import measure as bench
+    from seq2trt.validation.bench.settings import BenchSettings
 
     monkeypatch.setattr(bench.Bench, "run", lambda self: rewrite_manifest(work / "out") or {})
     before = snapshot(work / "out" / "reports")
@@ -124,7 +124,7 @@ def test_report_refuses_an_edited_build_json(work, edit, fragment, invoke, one_e
 
 def test_the_tensorrt_runner_checks_source_sha256_too(work):
     from seq2trt.exporters import spec
-    from seq2trt.validation.trt_runner import runner_for
+    from seq2trt.runtime.tensorrt_runner import runner_for
 
     engines = fake_engines(work / "out", source_sha256="ab" * 32)
     with pytest.raises(ArtifactError, match="not built from the graphs of"):
@@ -215,7 +215,7 @@ def test_build_for_the_current_gpu_without_one_is_a_clear_error(work, tensorrt_h
 
 def test_head_dims_the_kernels_do_not_take_are_refused_at_build(work, tensorrt_here, monkeypatch, snapshot, invoke,
                                                                 one_error_line):
-    from seq2trt.plugins.kernels import launch
+    from seq2trt.plugins.kernels import launch_plan as launch
 
     monkeypatch.setattr(launch, "HEAD_DIMS", (64, 128))  # the artifact's head_dim is 32
     before = snapshot(work)

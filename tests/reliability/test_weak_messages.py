@@ -60,7 +60,7 @@ def test_a_nan_length_penalty_is_refused(work, alpha, invoke, one_error_line):
 
 
 def _max_threads() -> int:
-    from seq2trt.validation.decode_jobs import MAX_THREADS
+    from seq2trt.runtime.decode_jobs import MAX_THREADS
 
     return MAX_THREADS
 
@@ -74,7 +74,7 @@ def _max_threads() -> int:
     ("--alpha", "nan", "--alpha must be a number, got nan"),
 ], ids=["threads-0", "threads-negative", "threads-just-over", "threads-huge", "batch-size-0", "alpha-nan"])
 def test_translate_names_the_flag_and_the_value(work, flag, value, fragment, invoke, one_error_line, monkeypatch):
-    from seq2trt.validation import decode_jobs
+    from seq2trt.runtime import decode_jobs
 
     limit = _max_threads()
     value, fragment = (s.format(limit=limit, over=limit + 1) for s in (value, fragment))
@@ -128,7 +128,7 @@ def test_validate_and_bench_bound_their_thread_counts(work, verb, invoke, one_er
 def test_a_bad_beam_count_names_where_it_came_from(generation, beam, fragment):
     """A hand-edited generation.json is named as the source of its num_beams, not as a --beam never given."""
     from seq2trt.reference_model.errors import InputError
-    from seq2trt.validation.decode_jobs import choose_search
+    from seq2trt.runtime.decode_jobs import choose_search
 
     with pytest.raises(InputError) as raised:
         choose_search(generation, beam, 0.6)

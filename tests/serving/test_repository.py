@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from seq2trt.cli.main import cli
 from seq2trt.exporters import spec
-from seq2trt.validation.triton_repository import is_repository
+from seq2trt.serving.repository import is_repository
 
 from .conftest import Server, generate_inputs, one_error_line, text_inputs, translate_ids
 from .test_serve import SOURCES
@@ -43,7 +43,7 @@ def test_gpu_repository_configs_parse_with_tritons_protobuf(served, tmp_path):
     from tritonclient.grpc import model_config_pb2
 
     from seq2trt.exporters.manifest import read_manifest
-    from seq2trt.validation.triton_repository import graph_config
+    from seq2trt.serving.repository import graph_config
 
     out, _ = served
     result = CliRunner().invoke(cli, ["serve", str(out), "--write-repository", str(tmp_path / "repo")])

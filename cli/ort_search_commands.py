@@ -1,0 +1,31 @@
+"""`seq2trt generate`: the whole search (greedy or beam) in one ONNX Runtime graph, built from the fused ORT graphs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from seq2trt.exporters.ort_search import FILENAME, generate_artifacts, generate_dir
+
+
+@click.command()
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--int8", is_flag=True, help="Build OUT/generate/ort-int8 from the int8 graphs of `seq2trt quantize` "
+                                          "(backend ort-generate-int8) instead.")
+@click.option("--force", is_flag=True, help="Replace an existing generation graph.")
+def generate(out: Path, int8: bool, force: bool) -> None:
+    """Write OUT/generate/ort/generate.onnx: ONNX Runtime's BeamSearch op around the fused ORT graphs of OUT
+    (`seq2trt fuse OUT --target ort` first), with generate.json (the hashes of the graphs it was built from).
+
+    Run it with `seq2trt translate OUT --backend ort-generate [--beam K]`: Hugging Face's beam search with
+    early_stopping=True and --alpha as length_penalty (score / length ** alpha); one beam is greedy. Exports for
+    beam need max_batch >= B x K."""
+    record = generate_artifacts(out, force=force, int8=int8)
+    semantics = record["semantics"]
+    click.echo(f"{generate_dir(out, int8) / FILENAME}: com.microsoft.BeamSearch (onnxruntime {record['onnxruntime']}), "
+               f"eos {semantics['eos_id']}, start {semantics['decoder_start_token_id']}, "
+               f"at most {record['max_rows']} rows (batch x beam) and {record['max_length'] - 1} new tokens")
+
+
+COMMANDS = [generate]

@@ -1,0 +1,236 @@
+"""Decoding a list of sources through a backend, the one way `seq2trt translate` and `seq2trt serve` share: open the
+step model of a checkpoint or an export, check the sources against its limits, pick the search (greedy, GNMT beam for
+models trained here, Hugging Face's beam for imported ones), and decode in padded batches of at most `rows` sources.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+from seq2trt.reference_model.decoding import DecodeSettings, beam_search, greedy_decode, hf_beam_search
+from seq2trt.reference_model.errors import InputError
+from seq2trt.reference_model.vocab import pad_batch
+
+from seq2trt.runtime.runners import torch_threads
+
+Decode = Callable  # (step_model, ids, mask, settings) -> list of token lists
+
+# Far more threads than cores only slows intra-op work down, and tens of thousands crash libgomp's thread creation
+# (a segmentation fault); four per core leaves room to oversubscribe on purpose.
+MAX_THREADS = 4 * (os.cpu_count() or 1)
+
+
+def check_threads(threads: int, flag: str = "--threads") -> None:
+    """Refuse a thread count outside [1, MAX_THREADS], naming `flag`, the value and the limit."""
+    if not 1 <= threads <= MAX_THREADS:
+        raise InputError(f"{flag} must be in [1, {MAX_THREADS}], got {threads} (the limit is 4 per CPU core, "
+                         f"{os.cpu_count() or 1} here); give a count in that range")
+
+
+def checkpoint_folder(out: Path, manifest, checkpoint: Path | None = None) -> Path:
+    """The folder holding an export's tokenizer and generation settings: the one given, else the one it was exported
+    from."""
+    recorded = (manifest.data.get("source") or {}).get("checkpoint")
+    return Path(checkpoint or recorded or out)
+
+
+def has_tokenizer(folder: Path) -> bool:
+    """Whether the checkpoint can turn text into ids (its vocab.json, or an imported Hugging Face tokenizer)."""
+    return (folder / "vocab.json").exists() or (folder / "tokenizer").is_dir()
+
+
+@contextlib.contextmanager
+def open_decoder(source: Path, backend: str, checkpoint: Path | None, threads: int):
+    """(StepModel, config, checkpoint folder, (max_src_len, its name), max_batch or None) for a checkpoint or an
+    export, with torch held to `threads` (checked against MAX_THREADS) while it is open."""
+    check_threads(threads)
+    with torch_threads(threads):
+        yield from _open_decoder(source, backend, checkpoint, threads)
+
+
+def _open_decoder(source: Path, backend: str, checkpoint: Path | None, threads: int):
+    if (source / "manifest.json").exists():
+        from seq2trt.runtime.registry import open_step_model
+
+        if backend.startswith("ort-generate"):
+            _refuse_generate_dtype(source, backend)
+
+        with open_step_model(source, backend, checkpoint, threads) as (model, manifest):
+            yield (model, manifest.config, checkpoint_folder(source, manifest, checkpoint), (manifest.limits.max_src_len, "the export's max_src_len"),
+                   manifest.limits.max_batch)
+        return
+    if backend != "eager":
+        raise InputError(f"--backend {backend} runs exported graphs: {source} is a checkpoint, not an export "
+                         f"directory; export it first (`seq2trt export {source} -o OUT`) and translate OUT")
+    from seq2trt.reference_model.checkpoint import load_checkpoint
+    from seq2trt.reference_model.eager import EagerStepModel
+
+    model, _ = load_checkpoint(source)
+    yield EagerStepModel(model), model.cfg, source, (model.cfg.max_src_len, "the model's max_src_len"), None
+
+
+def _refuse_generate_dtype(out: Path, backend: str) -> None:
+    """An fp16/bf16 export has no generate.onnx to make (`seq2trt generate` and `quantize` take float32 graphs):
+    say which backends do run it, rather than 'run `seq2trt generate` first'."""
+    from seq2trt.exporters.manifest import read_manifest
+
+    dtype = read_manifest(out).dtype
+    if dtype != "fp32":
+        raise InputError(f"--backend {backend} runs ONNX Runtime's BeamSearch, which takes float32 graphs, and the graphs "
+                         f"of {out} are {dtype} (`seq2trt generate` refuses them too); translate it with --backend ort, "
+                         f"ort-fused (after `seq2trt fuse {out} --target ort`), tensorrt, tensorrt-rtx or eager, or "
+                         f"export with --dtype fp32 into another folder for {backend}")
+
+
+def check_sources(sources: Sequence[Sequence[int]], cfg, max_src_len: int, limit_name: str, origin: str,
+                  numbered: bool = True) -> None:
+    """Refuse an empty source, one over the length limit, or ids outside the source vocabulary, naming which
+    (`origin` and its number, or `origin` alone)."""
+    for n, ids in enumerate(sources, 1):
+        where = f"{origin} {n}" if numbered else origin
+        if not len(ids):
+            raise InputError(f"{where} is empty; give at least one token")
+        if len(ids) > max_src_len:
+            raise InputError(f"{where} is {len(ids)} tokens, over {limit_name} {max_src_len}; shorten it")
+        bad = [i for i in ids if not 0 <= i < cfg.src_vocab_size]
+        if bad:
+            raise InputError(f"{where} holds ids outside the source vocabulary [0, {cfg.src_vocab_size}): "
+                             f"{bad[:5]}")
+
+
+def generation_config(folder: Path) -> dict | None:
+    """An imported model's generation settings (num_beams, length_penalty, early_stopping), or None."""
+    from seq2trt.reference_model.hf_import import GENERATION
+
+    return json.loads((folder / GENERATION).read_text()) if (folder / GENERATION).exists() else None
+
+
+def choose_search(generation: dict | None, beam: int | None, alpha: float,
+                  settings: DecodeSettings | None = None) -> tuple[int, Decode]:
+    """(beams, decode(step_model, ids, mask, settings)): Hugging Face's beam search with its generation settings for
+    an imported model, GNMT's length penalty (`alpha`) otherwise; greedy at one beam, or sampling when `settings`
+    ask it (one beam; one random stream over every batch). `beam` None: the model's num_beams, else 1."""
+    sampling = settings is not None and settings.do_sample
+    if sampling and beam is not None and beam != 1:
+        raise InputError(f"--beam {beam} with sampling: seq2trt samples with one beam (beam sampling is not "
+                         "reproduced); drop --beam, or drop --sample")
+    beams = beam if beam is not None else 1 if sampling else (generation or {}).get("num_beams", 1)
+    if not isinstance(beams, int) or isinstance(beams, bool) or beams < 1:
+        where = "--beam" if beam is not None else "the checkpoint's generation settings: num_beams"
+        raise InputError(f"{where} must be an integer >= 1, got {beams!r}"
+                         + ("" if beam is not None else "; re-import the model or pass --beam"))
+    n_best = settings.num_return_sequences if settings is not None else 1
+    if not sampling and n_best > beams:
+        raise InputError(f"--n-best {n_best} is more than the {beams} beam{'s' * (beams > 1)} searched: a beam search "
+                         f"returns at most its beams; pass --beam {n_best} or more, --sample, or a smaller --n-best")
+    if beams == 1:
+        if sampling:
+            generator = settings.generator()
+            return 1, lambda m, ids, mask, s: greedy_decode(m, ids, mask, s, generator=generator)
+        return 1, greedy_decode
+    if generation is not None:
+        return beams, lambda m, ids, mask, s: hf_beam_search(m, ids, mask, s, beams, generation["length_penalty"],
+                                                             generation["early_stopping"])
+    return beams, lambda m, ids, mask, s: beam_search(m, ids, mask, s, beam_size=beams, alpha=alpha)
+
+
+# Search options a caller may set (DecodeSettings fields), the flag that sets each, and the values it takes.
+OPTION_FLAGS = {"do_sample": "--sample", "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p",
+                "seed": "--seed", "num_return_sequences": "--n-best", "output_scores": "--scores",
+                "min_length": "--min-length", "min_new_tokens": "--min-new-tokens",
+                "no_repeat_ngram_size": "--no-repeat-ngram-size", "repetition_penalty": "--repetition-penalty"}
+_RULES = {"temperature": (lambda v: v > 0 and math.isfinite(v), "a number > 0 such as 0.7"),
+          "top_k": (lambda v: v >= 0, "an integer >= 0 (0: the whole vocabulary)"),
+          "top_p": (lambda v: 0 < v <= 1, "a number in (0, 1] such as 0.9"),
+          "seed": (lambda v: 0 <= v < 2 ** 64, "an integer in [0, 2**64)"),
+          "num_return_sequences": (lambda v: v >= 1, "an integer >= 1"),
+          "min_length": (lambda v: v >= 0, "an integer >= 0"), "min_new_tokens": (lambda v: v >= 0, "an integer >= 0"),
+          "no_repeat_ngram_size": (lambda v: v >= 0, "an integer >= 0 (0: off)"),
+          "repetition_penalty": (lambda v: v > 0 and math.isfinite(v), "a number > 0 such as 1.2 (1: off)")}
+SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed")
+
+
+def decode_settings(cfg, max_new_tokens: int | None, forced_bos_id: int | None = None,
+                    name: str = "--max-new-tokens", generation: dict | None = None,
+                    options: dict | None = None) -> DecodeSettings:
+    """The model's settings; `max_new_tokens` checked against its decoder length; a language's forced first token;
+    an imported model's stored generation options (`generation`: generation.json), overridden by `options`
+    (OPTION_FLAGS keys; None values keep the model's), each checked and named by its flag."""
+    limit = cfg.max_tgt_len - 1
+    if max_new_tokens is not None and not 1 <= max_new_tokens <= limit:
+        raise InputError(f"{name} must be in [1, {limit}], got {max_new_tokens}")
+    settings = DecodeSettings.for_model(cfg, max_new_tokens, generation)
+    if forced_bos_id is not None:
+        settings = dataclasses.replace(settings, forced_bos_id=forced_bos_id)
+    given = {k: v for k, v in (options or {}).items() if v is not None}
+    for key, value in given.items():
+        ok, rule = _RULES.get(key, (lambda v: True, ""))
+        if not ok(value):
+            raise InputError(f"{OPTION_FLAGS[key]} must be {rule}, got {value}")
+    settings = dataclasses.replace(settings, **given)
+    if not settings.do_sample:
+        stray = [OPTION_FLAGS[k] for k in SAMPLING_ONLY if k in given]
+        if stray:
+            raise InputError(f"{', '.join(stray)} set{'s' * (len(stray) == 1)} how sampling draws, and this decode "
+                             "does not sample; add --sample, or drop " + ", ".join(stray))
+    return settings
+
+
+def unsupported_in_graph(settings: DecodeSettings) -> list[str]:
+    """The options of `settings` that a search inside an exported graph (ONNX Runtime's BeamSearch: the model's
+    forced and suppressed ids, beams and length penalty) would not apply, as NAME=VALUE."""
+    neutral = DecodeSettings(settings.bos_id, settings.eos_id, settings.pad_id, settings.max_new_tokens)
+    keys = [k for k in OPTION_FLAGS if k != "seed"] + ["bad_words_ids"]
+    return [f"{k}={getattr(settings, k)!r}" for k in keys
+            if getattr(settings, k) != getattr(neutral, k) and not (k == "min_length" and settings.min_length <= 1)]
+
+
+def batch_rows(batch_size: int, max_batch: int | None, beams: int, flag: str = "--beam") -> int:
+    """Sources per decoder batch: `batch_size`, fewer when beams (or samples: `flag` --n-best) x sources would pass
+    the export's max_batch."""
+    rows = batch_size if max_batch is None else min(batch_size, max_batch // beams)
+    if rows < 1:
+        raise InputError(f"{flag} {beams} needs batches of {beams} rows, over the export's max_batch {max_batch}; "
+                         f"re-export with --max-batch >= batch x {flag[2:]}, or use a smaller {flag}")
+    return rows
+
+
+def decode_batches(step_model, sources: Sequence[Sequence[int]], pad_id: int, decode: Decode,
+                   settings: DecodeSettings, rows: int) -> Iterator[list]:
+    """Each source's generated ids (without bos/eos), or its Hypothesis list when `settings.plain` is not, in order,
+    decoded in padded batches of `rows` sources."""
+    for start in range(0, len(sources), rows):
+        ids, mask = pad_batch([list(s) for s in sources[start: start + rows]], pad_id)
+        yield from decode(step_model, ids, mask, settings)
+
+
+def decode_job(opened: tuple, backend: str, sources: Sequence[Sequence[int]], origin: str, beam: int | None,
+               alpha: float, max_new_tokens: int | None, batch_size: int, forced_bos_id: int | None = None,
+               options: dict | None = None) -> tuple[DecodeSettings, Iterator[list]]:
+    """(settings, each source's output as `decode_batches` yields it) for `opened` (what `open_decoder` yields),
+    everything checked before the first decode: the sources (errors name `origin` and the number), the search
+    options (an imported model's generation settings, overridden by `options`: OPTION_FLAGS keys), the search, the
+    length limit, the batch. ONNX Runtime's BeamSearch graph refuses the options it would not apply."""
+    step_model, cfg, folder, src_limit, max_batch = opened
+    check_sources(sources, cfg, *src_limit, origin)
+    generation = generation_config(folder)
+    settings = decode_settings(cfg, max_new_tokens, forced_bos_id, generation=generation, options=options)
+    beams, decode = choose_search(generation, beam, alpha, settings)
+    if backend.startswith("ort-generate"):  # the search runs inside the graph (Hugging Face's; alpha: length_penalty)
+        from seq2trt.runtime.ort_search import generate_search, read_generation
+
+        missing = unsupported_in_graph(settings)
+        if missing:
+            raise InputError(f"--backend {backend} runs ONNX Runtime's BeamSearch graph, which does not apply "
+                             f"{', '.join(missing)} (from the flags or the model's generation settings); use --backend "
+                             "ort (the same graphs through seq2trt's search), or leave those options at their defaults")
+        decode = generate_search(read_generation(folder), beams, alpha)
+    samples = settings.num_return_sequences if settings.do_sample else 0  # a sampled source takes that many rows
+    rows = batch_rows(batch_size, max_batch, *((samples, "--n-best") if samples > beams else (beams,)))
+    return settings, decode_batches(step_model, sources, cfg.pad_id, decode, settings, rows)

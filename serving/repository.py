@@ -1,0 +1,159 @@
+"""`seq2trt serve OUT --write-repository DIR`: a Triton model repository for the standard server image on a GPU host.
+
+  DIR/encoder, DIR/decoder   the graphs: `onnxruntime` (the ONNX graphs of --backend), `tensorrt_plan` (the engines of
+                             `seq2trt build`), or `python` (ONNX Runtime inside the Python backend, `triton_bls.OnnxModel`)
+  DIR/generate, DIR/translate  Python-backend BLS models running seq2trt's search over the two (`triton_bls`), with
+                             dynamic batching, the export's manifest and the checkpoint's tokenizer beside their code
+  DIR/README.md              how to start it
+  DIR/seq2trt.json           what it was written from: the mark `--force` looks for before replacing a folder
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from seq2trt.exporters import spec
+from seq2trt.exporters.manifest import verify
+from seq2trt.reference_model.errors import InputError
+from seq2trt.reference_model.atomic_files import refuse_existing
+from seq2trt.reference_model.swap import staged_directory
+
+from seq2trt.runtime.decode_jobs import checkpoint_folder, has_tokenizer
+from seq2trt.serving.server import ServeSettings, model_config, tensor_block, write_python_model
+
+REPOSITORY_BACKENDS = ("onnxruntime", "tensorrt_plan", "python")
+MARKER = "seq2trt.json"
+_WHAT = "Triton model repository"
+_TRITON_DTYPES = {"int64": "TYPE_INT64", "fp32": "TYPE_FP32", "fp16": "TYPE_FP16", "bf16": "TYPE_BF16"}
+
+
+def graph_config(kind: spec.GraphKind, cfg, dtype: str, repository_backend: str, threads: int) -> str:
+    """config.pbtxt of the encoder or decoder: no Triton batching (the BLS model sends whole batches), every axis of
+    the spec dynamic except the fixed ones."""
+    def block(s: spec.TensorSpec) -> str:
+        dims = [-1 if isinstance(axis, str) else int(axis) for axis in s.axes]
+        return tensor_block(s.name, _TRITON_DTYPES["int64" if s.dtype == "int64" else dtype], dims)
+
+    inputs, outputs = [block(s) for s in spec.inputs(cfg, kind)], [block(s) for s in spec.outputs(cfg, kind)]
+    if repository_backend == "python":
+        return model_config(kind.value, inputs, outputs, 0, backend="python", parameters={"threads": str(threads)})
+    if repository_backend == "onnxruntime":
+        return model_config(kind.value, inputs, outputs, 0, platform="onnxruntime_onnx", kind="KIND_GPU")
+    return model_config(kind.value, inputs, outputs, 0, platform="tensorrt_plan", kind="KIND_GPU")
+
+
+def _graph_files(out: Path, settings: ServeSettings, repository_backend: str, manifest) -> dict[spec.GraphKind, Path]:
+    if repository_backend == "tensorrt_plan":
+        from seq2trt.validation.bench.backends import engine_dir
+
+        flavour = settings.backend if settings.backend in ("tensorrt", "tensorrt-rtx") else "tensorrt"
+        engines = engine_dir(out, flavour)
+        return {kind: engines / f"{kind.value}.plan" for kind in spec.GraphKind}
+    from seq2trt.runtime.registry import graph_folder
+
+    if not settings.backend.startswith("ort"):
+        raise InputError(f"--repository-backend {repository_backend} serves ONNX graphs: choose --backend ort, "
+                         f"ort-fused or ort-int8, not {settings.backend}")
+    folder = graph_folder(out, settings.backend, manifest)
+    return {kind: folder / kind.filename for kind in spec.GraphKind}
+
+
+README = """# Triton model repository for {out}
+
+Written by `seq2trt serve --write-repository` (graphs: {what}). Models:
+
+- `generate`: input `input_ids` INT64 [-1] (one source per request), optional `max_new_tokens` INT32 [1] and
+  `num_beams` INT32 [1] -> `output_ids` INT64 [-1]. Dynamic batching (up to {max_batch} requests,
+  {delay} us queue delay); each request gets what `seq2trt translate --ids-file` gives for its ids.
+{translate}- `encoder`, `decoder`: the export's graphs; `generate` calls them through BLS every decoding step.
+
+## Start it
+
+The Python-backend models import seq2trt (the search, the request checks), so the server's Python needs it: put
+the seq2trt wheel this repository was written with (`pip wheel --no-deps .` in its source tree) beside this file, then
+
+```
+docker run --gpus all --rm -p 8000:8000 -p 8001:8001 -p 8002:8002 -v $PWD:/models \\
+  nvcr.io/nvidia/tritonserver:24.10-py3 \\
+  bash -c "pip install /models/seq2trt-*.whl && tritonserver --model-repository=/models"
+```
+
+(or bake that install into an image FROM the Triton image). The BLS models pass the KV cache to the decoder model
+and back as host arrays every step. Then
+`curl localhost:8000/v2/health/ready` and, for example,
+`curl -X POST localhost:8000/v2/models/generate/infer -d '{{"inputs":[{{"name":"input_ids","shape":[1,3],"datatype":"INT64","data":[4,5,2]}}]}}'`.
+
+{notes}
+Scale out by running more copies of this server behind a load balancer (Kubernetes Service, KServe
+InferenceService with the Triton runtime); each replica is independent, no shared state.
+"""
+
+_NOTES = {
+    "onnxruntime": "The onnxruntime backend of the image must run the graphs' opset ({opset}) and their ops (fused "
+                   "graphs use com.microsoft attention ops); `instance_group` puts them on the GPU.",
+    "tensorrt_plan": "The engines were built by `seq2trt build` for a given GPU and TensorRT version: the image's "
+                     "TensorRT must match build.json, and the seq2trt attention plugin library must be loaded "
+                     "(tritonserver --backend-config=tensorrt,plugins=/path/to/plugin.so) when the graphs were fused "
+                     "for TensorRT.",
+    "python": "Encoder and decoder run in ONNX Runtime inside the Python backend (CPU): this repository loads in "
+              "the server that nvidia-pytriton bundles, as `seq2trt serve` does.",
+}
+
+
+def is_repository(folder: Path) -> bool:
+    """Whether `folder` is a repository `write_repository` wrote (its MARKER names the repository backend)."""
+    try:
+        return "repository_backend" in json.loads((Path(folder) / MARKER).read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def write_repository(settings: ServeSettings, folder: Path, repository_backend: str = "onnxruntime",
+                     force: bool = False) -> Path:
+    """Write the repository (staged, renamed into place; an existing folder only with `force`); returns it."""
+    if repository_backend not in REPOSITORY_BACKENDS:
+        raise InputError(f"unknown repository backend {repository_backend!r}; choose {', '.join(REPOSITORY_BACKENDS)}")
+    out = Path(settings.out)
+    manifest = verify(out, [kind.filename for kind in spec.GraphKind])
+    cfg, limits = manifest.config, manifest.limits
+    graphs = _graph_files(out, settings, repository_backend, manifest)
+    source = checkpoint_folder(out, manifest, settings.checkpoint)
+    text = has_tokenizer(source)
+    max_batch = settings.max_batch or limits.max_batch
+    protect = [out, source, *graphs.values()] + ([settings.checkpoint] if settings.checkpoint else [])
+    # A folder seq2trt did not write is refused with or without --force, and its message never suggests --force.
+    refuse_existing(Path(folder), True, _WHAT, kind=is_repository, protect=protect)
+    with staged_directory(Path(folder), force, _WHAT, kind=is_repository, protect=protect) as tmp:
+        for kind, graph in graphs.items():
+            (tmp / kind.value / "1").mkdir(parents=True)
+            (tmp / kind.value / "config.pbtxt").write_text(
+                graph_config(kind, cfg, manifest.dtype, repository_backend, settings.threads))
+            suffix = "plan" if repository_backend == "tensorrt_plan" else "onnx"
+            shutil.copyfile(graph, tmp / kind.value / "1" / f"model.{suffix}")
+            if repository_backend == "python":
+                (tmp / kind.value / "1" / "model.py").write_text(
+                    "from seq2trt.serving.triton_bls import OnnxModel as TritonPythonModel  # noqa: F401\n")
+        code = '"""seq2trt generate over the encoder and decoder models (BLS)."""\n' \
+               "from seq2trt.serving.triton_bls import TritonPythonModel  # noqa: F401\n"
+        for kind in ["generate", "translate"] if text else ["generate"]:
+            model = write_python_model(tmp, kind, max_batch, settings.max_queue_delay_us, settings.instances,
+                                       {"alpha": repr(settings.alpha)}, code)
+            shutil.copyfile(out / "manifest.json", model / "1" / "manifest.json")
+            (model / "1" / "checkpoint").mkdir()
+            for name in ("vocab.json", "generation.json", "tokenizer"):
+                if (source / name).is_dir():
+                    shutil.copytree(source / name, model / "1" / "checkpoint" / name)
+                elif (source / name).exists():
+                    shutil.copyfile(source / name, model / "1" / "checkpoint" / name)
+        translate = "- `translate`: input `text` BYTES [1] (optional `src_lang`, `tgt_lang`) -> `text` BYTES [1].\n" \
+            if text else ""
+        what = {"onnxruntime": f"ONNX, {settings.backend}", "tensorrt_plan": "TensorRT engines",
+                "python": f"ONNX in the Python backend, {settings.backend}"}[repository_backend]
+        (tmp / "README.md").write_text(README.format(
+            out=out.name, what=what, max_batch=max_batch, delay=settings.max_queue_delay_us, translate=translate,
+            notes=_NOTES[repository_backend].format(opset=manifest.data.get("settings", {}).get("opset", "?"))))
+        (tmp / MARKER).write_text(json.dumps({"export": str(out.resolve()), "backend": settings.backend,
+                                              "repository_backend": repository_backend}, indent=2) + "\n")
+    return Path(folder)

@@ -1,0 +1,207 @@
+"""`seq2trt bench` on a tiny export: the reports and their keys, ratios, forced-length decoding, CLI errors.
+
+Benchmarks are not tests: nothing here asserts a speed, only that what is reported is complete and consistent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from seq2trt.cli.main import cli
+from seq2trt.exporters.onnx_export import export
+from seq2trt.exporters.spec import Limits
+from seq2trt.reference_model.checkpoint import save_checkpoint
+from seq2trt.reference_model.eager import EagerStepModel
+from seq2trt.reference_model.errors import InputError
+from seq2trt.reference_model.atomic_files import sha256_file
+from seq2trt.validation.bench import measure as bench
+from seq2trt.validation.bench import backends as bench_backends
+from seq2trt.validation.bench.settings import BenchSettings, parse_backends, parse_ints
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def exported(make_model, tmp_path_factory):
+    """A tiny model's checkpoint and its export (max batch 4), the manifest naming the checkpoint."""
+    for name in ("onnxscript", "onnx_ir", "torch.onnx", "torch.export", "torch._export"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    root = tmp_path_factory.mktemp("bench")
+    model = make_model(0, torch.float32)
+    checkpoint = save_checkpoint(root / "checkpoint", model)
+    source = {"checkpoint": str(checkpoint), "weights_sha256": sha256_file(checkpoint / "model.safetensors"),
+              "task": None}
+    return export(model, root / "out", limits=Limits.for_model(model.cfg, max_batch=4), source=source), model
+
+
+@pytest.fixture(scope="module")
+def report(exported):
+    pytest.importorskip("ctranslate2")
+    from seq2trt.exporters.fuse import Target, fuse_artifacts
+    from seq2trt.exporters.quantize import quantize_artifacts
+
+    out, _ = exported
+    fuse_artifacts(out, Target.ORT)
+    quantize_artifacts(out)
+    settings = BenchSettings(backends=("eager", "ort", "ort-int8", "ct2", "ct2-int8"), batch_sizes=(1, 3),
+                                   repeats=2, warmup=1, src_len=8, new_tokens=5, check_samples=8)
+    bench.run_bench(out, settings)
+    return out / "reports"
+
+
+def test_latency_json_has_every_backend_and_batch(report, exported):
+    doc = json.loads((report / "latency.json").read_text())
+    _, model = exported
+    backends = ("eager", "ort", "ort-int8", "ct2", "ct2-int8")
+    results = doc["results"]["1"]
+    assert set(results) == set(backends)
+    for name in backends:
+        for batch in ("1", "3"):
+            r = results[name][batch]
+            assert r["tokens_per_s"] > 0 and r["repeats"] == 2
+            assert 0 < r["step_ms_p50"] <= r["step_ms_p90"] <= r["step_ms_p99"]
+            assert r["decode_ms_p50"] <= r["decode_ms_p99"]
+            # tokens/s counts exactly new_tokens per source
+            assert r["tokens_per_s"] == pytest.approx(int(batch) * 5 / (r["decode_ms_p50"] / 1e3), rel=1e-2)
+    assert doc["settings"]["new_tokens"] == 5 and doc["settings"]["forced_length"]
+    assert doc["checks"]["ct2"]["passed"] and doc["checks"]["ct2"]["identical"] == 8
+    int8 = doc["checks"]["ct2-int8"]  # int8 may differ from eager; its record must count what it says
+    assert int8["sequences"] == 8 and int8["rate"] == pytest.approx(int8["identical"] / 8)
+    assert int8["passed"] == (int8["identical"] + int8["ties"] == 8)
+    assert doc["memory"]["ct2"]["peak_rss_mb"] > 0 and doc["memory"]["ort"]["peak_rss_mb"] > 0
+    assert doc["builds"]["ct2"]["model_bytes"] > doc["builds"]["ct2-int8"]["model_bytes"]
+
+
+def test_ratios_are_paired_and_anchored(report):
+    doc = json.loads((report / "latency.json").read_text())
+    ratios = doc["ratios"]["1"]
+    for batch in ("1", "3"):
+        assert ratios["eager"][batch]["vs_eager"] == 1.0 and ratios["ct2"][batch]["vs_ct2"] == 1.0
+        assert ratios["ct2-int8"][batch]["vs_ct2_int8"] == 1.0
+        for name in ("ort", "ort-int8", "ct2-int8"):
+            for value in ratios[name][batch].values():
+                assert np.isfinite(value) and value > 0
+
+
+def test_latency_curves_cover_the_bounds(report, exported):
+    doc = json.loads((report / "latency.json").read_text())
+    cfg = exported[1].cfg
+    by_past = doc["step_ms_by_past"]["1"]
+    for name in ("eager", "ort"):
+        assert {"0", "1", str(cfg.max_tgt_len - 1)} <= set(by_past[name]["3"])
+        assert set(doc["encoder_ms"]["1"][name]["1"]) >= {"1", str(cfg.max_src_len)}
+    assert str(cfg.max_tgt_len - 1) in by_past["ct2"]["1"] and "0" not in by_past["ct2"]["1"]
+    assert "ct2" not in doc["encoder_ms"]["1"]
+
+
+def test_markdown_and_plots(report):
+    md = (report / "latency.md").read_text()
+    assert "| ort | 3 |" in md and "vs ct2" in md and "![tokens/s by batch size](tokens_per_s.png)" in md
+    for name in ("step_latency.png", "tokens_per_s.png", "error_by_step.png"):
+        assert (report / name).read_bytes()[:8] == PNG
+
+
+def test_error_series_from_parity_and_checks(report, tmp_path):
+    from seq2trt.validation.reports import plots
+
+    doc = json.loads((report / "latency.json").read_text())
+    by_step = doc["checks"]["ct2"]["logit_abs_err_by_step"]
+    assert len(by_step) > 1 and max(by_step) == doc["checks"]["ct2"]["max_abs_logit_diff"]
+    series = plots.error_series(doc, {"backend": "ort", "dtype": "fp32",
+                                      "end_to_end": {"logit_abs_err_by_step": [1e-6, 2e-6, 0.0]}})
+    assert set(series) == {"ort fp32 (parity.json)", "ct2 (bench check)", "ct2-int8 (bench check)"}
+    assert plots.error_by_step(series, tmp_path / "e.png").read_bytes()[:8] == PNG
+    assert plots.error_by_step({}, tmp_path / "none.png") is None
+
+
+def test_forced_length_decoding_runs_every_step(exported):
+    _, model = exported
+    backend = bench_backends.StepModelBackend("eager", EagerStepModel(model), model.cfg, threads=1)
+    ids = np.array([[3, 4, 5, model.cfg.eos_id]] * 2)
+    seconds, steps = backend.decode(ids, np.ones_like(ids), 7)
+    assert len(steps) == 7 and seconds >= sum(steps)
+    assert len(backend.step_seconds(ids, np.ones_like(ids), past_len=5, calls=3)) == 3
+
+
+def test_paired_ratio_is_the_median_of_pairs():
+    assert bench.paired_ratio([2.0, 9.0, 4.0], [1.0, 3.0, 4.0]) == 2.0  # pairs 2, 3, 1 -> 2
+    assert bench.paired_ratio(None, [1.0]) is None
+
+
+def test_parse_errors_list_what_is_known():
+    with pytest.raises(InputError, match="known backends: eager, eager-cuda, ort, ort-fused, ort-int8, tensorrt"):
+        parse_backends("eager,onnx")
+    with pytest.raises(InputError, match="integers >= 1"):
+        parse_ints("1,0", "--batch-sizes")
+
+
+def test_one_multi_thread_count_per_run_with_onnx_runtime():
+    """ONNX Runtime's shared pool is fixed once per process: 1 and one other count, never two others."""
+    BenchSettings(backends=("ort", "ct2"), threads=(1, 2))
+    BenchSettings(backends=("eager", "ct2"), threads=(2, 4))
+    with pytest.raises(InputError, match="one shared thread pool per process"):
+        BenchSettings(backends=("ort-fused",), threads=(1, 2, 4))
+
+
+def test_latency_json_says_how_each_backend_threads(report):
+    doc = json.loads((report / "latency.json").read_text())
+    threading = doc["threading"]["1"]
+    assert threading["ort"] == threading["ort-int8"] == "1 thread" and threading["eager"] == "1 thread(s)"
+    assert threading["ct2"].startswith("1 intra-op thread(s), OpenMP")
+    assert "Threading: eager: 1 thread(s); ort: 1 thread" in (report / "latency.md").read_text()
+
+
+def test_cli_reports_unknown_and_unavailable_backends(exported, monkeypatch):
+    out, _ = exported
+    runner = CliRunner()
+    result = runner.invoke(cli, ["bench", str(out), "--backends", "eager,trt"])
+    assert result.exit_code == 2 and "known backends: eager, eager-cuda, ort" in result.output
+    monkeypatch.setattr("seq2trt.plugins.trt_compat.has_gpu", lambda: False)
+    result = runner.invoke(cli, ["bench", str(out), "--backends", "ort,tensorrt"])
+    assert result.exit_code == 2 and "tensorrt: TensorRT engines run only on an NVIDIA GPU" in result.output
+    result = runner.invoke(cli, ["bench", str(out), "--backends", "ort", "--batch-sizes", "8"])
+    assert result.exit_code == 2 and "exceed the export's max_batch 4" in result.output
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    result = runner.invoke(cli, ["bench", str(out), "--backends", "eager,eager-cuda"])
+    assert result.exit_code == 2 and "eager-cuda: the eager model on CUDA needs a GPU" in result.output
+    assert "available here: eager, ort" in result.output
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_eager_cuda_is_timed_beside_the_cpu_backends(exported, tmp_path):
+    """The GPU baseline: the same reference model on CUDA, timed in the same rounds, with its own ratio column."""
+    import shutil
+
+    out, _ = exported
+    copy = shutil.copytree(out, tmp_path / "out")
+    settings = BenchSettings(backends=("eager", "eager-cuda", "ort"), batch_sizes=(1, 3), repeats=2, warmup=1,
+                                   src_len=8, new_tokens=5)
+    doc = bench.run_bench(copy, settings)
+    assert set(doc["results"]["1"]) == {"eager", "eager-cuda", "ort"}
+    assert all(r["tokens_per_s"] > 0 for by_batch in doc["results"]["1"].values() for r in by_batch.values())
+    ratios = doc["ratios"]["1"]
+    assert ratios["eager-cuda"]["1"]["vs_eager_cuda"] == 1.0 and ratios["ort"]["3"]["vs_eager_cuda"] > 0
+    assert doc["threading"]["1"]["eager-cuda"].startswith("cuda")
+    assert "| vs eager-cuda |" in (copy / "reports" / "latency.md").read_text()
+
+
+def test_no_curves_times_decoding_only(exported, tmp_path):
+    """--no-curves: tokens/s and step times, no encoder-by-length or step-by-past tables (nor their plot)."""
+    import shutil
+
+    out, _ = exported
+    copy = shutil.copytree(out, tmp_path / "out", ignore=shutil.ignore_patterns("reports"))
+    settings = BenchSettings(backends=("eager", "ort"), batch_sizes=(2,), repeats=1, warmup=0, src_len=6,
+                                   new_tokens=4, curves=False)
+    doc = bench.run_bench(copy, settings)
+    assert doc["results"]["1"]["ort"]["2"]["tokens_per_s"] > 0 and doc["results"]["1"]["ort"]["2"]["step_ms_p50"] > 0
+    assert doc["encoder_ms"] == {} and doc["step_ms_by_past"] == {}
+    md = (copy / "reports" / "latency.md").read_text()
+    assert "Encoder p50" not in md and not (copy / "reports" / "step_latency.png").exists()

@@ -1,0 +1,299 @@
+"""The bench's references on the Hugging Face directory an imported checkpoint came from (issue 15): what users of
+these models run today, timed on the same work as our backends.
+
+- `hf`: transformers' own model loaded from the source directory, eager PyTorch `generate` with the KV cache.
+- `optimum`: Optimum's ONNX Runtime export of the same directory (`optimum.exporters.onnx.main_export`, task
+  text2text-generation-with-past, cached under OUT/optimum/), run by `ORTModelForSeq2SeqLM.generate` on ONNX
+  Runtime's CPU provider with the same intra-op threading as our ORT sessions (`runners.configure_threads`) and
+  ONNX Runtime's default graph optimizations, as a user of Optimum gets them.
+
+Both decode greedily and exactly `new_tokens` per source, as every bench backend does (`min_new_tokens` =
+`max_new_tokens`: eos cannot end a row), or with `bench --search beam` run generate's own beam search (K beams, the
+length penalty, early_stopping=True: the semantics of our loops' `hf_beam_search`). Both are checked before timing:
+with the model's own generation rules, their greedy tokens must equal our eager model's on seeded sources (a
+near-tie may differ), and for a beam bench their beam tokens too.
+
+The source directory is the one import.json names; its weights must still hash as they did at import.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from seq2trt.reference_model.errors import CheckFailed, CheckpointError, DependencyError, InputError
+from seq2trt.reference_model.atomic_files import atomic_write_text, sha256_file
+from seq2trt.reference_model.swap import staged_directory
+
+from seq2trt.validation.bench.backends import peak_rss_mb, start_turn
+
+logger = logging.getLogger(__name__)
+
+HF_BACKENDS = ("hf", "optimum")
+OPTIMUM_DIR, OPTIMUM_TASK, OPTIMUM_RECORD = "optimum", "text2text-generation-with-past", "seq2trt_source.json"
+
+
+@dataclass(frozen=True)
+class ImportedSource:
+    """The Hugging Face directory a checkpoint was imported from, as import.json records it."""
+
+    checkpoint: Path
+    path: Path
+    family: str
+    weights_sha256: dict[str, str]
+
+
+def imported_source(checkpoint: Path) -> ImportedSource | None:
+    """The source of an imported checkpoint (its weights checked against import.json), or None when the checkpoint
+    was not imported."""
+    from seq2trt.reference_model.hf_import import IMPORT_RECORD
+
+    record_path = Path(checkpoint) / IMPORT_RECORD
+    if not record_path.exists():
+        return None
+    try:
+        record = json.loads(record_path.read_text())
+        source = ImportedSource(Path(checkpoint), Path(record["source"]["path"]), record["family"],
+                                dict(record["source"]["weights_sha256"]))
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{record_path} is not an import record ({type(exc).__name__}: {exc}); "
+                              "re-import the model with `seq2trt import hf`") from None
+    for name, digest in source.weights_sha256.items():
+        path = source.path / name
+        if not path.is_file() or sha256_file(path) != digest:
+            raise CheckpointError(f"{path} is {'missing' if not path.is_file() else 'not the file imported'}: "
+                                  f"{checkpoint} was imported from {source.path}, and the hf, optimum and ct2 "
+                                  "backends load that directory; restore it or re-import")
+    return source
+
+
+def require_source(source: ImportedSource | None, checkpoint: Path | None, names: list[str]) -> ImportedSource:
+    if source is None:
+        raise InputError(f"{', '.join(names)}: these backends time transformers and Optimum on the Hugging Face "
+                         f"directory a checkpoint was imported from, and {checkpoint} was not imported (it holds no "
+                         "import.json); import the model with `seq2trt import hf SRC -o CKPT` and export CKPT, or "
+                         f"drop {', '.join(names)} from --backends")
+    return source
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise DependencyError("the hf and optimum backends need transformers; pip install 'seq2trt[hf]'") from None
+    return transformers
+
+
+def load_transformers(src: Path):
+    """transformers' model for `src`, fp32, its default attention, local files only."""
+    import torch
+
+    transformers = _transformers()
+    return transformers.AutoModelForSeq2SeqLM.from_pretrained(str(src), local_files_only=True,
+                                                             dtype=torch.float32).eval()
+
+
+def export_optimum(source: ImportedSource, folder: Path) -> dict:
+    """Optimum's ONNX export of the source into `folder`, kept while its record names the same weights and Optimum
+    version; returns the build's figures (seconds None when the cached export was reused)."""
+    from importlib.metadata import version
+
+    try:
+        from optimum.exporters.onnx import main_export
+    except ImportError:
+        raise DependencyError("the optimum backend needs optimum-onnx; pip install 'seq2trt[hf]'") from None
+    record = {"source": str(source.path), "weights_sha256": source.weights_sha256, "task": OPTIMUM_TASK,
+              "optimum_onnx": version("optimum-onnx")}
+    try:
+        cached = json.loads((folder / OPTIMUM_RECORD).read_text()) == record
+    except (OSError, json.JSONDecodeError):
+        cached = False
+    seconds = None
+    if not cached:
+        start = time.perf_counter()
+        with staged_directory(folder, force=True, what="Optimum export") as tmp, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # tracer warnings of the PyTorch export, one per traced branch
+            main_export(str(source.path), output=tmp, task=OPTIMUM_TASK, local_files_only=True, do_validation=False)
+            atomic_write_text(tmp / OPTIMUM_RECORD, json.dumps(record, indent=2) + "\n")
+        seconds = round(time.perf_counter() - start, 3)
+    return {"convert_seconds": seconds, "file": "*.onnx" + (" (cached)" if cached else ""),
+            "model_bytes": sum(p.stat().st_size for p in folder.glob("*.onnx*"))}
+
+
+def load_optimum(folder: Path, threads: int):
+    """(ORTModelForSeq2SeqLM on `folder`, how its sessions thread) on the CPU provider."""
+    import onnxruntime as ort
+
+    from seq2trt.runtime.runners import configure_threads
+
+    try:
+        from optimum.onnxruntime import ORTModelForSeq2SeqLM
+    except ImportError:
+        raise DependencyError("the optimum backend needs optimum-onnx; pip install 'seq2trt[hf]'") from None
+    options = ort.SessionOptions()
+    threading = configure_threads(options, threads)
+    options.log_severity_level = 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = ORTModelForSeq2SeqLM.from_pretrained(str(folder), session_options=options,
+                                                     provider="CPUExecutionProvider")
+    merged = "merged decoder" if model.decoder.is_merged else "decoder + decoder with past"
+    return model, f"{threading}, ONNX Runtime default optimizations, {merged}"
+
+
+def _torch(ids: np.ndarray, mask: np.ndarray):
+    import torch
+
+    return torch.as_tensor(ids, dtype=torch.int64), torch.as_tensor(mask, dtype=torch.int64)
+
+
+def generate_tokens(model, input_ids: np.ndarray, attention_mask: np.ndarray, max_new_tokens: int, eos_id: int,
+                    beam: int = 1, length_penalty: float = 1.0) -> list[list[int]]:
+    """`generate` with the model's own generation rules, greedy or `beam` beams (early_stopping=True): each source's
+    tokens after the start, without eos."""
+    import torch
+
+    ids, mask = _torch(input_ids, attention_mask)
+    beams = {} if beam == 1 else {"length_penalty": length_penalty, "early_stopping": True}
+    with torch.inference_mode():
+        rows = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, num_beams=beam,
+                              do_sample=False, **beams)[:, 1:].tolist()
+    return [row[: row.index(eos_id)] if eos_id in row else row for row in rows]
+
+
+class _Marks:
+    """A `generate` streamer that only notes the time of each put: after the encoder, then after every step."""
+
+    def __init__(self):
+        self.times: list[float] = []
+
+    def put(self, value) -> None:
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+class GenerateBackend:
+    """A model with Hugging Face's `generate` (transformers or Optimum) in this process, timed as the bench times
+    every backend. Step times are the gaps between `generate`'s per-token streamer calls (each step with its
+    logits processing), N of them for N tokens."""
+
+    scope = "process"
+
+    def __init__(self, name: str, model, threads: int, threading: str, set_threads=None):
+        self.name, self.model, self.threads, self._threading = name, model, threads, threading
+        self._set_threads = set_threads
+
+    def activate(self) -> None:
+        start_turn(self.threads, self._set_threads)
+
+    def decode(self, input_ids: np.ndarray, attention_mask: np.ndarray, new_tokens: int
+               ) -> tuple[float, list[float]]:
+        import torch
+
+        ids, mask = _torch(input_ids, attention_mask)
+        marks = _Marks()
+        with torch.inference_mode():
+            start = time.perf_counter()
+            out = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
+                                      min_new_tokens=new_tokens, num_beams=1, do_sample=False, streamer=marks)
+            seconds = time.perf_counter() - start
+        if out.shape[1] != new_tokens + 1:  # the decoder start, then exactly new_tokens
+            raise CheckFailed(f"{self.name}: generate returned {out.shape[1] - 1} new tokens, not {new_tokens}; "
+                              "its time would not be comparable")
+        return seconds, list(np.diff(marks.times))
+
+    def search(self, input_ids: np.ndarray, attention_mask: np.ndarray, settings, beam: int,
+               length_penalty: float) -> tuple[float, list[list[int]]]:
+        """`bench --search beam`: generate's own search, eos stops, at most `settings.max_new_tokens`."""
+        start = time.perf_counter()
+        outputs = generate_tokens(self.model, input_ids, attention_mask, settings.max_new_tokens, settings.eos_id,
+                                  beam, length_penalty)
+        return time.perf_counter() - start, outputs
+
+    def encode_seconds(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> float:
+        import torch
+
+        ids, mask = _torch(input_ids, attention_mask)
+        with torch.inference_mode():
+            start = time.perf_counter()
+            self.model.get_encoder()(input_ids=ids, attention_mask=mask)
+            return time.perf_counter() - start
+
+    def step_seconds(self, input_ids, attention_mask, past_len, calls):
+        return None  # generate owns its cache: no single step on a chosen past
+
+    def steps_by_past(self, input_ids, attention_mask, new_tokens):
+        return None
+
+    def memory(self) -> dict:
+        return {"peak_rss_mb": round(peak_rss_mb(), 1), "scope": "process (shared by the in-process backends)"}
+
+    def threading(self) -> str:
+        return self._threading
+
+    def close(self) -> None:
+        self.model = None
+
+
+def open_backend(name: str, source: ImportedSource, out: Path, threads: int) -> GenerateBackend:
+    """The `hf` or `optimum` backend on `source` (Optimum's export already under OUT/optimum)."""
+    if name == "hf":
+        import torch
+
+        transformers = _transformers()
+        model = load_transformers(source.path)
+        threading = (f"{threads} thread(s), transformers {transformers.__version__}, "
+                     f"{model.config._attn_implementation} attention")
+        return GenerateBackend(name, model, threads, threading, set_threads=torch.set_num_threads)
+    if name == "optimum":
+        model, threading = load_optimum(Path(out) / OPTIMUM_DIR, threads)
+        return GenerateBackend(name, model, threads, threading)
+    raise InputError(f"unknown Hugging Face backend {name!r}; choose one of {', '.join(HF_BACKENDS)}")
+
+
+def prepare(name: str, source: ImportedSource, out: Path, reference, input_ids: np.ndarray,
+            attention_mask: np.ndarray, max_new_tokens: int, want: dict) -> tuple[dict, dict | None]:
+    """Export (optimum) and check one backend before timing against our eager `reference` model on the same
+    sources, with the model's generation rules. `want`: the eager model's outputs, {"greedy": eager_greedy(...)}
+    and, for a beam bench, {"beam": (K, length_penalty, tokens of hf_beam_search with early_stopping=True)}.
+    Greedy tokens must agree (near-ties aside), beam tokens exactly. Returns (the check, the build or None)."""
+    from seq2trt.validation.bench.ctranslate2 import compare_greedy
+
+    build = export_optimum(source, Path(out) / OPTIMUM_DIR) if name == "optimum" else None
+    backend = open_backend(name, source, out, threads=1)
+    eos = reference.cfg.eos_id
+    try:
+        backend.activate()
+        got = generate_tokens(backend.model, input_ids, attention_mask, max_new_tokens, eos)
+        if "beam" in want:
+            beam, length_penalty, beam_want = want["beam"]
+            beam_got = generate_tokens(backend.model, input_ids, attention_mask, max_new_tokens, eos, beam,
+                                       length_penalty)
+    finally:
+        backend.close()
+    comparison = compare_greedy(want["greedy"], got, eos)
+    check = comparison.to_dict()
+    failures = []
+    if not comparison:
+        wrong = comparison.sequences - comparison.identical - comparison.ties
+        failures.append(f"greedy: {wrong} of {comparison.sequences} sequences differ (" +
+                        "; ".join(comparison.mismatches[:5]) + ")")
+    if "beam" in want:
+        differ = [i for i, (a, b) in enumerate(zip(beam_want, beam_got)) if a != b]
+        check["beam"] = {"beam": beam, "length_penalty": length_penalty, "identical": len(beam_want) - len(differ),
+                         "sequences": len(beam_want), "mismatches": differ[:10]}
+        if differ:
+            failures.append(f"beam {beam}: sources {differ[:10]} differ from hf_beam_search")
+    if failures:
+        raise CheckFailed(f"{name} disagrees with the eager model: {'; '.join(failures)}; its timings would not be "
+                          "comparable")
+    logger.debug("%s agrees with the eager model on %d sequences", name, comparison.sequences)
+    return check, build

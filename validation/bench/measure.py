@@ -1,0 +1,339 @@
+"""`seq2trt bench`: latency and throughput of every backend, measured side by side, and the ratios between them.
+What may be asked for (backends, searches, settings) and what can run here is bench_settings.py.
+
+What is measured (benchmarks/README.md): encoder latency by source length; decoder step latency by past length
+(0 .. max); end-to-end greedy decoding tokens/s at each batch size (exactly `new_tokens` per source, eos never
+stops a row, so every backend does the same work); p50/p90/p99 after warm-up; peak RSS; build seconds and plan
+sizes from build.json. Backends run round-robin within each repetition (the starting backend rotates), so a
+load spike on a shared machine hits all of them; ratios are medians of per-repetition paired ratios.
+
+CTranslate2 is converted from the reference weights (from the Hugging Face directory, by CTranslate2's own
+converter, when the checkpoint was imported), checked against the eager model's greedy tokens (float32 must agree;
+int8's agreement is reported as its accuracy cost), then timed in worker processes, one Translator each; int8
+always with 1 thread (benchmarks/README.md: 2 threads are pathological there).
+
+For an imported checkpoint, `hf` (transformers' eager `generate`) and `optimum` (Optimum's ONNX Runtime export,
+`ORTModelForSeq2SeqLM.generate`) time what users of that Hugging Face directory run today (hf_backends.py), on the
+same sources, batch sizes, new tokens and threads, each checked against the eager model's greedy tokens first.
+
+`OUT/reports/latency.json`:
+  settings, machine (load before/after), checks (agreement of ct2, hf, optimum with the eager model), builds
+  (TensorRT build.json, ct2 conversion, Optimum export),
+  memory[backend], results[threads][backend][batch] = {tokens_per_s, step_ms_p50/p90/p99, decode_ms_p50/p90/p99},
+  encoder_ms[threads][backend][batch][src_len], step_ms_by_past[threads][backend][batch][past_len]
+  (= {p50, p90, p99}; absent with --no-curves), ratios[threads][backend][batch] = {vs_eager, vs_eager_cuda, vs_hf,
+  vs_optimum, vs_ct2, vs_ct2_int8: one per reference backend that ran} (tokens/s ratio, > 1 is faster),
+  threading[threads][backend] (how its threads ran).
+
+`eager` is the reference model on the CPU, `eager-cuda` the same model on a CUDA device (the GPU baseline).
+ORT backends: `ort` the export, `ort-fused` OUT/fused/ort (`seq2trt fuse --target ort`), `ort-int8`
+OUT/quantized/ort-int8 (`seq2trt quantize`, run at ONNX Runtime's extended level), `ort-generate`
+OUT/generate/ort/generate.onnx (`seq2trt generate`: the whole search in one session run, bench_generate.py),
+`ort-generate-int8` the same around the int8 graphs (`seq2trt generate --int8`).
+
+`--search beam --beam K` times a real beam search instead (rows carry `search`/`beam`; settings too): the task's
+held-out sources, eos stops, at most `new_tokens`, Hugging Face's length penalty with early_stopping=True for the
+in-process loops and ort-generate, CTranslate2's beam search with the same beam size, length penalty and max length;
+tokens_per_s counts what each backend generated (eos included). Exports for beam need max_batch >= B x K.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import logging
+import os
+import platform
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from seq2trt.exporters.manifest import Manifest, verify
+from seq2trt.reference_model.decoding import DecodeSettings
+from seq2trt.reference_model.errors import DependencyError, InputError
+
+from seq2trt.validation.bench import backends as bb
+from seq2trt.validation.bench import prepare as bench_prepare
+from seq2trt.validation.bench.prepare import HF_BACKENDS
+from seq2trt.validation.bench.settings import BenchSettings, available_backends, unavailable
+
+logger = logging.getLogger(__name__)
+
+REFERENCES = ("eager", "eager-cuda", "hf", "optimum", "ct2", "ct2-int8")  # each gets a vs_<name> ratio when it ran
+Progress = Callable[[str], None]
+
+
+def _stats_ms(seconds: list[float]) -> dict[str, float]:
+    ms = np.asarray(seconds, dtype=np.float64) * 1e3
+    return {f"p{q}": round(float(np.percentile(ms, q)), 4) for q in (50, 90, 99)} if len(ms) else {}
+
+
+def _grid(maximum: int, start: int) -> list[int]:
+    """start, then powers of two, then `maximum`: the lengths a latency curve is drawn through."""
+    values = {start, maximum}
+    v = 1
+    while v < maximum:
+        values.add(v)
+        v *= 2
+    return sorted(x for x in values if start <= x <= maximum)
+
+
+def _sources(cfg, batch: int, length: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded ids of real tokens (no specials: an imported Marian's pad is its last id), eos last; every row of the
+    same length."""
+    allowed = np.setdiff1d(np.arange(3, cfg.src_vocab_size), [cfg.pad_id, cfg.bos_id, cfg.eos_id])
+    ids = rng.choice(allowed, size=(batch, length)).astype(np.int64)
+    ids[:, -1] = cfg.eos_id
+    return ids, np.ones_like(ids)
+
+
+class Bench:
+    """One bench run over an export directory; `run()` measures and returns the latency.json document."""
+
+    def __init__(self, out: Path, settings: BenchSettings, checkpoint: Path | None = None,
+                 progress: Progress | None = None):
+        self.out, self.settings, self.progress = Path(out), settings, progress or (lambda message: None)
+        missing = unavailable(settings.backends)
+        if missing:
+            raise DependencyError("cannot bench " + "; ".join(f"{n}: {why}" for n, why in missing.items()) +
+                                  f". Drop them from --backends (available here: {', '.join(available_backends(out))})")
+        self.manifest: Manifest = verify(self.out, ["encoder.onnx", "decoder.onnx"])
+        self.cfg, self.limits = self.manifest.config, self.manifest.limits
+        too_big = [b for b in settings.batch_sizes if b > self.limits.max_batch]
+        if too_big:
+            raise InputError(f"batch sizes {too_big} exceed the export's max_batch {self.limits.max_batch}; "
+                             "re-export with a larger --max-batch or lower --batch-sizes")
+        rows = [b * settings.beam for b in settings.batch_sizes if settings.search == "beam"]
+        if rows and max(rows) > self.limits.max_batch:
+            raise InputError(f"--search beam --beam {settings.beam} at batch {max(settings.batch_sizes)} runs {max(rows)} "
+                             f"rows, over the export's max_batch {self.limits.max_batch}: exports for beam need "
+                             "max_batch >= B x K; re-export with a larger --max-batch or lower --batch-sizes")
+        self.src_len = min(settings.src_len, self.limits.max_src_len)
+        self.new_tokens = min(settings.new_tokens, self.limits.max_tgt_len - 1)
+        self.checkpoint = checkpoint
+        self.source = bench_prepare.imported_source(self.manifest, checkpoint, settings.backends)
+        self.model = self.task = None
+        self.ct2_models: dict[str, dict] = {}
+        self.doc: dict = {}
+
+    # -- preparation ----------------------------------------------------------------------------------------
+    def _reference(self):
+        if self.model is None:
+            from seq2trt.runtime.reference_loader import load_reference
+
+            self.model, self.task = load_reference(self.manifest, self.checkpoint)
+        return self.model
+
+    def _make(self, name: str, threads: int):
+        if name in ("eager", "eager-cuda"):
+            import copy
+
+            import torch
+
+            from seq2trt.reference_model.eager import EagerStepModel
+
+            cuda = name == "eager-cuda"  # a copy on the GPU: the CPU reference stays where it is
+            model = copy.deepcopy(self._reference()).cuda() if cuda else self._reference()
+            return bb.StepModelBackend(name, EagerStepModel(model, device="cuda" if cuda else "cpu"), self.cfg,
+                                       threads, set_threads=torch.set_num_threads,
+                                       sync=torch.cuda.synchronize if cuda else None)
+        if name.startswith("ct2"):
+            info = self.ct2_models[name]
+            used = 1 if name == "ct2-int8" else threads
+            return bb.Ct2Backend(name, info["dir"], info["source_tokens"], used, info["compute_type"])
+        if name.startswith("ort-generate"):
+            from seq2trt.validation.bench.ort_search import GenerateBackend
+
+            return GenerateBackend(self.out, self.manifest, threads, int8=name == "ort-generate-int8")
+        if name in HF_BACKENDS:
+            from seq2trt.validation.bench.hf_baselines import open_backend
+
+            return open_backend(name, self.source, self.out, threads)
+        from seq2trt.runtime.registry import open_step_model  # ORT and TensorRT: the one opener, every graph verified
+
+        import torch
+
+        stack = contextlib.ExitStack()
+        model, _ = stack.enter_context(open_step_model(self.out, name, self.checkpoint, threads))
+        # torch's thread count too: the beam loop's log-softmax and top-k run in torch, inside the same budget
+        return bb.StepModelBackend(name, model, self.cfg, threads, closers=[stack.close],
+                                   set_threads=torch.set_num_threads)
+
+    # -- measurement ----------------------------------------------------------------------------------------
+    def run(self) -> dict:
+        s = self.settings
+        self.doc = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    "artifact": str(self.out), "settings": {**asdict(s), "src_len": self.src_len,
+                                                            "new_tokens": self.new_tokens,
+                                                            "forced_length": s.search == "greedy"},
+                    "model": {k: getattr(self.cfg, k) for k in ("d_model", "num_heads", "num_encoder_layers",
+                                                                "num_decoder_layers", "d_ff", "tgt_vocab_size")},
+                    "dtype": self.manifest.dtype, "machine": _machine("before"), "builds": _engine_builds(self.out)}
+        self.doc["checks"] = {}
+        if any(bench_prepare.is_anchor(n) for n in s.backends):
+            prepared = bench_prepare.prepare(s.backends, self.out, self._reference(), self.task, self.source,
+                                             s.check_samples, s.seed, self.limits.max_tgt_len - 1, self.progress,
+                                             (s.beam, s.length_penalty) if s.search == "beam" else None)
+            self.doc["checks"], self.ct2_models = prepared.checks, prepared.ct2_models
+            self.doc["builds"].update(prepared.builds)
+        for key in ("results", "encoder_ms", "step_ms_by_past", "ratios", "memory"):
+            self.doc[key] = {}
+        for threads in s.threads:
+            self._run_threads(threads)
+        self.doc["machine"].update(_machine("after"))
+        return self.doc
+
+    def _run_threads(self, threads: int) -> None:
+        s = self.settings
+        rng = np.random.default_rng(s.seed)
+        t = str(threads)
+        self.progress(f"{threads} thread(s): starting {', '.join(s.backends)}")
+        backends = []
+        try:
+            for name in s.backends:
+                before = bb.rss_mb()
+                backends.append(self._make(name, threads))
+                self.doc["memory"].setdefault(name, {})["load_rss_delta_mb"] = round(bb.rss_mb() - before, 1)
+            inputs = {b: _sources(self.cfg, b, self.src_len, rng) if s.search == "greedy" else self._held_out(b)
+                      for b in s.batch_sizes}
+            raw = {"decode": {}, "steps": {}, "encoder": {}, "by_past": {}, "tokens": {}}
+            for rep in range(s.warmup + s.repeats):
+                self.progress(f"{threads} thread(s): repetition {rep + 1}/{s.warmup + s.repeats}"
+                              + ("" if rep >= s.warmup else " (warm-up)"))
+                order = backends[rep % len(backends):] + backends[:rep % len(backends)]
+                for batch in s.batch_sizes:
+                    self._measure_batch(order, batch, *inputs[batch], raw if rep >= s.warmup else None, rng)
+            self.doc.setdefault("threading", {})[t] = {b.name: b.threading() for b in backends}
+            for b in backends:
+                self.doc["memory"][b.name].update(b.memory())
+                if b.threads != threads:
+                    self.doc["memory"][b.name]["threads_used"] = b.threads
+        finally:
+            for b in backends:
+                b.close()
+        self._summarise(t, raw)
+
+    def _held_out(self, batch: int) -> tuple[np.ndarray, np.ndarray]:
+        """The first `batch` held-out sources of the checkpoint's task (seeded ids without one), padded."""
+        from seq2trt.reference_model.vocab import pad_batch
+
+        self._reference()
+        sources, _ = bench_prepare.source_ids(self.cfg, self.task, self.source, batch, self.settings.seed)
+        return pad_batch([src[: self.src_len - 1] + [self.cfg.eos_id] if len(src) > self.src_len else src
+                          for src in sources], self.cfg.pad_id)
+
+    def _measure_batch(self, order: list, batch: int, ids: np.ndarray, mask: np.ndarray, raw: dict | None,
+                       rng: np.random.Generator) -> None:
+        """One repetition at one batch size, each backend in turn: decoding, encoder by length, step by past.
+        `raw` is None during warm-up."""
+        def record(table: str, key: tuple, values: list[float]) -> None:
+            if raw is not None and values:
+                raw[table].setdefault(key, []).extend(values)
+
+        for b in order:
+            b.activate()
+            if self.settings.search == "beam":
+                settings = DecodeSettings.for_model(self.cfg, self.new_tokens)
+                seconds, outputs = b.search(ids, mask, settings, self.settings.beam, self.settings.length_penalty)
+                record("tokens", (b.name, batch), [sum(len(o) + 1 for o in outputs)])  # eos counted
+                steps = None
+            else:
+                seconds, steps = b.decode(ids, mask, self.new_tokens)
+            record("decode", (b.name, batch), [seconds])
+            record("steps", (b.name, batch), steps or [])
+        if not self.settings.curves or self.settings.search == "beam":  # curves do not depend on the search
+            return
+        for length in _grid(self.limits.max_src_len, 1):
+            src = _sources(self.cfg, batch, length, rng)
+            for b in order:
+                b.activate()
+                seconds = b.encode_seconds(*src)
+                record("encoder", (b.name, batch, length), [] if seconds is None else [seconds])
+        pasts = _grid(self.limits.max_tgt_len - 1, 0)
+        for b in order:
+            b.activate()
+            for past in pasts:
+                record("by_past", (b.name, batch, past), b.step_seconds(ids, mask, past, self.settings.step_calls) or [])
+            ct2_steps = b.steps_by_past(ids, mask, self.limits.max_tgt_len)  # its last step has past max - 1
+            for past in pasts if ct2_steps else ():
+                if 1 <= past <= len(ct2_steps):
+                    record("by_past", (b.name, batch, past), [ct2_steps[past - 1]])
+
+    def _summarise(self, t: str, raw: dict) -> None:
+        results = self.doc["results"].setdefault(t, {})
+        for (name, batch), seconds in raw["decode"].items():
+            generated = raw["tokens"].get((name, batch))  # beam: what it generated; greedy: forced length
+            tokens = float(np.median(generated)) if generated else batch * self.new_tokens
+            decode = _stats_ms(seconds)
+            steps = _stats_ms(raw["steps"].get((name, batch), []))
+            results.setdefault(name, {})[str(batch)] = {
+                "tokens_per_s": round(tokens / float(np.median(seconds)), 2),
+                **{f"step_ms_{k}": v for k, v in steps.items()}, **{f"decode_ms_{k}": v for k, v in decode.items()},
+                "repeats": len(seconds), "search": self.settings.search,
+                **({"beam": self.settings.beam} if self.settings.search == "beam" else {})}
+        for key, table in (("encoder", "encoder_ms"), ("by_past", "step_ms_by_past")):
+            if not raw[key]:  # --no-curves
+                continue
+            out = self.doc[table].setdefault(t, {})
+            for (name, batch, length), seconds in raw[key].items():
+                out.setdefault(name, {}).setdefault(str(batch), {})[str(length)] = _stats_ms(seconds)
+        ratios = self.doc["ratios"].setdefault(t, {})
+        for (name, batch), seconds in raw["decode"].items():
+            ratios.setdefault(name, {})[str(batch)] = {
+                "vs_" + ref.replace("-", "_"): paired_ratio(raw["decode"].get((ref, batch)), seconds)
+                for ref in REFERENCES if ref in self.settings.backends}
+        logger.debug("summarised %d decode series for %s thread(s)", len(raw["decode"]), t)
+
+
+def paired_ratio(reference_seconds: list[float] | None, seconds: list[float]) -> float | None:
+    """Speed of a backend relative to a reference (> 1: faster): the median over repetitions of the ratio of the
+    two times measured in the same repetition, so a load spike that slows one round slows both sides of its pair."""
+    if not reference_seconds:
+        return None
+    return round(float(np.median(np.asarray(reference_seconds) / np.asarray(seconds))), 4)
+
+
+def _machine(when: str) -> dict:
+    load = os.getloadavg()
+    info = {f"loadavg_{when}": [round(x, 2) for x in load]}
+    if when == "before":
+        info.update({"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+                     "processor": platform.processor() or platform.machine()})
+        for package in ("onnxruntime", "torch", "ctranslate2"):
+            try:
+                from importlib.metadata import version
+
+                info[package] = version(package)
+            except Exception:  # not installed: nothing to record
+                pass
+    return info
+
+
+def _engine_builds(out: Path) -> dict:
+    """build seconds and plan sizes of every engine directory's build.json."""
+    builds = {}
+    for path in sorted((Path(out) / "engines").glob("*/build.json")):
+        try:
+            info = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            continue
+        builds[path.parent.name] = {name: {"build_seconds": g.get("build_seconds"), "plan_bytes": g.get("plan_bytes")}
+                                    for name, g in info.get("graphs", {}).items()}
+    return builds
+
+
+def run_bench(out: Path, settings: BenchSettings, checkpoint: Path | None = None,
+              progress: Progress | None = None) -> dict:
+    """Measure, then write OUT/reports/latency.json, latency.md and the PNG plots; returns the document."""
+    from seq2trt.exporters.manifest import generation, writing_into
+
+    from seq2trt.validation.reports.bench_table import write_reports
+
+    started = generation(out)  # the figures must describe the export measured, not one that replaced it
+    doc = Bench(out, settings, checkpoint, progress).run()
+    with writing_into(out, started, "bench"):
+        write_reports(Path(out) / "reports", doc)
+    return doc

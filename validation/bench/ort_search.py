@@ -1,0 +1,60 @@
+"""`seq2trt bench` backends `ort-generate` and `ort-generate-int8` (`seq2trt generate --int8`): generate.onnx (ONNX Runtime's BeamSearch, the whole search in one session
+run) behind bench's timing interface (bench_backends). Greedy runs are forced-length like every backend's (eos
+masked until `new_tokens` by BeamSearch's min_length); beam runs search for real (eos stops a hypothesis).
+It has no separate encoder or step call: those curves are not timed for it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from seq2trt.reference_model.decoding import DecodeSettings
+
+from seq2trt.validation.bench.backends import peak_rss_mb, settle
+
+
+class GenerateBackend:
+    scope = "process"
+
+    def __init__(self, out: Path, manifest, threads: int, int8: bool = False):
+        from seq2trt.runtime.ort_search import GenerateModel
+
+        self.name, self.threads, self.cfg = "ort-generate-int8" if int8 else "ort-generate", threads, manifest.config
+        self.model = GenerateModel(out, manifest, threads, int8).__enter__()
+
+    def activate(self) -> None:
+        settle(self.threads)
+
+    def decode(self, input_ids: np.ndarray, attention_mask: np.ndarray, new_tokens: int) -> tuple[float, list[float]]:
+        settings = DecodeSettings.for_model(self.cfg, new_tokens)  # the rules built into the graph (imported models')
+        start = time.perf_counter()
+        self.model.decode(input_ids, attention_mask, settings, 1, forced_length=True)
+        return time.perf_counter() - start, []
+
+    def search(self, input_ids: np.ndarray, attention_mask: np.ndarray, settings: DecodeSettings, beam: int,
+               length_penalty: float) -> tuple[float, list[list[int]]]:
+        start = time.perf_counter()
+        outputs = self.model.decode(input_ids, attention_mask, settings, beam, length_penalty)
+        return time.perf_counter() - start, outputs
+
+    def encode_seconds(self, input_ids, attention_mask):
+        return None
+
+    def step_seconds(self, input_ids, attention_mask, past_len, calls):
+        return None
+
+    def steps_by_past(self, input_ids, attention_mask, new_tokens):
+        return None
+
+    def memory(self) -> dict:
+        return {"peak_rss_mb": round(peak_rss_mb(), 1), "scope": "process (shared by the in-process backends)"}
+
+    def threading(self) -> str:
+        return f"{self.threads} intra-op thread(s), one BeamSearch session"
+
+    def close(self) -> None:
+        self.model.__exit__(None, None, None)
+

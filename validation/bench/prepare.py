@@ -1,0 +1,126 @@
+"""What `bench` prepares before it times anything: the anchor backends built and proven on the model.
+
+CTranslate2 is converted (from our reference weights, or for an imported checkpoint from its Hugging Face directory
+by CTranslate2's own converter), `optimum` exported, and every anchor (ct2, ct2-int8, hf, optimum) decodes seeded
+sources greedily against the eager reference model before its timings count: float32 anchors must agree token for
+token (near-ties aside), int8's agreement is reported as its accuracy cost. The results become latency.json's
+`checks` and `builds`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from seq2trt.reference_model.vocab import pad_batch
+
+HF_BACKENDS = ("hf", "optimum")  # on the Hugging Face directory an imported checkpoint came from
+
+
+@dataclass
+class Prepared:
+    checks: dict = field(default_factory=dict)  # backend -> its agreement with the eager model
+    builds: dict = field(default_factory=dict)  # backend -> conversion/export seconds and size
+    ct2_models: dict = field(default_factory=dict)  # ct2 backend -> {dir, compute_type, source_tokens}
+
+
+def is_anchor(name: str) -> bool:
+    """A backend that is not ours: prepared and checked here before it is timed."""
+    return name in HF_BACKENDS or name.startswith("ct2")
+
+
+def imported_source(manifest, checkpoint: Path | None, backends: tuple[str, ...]):
+    """The checked Hugging Face source of the export's checkpoint when a requested backend loads it (hf, optimum:
+    required, else a clear error; ct2: when there is one), else None."""
+    from seq2trt.validation.bench import hf_baselines as hf_backends
+
+    if not any(is_anchor(n) for n in backends):
+        return None
+    recorded = (manifest.data.get("source") or {}).get("checkpoint")
+    checkpoint = Path(checkpoint) if checkpoint else (Path(recorded) if recorded else None)
+    source = hf_backends.imported_source(checkpoint) if checkpoint else None
+    wanted = [n for n in backends if n in HF_BACKENDS]
+    return hf_backends.require_source(source, checkpoint, wanted) if wanted else source
+
+
+def source_ids(cfg, task: str | None, source, samples: int, seed: int) -> tuple[list[list[int]], str]:
+    """(sources, their origin): the task's held-out ones or random ids; for an imported model the seeded ids its
+    import was judged on (no pad inside: CTranslate2's Marian vocabulary has none)."""
+    from seq2trt.reference_model.hf_verify import seeded_sources
+
+    from seq2trt.runtime.reference_loader import e2e_sources
+
+    if source is None:
+        return e2e_sources(cfg, task, samples, seed)
+    return seeded_sources(cfg, samples, seed), "seeded ids"
+
+
+def check_sources(cfg, task: str | None, source, samples: int, seed: int) -> tuple[np.ndarray, np.ndarray, str]:
+    """`source_ids`, padded: what every check decodes."""
+    sources, origin = source_ids(cfg, task, source, samples, seed)
+    return (*pad_batch(sources, cfg.pad_id), origin)
+
+
+def prepare(backends: tuple[str, ...], out: Path, reference, task: str | None, source, samples: int, seed: int,
+            max_new_tokens: int, progress: Callable[[str], None], beam: tuple[int, float] | None = None) -> Prepared:
+    """Build and check every anchor among `backends` against the eager `reference` model; `beam` (K, length
+    penalty) for a beam bench, whose hf and optimum are checked on beam tokens too."""
+    done = Prepared()
+    ids, mask, origin = check_sources(reference.cfg, task, source, samples, seed)
+    want: dict = {}
+    for name in backends:
+        if name in HF_BACKENDS:
+            from seq2trt.validation.bench import hf_baselines as hf_backends
+
+            progress(f"preparing {name} and checking its tokens")
+            want = want or _eager_outputs(reference, ids, mask, max_new_tokens, beam)
+            check, build = hf_backends.prepare(name, source, out, reference, ids, mask, max_new_tokens, want)
+            done.checks[name] = {"sources": origin, **check}
+            if build is not None:
+                done.builds[name] = build
+        elif name.startswith("ct2"):
+            _prepare_ct2(name, out, reference, source, ids, mask, origin, max_new_tokens, progress, done)
+    return done
+
+
+def _eager_outputs(reference, ids: np.ndarray, mask: np.ndarray, max_new_tokens: int,
+                   beam: tuple[int, float] | None) -> dict:
+    """What hf and optimum must reproduce: the eager model's greedy (with logits) and, for a beam bench, beam
+    tokens (Hugging Face's beam search, early_stopping=True), the model's generation rules applied."""
+    from seq2trt.reference_model.decoding import DecodeSettings, hf_beam_search
+    from seq2trt.reference_model.eager import EagerStepModel
+
+    from seq2trt.validation.bench.ctranslate2 import eager_greedy
+
+    want = {"greedy": eager_greedy(reference, ids, mask, max_new_tokens)}
+    if beam is not None and beam[0] > 1:
+        settings = DecodeSettings.for_model(reference.cfg, max_new_tokens)
+        want["beam"] = (*beam, hf_beam_search(EagerStepModel(reference), ids, mask, settings, beam[0], beam[1], True))
+    return want
+
+
+def _prepare_ct2(name: str, out: Path, reference, source, ids, mask, origin: str, max_new_tokens: int,
+                 progress: Callable[[str], None], done: Prepared) -> None:
+    """Convert for one CTranslate2 variant, check its greedy tokens, note where its model lies."""
+    from seq2trt.validation.bench import ctranslate2 as ct2_backend
+
+    quantization = "int8" if name == "ct2-int8" else "float32"
+    progress(f"converting to CTranslate2 {quantization} and checking its greedy tokens")
+    start = time.perf_counter()
+    folder = Path(out) / "ct2" / quantization
+    model_dir = ct2_backend.convert(reference, folder, quantization, force=True) if source is None else \
+        ct2_backend.convert_hf(source.path, reference.cfg, folder, quantization, force=True)
+    seconds = time.perf_counter() - start
+    translator = ct2_backend.Ct2Translator(model_dir, threads=1)
+    agreement = ct2_backend.check_agreement(reference, translator, ids, mask, max_new_tokens,
+                                            require=quantization == "float32")
+    done.ct2_models[name] = {"dir": model_dir, "compute_type": ct2_backend.compute_type(quantization),
+                             "source_tokens": translator.source_tokens}
+    del translator  # one Translator per process while timing
+    done.checks[name] = {"sources": origin, **agreement.to_dict()}
+    done.builds[name] = {"convert_seconds": round(seconds, 3), "model_bytes": (model_dir / "model.bin").stat().st_size,
+                         "converter": "ours" if source is None else "CTranslate2's TransformersConverter"}

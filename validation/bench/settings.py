@@ -1,0 +1,123 @@
+"""What a bench run may be asked for: the backends it knows, the searches, its settings (checked when made), and
+which backends can run on this machine for a given export (`unavailable`, `available_backends`). bench.py measures.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from seq2trt.reference_model.errors import InputError
+
+from seq2trt.validation.bench.prepare import HF_BACKENDS
+from seq2trt.runtime.decode_jobs import check_threads
+
+KNOWN_BACKENDS = ("eager", "eager-cuda", "ort", "ort-fused", "ort-int8", "tensorrt", "tensorrt-rtx", "ct2", "ct2-int8",
+                  "hf", "optimum", "ort-generate", "ort-generate-int8")
+SEARCHES = ("greedy", "beam")
+GPU_BACKENDS = ("tensorrt", "tensorrt-rtx")  # TensorRT engines; eager-cuda is the eager model on a CUDA device
+
+
+def parse_backends(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    unknown = [n for n in names if n not in KNOWN_BACKENDS]
+    if unknown or not names:
+        raise InputError(f"unknown backend(s) {unknown or [text]}; known backends: {', '.join(KNOWN_BACKENDS)}")
+    return names
+
+
+def parse_ints(text: str, what: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise InputError(f"{what} must be comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise InputError(f"{what} must be integers >= 1, got {text!r}")
+    return tuple(sorted(set(values)))
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    backends: tuple[str, ...] = ("eager", "ort", "ct2")
+    batch_sizes: tuple[int, ...] = (1, 8, 32)
+    threads: tuple[int, ...] = (1,)
+    repeats: int = 10
+    warmup: int = 2
+    src_len: int = 32  # clipped to the export's limits
+    new_tokens: int = 32  # clipped to the export's limits
+    step_calls: int = 2  # decoder calls per past length per repetition
+    curves: bool = True  # encoder by source length and step by past length (a big vocabulary's prefills are slow)
+    check_samples: int = 40  # sources of each anchor's agreement check (ct2, hf, optimum)
+    seed: int = 0
+    # --search beam: a real search on the task's held-out sources (eos stops; Hugging Face's length penalty,
+    # early_stopping=True: ort-generate's semantics; CTranslate2 stops at beam finished hypotheses too), timed per batch.
+    search: str = "greedy"
+    beam: int = 4
+    length_penalty: float = 0.6
+
+    def __post_init__(self) -> None:
+        parse_backends(",".join(self.backends))
+        if self.repeats < 1 or self.warmup < 0 or self.step_calls < 1 or self.check_samples < 1:
+            raise InputError(f"repeats, step_calls and check_samples must be >= 1 and warmup >= 0, got "
+                             f"{self.repeats}, {self.step_calls}, {self.check_samples} and {self.warmup}")
+        for count in self.threads:
+            check_threads(count)
+        multi = [t for t in self.threads if t != 1]
+        if len(multi) > 1 and any(b.startswith("ort") or b == "optimum" for b in self.backends):
+            raise InputError(f"--threads {','.join(map(str, self.threads))}: ONNX Runtime runs one shared thread pool "
+                             "per process, so one bench run measures 1 and at most one other count; run the bench "
+                             "once per count (e.g. --threads 1,2 then --threads 4 into another copy)")
+        if self.search not in SEARCHES or self.beam < 1:
+            raise InputError(f"--search must be one of {', '.join(SEARCHES)} and --beam >= 1, got {self.search!r} and "
+                             f"{self.beam}")
+        if self.src_len < 1 or self.new_tokens < 1:
+            raise InputError(f"--src-len and --new-tokens must be >= 1, got {self.src_len} and {self.new_tokens}")
+
+
+def unavailable(backends: tuple[str, ...]) -> dict[str, str]:
+    """Backend name -> why it cannot run on this machine."""
+    from seq2trt.plugins import trt_compat
+
+    why = {}
+    for name in backends:
+        if name in GPU_BACKENDS and not trt_compat.has_gpu():
+            why[name] = "TensorRT engines run only on an NVIDIA GPU and this machine has none"
+        elif name == "eager-cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                why[name] = "the eager model on CUDA needs a GPU visible to PyTorch, and this machine has none"
+        elif name.startswith("ct2"):
+            try:
+                import ctranslate2  # noqa: F401
+            except ImportError:
+                why[name] = "CTranslate2 is not installed (pip install 'seq2trt[ct2]')"
+        elif name in HF_BACKENDS:
+            import importlib.util
+
+            needs = ("transformers",) + (("optimum.onnxruntime",) if name == "optimum" else ())
+            if any(importlib.util.find_spec(module.split(".")[0]) is None for module in needs):
+                why[name] = f"{' and '.join(needs)} not installed (pip install 'seq2trt[hf]')"
+    return why
+
+
+def available_backends(out: Path) -> tuple[str, ...]:
+    """The backends `bench` can time here for the export in `out` (what the demo asks for): hf and optimum when the
+    checkpoint its manifest names was imported."""
+    from seq2trt.exporters.fuse import Target, fused_dir
+    from seq2trt.exporters.quantize import quantized_dir
+    from seq2trt.reference_model.hf_import import IMPORT_RECORD
+
+    from seq2trt.exporters.ort_search import generate_dir
+
+    derived = {"ort-fused": fused_dir(out, Target.ORT), "ort-int8": quantized_dir(out), "ort-generate": generate_dir(out),
+               "ort-generate-int8": generate_dir(out, int8=True)}
+    try:
+        checkpoint = json.loads((Path(out) / "manifest.json").read_text())["source"]["checkpoint"]
+        imported = (Path(checkpoint) / IMPORT_RECORD).is_file()
+    except (OSError, ValueError, KeyError, TypeError):
+        imported = False
+    names = ["eager", "eager-cuda", "ort", *(n for n, folder in derived.items() if folder.is_dir()), *GPU_BACKENDS,
+             "ct2", *(HF_BACKENDS if imported else ())]
+    return tuple(n for n in names if n not in unavailable(tuple(names)))
