@@ -34,6 +34,8 @@ from seq2trt.reference_model.atomic_files import atomic_write_text, sha256_file
 from seq2trt.reference_model.swap import staged_directory
 
 from seq2trt.exporters import spec
+from seq2trt.reference_model import layout
+from seq2trt.reference_model.layout import FUSION_JSON
 from seq2trt.exporters.artifact_checks import check_derived_graphs, load_graph
 from seq2trt.exporters.fuse_ort import MS_DOMAIN, fold_constant_transposes, fold_projections_into_attention, ort_node
 from seq2trt.exporters.manifest import Manifest, verify
@@ -122,11 +124,10 @@ def fuse(model: onnx.ModelProto, target: Target, cfg: Seq2SeqConfig,
     return fused, audit
 
 
-FUSION_JSON = "fusion.json"
 
 
 def fused_dir(out: Path, target: Target) -> Path:
-    return Path(out) / "fused" / target.value
+    return layout.fused_dir(out, target.value)
 
 
 def fuse_artifacts(out: Path, target: Target, allow_partial: bool = False, force: bool = False) -> FusionAudit:

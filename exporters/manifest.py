@@ -22,8 +22,8 @@ from seq2trt.reference_model.atomic_files import atomic_write_text, sha256_file
 from seq2trt.reference_model.swap import recover_tree, replacements_paused
 
 from seq2trt.exporters import spec
+from seq2trt.reference_model.layout import MANIFEST
 
-MANIFEST = "manifest.json"
 
 
 def _version(package: str) -> str | None:

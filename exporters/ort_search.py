@@ -49,6 +49,7 @@ from seq2trt.reference_model.atomic_files import atomic_write_text, sha256_file
 from seq2trt.reference_model.swap import staged_directory
 
 from seq2trt.exporters import spec
+from seq2trt.reference_model.layout import GENERATE_JSON, generate_dir
 from seq2trt.exporters.artifact_checks import load_graph
 from seq2trt.exporters.fuse import Target, fused_dir, verify_fused
 from seq2trt.exporters.fuse_ort import MS_DOMAIN
@@ -57,17 +58,11 @@ from seq2trt.exporters.manifest import Manifest, verify
 logger = logging.getLogger(__name__)
 
 FILENAME = "generate.onnx"
-GENERATE_JSON = "generate.json"
 EARLY_STOPPING = True  # the only setting whose semantics equal Hugging Face's (module docstring)
 # The main graph's inputs, in the BeamSearch node's input order (ORT's names; "" = an unused optional input).
 RUNTIME_INPUTS = ("input_ids", "max_length", "min_length", "num_beams", "num_return_sequences", "length_penalty",
                   "repetition_penalty", "vocab_mask", "", "attention_mask")
 CONSTANT_INPUTS = {"num_return_sequences": np.array([1], np.int32), "repetition_penalty": np.array([1.0], np.float32)}
-
-
-def generate_dir(out: Path, int8: bool = False) -> Path:
-    """OUT/generate/ort (from the fused ORT graphs) or OUT/generate/ort-int8 (from the int8 graphs of `quantize`)."""
-    return Path(out) / "generate" / ("ort-int8" if int8 else "ort")
 
 
 def _source_graphs(out: Path, int8: bool, manifest: Manifest | None) -> tuple[Path, dict, str]:

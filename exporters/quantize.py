@@ -30,14 +30,15 @@ from seq2trt.reference_model.atomic_files import atomic_write_text, sha256_file
 from seq2trt.reference_model.swap import staged_directory
 
 from seq2trt.exporters import spec
+from seq2trt.reference_model import layout
+from seq2trt.reference_model.layout import QUANTIZATION_JSON
 from seq2trt.exporters.artifact_checks import check_derived_graphs, load_graph
 from seq2trt.exporters.fuse import FUSION_JSON, Target, fused_dir, verify_fused
 from seq2trt.exporters.manifest import Manifest, read_manifest
 
 logger = logging.getLogger(__name__)
 
-QUANTIZATION_JSON = "quantization.json"
-NAME = "ort-int8"
+NAME = layout.QUANTIZED_NAME
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ def saturating_int8_dot() -> bool:
 
 
 def quantized_dir(out: Path) -> Path:
-    return Path(out) / "quantized" / NAME
+    return layout.quantized_dir(out)
 
 
 def _constant_matmuls(model: onnx.ModelProto) -> tuple[int, int]:

@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Callable
 
 from seq2trt.plugins import trt_compat
+from seq2trt.reference_model import layout
+from seq2trt.reference_model.layout import BUILD_JSON
 from seq2trt.plugins.op import PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION
 from seq2trt.reference_model.errors import ArtifactError, InputError
 from seq2trt.reference_model.atomic_files import atomic_write_bytes, atomic_write_text, refuse_existing, sha256_file
@@ -38,7 +40,6 @@ from seq2trt.exporters.tensorrt_child import BuildChild
 
 logger = logging.getLogger(__name__)
 
-BUILD_JSON = "build.json"
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ class EngineRequest:
 
 
 def engine_dir_name(backend: str, targets, dtype: str, plugin: bool = True) -> str:
-    return f"{backend}-{trt_compat.target_tag(targets)}-{dtype}" + ("" if plugin else "-noplugin")
+    return layout.engine_dir_name(backend, trt_compat.target_tag(targets), dtype, plugin)
 
 
 def source_graphs(out: Path, plugin: bool) -> dict[spec.GraphKind, tuple[Path, str]]:
@@ -116,7 +117,7 @@ def build_engines(out: Path, request: EngineRequest, progress: Callable[[str, st
                          f"targets instead (e.g. --target sm_86: {flavour.value} builds them without a GPU"
                          + ("" if trt_compat.FLAVOURS[flavour].explicit_targets else
                             "; this flavour cannot: use --backend tensorrt-rtx") + ")")
-    engine_dir = out / "engines" / engine_dir_name(flavour.value, request.targets, dtype, request.plugin)
+    engine_dir = layout.engines_root(out) / engine_dir_name(flavour.value, request.targets, dtype, request.plugin)
     refuse_existing(engine_dir, request.force, "engine", kind=BUILD_JSON)  # before any work
     graphs = source_graphs(out, request.plugin)
     for graph, (path, _digest) in graphs.items():  # a damaged graph can crash TensorRT's parser, not just fail it

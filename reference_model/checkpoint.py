@@ -20,7 +20,7 @@ from seq2trt.reference_model.swap import staged_directory
 from seq2trt.reference_model.model import Seq2SeqTransformer
 from seq2trt.reference_model.vocab import Vocab, load_vocabs, save_vocabs
 
-WEIGHTS, LEGACY_WEIGHTS, CONFIG, VOCAB = "model.safetensors", "model.pt", "config.json", "vocab.json"
+from seq2trt.reference_model.layout import CONFIG, LEGACY_WEIGHTS, METRICS, VOCAB, WEIGHTS
 
 
 def _aliases(cfg: Seq2SeqConfig) -> dict[str, str]:
@@ -166,7 +166,7 @@ def source_record(path: Path) -> dict:
     from seq2trt.reference_model.atomic_files import sha256_file
 
     path = Path(path)
-    metrics = (path if path.is_dir() else path.parent) / "metrics.json"
+    metrics = (path if path.is_dir() else path.parent) / METRICS
     try:
         task = json.loads(metrics.read_text()).get("task") if metrics.exists() else None
     except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):

@@ -31,7 +31,7 @@ from seq2trt.reference_model.model import Seq2SeqTransformer
 logger = logging.getLogger(__name__)
 
 FAMILIES = ("marian", "bart", "mbart", "m2m_100")
-TOKENIZER_DIR, GENERATION, IMPORT_RECORD = "tokenizer", "generation.json", "import.json"
+from seq2trt.reference_model.layout import GENERATION, IMPORT_RECORD, TOKENIZER_DIR  # noqa: F401  (re-exported)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "vocab.json", "merges.txt", "source.spm", "target.spm", "sentencepiece.bpe.model", "spm.model",
                    "sentencepiece.model", "target_vocab.json")

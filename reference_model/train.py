@@ -24,6 +24,7 @@ from seq2trt.reference_model.config import preset
 from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode
 from seq2trt.reference_model.eager import EagerStepModel
 from seq2trt.reference_model.errors import CheckFailed, ConfigError, InputError
+from seq2trt.reference_model.layout import METRICS
 from seq2trt.reference_model.model import Seq2SeqTransformer
 from seq2trt.reference_model.tasks import Task, get_task
 from seq2trt.reference_model.vocab import BOS_ID, EOS_ID, PAD_ID, pad_batch
@@ -139,7 +140,7 @@ def demo_checkpoint(cache_root: Path | None = None, settings: TrainSettings = Tr
     key = hashlib.sha256(json.dumps(asdict(settings), sort_keys=True).encode()).hexdigest()[:12]
     root = cache_root or default_cache_root()
     path = root / f"demo-{settings.task}-{settings.preset}-{key}"
-    if (path / "metrics.json").exists():
+    if (path / METRICS).exists():
         return path
     blocking = next((p for p in (root, *root.parents) if p.exists()), None)  # checked before minutes of training
     if blocking is not None and not blocking.is_dir():
@@ -148,5 +149,5 @@ def demo_checkpoint(cache_root: Path | None = None, settings: TrainSettings = Tr
     model, metrics = train(settings, progress)
     task = get_task(settings.task)
     save_checkpoint(path, model, (task.source_vocab, task.target_vocab), force=True,
-                    extra_files={"metrics.json": json.dumps(metrics, indent=2) + "\n"})
+                    extra_files={METRICS: json.dumps(metrics, indent=2) + "\n"})
     return path

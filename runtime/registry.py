@@ -58,7 +58,7 @@ def open_step_model(out: Path, backend: str, checkpoint: Path | None = None, thr
 
     kinds = list(spec.GraphKind)
     if backend in ENGINE_BACKENDS:
-        from seq2trt.validation.bench.backends import engine_dir
+        from seq2trt.reference_model.layout import engine_dir
         from seq2trt.runtime.tensorrt_runner import runner_for
 
         engines = engine_dir(out, backend)

@@ -46,7 +46,7 @@ def graph_config(kind: spec.GraphKind, cfg, dtype: str, repository_backend: str,
 
 def _graph_files(out: Path, settings: ServeSettings, repository_backend: str, manifest) -> dict[spec.GraphKind, Path]:
     if repository_backend == "tensorrt_plan":
-        from seq2trt.validation.bench.backends import engine_dir
+        from seq2trt.reference_model.layout import engine_dir
 
         flavour = settings.backend if settings.backend in ("tensorrt", "tensorrt-rtx") else "tensorrt"
         engines = engine_dir(out, flavour)

@@ -314,7 +314,7 @@ def check_backend(out: Path, backend: str, manifest) -> None:
     if backend.startswith("ort"):
         graph_folder(out, backend, manifest)
     elif backend in ENGINE_BACKENDS:
-        from seq2trt.validation.bench.backends import engine_dir
+        from seq2trt.reference_model.layout import engine_dir
         from seq2trt.runtime.tensorrt_runner import _torch_cuda, runner_for
 
         _torch_cuda()

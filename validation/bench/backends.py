@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode, hf_beam_search
-from seq2trt.reference_model.errors import ArtifactError, DependencyError
+from seq2trt.reference_model.errors import DependencyError
 
 NEVER = -1  # an eos id no argmax returns: forced-length decoding
 
@@ -246,11 +246,3 @@ class Ct2Backend:
                 self.process.wait()
 
 
-def engine_dir(out: Path, flavour: str) -> Path:
-    """The one engine directory of `flavour` under OUT/engines (newest when several)."""
-    candidates = sorted((out / "engines").glob(f"{flavour}-*/build.json"), key=lambda p: p.stat().st_mtime)
-    candidates = [p for p in candidates if flavour != "tensorrt" or not p.parent.name.startswith("tensorrt-rtx")]
-    if not candidates:
-        raise ArtifactError(f"{out}/engines holds no {flavour} engines; build them with "
-                            f"`seq2trt build {out} --backend {flavour}`")
-    return candidates[-1].parent
