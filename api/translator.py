@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from seq2trt.reference_model.decoding import GNMT_ALPHA
 from seq2trt.reference_model.errors import InputError
 from seq2trt.runtime.registry import DECODE_BACKENDS
 from seq2trt.runtime.decode_jobs import decode_job, has_tokenizer, open_decoder
@@ -79,8 +80,8 @@ class Translator:
         try:
             self._opened = self._stack.enter_context(
                 open_decoder(self.path, backend, checkpoint and Path(checkpoint), threads))
-            self.config = self._opened[1]
-            self._codec = self._load_codec(self._opened[2], src_lang, tgt_lang)
+            self.config = self._opened.config
+            self._codec = self._load_codec(self._opened.folder, src_lang, tgt_lang)
         except BaseException:
             self._stack.close()
             raise
@@ -102,7 +103,7 @@ class Translator:
         return self._codec is not None
 
     def translate(self, texts: Sequence[str], beam: int | None = None, max_new_tokens: int | None = None,
-                  alpha: float = 0.6, batch_size: int = 32, scores: bool = False, n_best: int | None = None,
+                  alpha: float = GNMT_ALPHA, batch_size: int = 32, scores: bool = False, n_best: int | None = None,
                   **search: Any) -> list[Hypothesis] | list[list[Hypothesis]]:
         """Translate `texts` (encoded by the checkpoint's tokenizer); one Hypothesis each, in order, or with
         `n_best` a list of that many each (at most `beam`, or that many samples).
@@ -114,7 +115,7 @@ class Translator:
         if isinstance(texts, str):
             raise InputError("texts must be a list of strings, got one string; wrap it in a list")
         if self._codec is None:
-            raise InputError(f"{self._opened[2]} has no tokenizer (no tokenizer/ and no vocab.json), so text cannot "
+            raise InputError(f"{self._opened.folder} has no tokenizer (no tokenizer/ and no vocab.json), so text cannot "
                              "be encoded; give token ids to Translator.generate")
         if any(not isinstance(t, str) or not t.strip() for t in texts):
             raise InputError("empty source text; give at least one symbol")
@@ -122,7 +123,7 @@ class Translator:
                          self._options(scores, n_best, search), n_best is not None)
 
     def generate(self, ids: Sequence[Sequence[int]], beam: int | None = None, max_new_tokens: int | None = None,
-                 alpha: float = 0.6, batch_size: int = 32, scores: bool = False, n_best: int | None = None,
+                 alpha: float = GNMT_ALPHA, batch_size: int = 32, scores: bool = False, n_best: int | None = None,
                  **search: Any) -> list[Hypothesis] | list[list[Hypothesis]]:
         """Decode source token ids (used as given: include eos where the model expects it); options as `translate`."""
         sources = []

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from seq2trt.reference_model.decoding import GNMT_ALPHA
 from seq2trt.validation.bench.settings import KNOWN_BACKENDS, BenchSettings
 
 
@@ -35,7 +36,7 @@ from seq2trt.validation.bench.settings import KNOWN_BACKENDS, BenchSettings
                    "--new-tokens, every backend (CTranslate2 too) with --length-penalty (score / length ** penalty). "
                    "Exports for beam need max_batch >= B x K.")
 @click.option("--beam", type=int, default=4, show_default=True, help="Beam size of --search beam.")
-@click.option("--length-penalty", type=float, default=0.6, show_default=True, help="Length penalty of --search beam.")
+@click.option("--length-penalty", type=float, default=GNMT_ALPHA, show_default=True, help="Length penalty of --search beam.")
 def bench(out: Path, backends: str, batch_sizes: str, threads: str, repeats: int, warmup: int, src_len: int,
           new_tokens: int, curves: bool, checkpoint: Path | None, search: str, beam: int,
           length_penalty: float) -> None:

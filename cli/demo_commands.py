@@ -37,6 +37,7 @@ def demo(out: Path, samples: int, force: bool) -> None:
     from seq2trt.reference_model.atomic_files import refuse_existing
     from seq2trt.reference_model.train import demo_checkpoint
     from seq2trt.validation.bench.measure import run_bench
+    from seq2trt.runtime import registry
     from seq2trt.validation.bench.settings import BenchSettings, unavailable
     from seq2trt.validation.reports.report import write_report
     from seq2trt.validation.validate import ValidateSettings, run_validation
@@ -97,7 +98,7 @@ def demo(out: Path, samples: int, force: bool) -> None:
                  (f"; exact match {metric['candidate']:.3f}" if metric else ""))
 
     t = _step("bench (interleaved, 1 thread)")
-    wanted = ("eager", "ort", "ort-fused", "ort-int8", "ct2", "ct2-int8")
+    wanted = registry.names(demo=True)
     skipped = unavailable(wanted)
     backends = tuple(b for b in wanted if b not in skipped)
     run_bench(out, BenchSettings(backends=backends, batch_sizes=(1, 8), repeats=3, warmup=1, step_calls=1))

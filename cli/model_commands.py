@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from seq2trt.reference_model.decoding import GNMT_ALPHA
 from seq2trt.reference_model.checkpoint import save_checkpoint
 from seq2trt.reference_model.config import PRESETS
 from seq2trt.reference_model.errors import InputError
@@ -128,7 +129,7 @@ def _check_output_ids(output: Path, ids_file: Path | None, read: list[Path]) -> 
                    "through to its target).")
 @click.option("--beam", type=int, default=None,
               help="Beam size; 1 is greedy. Default: the imported model's num_beams, else 1.")
-@click.option("--alpha", type=float, default=0.6, show_default=True,
+@click.option("--alpha", type=float, default=GNMT_ALPHA, show_default=True,
               help="GNMT length penalty of beam search for models trained here (imported ones use their own); "
                    "with --backend ort-generate, Hugging Face's length_penalty (score / length ** alpha).")
 @click.option("--src-lang", help="Source language code (mBART-50, M2M100/NLLB tokenizers).")
@@ -171,7 +172,7 @@ def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path
         raise InputError("empty source text; give at least one symbol")
     _check_utf8(texts)
     with open_decoder(source, backend, checkpoint, threads) as opened:
-        _, cfg, folder, _, _ = opened
+        cfg, folder = opened.config, opened.folder
         codec = _codec(folder, cfg.eos_id, bool(texts), src_lang, tgt_lang)
         if output_ids is not None:  # before any decode
             _check_output_ids(output_ids, ids_file, [source, folder])

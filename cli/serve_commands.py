@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
+from seq2trt.reference_model.decoding import GNMT_ALPHA
 from seq2trt.reference_model.errors import InputError
-
-SERVE_BACKENDS = ("ort-fused", "ort", "ort-int8", "tensorrt", "tensorrt-rtx", "eager")
+from seq2trt.runtime.registry import SERVE_BACKENDS
 
 
 @click.command()
@@ -25,7 +25,7 @@ SERVE_BACKENDS = ("ort-fused", "ort", "ort-int8", "tensorrt", "tensorrt-rtx", "e
 @click.option("--instances", type=int, default=1, show_default=True, help="Model instances (processes) per model.")
 @click.option("--threads", type=int, default=1, show_default=True,
               help="CPU threads per instance: ONNX Runtime's, and torch's (the eager model, the search's arithmetic).")
-@click.option("--alpha", type=float, default=0.6, show_default=True, help="GNMT length penalty of beam search.")
+@click.option("--alpha", type=float, default=GNMT_ALPHA, show_default=True, help="GNMT length penalty of beam search.")
 @click.option("--checkpoint", type=click.Path(path_type=Path), help="The export's checkpoint, if it moved.")
 @click.option("--write-repository", type=click.Path(path_type=Path),
               help="Write a Triton model repository for a GPU host into this folder instead of serving.")

@@ -25,10 +25,11 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 from seq2trt.exporters import spec
+from seq2trt.runtime.registry import HF_MODEL_BACKENDS
 from seq2trt.reference_model.errors import InputError
 
 # The backends whose step model is a pair of graph runners (runtime/step_model.py): the ones this class can drive.
-HF_BACKENDS = ("ort-fused", "ort", "ort-int8", "tensorrt", "tensorrt-rtx")
+HF_BACKENDS = HF_MODEL_BACKENDS  # the backends with encoder and decoder graphs
 
 
 @dataclass

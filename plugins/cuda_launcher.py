@@ -3,7 +3,7 @@
 The TensorRT plugin (`tensorrt_plugin`) knows only `KernelLauncher`: given one `AttentionCall` (the op's
 attributes, dtype, concrete shapes, device pointers, workspace and TensorRT's stream) it enqueues the kernels.
 - `launch_plan(call)`: the call's launches, packed for cuLaunchKernel. Which kernels, in what order, with what grid
-  and arguments, is `kernels.launch.plan`, and each kernel's parameter order is `kernels.launch.SIGNATURES` (plus
+  and arguments, is `kernels.launch_plan.plan`, and each kernel's parameter order is `kernels.launch_plan.SIGNATURES` (plus
   the two scratch pointers every Triton 3.9 kernel takes), so this module never spells them; here they become
   ctypes values, from a template cached per shape signature. Pure Python: it runs, and is tested, without a GPU.
 - `CudaDriverLauncher`: loads the kernels compiled ahead of time by `kernels.aot` (its index, `aot.read_index`)
@@ -36,7 +36,7 @@ class AttentionCall:
     input_shapes: tuple[tuple[int, ...], ...]
     inputs: tuple[int, ...]  # device pointers, in `op.INPUTS[kind]` order
     outputs: tuple[int, ...]  # device pointers, in `op.OUTPUTS[kind]` order
-    workspace: int  # device pointer to `kernels.launch.workspace_bytes(...)` bytes
+    workspace: int  # device pointer to `kernels.launch_plan.workspace_bytes(...)` bytes
     stream: int  # cudaStream_t of TensorRT's enqueue
 
 

@@ -9,7 +9,7 @@ PLUGIN_NAMESPACE, which is what the ONNX parser looks up for a node `op_type=PLU
 The plugin's fields are the node's attributes (`AttentionAttrs`). Output shapes follow `op.output_shapes`,
 written with TensorRT's expression builder; output dtypes equal the query's; each float input/output takes the
 query's dtype (fp32, fp16 or bf16), the key padding mask int32, all linear. The workspace is the kernels'
-(`kernels.launch.workspace_bytes`). `enqueue` hands one `AttentionCall` to a `kernel_launch.KernelLauncher`
+(`kernels.launch_plan.workspace_bytes`). `enqueue` hands one `AttentionCall` to a `cuda_launcher.KernelLauncher`
 (precompiled kernels, CUDA driver API); nothing else here touches the GPU.
 """
 
@@ -23,7 +23,7 @@ import numpy as np
 
 from seq2trt.reference_model.errors import InputError
 
-from seq2trt.plugins import cuda_launcher as kernel_launch
+from seq2trt.plugins import cuda_launcher
 from seq2trt.plugins.kernels.launch_plan import kernel_head_dim_problem, workspace_bytes
 from seq2trt.plugins.op import INPUTS, OUTPUTS, PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION, AttentionAttrs, AttentionKind
 
@@ -100,7 +100,7 @@ def plugin_classes(trt: ModuleType) -> tuple[type, type]:
             self.attrs = attrs
             self.phase = phase
             self.num_outputs = len(OUTPUTS[attrs.kind])
-            self.launcher: kernel_launch.KernelLauncher | None = None  # bound on first enqueue
+            self.launcher: cuda_launcher.KernelLauncher | None = None  # bound on first enqueue
 
         # -- core / serialization
         def get_capability_interface(self, capability_type):
@@ -159,8 +159,8 @@ def plugin_classes(trt: ModuleType) -> tuple[type, type]:
 
         def enqueue(self, input_desc, output_desc, inputs, outputs, workspace, stream):
             if self.launcher is None:
-                self.launcher = kernel_launch.default_launcher()
-            call = kernel_launch.AttentionCall(
+                self.launcher = cuda_launcher.default_launcher()
+            call = cuda_launcher.AttentionCall(
                 self.attrs, float_types(trt)[input_desc[0].type], tuple(tuple(d.dims) for d in input_desc),
                 tuple(int(p) for p in inputs), tuple(int(p) for p in outputs), int(workspace), int(stream))
             self.launcher.launch(call)

@@ -32,6 +32,7 @@ class StepModel(Protocol):
 
 
 # Options of a generation config that DecodeSettings takes as they are (generation.json and `for_model`).
+GNMT_ALPHA = 0.6  # the default length penalty of beam search for models trained here (GNMT's alpha)
 GENERATION_OPTIONS = ("min_length", "min_new_tokens", "no_repeat_ngram_size", "repetition_penalty", "bad_words_ids",
                       "do_sample", "temperature", "top_k", "top_p", "num_return_sequences")
 
@@ -304,7 +305,7 @@ def _rows_of(sources: np.ndarray, K: int) -> np.ndarray:
 
 
 def beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndarray, settings: DecodeSettings,
-                beam_size: int = 4, alpha: float = 0.6) -> list[list[int]]:
+                beam_size: int = 4, alpha: float = GNMT_ALPHA) -> list[list[int]]:
     """Beam search with GNMT length penalty. Returns the best hypothesis of each source, without bos/eos.
     A source that is done leaves the batch: its K rows are dropped from the model's state with the step's reorder."""
     n_best = _check_beams(settings, beam_size)

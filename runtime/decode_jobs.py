@@ -45,10 +45,21 @@ def has_tokenizer(folder: Path) -> bool:
     return (folder / "vocab.json").exists() or (folder / "tokenizer").is_dir()
 
 
+@dataclasses.dataclass(frozen=True)
+class OpenedDecoder:
+    """A checkpoint or an export opened for decoding."""
+
+    model: object  # a StepModel, or the ORT whole-search model (runtime/ort_search.py)
+    config: object  # the model's Seq2SeqConfig
+    folder: Path  # the checkpoint folder: tokenizer and generation settings
+    src_limit: tuple[int, str]  # (max_src_len, the name of that limit in messages)
+    max_batch: int | None  # the export's max_batch; None for a checkpoint
+
+
 @contextlib.contextmanager
-def open_decoder(source: Path, backend: str, checkpoint: Path | None, threads: int):
-    """(StepModel, config, checkpoint folder, (max_src_len, its name), max_batch or None) for a checkpoint or an
-    export, with torch held to `threads` (checked against MAX_THREADS) while it is open."""
+def open_decoder(source: Path, backend: str, checkpoint: Path | None, threads: int) -> Iterator[OpenedDecoder]:
+    """A checkpoint or an export opened with `backend`, with torch held to `threads` (checked against
+    MAX_THREADS) while it is open."""
     check_threads(threads)
     with torch_threads(threads):
         yield from _open_decoder(source, backend, checkpoint, threads)
@@ -62,8 +73,8 @@ def _open_decoder(source: Path, backend: str, checkpoint: Path | None, threads: 
             _refuse_generate_dtype(source, backend)
 
         with open_step_model(source, backend, checkpoint, threads) as (model, manifest):
-            yield (model, manifest.config, checkpoint_folder(source, manifest, checkpoint), (manifest.limits.max_src_len, "the export's max_src_len"),
-                   manifest.limits.max_batch)
+            yield OpenedDecoder(model, manifest.config, checkpoint_folder(source, manifest, checkpoint),
+                                (manifest.limits.max_src_len, "the export's max_src_len"), manifest.limits.max_batch)
         return
     if backend != "eager":
         raise InputError(f"--backend {backend} runs exported graphs: {source} is a checkpoint, not an export "
@@ -72,7 +83,8 @@ def _open_decoder(source: Path, backend: str, checkpoint: Path | None, threads: 
     from seq2trt.reference_model.eager import EagerStepModel
 
     model, _ = load_checkpoint(source)
-    yield EagerStepModel(model), model.cfg, source, (model.cfg.max_src_len, "the model's max_src_len"), None
+    yield OpenedDecoder(EagerStepModel(model), model.cfg, source, (model.cfg.max_src_len, "the model's max_src_len"),
+                        None)
 
 
 def _refuse_generate_dtype(out: Path, backend: str) -> None:
@@ -90,25 +102,19 @@ def _refuse_generate_dtype(out: Path, backend: str) -> None:
 
 def check_sources(sources: Sequence[Sequence[int]], cfg, max_src_len: int, limit_name: str, origin: str,
                   numbered: bool = True) -> None:
-    """Refuse an empty source, one over the length limit, or ids outside the source vocabulary, naming which
-    (`origin` and its number, or `origin` alone)."""
-    for n, ids in enumerate(sources, 1):
-        where = f"{origin} {n}" if numbered else origin
-        if not len(ids):
-            raise InputError(f"{where} is empty; give at least one token")
-        if len(ids) > max_src_len:
-            raise InputError(f"{where} is {len(ids)} tokens, over {limit_name} {max_src_len}; shorten it")
-        bad = [i for i in ids if not 0 <= i < cfg.src_vocab_size]
-        if bad:
-            raise InputError(f"{where} holds ids outside the source vocabulary [0, {cfg.src_vocab_size}): "
-                             f"{bad[:5]}")
+    """The model's source kind refuses an empty source, one over the length limit, or ids outside its vocabulary."""
+    from seq2trt.reference_model.sources import source_kind
+
+    source_kind(cfg).check(sources, max_src_len, limit_name, origin, numbered)
 
 
 def generation_config(folder: Path) -> dict | None:
-    """An imported model's generation settings (num_beams, length_penalty, early_stopping), or None."""
-    from seq2trt.reference_model.hf_import import GENERATION
+    """An imported model's generation settings (num_beams, length_penalty, early_stopping, ...), or None for a model
+    trained here."""
+    from seq2trt.reference_model.layout import GENERATION
 
-    return json.loads((folder / GENERATION).read_text()) if (folder / GENERATION).exists() else None
+    path = Path(folder) / GENERATION
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def choose_search(generation: dict | None, beam: int | None, alpha: float,
@@ -210,27 +216,28 @@ def decode_batches(step_model, sources: Sequence[Sequence[int]], pad_id: int, de
         yield from decode(step_model, ids, mask, settings)
 
 
-def decode_job(opened: tuple, backend: str, sources: Sequence[Sequence[int]], origin: str, beam: int | None,
+def decode_job(opened: OpenedDecoder, backend: str, sources: Sequence[Sequence[int]], origin: str, beam: int | None,
                alpha: float, max_new_tokens: int | None, batch_size: int, forced_bos_id: int | None = None,
                options: dict | None = None) -> tuple[DecodeSettings, Iterator[list]]:
     """(settings, each source's output as `decode_batches` yields it) for `opened` (what `open_decoder` yields),
     everything checked before the first decode: the sources (errors name `origin` and the number), the search
     options (an imported model's generation settings, overridden by `options`: OPTION_FLAGS keys), the search, the
     length limit, the batch. ONNX Runtime's BeamSearch graph refuses the options it would not apply."""
-    step_model, cfg, folder, src_limit, max_batch = opened
+    step_model, cfg, folder, src_limit, max_batch = (opened.model, opened.config, opened.folder, opened.src_limit,
+                                                     opened.max_batch)
     check_sources(sources, cfg, *src_limit, origin)
     generation = generation_config(folder)
     settings = decode_settings(cfg, max_new_tokens, forced_bos_id, generation=generation, options=options)
     beams, decode = choose_search(generation, beam, alpha, settings)
     if backend.startswith("ort-generate"):  # the search runs inside the graph (Hugging Face's; alpha: length_penalty)
-        from seq2trt.runtime.ort_search import generate_search, read_generation
+        from seq2trt.runtime.ort_search import generate_search
 
         missing = unsupported_in_graph(settings)
         if missing:
             raise InputError(f"--backend {backend} runs ONNX Runtime's BeamSearch graph, which does not apply "
                              f"{', '.join(missing)} (from the flags or the model's generation settings); use --backend "
                              "ort (the same graphs through seq2trt's search), or leave those options at their defaults")
-        decode = generate_search(read_generation(folder), beams, alpha)
+        decode = generate_search(generation_config(folder), beams, alpha)
     samples = settings.num_return_sequences if settings.do_sample else 0  # a sampled source takes that many rows
     rows = batch_rows(batch_size, max_batch, *((samples, "--n-best") if samples > beams else (beams,)))
     return settings, decode_batches(step_model, sources, cfg.pad_id, decode, settings, rows)

@@ -9,7 +9,6 @@ is greedy search.
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Callable
@@ -124,9 +123,3 @@ def generate_search(generation: dict | None, num_beams: int, alpha: float
     return lambda model, ids, mask, settings: model.decode(ids, mask, settings, num_beams, length_penalty)
 
 
-def read_generation(folder: Path) -> dict | None:
-    """An imported model's generation settings (hf_import.GENERATION), or None for a model trained here."""
-    from seq2trt.reference_model.hf_import import GENERATION
-
-    path = Path(folder) / GENERATION
-    return json.loads(path.read_text()) if path.exists() else None

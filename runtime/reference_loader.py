@@ -44,6 +44,7 @@ def e2e_sources(cfg, task_name: str | None, samples: int, seed: int) -> tuple[li
         task = get_task(task_name)
         pairs = task.heldout(samples)
         return [task.source_vocab.encode(s) + [cfg.eos_id] for s, _ in pairs], f"held-out {task_name}"
+    from seq2trt.reference_model.sources import source_kind
+
     rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, min(16, cfg.max_src_len - 1) + 1, size=samples)
-    return [[int(t) for t in rng.integers(3, cfg.src_vocab_size, size=n)] + [cfg.eos_id] for n in lengths], "random ids"
+    return source_kind(cfg).random(rng, samples, min(16, cfg.max_src_len - 1)), "random ids"

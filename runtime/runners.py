@@ -20,6 +20,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from seq2trt.reference_model.dtypes import dtype_name
 from seq2trt.exporters import spec
 from seq2trt.reference_model.errors import ArtifactError, DependencyError, first_line
 
@@ -117,7 +118,7 @@ class EagerRunner(Runner):
         self.model, self.cfg = model.eval(), model.cfg
         self.limits = self.limits or spec.Limits.for_model(self.cfg)
         self._torch_dtype = next(model.parameters()).dtype
-        self.dtype = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(self._torch_dtype, "fp32")
+        self.dtype = dtype_name(self._torch_dtype) or "fp32"  # float64: the fp32 contract's inputs
         self._np_dtype = np.dtype(np.float64) if self._torch_dtype == torch.float64 else spec.numpy_dtype(self.dtype)
         if self.threads:
             self._held.enter_context(torch_threads(self.threads))

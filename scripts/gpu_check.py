@@ -20,7 +20,6 @@ import time
 import traceback
 from pathlib import Path
 
-import numpy as np
 
 
 def _write(path: str, doc: dict) -> None:
@@ -69,7 +68,7 @@ def _greedy_tokens_per_s(step_model, ids, mask, settings, repeats: int = 3) -> f
 def eager(checkpoint: str, out: str, aot_index: str | None = None) -> int:
     """The demo checkpoint on CUDA against the same model on the CPU: held-out exact match, sequence agreement and
     greedy tokens/s; then the same CUDA model with every attention block computed by the plugin's kernels
-    (`plugins.torch_core`): through triton's JIT, and with `aot_index` through the AOT cubins launched as the
+    (`plugins.eager_kernels`): through triton's JIT, and with `aot_index` through the AOT cubins launched as the
     TensorRT plugin's enqueue launches them — the kernels end to end where no TensorRT runs."""
     import torch
 
@@ -217,43 +216,34 @@ def tensorrt(out: str) -> int:
 
 
 def _engines_vs_ort(flavour) -> dict:
+    """`seq2trt validate --backend <flavour>` on the engines of a tiny model: graph-level parity over the spec's
+    sweep and end-to-end decoding against the float64 eager model, judged as every other backend is."""
     import tempfile
 
     import torch
 
-    from seq2trt.exporters import spec
     from seq2trt.exporters.fuse import Target, fuse_artifacts
     from seq2trt.exporters.onnx_export import export
     from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines
-    from seq2trt.validation.parity import TOLERANCES, compare_output
     from seq2trt.plugins import trt_compat
     from seq2trt.reference_model import Seq2SeqTransformer, preset
-    from seq2trt.runtime.runners import OrtRunner
-    from seq2trt.runtime.tensorrt_runner import runner_for
+    from seq2trt.reference_model.checkpoint import save_checkpoint, source_record
+    from seq2trt.reference_model.errors import CheckFailed
+    from seq2trt.validation.validate import ValidateSettings, run_validation
 
     torch.manual_seed(0)
     model = Seq2SeqTransformer(preset("tiny", src_vocab_size=13, tgt_vocab_size=17)).eval()
-    out = export(model, Path(tempfile.mkdtemp()) / "tiny")
+    root = Path(tempfile.mkdtemp())
+    checkpoint = save_checkpoint(root / "ckpt", model)
+    out = export(model, root / "tiny", source=source_record(checkpoint))
     fuse_artifacts(out, Target.TRT)
     engine_dir = build_engines(out, EngineRequest(flavour.value, trt_compat.parse_targets(flavour, "current")))
-    cfg, limits, rng = model.cfg, spec.Limits.for_model(model.cfg), np.random.default_rng(0)
-    feeds = {spec.GraphKind.ENCODER: {"input_ids": rng.integers(3, 13, (2, 5)), "attention_mask": np.ones((2, 5), np.int64)}}
-    dec = {"input_ids": rng.integers(3, 17, (2, 1)), "encoder_attention_mask": np.ones((2, 5), np.int64)}
-    sizes = {spec.BATCH: 2, spec.SRC_LEN: 5, spec.PAST_LEN: 3}
-    for s in spec.inputs(cfg, spec.GraphKind.DECODER):
-        if s.dtype == "float":  # the cross and past K/V, shaped by their axes
-            dec[s.name] = rng.standard_normal(tuple(sizes.get(a, a) for a in s.axes)).astype(np.float32)
-    feeds[spec.GraphKind.DECODER] = dec
-    result = {"engines": str(engine_dir), "max_abs": {}}
-    for kind, feed in feeds.items():
-        with runner_for(engine_dir, kind, cfg) as trt, OrtRunner(out / kind.filename, cfg, kind, "fp32", limits) as ort:
-            got, ref = trt.infer(feed), ort.infer(feed)
-        result["max_abs"][kind.value] = {k: float(np.abs(got[k] - ref[k]).max()) for k in ref}
-        result.setdefault("passed_outputs", {})[kind.value] = {
-            k: bool(compare_output(k, got[k], ref[k], TOLERANCES["fp32"]["*"])) for k in ref}
-    # the project's fp32 bound, as for ONNX Runtime against eager (TF32 off in the engines)
-    result["passed"] = all(all(graph.values()) for graph in result["passed_outputs"].values())
-    return result
+    try:
+        doc = run_validation(out, ValidateSettings(backend=flavour.value, samples=64, localize_budget_s=0))
+    except CheckFailed as exc:
+        return {"engines": str(engine_dir), "passed": False, "failures": str(exc)}
+    return {"engines": str(engine_dir), "passed": doc["passed"], "graphs": doc["graphs"],
+            "end_to_end": doc["end_to_end"]}
 
 
 def main(argv: list[str]) -> int:

@@ -6,10 +6,10 @@
 Writes OUT_DIR/gpu_kernels.json and exits non-zero when a check fails:
 - "correctness": every kind x dtype x head_dim (each compiled HEAD_DIM, and head dims padded up to one) over awkward
   lengths (1, 7, 65, 200; past 0 and > 0) and all-padding source rows (which return the mean of V), run through
-  `kernels.launch.attention` (triton's JIT on the device) against `plugins.op.reference_attention` in float64,
-  within `kernels.launch.TOLERANCES`; present K/V must equal past ++ new exactly;
+  `kernels.launch_plan.attention` (triton's JIT on the device) against `plugins.op.reference_attention` in float64,
+  within `kernels.launch_plan.TOLERANCES`; present K/V must equal past ++ new exactly;
 - "aot" (with --aot-index): the same cases through the ahead-of-time cubins, loaded and launched as the TensorRT
-  plugin does (`plugins.kernel_launch.CudaDriverLauncher`, cuda-python), no triton JIT involved;
+  plugin does (`plugins.cuda_launcher.CudaDriverLauncher`, cuda-python), no triton JIT involved;
 - "benchmarks": median milliseconds (CUDA events, warmup) of the op through our kernels (triton's JIT launcher, and
   with --aot-index the AOT cubins launched as the plugin's enqueue launches them) and through the unfused
   PyTorch equivalent: head transposes, torch.cat of the past for decoder self-attention, and
@@ -112,7 +112,7 @@ def run_correctness(cases: list[dict], device: str, run) -> list[dict]:
 
 def aot_launcher(index: Path):
     """prepare(attrs, inputs) -> launch(): the AOT cubins loaded and launched as the TensorRT plugin's enqueue does
-    (`plugins.kernel_launch.CudaDriverLauncher`, cuda-python; `plugins.torch_core.prepare_cubin`), into outputs
+    (`plugins.cuda_launcher.CudaDriverLauncher`, cuda-python; `plugins.eager_kernels.prepare_cubin`), into outputs
     allocated once; launch() returns them without synchronizing, like an enqueue."""
     import torch
 

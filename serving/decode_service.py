@@ -16,10 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
+from seq2trt.reference_model.decoding import GNMT_ALPHA
 from seq2trt.reference_model.errors import InputError
 
 from seq2trt.runtime.decode_jobs import (batch_rows, check_sources, choose_search, decode_batches, decode_settings, generation_config,
-                          has_tokenizer, open_decoder)
+                          has_tokenizer, open_decoder, OpenedDecoder)
 
 logger = logging.getLogger(__name__)
 
@@ -36,14 +37,14 @@ class Job:
 class DecodeService:
     """The export's step model opened once; `run(jobs)` decodes a batch of jobs, one result or error per job."""
 
-    def __init__(self, out: Path, backend: str, checkpoint: Path | None = None, threads: int = 1, alpha: float = 0.6,
-                 opened: tuple | None = None):
-        """Opens `backend` on the export `out`, or takes `opened`: (StepModel, config, checkpoint folder,
-        (max_src_len, its name), max_batch), as `decode_jobs.open_decoder` yields it."""
+    def __init__(self, out: Path, backend: str, checkpoint: Path | None = None, threads: int = 1, alpha: float = GNMT_ALPHA,
+                 opened: OpenedDecoder | None = None):
+        """Opens `backend` on the export `out`, or takes `opened` (as `decode_jobs.open_decoder` yields it)."""
         self._stack = contextlib.ExitStack()
         if opened is None:
             opened = self._stack.enter_context(open_decoder(Path(out), backend, checkpoint, threads))
-        self.model, self.cfg, self.folder, self.src_limit, self.max_batch = opened
+        self.model, self.cfg, self.folder = opened.model, opened.config, opened.folder
+        self.src_limit, self.max_batch = opened.src_limit, opened.max_batch
         self.generation = generation_config(self.folder)
         self.alpha = alpha
         self._codecs: dict[tuple[str | None, str | None], object] = {}

@@ -2,7 +2,7 @@
 
   DIR/encoder, DIR/decoder   the graphs: `onnxruntime` (the ONNX graphs of --backend), `tensorrt_plan` (the engines of
                              `seq2trt build`), or `python` (ONNX Runtime inside the Python backend, `triton_bls.OnnxModel`)
-  DIR/generate, DIR/translate  Python-backend BLS models running seq2trt's search over the two (`triton_bls`), with
+  DIR/generate, DIR/translate  Python-backend BLS models running seq2trt's search over the two (`serving.triton_bls`), with
                              dynamic batching, the export's manifest and the checkpoint's tokenizer beside their code
   DIR/README.md              how to start it
   DIR/seq2trt.json           what it was written from: the mark `--force` looks for before replacing a folder
@@ -47,13 +47,14 @@ def graph_config(kind: spec.GraphKind, cfg, dtype: str, repository_backend: str,
 def _graph_files(out: Path, settings: ServeSettings, repository_backend: str, manifest) -> dict[spec.GraphKind, Path]:
     if repository_backend == "tensorrt_plan":
         from seq2trt.reference_model.layout import engine_dir
+        from seq2trt.runtime.registry import ENGINE_BACKENDS
 
-        flavour = settings.backend if settings.backend in ("tensorrt", "tensorrt-rtx") else "tensorrt"
+        flavour = settings.backend if settings.backend in ENGINE_BACKENDS else "tensorrt"
         engines = engine_dir(out, flavour)
         return {kind: engines / f"{kind.value}.plan" for kind in spec.GraphKind}
-    from seq2trt.runtime.registry import graph_folder
+    from seq2trt.runtime.registry import BACKENDS, graph_folder
 
-    if not settings.backend.startswith("ort"):
+    if BACKENDS[settings.backend].runs != "onnxruntime":
         raise InputError(f"--repository-backend {repository_backend} serves ONNX graphs: choose --backend ort, "
                          f"ort-fused or ort-int8, not {settings.backend}")
     folder = graph_folder(out, settings.backend, manifest)

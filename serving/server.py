@@ -1,6 +1,6 @@
 """`seq2trt serve`: the real Triton Inference Server that the `nvidia-pytriton` wheel bundles (2.51, Python backend),
 started on a model repository of Python-backend models (`generate`, and `translate` when the checkpoint has a
-tokenizer) whose code is `triton_model.TritonPythonModel`.
+tokenizer) whose code is `serving.triton_model.TritonPythonModel`.
 
 Two facts of the bundled server (measured, see docs/DESIGN): the Python-backend stub must be the one for the running
 interpreter's version, and it loads `libpython3.X.so` through the dynamic loader — the running interpreter's
@@ -33,6 +33,7 @@ import urllib.request
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from seq2trt.reference_model.decoding import GNMT_ALPHA
 from seq2trt.reference_model.errors import DependencyError, InputError, Seq2TrtError
 
 logger = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ class ServeSettings:
     max_batch: int | None = None  # requests per server batch; None: the export's max_batch
     max_queue_delay_us: int = 2000
     instances: int = 1
-    alpha: float = 0.6
+    alpha: float = GNMT_ALPHA
     host: str = "127.0.0.1"
     http_port: int = 8000
     grpc_port: int = 8001
@@ -307,20 +308,16 @@ def log_errors(path: Path, start: int = 0, n: int = 3) -> list[str]:
 def check_backend(out: Path, backend: str, manifest) -> None:
     """What the served models will load, checked before the server starts: the graphs of an ONNX Runtime backend,
     a GPU and the engines of a TensorRT one (eager loads the checkpoint, checked in the server)."""
-    from seq2trt.exporters import spec
+    from seq2trt.runtime.registry import BACKENDS, engine_runners, graph_folder
 
-    from seq2trt.runtime.registry import ENGINE_BACKENDS, graph_folder
-
-    if backend.startswith("ort"):
+    runs = BACKENDS[backend].runs
+    if runs == "onnxruntime":
         graph_folder(out, backend, manifest)
-    elif backend in ENGINE_BACKENDS:
-        from seq2trt.reference_model.layout import engine_dir
-        from seq2trt.runtime.tensorrt_runner import _torch_cuda, runner_for
+    elif runs == "tensorrt":
+        from seq2trt.runtime.tensorrt_runner import _torch_cuda
 
         _torch_cuda()
-        engines = engine_dir(out, backend)
-        for kind in spec.GraphKind:
-            runner_for(engines, kind, manifest.config, manifest.limits)
+        engine_runners(out, backend, manifest)
 
 
 def served_models(settings: ServeSettings) -> tuple[int, bool]:

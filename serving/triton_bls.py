@@ -1,9 +1,9 @@
 """The models of a written Triton repository (`seq2trt serve --write-repository`): `generate`/`translate` as
 Python-backend BLS models whose step model calls the repository's `encoder` and `decoder` models (served by the
 onnxruntime or tensorrt_plan backend, or by `OnnxModel` below in the Python backend), and the same request handling
-as `seq2trt serve` (`triton_model.TritonPythonModel`, `serving.DecodeService`).
+as `seq2trt serve` (`serving.triton_model.TritonPythonModel`, `decode_service.DecodeService`).
 
-The search loop is `reference_model.decoding`'s, fed by `adapter.RunnerStepModel` over two `BlsRunner`s: the KV cache
+The search loop is `reference_model.decoding`'s, fed by `step_model.RunnerStepModel` over two `BlsRunner`s: the KV cache
 goes to the decoder model and back each step as numpy arrays.
 """
 
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from seq2trt.reference_model.decoding import GNMT_ALPHA
 from seq2trt.exporters import spec
 
 from seq2trt.runtime.runners import Runner
@@ -41,6 +42,7 @@ class TritonPythonModel(ServedModel):
     def initialize(self, args: dict) -> None:
         from seq2trt.exporters.manifest import Manifest
 
+        from seq2trt.runtime.decode_jobs import OpenedDecoder
         from seq2trt.runtime.step_model import RunnerStepModel
         from seq2trt.serving.decode_service import DecodeService
 
@@ -54,9 +56,9 @@ class TritonPythonModel(ServedModel):
                              manifest.dtype, limits) for kind in spec.GraphKind]
         for runner in runners:
             runner.__enter__()
-        opened = (RunnerStepModel(*runners), cfg, here / "checkpoint", (limits.max_src_len, "the export's max_src_len"),
-                  limits.max_batch)
-        self.service = DecodeService(here, "bls", alpha=float(params.get("alpha", "0.6")), opened=opened)
+        opened = OpenedDecoder(RunnerStepModel(*runners), cfg, here / "checkpoint",
+                               (limits.max_src_len, "the export's max_src_len"), limits.max_batch)
+        self.service = DecodeService(here, "bls", alpha=float(params.get("alpha", GNMT_ALPHA)), opened=opened)
 
 
 class OnnxModel:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from seq2trt.reference_model.decoding import GNMT_ALPHA
 from seq2trt.reference_model.errors import InputError, Seq2TrtError
 
 from seq2trt.serving.decode_service import DecodeService, Job, scalar, source_ids, text_of
@@ -27,7 +28,7 @@ class TritonPythonModel:
         self.kind = params["kind"]  # "generate" or "translate"
         self.service = DecodeService(Path(params["export"]), params["backend"],
                                      Path(params["checkpoint"]) if params.get("checkpoint") else None,
-                                     int(params.get("threads", "1")), float(params.get("alpha", "0.6")))
+                                     int(params.get("threads", "1")), float(params.get("alpha", GNMT_ALPHA)))
 
     def finalize(self) -> None:
         self.service.close()

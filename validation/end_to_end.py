@@ -28,7 +28,7 @@ import numpy as np
 from seq2trt.reference_model.decoding import DecodeSettings, StepHook, StepModel, beam_search, greedy_decode
 from seq2trt.reference_model.vocab import pad_batch
 
-from seq2trt.validation.ties import BEAM_ALPHA, beam_near_ties, beam_tracer
+from seq2trt.validation.ties import BEAM_ALPHA, beam_near_ties, beam_tracer, greedy_tie, near_tie_cap
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ def with_near_ties(result: SequenceAgreement, reference: list[list[int]], candid
     the agreement recomputed without them for the targets."""
     ties = [{"sample": i, "step": step, "eager_margin": margins[i, step]}
             for i, step in sorted(result.divergent_steps.items())
-            if (i, step) in margins and margins[i, step] <= 2 * max_logit_abs_err]
+            if (i, step) in margins and greedy_tie(margins[i, step], max_logit_abs_err)]
     return _judged_without(result, ties, reference, candidate, eos_id)
 
 
@@ -220,19 +220,6 @@ def _margin_recorder(settings: DecodeSettings, margins: dict[tuple[int, int], fl
     return for_batch
 
 
-def _near_tie_cap(dtype: str) -> tuple[float, float]:
-    """The largest logit error a beam near-tie may rest on, (absolute, relative to the largest |logit|): fp32's
-    target; for fp16/bf16 the precision check's factor on one rounding of the logits (MAX_FACTOR x unit roundoff);
-    for int8 the same factor on int8's resolution, 1/127 of a tensor's range."""
-    from seq2trt.validation.precision import MAX_FACTOR, UNIT_ROUNDOFF
-
-    if dtype in UNIT_ROUNDOFF:
-        return 0.0, MAX_FACTOR * UNIT_ROUNDOFF[dtype]
-    if dtype == "int8":
-        return 0.0, MAX_FACTOR / 127
-    return TARGETS[dtype].max_logit_abs_err, 0.0
-
-
 def end_to_end(candidate: StepModel, reference: StepModel, sources: list[list[int]], settings: DecodeSettings,
                dtype: str, beam_size: int = 4, batch_size: int = 100,
                progress: Callable[[str], None] | None = None,
@@ -257,7 +244,7 @@ def end_to_end(candidate: StepModel, reference: StepModel, sources: list[list[in
             agreements[name] = with_near_ties(agreements[name], want, got, settings.eos_id, margins, max_err[name])
         else:
             ties = beam_near_ties(agreements[name].divergent_steps, reference, candidate, sources, want, got,
-                                  traces, settings, beam_size, _near_tie_cap(dtype))
+                                  traces, settings, beam_size, near_tie_cap(dtype))
             agreements[name] = _judged_without(agreements[name], ties, want, got, settings.eos_id)
         if name == "greedy" and task_metric is not None:
             label, score = task_metric

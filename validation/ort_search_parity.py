@@ -17,6 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
+from seq2trt.reference_model.decoding import GNMT_ALPHA
 from seq2trt.exporters import spec
 from seq2trt.exporters.ort_search import verify_generate
 from seq2trt.exporters.manifest import verify
@@ -27,12 +28,13 @@ from seq2trt.reference_model.atomic_files import atomic_write_text
 from seq2trt.reference_model.vocab import pad_batch
 
 from seq2trt.validation.end_to_end import TARGETS, agreement
-from seq2trt.runtime.ort_search import GenerateModel, read_generation
+from seq2trt.runtime.decode_jobs import generation_config
+from seq2trt.runtime.ort_search import GenerateModel
 from seq2trt.runtime.reference_loader import e2e_sources, load_reference
 
 logger = logging.getLogger(__name__)
 
-LENGTH_PENALTY = 0.6  # for models trained here (the beam setting); imported models use their own
+LENGTH_PENALTY = GNMT_ALPHA  # for models trained here; imported models use their own
 
 
 def run_generate_validation(out: Path, settings, checkpoint: Path | None = None,
@@ -49,7 +51,7 @@ def run_generate_validation(out: Path, settings, checkpoint: Path | None = None,
         raise InputError(f"--graphs {name} runs ONNX Runtime's CPU BeamSearch; use --device cpu")
     model, task_name = load_reference(manifest, checkpoint)
     source = Path(checkpoint) if checkpoint else Path((manifest.data.get("source") or {}).get("checkpoint", out))
-    generation = read_generation(source)
+    generation = generation_config(source)
     length_penalty = generation["length_penalty"] if generation else LENGTH_PENALTY
     cap = limits.max_tgt_len - 1 if task_name else min(32, limits.max_tgt_len - 1)
     decode = DecodeSettings.for_model(cfg, settings.max_new_tokens or cap)

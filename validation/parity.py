@@ -19,6 +19,7 @@ from typing import Mapping, Protocol
 import numpy as np
 
 from seq2trt.exporters import spec
+from seq2trt.reference_model.sources import random_target_ids, source_kind
 from seq2trt.reference_model.errors import ArtifactError
 
 from seq2trt.runtime.runners import Runner
@@ -151,18 +152,6 @@ class GraphParity:
         return table
 
 
-def _source(cfg, case: spec.ShapeCase, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Random source ids (B, S) and mask; when padded, rows after the first lose 1 .. S-1 tokens."""
-    B, S = case.batch, case.src_len
-    ids = rng.integers(3, cfg.src_vocab_size, size=(B, S), dtype=np.int64)
-    lengths = np.full(B, S)
-    if case.padded and S > 1:
-        lengths[1:] = rng.integers(1, S, size=B - 1)
-    mask = (np.arange(S)[None, :] < lengths[:, None]).astype(np.int64)
-    ids[mask == 0] = cfg.pad_id
-    return ids, mask
-
-
 def _round(feed: Mapping[str, np.ndarray], dtype: np.dtype) -> dict[str, np.ndarray]:
     return {k: v if v.dtype == np.int64 else v.astype(dtype) for k, v in feed.items()}
 
@@ -171,18 +160,19 @@ def case_feeds(reference_encoder: Runner, reference_decoder: Runner, case: spec.
                rng: np.random.Generator) -> tuple[dict, dict]:
     """The encoder and decoder feeds of one case, in the graph's dtype (module docstring)."""
     cfg = reference_decoder.cfg
-    ids, mask = _source(cfg, case, rng)
-    encoder_feed = {"input_ids": ids, "attention_mask": mask}
+    sources = source_kind(cfg)
+    ids, mask = sources.random_batch(rng, case.batch, case.src_len, case.padded)
+    encoder_feed = sources.feed(ids, mask)
     enc = reference_encoder.infer(encoder_feed)
     cross = spec.kv_feed(cfg, "encoder", enc)
     empty = np.zeros((case.batch, cfg.num_heads, 0, cfg.head_dim))
     past = dict.fromkeys(spec.kv_names(cfg, "decoder", "past"), empty)
     if case.past_len:
-        prefix = rng.integers(3, cfg.tgt_vocab_size, size=(case.batch, case.past_len), dtype=np.int64)
+        prefix = random_target_ids(cfg, rng, (case.batch, case.past_len))
         prefix[:, 0] = cfg.bos_id
         out = reference_decoder.infer({"input_ids": prefix, "encoder_attention_mask": mask, **cross, **past})
         past = spec.kv_feed(cfg, "decoder", out)
-    new = rng.integers(3, cfg.tgt_vocab_size, size=(case.batch, case.tgt_len), dtype=np.int64)
+    new = random_target_ids(cfg, rng, (case.batch, case.tgt_len))
     decoder_feed = {"input_ids": new, "encoder_attention_mask": mask, **cross, **past}
     np_dtype = spec.numpy_dtype(dtype)
     return encoder_feed, _round(decoder_feed, np_dtype)

@@ -32,6 +32,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from seq2trt.reference_model.dtypes import torch_dtype
 from seq2trt.validation.parity import REPORTED, TOLERANCES, CaseResult, OutputStats, Tolerance, compare_output
 
 UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
@@ -41,9 +42,7 @@ TWIN = "fp32 twin"  # suffix of the structure check's output names
 
 
 def _torch_dtype(dtype: str):
-    import torch
-
-    return {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    return torch_dtype(dtype)
 
 
 def rounded_model(model, dtype: str):

@@ -1,17 +1,21 @@
-"""Beam near-ties (issue 17): whether a beam search that parted from the eager one did so on a tie.
+"""Near-ties: whether a candidate that parted from the eager model did so where its own error could have moved the
+choice. Every rule lives here: greedy (`greedy_tie`, and `compare_greedy` for the baselines' greedy tokens), the
+cap on the error a tie may rest on (`near_tie_cap`), and beam search (`beam_near_ties`, below).
+
+Beam near-ties: whether a beam search that parted from the eager one did so on a tie.
 
 A beam's choices compare cumulative log-probabilities, so a reviewer asks whether the scores the
 search compared are within what the graphs' error could move. If every logit moves by at most e, a token's
 log-probability (logit minus log-sum-exp) moves by at most 2e, and a sum over n tokens by at most 2en; tokens two
 hypotheses share (a common prefix) move both sums alike. `e` is measured where it matters: both models are
 teacher-forced along the hypotheses being compared (the largest |logit difference| over their positions), not the
-beam search's overall error, which unlikely rows inflate (int8: 3.9 against 0.23 on the greedy path); where it
-exceeds what the precision's arithmetic allows (`end_to_end._near_tie_cap`), the divergence is no near-tie. A beam divergence is a near-tie,
+beam search's overall error, which unlikely rows inflate; where it exceeds what the precision's arithmetic allows
+(`near_tie_cap`), the divergence is no near-tie. A beam divergence is a near-tie,
 reported with its eager gap and tolerance, when either
 - "boundary": at the first step where the candidate keeps other live beams than the eager search (both having kept
   the same ones before), the best beam it dropped beats the worst one it kept instead, under the eager model, by at
   most 4e x (step + 1 - the prefix they all share): both cumulative scores may move by 2e a token apart from that
-  prefix (the issue's "2x the logit error" at the top-k boundary, per unshared token and per side); or
+  prefix ("2x the logit error" at the top-k boundary, per unshared token and per side); or
 - "final": the eager score of the candidate's finished hypothesis is within the search's own scoring (sum of
   log-probabilities, eos included when it ended, over GNMT's length penalty) of the eager hypothesis' score by at
   most 2e x (c |1/lp_w - 1/lp_g| + (n_w - c)/lp_w + (n_g - c)/lp_g) for lengths n, penalties lp and common prefix c:
@@ -24,14 +28,106 @@ rank) is judged by the final rule alone: conservative, it fails unless the final
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
-from seq2trt.reference_model.decoding import DecodeSettings, StepModel, length_penalty, log_softmax
+from seq2trt.reference_model.decoding import GNMT_ALPHA, DecodeSettings, StepModel, length_penalty, log_softmax
 from seq2trt.reference_model.vocab import pad_batch
 
-BEAM_ALPHA = 0.6  # GNMT's length penalty: the beam search end_to_end runs, and the rescoring of its hypotheses
+BEAM_ALPHA = GNMT_ALPHA  # the beam search end_to_end runs, and the rescoring of its hypotheses
+
+
+def greedy_tie(margin: float | None, error: float | None) -> bool:
+    """A greedy divergence is a near-tie when the eager model's margin between its token and the candidate's is at
+    most twice the candidate's logit error there (each of the two logits may move by that error)."""
+    return margin is not None and error is not None and margin <= 2 * error
+
+
+def near_tie_cap(dtype: str) -> tuple[float, float]:
+    """The largest logit error a near-tie may rest on, (absolute, relative to the largest |logit|): fp32's target;
+    for fp16/bf16 the precision check's factor on one rounding of the logits (MAX_FACTOR x unit roundoff); for int8
+    the same factor on int8's resolution, 1/127 of a tensor's range."""
+    from seq2trt.validation.end_to_end import TARGETS
+    from seq2trt.validation.precision import MAX_FACTOR, UNIT_ROUNDOFF
+
+    if dtype in UNIT_ROUNDOFF:
+        return 0.0, MAX_FACTOR * UNIT_ROUNDOFF[dtype]
+    if dtype == "int8":
+        return 0.0, MAX_FACTOR / 127
+    return TARGETS[dtype].max_logit_abs_err, 0.0
+
+
+@dataclass
+class GreedyComparison:
+    """Greedy tokens of a candidate against the eager model's, on the same sources."""
+
+    sequences: int
+    identical: int
+    ties: int  # sequences that diverge within the candidate's measured error of an eager tie (compare_greedy)
+    tie_margin: float  # the bound used where no candidate logits were recorded
+    max_abs_logit_diff: float | None  # over the steps both decoded identically, when the candidate gave logits
+    mismatches: list[str]
+    logit_abs_err_by_step: list[float] | None = None  # the largest |difference| at each decoding step
+
+    @property
+    def rate(self) -> float:
+        return self.identical / self.sequences if self.sequences else 1.0
+
+    def __bool__(self) -> bool:
+        return self.identical + self.ties == self.sequences
+
+    def to_dict(self) -> dict:
+        return {"sequences": self.sequences, "identical": self.identical, "ties": self.ties, "rate": self.rate,
+                "tie_margin": self.tie_margin, "max_abs_logit_diff": self.max_abs_logit_diff,
+                "passed": bool(self), "mismatches": self.mismatches[:10],
+                "logit_abs_err_by_step": self.logit_abs_err_by_step}
+
+
+def compare_greedy(reference: tuple[list[list[int]], list[list[np.ndarray]]], candidate: list[list[int]], eos_id: int,
+                   candidate_logits: list[np.ndarray] | None = None, tie_margin: float = 1e-4) -> GreedyComparison:
+    """Token-for-token agreement. A divergence is a tie when the reference's two candidates are closer than the
+    candidate's own logit error can move them: 2x its largest error on that source up to and including the
+    divergent step, where `candidate_logits` are given, and only while that error is within what float32
+    arithmetic allows (the fp32 bound, atol + rtol |logit|): a candidate off by more is wrong, not tied. Without
+    logits: within `tie_margin`."""
+    from seq2trt.validation.parity import TOLERANCES
+
+    fp32 = TOLERANCES["fp32"]["*"]
+    ref_tokens, ref_logits = reference
+    identical = ties = 0
+    mismatches, by_step = [], []
+    for i, (want, got) in enumerate(zip(ref_tokens, candidate)):
+        step = next((t for t, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
+        source_err, wrong = None, False
+        if candidate_logits is not None:
+            n = min(step + 1, len(ref_logits[i]), len(candidate_logits[i]))
+            for t in range(n):  # up to and including the first divergent step: both saw the same history
+                a, b = ref_logits[i][t], candidate_logits[i][t]
+                v = min(len(a), len(b))  # CTranslate2's Marian vocabulary drops the last id, the pad
+                err = float(np.abs(a[:v] - b[:v]).max())
+                by_step.extend([0.0] * (t + 1 - len(by_step)))
+                by_step[t] = max(by_step[t], err)
+                allowed = fp32.atol + fp32.rtol * float(np.abs(a[:v]).max())
+                source_err = max(source_err or 0.0, err)
+                wrong = wrong or not err <= allowed
+        if want == got:
+            identical += 1
+            continue
+        logits = ref_logits[i][step] if step < len(ref_logits[i]) else None
+        ref_next = want[step] if step < len(want) else eos_id  # past its end, a sequence ended with eos
+        got_next = got[step] if step < len(got) else eos_id
+        margin = None if logits is None else float(logits[ref_next] - logits[got_next])
+        tie = (margin is not None and margin <= tie_margin) if source_err is None else \
+            (not wrong and greedy_tie(margin, source_err))
+        ties += tie
+        mismatches.append(f"source {i}: diverges at step {step} (eager {ref_next}, candidate {got_next}, "
+                          f"eager margin {margin if margin is None else f'{margin:.2e}'})")
+    return GreedyComparison(len(ref_tokens), identical, ties, tie_margin, max(by_step) if by_step else None,
+                            mismatches, by_step if candidate_logits is not None else None)
+
+
 
 
 class _Encoded:

@@ -1,8 +1,8 @@
 """`validate`: graph-level and end-to-end parity of an export directory, written to `reports/parity.json` / `.md`.
 
-`GRAPH_SETS` maps a `--graphs` name to the folder of the encoder/decoder files it validates; `BACKENDS` maps a
-`--backend` name to the runner class. Both are small lookups so later graph sets (fused ones) and backends plug in.
-The reports are rendered by `report_parity`.
+`GRAPH_SETS` maps a `--graphs` name to the folder of the encoder/decoder files it validates. `--backend` is one of
+the registry's validating backends: ONNX Runtime runs those graphs; a TensorRT backend runs the engines under
+OUT/engines, judged against the graphs they were built from (fused-trt, or plain for --no-plugin engines).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -31,7 +31,8 @@ from seq2trt.validation.parity import GraphParity, graph_parity
 from seq2trt.validation.precision import judge_for
 from seq2trt.runtime.reference_loader import e2e_sources, load_reference
 from seq2trt.validation.reports.parity_table import write_reports
-from seq2trt.runtime.runners import EagerRunner, OrtRunner, Runner
+from seq2trt.runtime import registry
+from seq2trt.runtime.runners import EagerRunner, OrtRunner
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +70,7 @@ GRAPH_SETS: dict[str, GraphSet] = {
     "generate": GraphSet(generate_dir, whole_search=True),
     "generate-int8": GraphSet(lambda out: generate_dir(out, int8=True), quantized=True, whole_search=True),
 }
-# --backend name -> runner class taking (graph path, cfg, kind, dtype, limits, **options).
-BACKENDS: dict[str, Callable[..., Runner]] = {"ort": OrtRunner}
+BACKENDS = registry.VALIDATE_BACKENDS
 
 
 MAX_SAMPLES = 100_000  # end-to-end sources; the demo task's held-out class alone has ~20 M members
@@ -79,7 +79,7 @@ MAX_SAMPLES = 100_000  # end-to-end sources; the demo task's held-out class alon
 @dataclass(frozen=True)
 class ValidateSettings:
     backend: str = "ort"
-    graphs: str = "plain"
+    graphs: str | None = None  # None: plain, or for a TensorRT backend the graphs its engines were built from
     samples: int = 1000
     beam_size: int = 4
     max_new_tokens: int | None = None  # None: the limits' max_tgt_len - 1 (32 for models without a task)
@@ -90,9 +90,8 @@ class ValidateSettings:
     localize_budget_s: float = 120.0  # wall-clock budget of the localisation pass (localize.py); 0 turns it off
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise InputError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
-        if self.graphs not in GRAPH_SETS:
+        registry.declared(self.backend, BACKENDS)
+        if self.graphs is not None and self.graphs not in GRAPH_SETS:
             raise InputError(f"unknown graph set {self.graphs!r}; choose one of {', '.join(GRAPH_SETS)}")
         if self.threads != 0:  # 0: one per core
             check_threads(self.threads)
@@ -105,6 +104,26 @@ class ValidateSettings:
             raise InputError(f"--samples {self.samples} is more than validate decodes end to end (at most "
                              f"{MAX_SAMPLES}: each source is decoded four times, greedy and beam on both models); "
                              "lower it")
+
+
+def _engine_graphs(out: Path, settings: ValidateSettings) -> ValidateSettings:
+    """Settings for validating TensorRT engines: the graph set they were built from (fused-trt, or plain for
+    --no-plugin engines), once this machine can run them."""
+    from seq2trt.exporters.tensorrt_engines import read_build
+    from seq2trt.reference_model.errors import DependencyError
+    from seq2trt.reference_model.layout import engine_dir
+
+    why = registry.unavailable((settings.backend,)).get(settings.backend)
+    if why:
+        raise DependencyError(f"--backend {settings.backend}: {why}; validate the engines on a machine with an NVIDIA "
+                              f"GPU, or the graphs they are built from here with `seq2trt validate {out} --graphs "
+                              "fused-trt`")
+    plugin = read_build(engine_dir(out, settings.backend)).get("plugin", {}).get("used", True)
+    built_from = "fused-trt" if plugin else "plain"
+    if settings.graphs not in (None, built_from):
+        raise InputError(f"--backend {settings.backend} runs engines built from the {built_from} graphs, not "
+                         f"--graphs {settings.graphs}; drop --graphs (or rebuild the engines)")
+    return replace(settings, graphs=built_from)
 
 
 def check_graph_file(path: Path, cfg, kind: spec.GraphKind, dtype: str) -> None:
@@ -150,6 +169,11 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
     """Validate `out`, write its reports, and return the parity document; raise CheckFailed when anything fails."""
     out = Path(out)
     started = generation(out)  # before anything is read: the reports must describe this export
+    engines = registry.BACKENDS[settings.backend].runs == "tensorrt"
+    if engines:
+        settings = _engine_graphs(out, settings)
+    elif settings.graphs is None:
+        settings = replace(settings, graphs="plain")
     graph_set = GRAPH_SETS[settings.graphs]
     if graph_set.whole_search:
         from seq2trt.validation.ort_search_parity import run_generate_validation
@@ -170,16 +194,18 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
                          f"export's max_tgt_len {limits.max_tgt_len}, bos included); lower it or re-export with a "
                          "larger --max-tgt-len")
     model, task_name = load_reference(manifest, checkpoint)
-    runner = BACKENDS[settings.backend]
     base = {"device": settings.device, "intra_op_threads": settings.threads}
     options = {**base, **(graph_set.runner_options(dtype) if graph_set.runner_options else {})}
     fp32_options = {**base, **(graph_set.runner_options("fp32") if graph_set.runner_options else {})}
     paths = {kind: graph_set.folder(out) / kind.filename for kind in spec.GraphKind}
-    candidates = tuple(runner(paths[kind], cfg, kind, dtype, limits, **options) for kind in spec.GraphKind)
+    if engines:
+        candidates, _ = registry.engine_runners(out, settings.backend, manifest)
+    else:
+        candidates = tuple(OrtRunner(paths[kind], cfg, kind, dtype, limits, **options) for kind in spec.GraphKind)
     precision = "int8" if graph_set.quantized else dtype  # how the graphs are judged (validation/precision.py)
     judge, judged_options = judge_for(precision, paths, cfg, limits, model, options, fp32_options)
     judged = candidates if judged_options == options else tuple(
-        runner(paths[kind], cfg, kind, dtype, limits, name=f"onnxruntime-{precision}-judged", **judged_options)
+        OrtRunner(paths[kind], cfg, kind, dtype, limits, name=f"onnxruntime-{precision}-judged", **judged_options)
         for kind in spec.GraphKind)
     reference = model.double()
     references = tuple(EagerRunner(reference, kind, limits, name="eager-fp64") for kind in spec.GraphKind)
@@ -199,7 +225,9 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
                              task_metric=heldout_exact_match(task_name, settings.samples) if task_name else None)
     document = parity_document(manifest, settings, graphs, e2e, origin if settings.samples else None)
     document["localisation"] = []
-    if settings.localize_budget_s > 0:
+    if engines and settings.localize_budget_s > 0:  # localisation reads ONNX graphs' intermediate values
+        document["localisation_skipped"] = "engines: localise the graphs they were built from with --backend ort"
+    elif settings.localize_budget_s > 0:
         if progress:
             progress(f"localising failures and near-ties per layer (budget {settings.localize_budget_s:g} s)")
         document.update(localise_export(graph_set.folder(out), out, reference, dtype, limits, precision, options,

@@ -1,13 +1,13 @@
 """Ahead-of-time compilation of the attention kernels to PTX and cubin, with no GPU.
 
 Each variant (kernel x dtype x compiled HEAD_DIM x block config x mask/causal flags, enumerated by `all_variants` from
-`launch.block_config`) is compiled with `triton.compile(ASTSource(...), target=GPUTarget("cuda", cc, 32))` for each
+`launch_plan.block_config`) is compiled with `triton.compile(ASTSource(...), target=GPUTarget("cuda", cc, 32))` for each
 target (sm_80, sm_86, sm_89, sm_90). PTX versions stay loadable by a CUDA 13.0 driver (<= 9.0; sm_8x goes through
 triton's CUDA 12.9 ptxas, whose limit is 8.8).
 
 Layout of the output directory (also the cache):
     <out>/index.json                  every artifact of the last call: what the TensorRT plugin reads (`read_index`)
-    <out>/<target>/<key>.ptx|.cubin   the code; <key> is `launch.variant_key`
+    <out>/<target>/<key>.ptx|.cubin   the code; <key> is `launch_plan.variant_key`
     <out>/<target>/<key>.json         its manifest: entry point, shared memory, warps, parameters, constexprs,
                                       pointer/stride divisibility assumptions, sha256 of both files, cache key
 An artifact is reused when its manifest's cache key — sha256 of the kernel source, the variant, the target, the
@@ -35,7 +35,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Callable, Iterable
 
-from seq2trt.plugins.kernels import launch_plan as launch
+from seq2trt.plugins.kernels import launch_plan
 from seq2trt.reference_model.errors import DependencyError, InputError
 
 logger = logging.getLogger(__name__)
@@ -98,20 +98,20 @@ class Variant:
 
     @property
     def key(self) -> str:
-        return launch.variant_key(self.kernel, self.dtype, dict(self.constexprs), self.num_warps, self.num_stages)
+        return launch_plan.variant_key(self.kernel, self.dtype, dict(self.constexprs), self.num_warps, self.num_stages)
 
 
 def _variant(kernel: str, dtype: str, head_dim: int, **flags) -> Variant:
-    cfg = launch.block_config(kernel, dtype, head_dim)
+    cfg = launch_plan.block_config(kernel, dtype, head_dim)
     constexprs = {"HEAD_DIM": head_dim, **{k: v for k, v in cfg.items() if k.isupper()}, **flags}
     return Variant(kernel, dtype, tuple(sorted(constexprs.items())), cfg["num_warps"], cfg["num_stages"])
 
 
 def all_variants() -> list[Variant]:
-    """Every variant `launch.plan` can ask for: 3 dtypes x 5 compiled HEAD_DIMs x 6 kernel modes."""
+    """Every variant `launch_plan.plan` can ask for: 3 dtypes x 5 compiled HEAD_DIMs x 6 kernel modes."""
     out = []
-    for dtype in launch.DTYPES:
-        for head_dim in launch.KERNEL_HEAD_DIMS:
+    for dtype in launch_plan.DTYPES:
+        for head_dim in launch_plan.KERNEL_HEAD_DIMS:
             out += [_variant("attn_fwd", dtype, head_dim, HAS_MASK=1, IS_CAUSAL=0),  # encoder self, cross
                     _variant("attn_fwd", dtype, head_dim, HAS_MASK=0, IS_CAUSAL=1),  # decoder prefill
                     _variant("attn_decode_split", dtype, head_dim, HAS_MASK=1, APPEND=0),  # encoder self, cross
@@ -151,8 +151,8 @@ def ptx_version(cc: int) -> int:
 
 def cache_key(variant: Variant, target: str, ptx: int, triton_version: str) -> str:
     blob = json.dumps({"source": hashlib.sha256(SOURCE.read_bytes()).hexdigest(), "variant": asdict(variant),
-                       "signature": launch.SIGNATURES[variant.kernel], "target": target, "ptx_version": ptx,
-                       "triton": triton_version, "divisible": launch.DIVISIBILITY[variant.kernel],
+                       "signature": launch_plan.SIGNATURES[variant.kernel], "target": target, "ptx_version": ptx,
+                       "triton": triton_version, "divisible": launch_plan.DIVISIBILITY[variant.kernel],
                        "options": COMPILE_OPTIONS},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
@@ -212,14 +212,14 @@ def _ast_source(variant: Variant):
     from seq2trt.plugins.kernels.attention import KERNELS
 
     fn = KERNELS[variant.kernel]
-    params = [(name, ty.format(t=variant.dtype)) for name, ty in launch.SIGNATURES[variant.kernel]]
+    params = [(name, ty.format(t=variant.dtype)) for name, ty in launch_plan.SIGNATURES[variant.kernel]]
     constexprs = dict(variant.constexprs)
     if [n for n, _ in params] != [n for n in fn.arg_names if n not in constexprs] or \
             set(constexprs) != set(fn.arg_names) - {n for n, _ in params}:
-        raise RuntimeError(f"launch.SIGNATURES[{variant.kernel!r}] and the variant's constexprs do not match the "
+        raise RuntimeError(f"launch_plan.SIGNATURES[{variant.kernel!r}] and the variant's constexprs do not match the "
                            f"kernel's arguments {fn.arg_names}")
     signature = {name: "constexpr" if name in constexprs else dict(params)[name] for name in fn.arg_names}
-    divisible = launch.DIVISIBILITY[variant.kernel]
+    divisible = launch_plan.DIVISIBILITY[variant.kernel]
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", d]] for n, d in divisible.items()}
     return ASTSource(fn, signature, constexprs=constexprs, attrs=attrs), params, divisible
 
@@ -243,14 +243,14 @@ def compile_variant(variant: Variant, target: str, out_dir: str | Path) -> dict:
     md = compiled.metadata
     ptx_text, cubin = compiled.asm["ptx"], compiled.asm["cubin"]
     ptx_target, entry_name, n_params = ptx_entry(ptx_text)
-    if n_params != len(params) + len(launch.SCRATCH_PARAMS):
+    if n_params != len(params) + len(launch_plan.SCRATCH_PARAMS):
         raise RuntimeError(f"{variant.key}: PTX entry has {n_params} parameters, expected {len(params)} + scratch "
-                           f"{launch.SCRATCH_PARAMS}; triton's calling convention changed")
+                           f"{launch_plan.SCRATCH_PARAMS}; triton's calling convention changed")
     if md.global_scratch_size or md.profile_scratch_size:
         raise RuntimeError(f"{variant.key} wants global scratch memory, which the plugin's launches pass as null")
     if md.shared > MAX_SHARED[cc]:
         raise RuntimeError(f"{variant.key} needs {md.shared} B of shared memory, {target} allows {MAX_SHARED[cc]}: "
-                           "shrink its blocks in launch.block_config")
+                           "shrink its blocks in launch_plan.block_config")
     (out_dir / target).mkdir(parents=True, exist_ok=True)
     _write(manifest_path.with_suffix(".ptx"), ptx_text.encode())
     _write(manifest_path.with_suffix(".cubin"), cubin)
@@ -261,7 +261,7 @@ def compile_variant(variant: Variant, target: str, out_dir: str | Path) -> dict:
         "ptx_sha256": _sha(ptx_text.encode()), "cubin_sha256": _sha(cubin), "cubin_bytes": len(cubin),
         "num_warps": md.num_warps, "num_stages": md.num_stages, "shared": md.shared, "max_shared": MAX_SHARED[cc],
         "global_scratch_size": md.global_scratch_size, "profile_scratch_size": md.profile_scratch_size,
-        "params": params + [(n, "*i8") for n in launch.SCRATCH_PARAMS], "constexprs": dict(variant.constexprs),
+        "params": params + [(n, "*i8") for n in launch_plan.SCRATCH_PARAMS], "constexprs": dict(variant.constexprs),
         "divisibility": divisible, "triton_version": triton.__version__, "cache_key": key,
         "compile_seconds": round(seconds, 3),
     }

@@ -5,7 +5,7 @@ block sizes; `SIGNATURES` says in which order each compiled kernel takes its par
 so the interpreter tests check exactly what the TensorRT plugin launches:
 - `attention(attrs, *inputs)`: the op on torch tensors through triton's launcher (a GPU, or CPU tensors under
   TRITON_INTERPRET=1 set before triton is first imported); returns what `plugins.op.reference_attention` returns;
-- `plugins.kernel_launch`: the same plan on raw device pointers, packed as ctypes for cuLaunchKernel.
+- `plugins.cuda_launcher`: the same plan on raw device pointers, packed as ctypes for cuLaunchKernel.
 
 This module imports triton only to launch (`attention`), so the plugin can plan without it. Inputs are contiguous
 in the op's layouts (`plugins.op`); strides are derived from the shapes.
@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from seq2trt.reference_model import dtypes
 from seq2trt.plugins.op import AttentionAttrs, AttentionKind
 from seq2trt.reference_model.errors import InputError
 
@@ -28,9 +29,7 @@ DTYPES = ("fp32", "fp16", "bf16")  # the kernels' element types
 
 def dtype_name(dtype: "torch.dtype") -> str | None:
     """'fp32' / 'fp16' / 'bf16' for a torch dtype the kernels take, else None."""
-    import torch
-
-    return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype)
+    return dtypes.dtype_name(dtype)
 
 
 # The head dims the kernels take: every multiple of 8 up to 256, which covers the Hugging Face families we import.
@@ -70,7 +69,7 @@ SIGNATURES: dict[str, tuple[tuple[str, str], ...]] = {
 SCRATCH_PARAMS = ("global_scratch", "profile_scratch")  # appended by Triton 3.9 to every compiled kernel
 # What compiled code assumes each parameter is a multiple of, as triton's JIT would specialise: pointers 16 (bytes);
 # head_dim, every token/head/batch stride and keys_per_split 8 (elements: 16 bytes in fp16/bf16, enough for the
-# widest vector load), which any head_dim in HEAD_DIMS makes true. `kernel_launch.pack` checks them before any launch.
+# widest vector load), which any head_dim in HEAD_DIMS makes true. `cuda_launcher.pack` checks them before any launch.
 DIVISIBILITY: dict[str, dict[str, int]] = {
     kernel: {n: 16 if ty.startswith("*") else 8 for n, ty in sig
              if (ty.startswith("*") and n not in ("MidL", "Mask"))

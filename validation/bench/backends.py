@@ -173,7 +173,7 @@ class Ct2Backend:
 
     def __init__(self, name: str, model_dir: Path, source_tokens: list[str], threads: int, compute_type: str):
         self.name, self.threads, self.source_tokens = name, threads, source_tokens
-        worker = Path(__file__).with_name("ctranslate2_worker.py")
+        worker = Path(__file__).with_name("ct2_worker.py")
         self.env = {k: os.environ[k] for k in CT2_ENV_KEYS if k in os.environ}
         self.process = subprocess.Popen([sys.executable, str(worker), str(model_dir), str(threads), compute_type],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -30,12 +30,13 @@ import numpy as np
 from seq2trt.reference_model.errors import CheckFailed, CheckpointError, DependencyError, InputError
 from seq2trt.reference_model.atomic_files import atomic_write_text, sha256_file
 from seq2trt.reference_model.swap import staged_directory
+from seq2trt.runtime import registry
 
 from seq2trt.validation.bench.backends import peak_rss_mb, start_turn
 
 logger = logging.getLogger(__name__)
 
-HF_BACKENDS = ("hf", "optimum")
+HF_BACKENDS = registry.names(needs_import=True)
 OPTIMUM_DIR, OPTIMUM_TASK, OPTIMUM_RECORD = "optimum", "text2text-generation-with-past", "seq2trt_source.json"
 
 
@@ -265,7 +266,7 @@ def prepare(name: str, source: ImportedSource, out: Path, reference, input_ids: 
     sources, with the model's generation rules. `want`: the eager model's outputs, {"greedy": eager_greedy(...)}
     and, for a beam bench, {"beam": (K, length_penalty, tokens of hf_beam_search with early_stopping=True)}.
     Greedy tokens must agree (near-ties aside), beam tokens exactly. Returns (the check, the build or None)."""
-    from seq2trt.validation.bench.ctranslate2 import compare_greedy
+    from seq2trt.validation.ties import compare_greedy
 
     build = export_optimum(source, Path(out) / OPTIMUM_DIR) if name == "optimum" else None
     backend = open_backend(name, source, out, threads=1)

@@ -57,12 +57,12 @@ from seq2trt.reference_model.errors import DependencyError, InputError
 
 from seq2trt.validation.bench import backends as bb
 from seq2trt.validation.bench import prepare as bench_prepare
-from seq2trt.validation.bench.prepare import HF_BACKENDS
+from seq2trt.runtime import registry
 from seq2trt.validation.bench.settings import BenchSettings, available_backends, unavailable
 
 logger = logging.getLogger(__name__)
 
-REFERENCES = ("eager", "eager-cuda", "hf", "optimum", "ct2", "ct2-int8")  # each gets a vs_<name> ratio when it ran
+REFERENCES = ("eager", "eager-cuda", *registry.BASELINES)  # each gets a vs_<name> ratio when it ran
 Progress = Callable[[str], None]
 
 
@@ -84,8 +84,9 @@ def _grid(maximum: int, start: int) -> list[int]:
 def _sources(cfg, batch: int, length: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Seeded ids of real tokens (no specials: an imported Marian's pad is its last id), eos last; every row of the
     same length."""
-    allowed = np.setdiff1d(np.arange(3, cfg.src_vocab_size), [cfg.pad_id, cfg.bos_id, cfg.eos_id])
-    ids = rng.choice(allowed, size=(batch, length)).astype(np.int64)
+    from seq2trt.reference_model.sources import source_kind
+
+    ids, _ = source_kind(cfg).random_batch(rng, batch, length)
     ids[:, -1] = cfg.eos_id
     return ids, np.ones_like(ids)
 
@@ -128,7 +129,8 @@ class Bench:
         return self.model
 
     def _make(self, name: str, threads: int):
-        if name in ("eager", "eager-cuda"):
+        runs = registry.BACKENDS[name].runs
+        if runs == "eager":
             import copy
 
             import torch
@@ -140,15 +142,15 @@ class Bench:
             return bb.StepModelBackend(name, EagerStepModel(model, device="cuda" if cuda else "cpu"), self.cfg,
                                        threads, set_threads=torch.set_num_threads,
                                        sync=torch.cuda.synchronize if cuda else None)
-        if name.startswith("ct2"):
+        if runs == "ctranslate2":
             info = self.ct2_models[name]
             used = 1 if name == "ct2-int8" else threads
             return bb.Ct2Backend(name, info["dir"], info["source_tokens"], used, info["compute_type"])
-        if name.startswith("ort-generate"):
+        if runs == "ort-search":
             from seq2trt.validation.bench.ort_search import GenerateBackend
 
-            return GenerateBackend(self.out, self.manifest, threads, int8=name == "ort-generate-int8")
-        if name in HF_BACKENDS:
+            return GenerateBackend(self.out, self.manifest, threads, int8=registry.BACKENDS[name].graphs == "generate-int8")
+        if runs in ("transformers", "optimum"):
             from seq2trt.validation.bench.hf_baselines import open_backend
 
             return open_backend(name, self.source, self.out, threads)

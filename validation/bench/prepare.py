@@ -17,8 +17,9 @@ from typing import Callable
 import numpy as np
 
 from seq2trt.reference_model.vocab import pad_batch
+from seq2trt.runtime import registry
 
-HF_BACKENDS = ("hf", "optimum")  # on the Hugging Face directory an imported checkpoint came from
+HF_BACKENDS = registry.names(needs_import=True)  # on the Hugging Face directory an imported checkpoint came from
 
 
 @dataclass
@@ -30,21 +31,21 @@ class Prepared:
 
 def is_anchor(name: str) -> bool:
     """A backend that is not ours: prepared and checked here before it is timed."""
-    return name in HF_BACKENDS or name.startswith("ct2")
+    return name in registry.BASELINES
 
 
 def imported_source(manifest, checkpoint: Path | None, backends: tuple[str, ...]):
     """The checked Hugging Face source of the export's checkpoint when a requested backend loads it (hf, optimum:
     required, else a clear error; ct2: when there is one), else None."""
-    from seq2trt.validation.bench import hf_baselines as hf_backends
+    from seq2trt.validation.bench import hf_baselines
 
     if not any(is_anchor(n) for n in backends):
         return None
     recorded = (manifest.data.get("source") or {}).get("checkpoint")
     checkpoint = Path(checkpoint) if checkpoint else (Path(recorded) if recorded else None)
-    source = hf_backends.imported_source(checkpoint) if checkpoint else None
+    source = hf_baselines.imported_source(checkpoint) if checkpoint else None
     wanted = [n for n in backends if n in HF_BACKENDS]
-    return hf_backends.require_source(source, checkpoint, wanted) if wanted else source
+    return hf_baselines.require_source(source, checkpoint, wanted) if wanted else source
 
 
 def source_ids(cfg, task: str | None, source, samples: int, seed: int) -> tuple[list[list[int]], str]:
@@ -74,15 +75,15 @@ def prepare(backends: tuple[str, ...], out: Path, reference, task: str | None, s
     want: dict = {}
     for name in backends:
         if name in HF_BACKENDS:
-            from seq2trt.validation.bench import hf_baselines as hf_backends
+            from seq2trt.validation.bench import hf_baselines
 
             progress(f"preparing {name} and checking its tokens")
             want = want or _eager_outputs(reference, ids, mask, max_new_tokens, beam)
-            check, build = hf_backends.prepare(name, source, out, reference, ids, mask, max_new_tokens, want)
+            check, build = hf_baselines.prepare(name, source, out, reference, ids, mask, max_new_tokens, want)
             done.checks[name] = {"sources": origin, **check}
             if build is not None:
                 done.builds[name] = build
-        elif name.startswith("ct2"):
+        elif registry.BACKENDS[name].runs == "ctranslate2":
             _prepare_ct2(name, out, reference, source, ids, mask, origin, max_new_tokens, progress, done)
     return done
 
@@ -94,7 +95,7 @@ def _eager_outputs(reference, ids: np.ndarray, mask: np.ndarray, max_new_tokens:
     from seq2trt.reference_model.decoding import DecodeSettings, hf_beam_search
     from seq2trt.reference_model.eager import EagerStepModel
 
-    from seq2trt.validation.bench.ctranslate2 import eager_greedy
+    from seq2trt.validation.bench.ct2_baseline import eager_greedy
 
     want = {"greedy": eager_greedy(reference, ids, mask, max_new_tokens)}
     if beam is not None and beam[0] > 1:
@@ -106,19 +107,19 @@ def _eager_outputs(reference, ids: np.ndarray, mask: np.ndarray, max_new_tokens:
 def _prepare_ct2(name: str, out: Path, reference, source, ids, mask, origin: str, max_new_tokens: int,
                  progress: Callable[[str], None], done: Prepared) -> None:
     """Convert for one CTranslate2 variant, check its greedy tokens, note where its model lies."""
-    from seq2trt.validation.bench import ctranslate2 as ct2_backend
+    from seq2trt.validation.bench import ct2_baseline
 
     quantization = "int8" if name == "ct2-int8" else "float32"
     progress(f"converting to CTranslate2 {quantization} and checking its greedy tokens")
     start = time.perf_counter()
     folder = Path(out) / "ct2" / quantization
-    model_dir = ct2_backend.convert(reference, folder, quantization, force=True) if source is None else \
-        ct2_backend.convert_hf(source.path, reference.cfg, folder, quantization, force=True)
+    model_dir = ct2_baseline.convert(reference, folder, quantization, force=True) if source is None else \
+        ct2_baseline.convert_hf(source.path, reference.cfg, folder, quantization, force=True)
     seconds = time.perf_counter() - start
-    translator = ct2_backend.Ct2Translator(model_dir, threads=1)
-    agreement = ct2_backend.check_agreement(reference, translator, ids, mask, max_new_tokens,
+    translator = ct2_baseline.Ct2Translator(model_dir, threads=1)
+    agreement = ct2_baseline.check_agreement(reference, translator, ids, mask, max_new_tokens,
                                             require=quantization == "float32")
-    done.ct2_models[name] = {"dir": model_dir, "compute_type": ct2_backend.compute_type(quantization),
+    done.ct2_models[name] = {"dir": model_dir, "compute_type": ct2_baseline.compute_type(quantization),
                              "source_tokens": translator.source_tokens}
     del translator  # one Translator per process while timing
     done.checks[name] = {"sources": origin, **agreement.to_dict()}

@@ -8,15 +8,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from seq2trt.reference_model.decoding import GNMT_ALPHA
 from seq2trt.reference_model.errors import InputError
 
-from seq2trt.validation.bench.prepare import HF_BACKENDS
 from seq2trt.runtime.decode_jobs import check_threads
+from seq2trt.runtime.registry import BACKENDS, unavailable  # noqa: F401  (unavailable: re-exported)
 
-KNOWN_BACKENDS = ("eager", "eager-cuda", "ort", "ort-fused", "ort-int8", "tensorrt", "tensorrt-rtx", "ct2", "ct2-int8",
-                  "hf", "optimum", "ort-generate", "ort-generate-int8")
+KNOWN_BACKENDS = tuple(BACKENDS)
 SEARCHES = ("greedy", "beam")
-GPU_BACKENDS = ("tensorrt", "tensorrt-rtx")  # TensorRT engines; eager-cuda is the eager model on a CUDA device
 
 
 def parse_backends(text: str) -> tuple[str, ...]:
@@ -54,7 +53,7 @@ class BenchSettings:
     # early_stopping=True: ort-generate's semantics; CTranslate2 stops at beam finished hypotheses too), timed per batch.
     search: str = "greedy"
     beam: int = 4
-    length_penalty: float = 0.6
+    length_penalty: float = GNMT_ALPHA
 
     def __post_init__(self) -> None:
         parse_backends(",".join(self.backends))
@@ -75,49 +74,18 @@ class BenchSettings:
             raise InputError(f"--src-len and --new-tokens must be >= 1, got {self.src_len} and {self.new_tokens}")
 
 
-def unavailable(backends: tuple[str, ...]) -> dict[str, str]:
-    """Backend name -> why it cannot run on this machine."""
-    from seq2trt.plugins import trt_compat
-
-    why = {}
-    for name in backends:
-        if name in GPU_BACKENDS and not trt_compat.has_gpu():
-            why[name] = "TensorRT engines run only on an NVIDIA GPU and this machine has none"
-        elif name == "eager-cuda":
-            import torch
-
-            if not torch.cuda.is_available():
-                why[name] = "the eager model on CUDA needs a GPU visible to PyTorch, and this machine has none"
-        elif name.startswith("ct2"):
-            try:
-                import ctranslate2  # noqa: F401
-            except ImportError:
-                why[name] = "CTranslate2 is not installed (pip install 'seq2trt[ct2]')"
-        elif name in HF_BACKENDS:
-            import importlib.util
-
-            needs = ("transformers",) + (("optimum.onnxruntime",) if name == "optimum" else ())
-            if any(importlib.util.find_spec(module.split(".")[0]) is None for module in needs):
-                why[name] = f"{' and '.join(needs)} not installed (pip install 'seq2trt[hf]')"
-    return why
-
-
 def available_backends(out: Path) -> tuple[str, ...]:
     """The backends `bench` can time here for the export in `out` (what the demo asks for): hf and optimum when the
     checkpoint its manifest names was imported."""
-    from seq2trt.exporters.fuse import Target, fused_dir
-    from seq2trt.exporters.quantize import quantized_dir
-    from seq2trt.reference_model.hf_import import IMPORT_RECORD
+    from seq2trt.reference_model import layout
 
-    from seq2trt.exporters.ort_search import generate_dir
-
-    derived = {"ort-fused": fused_dir(out, Target.ORT), "ort-int8": quantized_dir(out), "ort-generate": generate_dir(out),
-               "ort-generate-int8": generate_dir(out, int8=True)}
+    derived = {"fused-ort": layout.fused_dir(out, "ort"), "int8-ort": layout.quantized_dir(out),
+               "generate": layout.generate_dir(out), "generate-int8": layout.generate_dir(out, int8=True)}
     try:
-        checkpoint = json.loads((Path(out) / "manifest.json").read_text())["source"]["checkpoint"]
-        imported = (Path(checkpoint) / IMPORT_RECORD).is_file()
+        checkpoint = json.loads((Path(out) / layout.MANIFEST).read_text())["source"]["checkpoint"]
+        imported = (Path(checkpoint) / layout.IMPORT_RECORD).is_file()
     except (OSError, ValueError, KeyError, TypeError):
         imported = False
-    names = ["eager", "eager-cuda", "ort", *(n for n, folder in derived.items() if folder.is_dir()), *GPU_BACKENDS,
-             "ct2", *(HF_BACKENDS if imported else ())]
+    names = [n for n, b in BACKENDS.items() if (b.graphs not in derived or derived[b.graphs].is_dir())
+             and (imported or not b.needs_import)]
     return tuple(n for n in names if n not in unavailable(tuple(names)))

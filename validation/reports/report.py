@@ -17,8 +17,8 @@ from seq2trt.exporters.manifest import Manifest, generation, verify, writing_int
 from seq2trt.reference_model.config import Seq2SeqConfig
 from seq2trt.reference_model.atomic_files import atomic_write_text
 
-from seq2trt.validation.reports import bench_table as bench_report
-from seq2trt.validation.reports import parity_table as report_parity
+from seq2trt.validation.reports import bench_table
+from seq2trt.validation.reports import parity_table
 
 
 def _load(path: Path) -> dict | None:
@@ -150,7 +150,7 @@ def _parity(out: Path) -> list[str]:
                      f"{'yes' if doc.get('passed') else 'NO'} | {agree('greedy')} | {agree('beam')} | {err} | "
                      f"{metric} |")
     for name, doc in docs.items():
-        lines += ["", _demote(report_parity.markdown(doc), 2)]  # each run nested under "## Parity"
+        lines += ["", _demote(parity_table.markdown(doc), 2)]  # each run nested under "## Parity"
     return lines + [""]
 
 
@@ -159,7 +159,7 @@ def _latency(out: Path) -> list[str]:
     if not doc:
         return ["## Latency", "", "Not run (`seq2trt bench OUT`).", ""]
     images = {p.stem.replace("_", " "): p.name for p in sorted((out / "reports").glob("*.png"))}
-    return [_demote(bench_report.markdown(doc, images)), ""]
+    return [_demote(bench_table.markdown(doc, images)), ""]
 
 
 def _demote(markdown: str, levels: int = 1) -> str:

@@ -22,7 +22,7 @@ from seq2trt.reference_model.errors import CheckpointError  # noqa: E402
 from seq2trt.reference_model.hf_import import config_from_hf  # noqa: E402
 from seq2trt.reference_model.hf_verify import load_transformers_model, seeded_sources  # noqa: E402
 from seq2trt.reference_model.vocab import pad_batch  # noqa: E402
-from seq2trt.validation.bench import ctranslate2 as ct2_backend  # noqa: E402
+from seq2trt.validation.bench import ct2_baseline as ct2_backend  # noqa: E402
 from seq2trt.validation.bench import hf_baselines as hf_backends
 
 NEW_TOKENS = 5

@@ -14,7 +14,7 @@ pytest.importorskip("ctranslate2")
 from seq2trt.reference_model.errors import CheckFailed, ConfigError, DependencyError  # noqa: E402
 from seq2trt.reference_model.tasks import get_task  # noqa: E402
 from seq2trt.reference_model.vocab import pad_batch  # noqa: E402
-from seq2trt.validation.bench import ctranslate2 as ct2_backend  # noqa: E402
+from seq2trt.validation.bench import ct2_baseline as ct2_backend  # noqa: E402
 
 
 def _sources(cfg, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -28,6 +28,8 @@ from typing import Callable
 
 import numpy as np
 
+from seq2trt.validation.ties import GreedyComparison, compare_greedy  # noqa: F401  (re-exported)
+
 from seq2trt.reference_model.errors import CheckFailed, ConfigError, DependencyError, InputError
 from seq2trt.reference_model.atomic_files import atomic_write_text
 from seq2trt.reference_model.swap import staged_directory
@@ -268,32 +270,6 @@ class Ct2Translator:
                 for r, t in zip(results, targets)]
 
 
-@dataclass
-class GreedyComparison:
-    """Greedy tokens of a candidate against the eager model's, on the same sources."""
-
-    sequences: int
-    identical: int
-    ties: int  # sequences that diverge within the candidate's measured error of an eager tie (compare_greedy)
-    tie_margin: float  # the bound used where no candidate logits were recorded
-    max_abs_logit_diff: float | None  # over the steps both decoded identically, when the candidate gave logits
-    mismatches: list[str]
-    logit_abs_err_by_step: list[float] | None = None  # the largest |difference| at each decoding step
-
-    @property
-    def rate(self) -> float:
-        return self.identical / self.sequences if self.sequences else 1.0
-
-    def __bool__(self) -> bool:
-        return self.identical + self.ties == self.sequences
-
-    def to_dict(self) -> dict:
-        return {"sequences": self.sequences, "identical": self.identical, "ties": self.ties, "rate": self.rate,
-                "tie_margin": self.tie_margin, "max_abs_logit_diff": self.max_abs_logit_diff,
-                "passed": bool(self), "mismatches": self.mismatches[:10],
-                "logit_abs_err_by_step": self.logit_abs_err_by_step}
-
-
 def eager_greedy(model, input_ids: np.ndarray, attention_mask: np.ndarray, max_new_tokens: int,
                  forced_eos: bool | None = None) -> tuple[list[list[int]], list[list[np.ndarray]]]:
     """The eager model's greedy tokens with the model's decoding rules (forced bos/eos, suppressed ids) and, per
@@ -314,49 +290,6 @@ def eager_greedy(model, input_ids: np.ndarray, attention_mask: np.ndarray, max_n
 
     tokens = greedy_decode(EagerStepModel(model), input_ids, attention_mask, settings, on_step=record)
     return tokens, logits
-
-
-def compare_greedy(reference: tuple[list[list[int]], list[list[np.ndarray]]], candidate: list[list[int]], eos_id: int,
-                   candidate_logits: list[np.ndarray] | None = None, tie_margin: float = 1e-4) -> GreedyComparison:
-    """Token-for-token agreement. A divergence is a tie when the reference's two candidates are closer than the
-    candidate's own logit error can move them: 2x its largest error on that source up to and including the
-    divergent step, where `candidate_logits` are given, and only while that error is within what float32
-    arithmetic allows (the fp32 bound, atol + rtol |logit|): a candidate off by more is wrong, not tied. Without
-    logits: within `tie_margin`."""
-    from seq2trt.validation.parity import TOLERANCES
-
-    fp32 = TOLERANCES["fp32"]["*"]
-    ref_tokens, ref_logits = reference
-    identical = ties = 0
-    mismatches, by_step = [], []
-    for i, (want, got) in enumerate(zip(ref_tokens, candidate)):
-        step = next((t for t, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
-        source_err, wrong = None, False
-        if candidate_logits is not None:
-            n = min(step + 1, len(ref_logits[i]), len(candidate_logits[i]))
-            for t in range(n):  # up to and including the first divergent step: both saw the same history
-                a, b = ref_logits[i][t], candidate_logits[i][t]
-                v = min(len(a), len(b))  # CTranslate2's Marian vocabulary drops the last id, the pad
-                err = float(np.abs(a[:v] - b[:v]).max())
-                by_step.extend([0.0] * (t + 1 - len(by_step)))
-                by_step[t] = max(by_step[t], err)
-                allowed = fp32.atol + fp32.rtol * float(np.abs(a[:v]).max())
-                source_err = max(source_err or 0.0, err)
-                wrong = wrong or not err <= allowed
-        if want == got:
-            identical += 1
-            continue
-        logits = ref_logits[i][step] if step < len(ref_logits[i]) else None
-        ref_next = want[step] if step < len(want) else eos_id  # past its end, a sequence ended with eos
-        got_next = got[step] if step < len(got) else eos_id
-        margin = None if logits is None else float(logits[ref_next] - logits[got_next])
-        bound = tie_margin if source_err is None else 0.0 if wrong else 2 * source_err
-        if margin is not None and margin <= bound and not wrong:
-            ties += 1
-        mismatches.append(f"source {i}: diverges at step {step} (eager {ref_next}, candidate {got_next}, "
-                          f"eager margin {margin if margin is None else f'{margin:.2e}'})")
-    return GreedyComparison(len(ref_tokens), identical, ties, tie_margin, max(by_step) if by_step else None,
-                            mismatches, by_step if candidate_logits is not None else None)
 
 
 def check_agreement(model, translator: Ct2Translator, input_ids: np.ndarray, attention_mask: np.ndarray,
