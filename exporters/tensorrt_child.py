@@ -1,4 +1,4 @@
-"""TensorRT's build in a child process, so that a native crash ends the child, not the caller (issue 17).
+"""TensorRT's build in a child process, so that a native crash ends the child, not the caller.
 
 TensorRT-RTX aborts its whole process (SIGABRT, `malloc_consolidate(): invalid chunk size`) on some damaged graphs
 that still parse. `BuildChild` runs `tensorrt_build` jobs in a fresh Python started with `sys.executable`: one child

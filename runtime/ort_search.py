@@ -26,12 +26,9 @@ logger = logging.getLogger(__name__)
 
 def session_options(ort, threads: int, int8: bool):
     """(SessionOptions, disabled optimizers) for generate.onnx: the settings of the step-graph sessions of the loops
-    (runners.OPTIMIZATION: basic for the fused fp32 graphs, extended without SkipLayerNormFusion for the int8 ones).
-    ONNX Runtime's default level fused Add + LayerNormalization into SkipLayerNormalization inside the subgraphs,
-    whose CPU kernel is the slower one at decode sizes (ORT 1.32, 1 thread, one-node sessions: 58 us against 14 at
-    32 rows of 256, 267 against 33 at 128). Demo export, 1 thread, paired in one process, load ~3.5: fp32 beam 4
-    B=8 1.16x, B=1 1.06x, forced greedy B=32 1.14x faster than the default level, tokens equal on 200/200 held-out
-    sources; int8 1.20x / 1.21x (and its graphs now run as the ort-int8 loop runs them)."""
+    (runners.OPTIMIZATION: basic for the fused fp32 graphs, extended without SkipLayerNormFusion for the int8 ones),
+    not ONNX Runtime's default level, whose SkipLayerNormalization is slower inside the subgraphs at decode sizes
+    (benchmarks/README.md, "ONNX Runtime settings")."""
     from seq2trt.runtime import runners
 
     options, disabled = runners.session_options(ort, "extended" if int8 else "basic")

@@ -156,11 +156,9 @@ class EagerRunner(Runner):
         return {n: _to_numpy(v, self._np_dtype) for n, v in zip(names, values)}
 
 
-# ONNX Runtime graph optimization: level and the optimizers left out. Basic (constant folding, redundant nodes) is
-# what our fused fp32 graphs want: the extended level's one extra fusion on them, SkipLayerNormalization, ran
-# greedy decoding 4-10% slower on CPU (at B=32 a session of that one node takes 46 us, of Add+Add+LayerNorm 14). Extended
-# without it is what the int8 graphs want: it fuses DynamicQuantizeLinear + MatMulInteger + scale + bias into one
-# DynamicQuantizeMatMul (+18% tokens/s at B=1, +11% at B=32 over basic; benchmarks/README.md, run 5).
+# ONNX Runtime graph optimization: level and the optimizers left out. Basic suits the fused fp32 graphs (the extended
+# level's SkipLayerNormalization is slower on CPU at decode sizes); extended without it suits the int8 graphs (it
+# fuses DynamicQuantizeMatMul). The measurements are in benchmarks/README.md, "ONNX Runtime settings".
 OPTIMIZATION: dict[str, tuple[str, list[str]]] = {
     "basic": ("ORT_ENABLE_BASIC", []),
     "extended": ("ORT_ENABLE_EXTENDED", ["SkipLayerNormFusion"]),
@@ -183,12 +181,10 @@ def configure_threads(options, threads: int) -> str:
     """Intra-op threading of one session; returns how it runs ("1 thread", "shared spinning pool of N threads").
 
     One thread: a session of its own, nothing to spin. More (0: ONNX Runtime's default, one per core): one pool
-    shared by every session of the process, spinning between calls. With a pool per session, the encoder's and
-    the decoder's pool threads spin against each other and the Python loop on a 2-core machine, and without
-    spinning every parallel op pays a thread wake-up (~11 us for a one-row 256x1024 GEMM, over half its time):
-    both made 2 threads slower than 1 at batch 1 (benchmarks/README.md, run 5). ONNX Runtime creates that pool
-    once per process and, from then on, refuses sessions with threads of their own: every later session joins
-    it, whatever it asked for, with a warning when that differs.
+    shared by every session of the process, spinning between calls, so the encoder's and decoder's threads do not
+    compete (benchmarks/README.md, "ONNX Runtime settings"). ONNX Runtime creates that pool once per process and
+    then refuses sessions with threads of their own: every later session joins it, with a warning when it asked
+    for another count.
     """
     if _GLOBAL_POOL:
         if threads != _GLOBAL_POOL[0]:

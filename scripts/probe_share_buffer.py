@@ -1,4 +1,4 @@
-"""Does ONNX Runtime's BeamSearch (model_type 1) share past/present KV buffers on CPU? (benchmarks/README.md, issue 16)
+"""Does ONNX Runtime's BeamSearch (model_type 1) share past/present KV buffers on CPU? (benchmarks/README.md)
 
 usage: python scripts/probe_share_buffer.py OUT
 Rewrites copies of OUT/generate/ort/generate.onnx (in a temporary folder) so that the decoder subgraph runs

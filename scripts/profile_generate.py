@@ -1,4 +1,4 @@
-"""Profile OUT/generate/ort/generate.onnx with ONNX Runtime's profiler (benchmarks/README.md, issue 16).
+"""Profile OUT/generate/ort/generate.onnx with ONNX Runtime's profiler (benchmarks/README.md).
 
 usage: python scripts/profile_generate.py OUT BATCH [BEAMS]
 Runs beam search (default 4 beams, length penalty 0.6, at most 63 new tokens) 3 times on the first BATCH held-out

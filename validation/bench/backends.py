@@ -158,11 +158,9 @@ class StepModelBackend:
             close()
 
 
-# CTranslate2's worker runs with its own defaults (OpenMP threads spin between parallel regions, as ONNX Runtime's
-# shared pool does): its best on an idle machine, the anchor issue 8 asks for. On a loaded 2-core machine spinning
-# OpenMP threads wait for preempted partners (one 2-thread 32-token decode took 26 ms to 9.9 s at load ~3, a steady
-# 30 ms with OMP_WAIT_POLICY=PASSIVE, which in turn made 2 threads 5x slower than 1 on the idle machine); set that
-# variable in the environment for such runs: the worker inherits it and latency.json records it.
+# CTranslate2's worker runs with its own defaults (OpenMP threads spin between parallel regions): its best on an idle
+# machine. On a loaded machine spinning threads wait for preempted partners; set OMP_WAIT_POLICY=PASSIVE in the
+# environment for such runs (benchmarks/README.md, "CTranslate2"): the worker inherits it and latency.json records it.
 CT2_ENV_KEYS = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "KMP_BLOCKTIME", "CT2_USE_MKL", "CT2_FORCE_CPU_ISA")
 
 

@@ -1,4 +1,4 @@
-"""The bench's references on the Hugging Face directory an imported checkpoint came from (issue 15): what users of
+"""The bench's references on the Hugging Face directory an imported checkpoint came from: what users of
 these models run today, timed on the same work as our backends.
 
 - `hf`: transformers' own model loaded from the source directory, eager PyTorch `generate` with the KV cache.
