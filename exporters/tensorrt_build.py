@@ -256,7 +256,8 @@ def build(onnx_path: Path, profiles: Profiles, targets: Sequence[int | str] | st
     trt_compat.load(settings.flavour)  # a missing TensorRT says which extra to install before a child starts
     if isinstance(targets, str):
         targets = trt_compat.parse_targets(settings.flavour, targets)
-    job = {"onnx_path": onnx_path, "profiles": profiles, "targets": targets, "dtype": dtype, "settings": settings}
+    job = {"function": f"{__name__}:run_build", "onnx_path": onnx_path, "profiles": profiles, "targets": targets,
+           "dtype": dtype, "settings": settings}
     with contextlib.ExitStack() as stack:
         child = child or stack.enter_context(BuildChild())
         with deferred_interrupt() as interrupted:  # set: the child is killed, and the interrupt raised on leaving
@@ -270,7 +271,7 @@ def build_in_process(onnx_path: Path, profiles: Profiles, targets: Sequence[int 
     settings = settings or BuildSettings()
     onnx_path = _checked_path(onnx_path)
     with deferred_interrupt():  # TensorRT calls back into Python from parse to serialize
-        return _build(onnx_path, profiles, targets, dtype, settings, progress)
+        return run_build(onnx_path, profiles, targets, dtype, settings, progress)
 
 
 def _checked_path(onnx_path: Path) -> Path:
@@ -280,8 +281,9 @@ def _checked_path(onnx_path: Path) -> Path:
     return onnx_path
 
 
-def _build(onnx_path: Path, profiles: Profiles, targets, dtype: str | None, settings: BuildSettings,
-           progress: Progress | None) -> BuildResult:
+def run_build(onnx_path: Path, profiles: Profiles, targets, dtype: str | None, settings: BuildSettings,
+              progress: Progress | None) -> BuildResult:
+    """The build itself, in this process (what the child runs for `build`)."""
     trt = trt_compat.load(settings.flavour)
     if isinstance(targets, str):
         targets = trt_compat.parse_targets(settings.flavour, targets)

@@ -217,7 +217,7 @@ def child_main() -> None:
     jobs, messages = Connection(jobs_fd, writable=False), Connection(messages_fd, readable=False)
     root = logging.getLogger()
     root.addHandler(_Forward(messages))
-    from seq2trt.exporters import tensorrt_build
+    import importlib
 
     while True:
         try:
@@ -227,8 +227,9 @@ def child_main() -> None:
         root.setLevel(job.pop("log_level"))
         send_progress = job.pop("progress")
         report = (lambda phase, done, total: messages.send(("progress", phase, done, total))) if send_progress else None
+        module, _, name = job.pop("function").partition(":")  # the job names its function: no import back
         try:
-            result = tensorrt_build._build(**job, progress=report)
+            result = getattr(importlib.import_module(module), name)(**job, progress=report)
         except Exception as exc:
             messages.send(("error", _sendable(exc), traceback.format_exc()))
         else:

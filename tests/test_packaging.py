@@ -99,3 +99,63 @@ def test_relative_imports_are_not_used():
     rel = [f"{p.relative_to(ROOT)}:{n.lineno}" for top in TOP_LEVEL for p in (ROOT / top).rglob("*.py")
            for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.ImportFrom) and n.level]
     assert not rel, rel
+
+
+def _module_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Library module -> the library modules it imports (inside functions too). A package's __init__ importing its
+    own submodules (a registry filling itself) is not counted: the submodules may import the package."""
+    modules = {}
+    for top in TOP_LEVEL:
+        for path in (root / top).rglob("*.py"):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            is_init = parts[-1] == "__init__"
+            parts = parts[:-1] if is_init else parts
+            modules[".".join([package_name(parts[0]), *parts[1:]])] = (path, is_init)
+    graph = {}
+    for name, (path, is_init) in modules.items():
+        found = set()
+        for _line, imported in imported_modules(path):
+            found.add(imported)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found |= {f"{node.module}.{alias.name}" for alias in node.names}
+        graph[name] = {m for m in found if m in modules and m != name
+                       and not (is_init and m.startswith(name + "."))}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, cycles, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_import_cycles():
+    assert import_cycles(_module_graph()) == []
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the check can fail

@@ -244,7 +244,7 @@ def end_to_end(candidate: StepModel, reference: StepModel, sources: list[list[in
             agreements[name] = with_near_ties(agreements[name], want, got, settings.eos_id, margins, max_err[name])
         else:
             ties = beam_near_ties(agreements[name].divergent_steps, reference, candidate, sources, want, got,
-                                  traces, settings, beam_size, near_tie_cap(dtype))
+                                  traces, settings, beam_size, near_tie_cap(dtype, TARGETS["fp32"].max_logit_abs_err))
             agreements[name] = _judged_without(agreements[name], ties, want, got, settings.eos_id)
         if name == "greedy" and task_metric is not None:
             label, score = task_metric

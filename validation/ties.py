@@ -45,18 +45,17 @@ def greedy_tie(margin: float | None, error: float | None) -> bool:
     return margin is not None and error is not None and margin <= 2 * error
 
 
-def near_tie_cap(dtype: str) -> tuple[float, float]:
-    """The largest logit error a near-tie may rest on, (absolute, relative to the largest |logit|): fp32's target;
-    for fp16/bf16 the precision check's factor on one rounding of the logits (MAX_FACTOR x unit roundoff); for int8
-    the same factor on int8's resolution, 1/127 of a tensor's range."""
-    from seq2trt.validation.end_to_end import TARGETS
+def near_tie_cap(dtype: str, fp32_target: float) -> tuple[float, float]:
+    """The largest logit error a near-tie may rest on, (absolute, relative to the largest |logit|): fp32's target
+    (`fp32_target`, end to end's max_logit_abs_err); for fp16/bf16 the precision check's factor on one rounding of
+    the logits (MAX_FACTOR x unit roundoff); for int8 the same factor on int8's resolution, 1/127 of a range."""
     from seq2trt.validation.precision import MAX_FACTOR, UNIT_ROUNDOFF
 
     if dtype in UNIT_ROUNDOFF:
         return 0.0, MAX_FACTOR * UNIT_ROUNDOFF[dtype]
     if dtype == "int8":
         return 0.0, MAX_FACTOR / 127
-    return TARGETS[dtype].max_logit_abs_err, 0.0
+    return fp32_target, 0.0
 
 
 @dataclass
