@@ -1,14 +1,19 @@
-"""Shared fixtures: tiny seeded models built in code, and the trained demo checkpoint (cached)."""
+"""Shared fixtures: tiny seeded models built in code, the numbers model's checkpoint and export, and the trained demo
+checkpoint (cached). Shared code that is not a fixture lives in tests/helpers (imported as `helpers`)."""
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from seq2trt.reference_model import Seq2SeqTransformer, preset
+
+sys.path.append(str(Path(__file__).parent))  # `import helpers`: importlib mode puts no test folder on sys.path
+pytest.register_assert_rewrite("helpers")  # their asserts explain themselves as a test's do
 
 
 def random_model(seed: int = 0, dtype: torch.dtype = torch.float64, **overrides) -> Seq2SeqTransformer:
@@ -32,6 +37,18 @@ def random_model(seed: int = 0, dtype: torch.dtype = torch.float64, **overrides)
 @pytest.fixture(scope="session")
 def make_model():
     return random_model
+
+
+@pytest.fixture(scope="session")
+def numbers_export(make_model, tmp_path_factory):
+    """(root, model, task): a random model (seed 5) on the numbers task's vocabularies saved as root/ckpt, exported to
+    root/out (max batch 8) with fused ORT graphs. Shared by the session, read only: copy it before changing it."""
+    from helpers.artifacts import checkpoint_and_export, numbers_model
+
+    model, task = numbers_model(make_model, seed=5)
+    root = tmp_path_factory.mktemp("numbers")
+    checkpoint_and_export(root, model, task, max_batch=8, fuse=("ort",))
+    return root, model, task
 
 
 @pytest.fixture(scope="session")

@@ -11,36 +11,18 @@ import threading
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
 
 import seq2trt
-from seq2trt.cli.main import cli
-from seq2trt.reference_model.checkpoint import save_checkpoint
 from seq2trt.reference_model.decoding import DecodeSettings, beam_search, greedy_decode
 from seq2trt.reference_model.eager import EagerStepModel
 from seq2trt.reference_model.errors import InputError
-from seq2trt.reference_model.tasks import get_task
 from seq2trt.reference_model.vocab import pad_batch
+
+from helpers.artifacts import import_and_export
+from helpers.cli import invoke
 
 HAS_HF = importlib.util.find_spec("transformers") is not None
 TEXTS = ["40213", "7", "999999", "120", "5550", "31"]
-
-
-def invoke(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-@pytest.fixture(scope="module")
-def numbers(make_model, tmp_path_factory):
-    """A random model on the numbers task's vocabularies: its checkpoint, and its export with fused ORT graphs."""
-    task = get_task("numbers")
-    model = make_model(seed=5, dtype=torch.float32, src_vocab_size=len(task.source_vocab),
-                       tgt_vocab_size=len(task.target_vocab))
-    root = tmp_path_factory.mktemp("numbers")
-    save_checkpoint(root / "ckpt", model, (task.source_vocab, task.target_vocab))
-    assert invoke("export", root / "ckpt", "-o", root / "out", "--max-batch", 8).exit_code == 0
-    assert invoke("fuse", root / "out", "--target", "ort").exit_code == 0
-    return root, model, task
 
 
 def eager_decode(model, task, texts, beam):
@@ -56,8 +38,8 @@ def test_public_names():
 
 @pytest.mark.parametrize("source, backend", [("ckpt", "eager"), ("out", "ort"), ("out", "ort-fused")])
 @pytest.mark.parametrize("beam", [1, 3])
-def test_translate_is_the_eager_decode_and_the_cli(numbers, source, backend, beam):
-    root, model, task = numbers
+def test_translate_is_the_eager_decode_and_the_cli(numbers_export, source, backend, beam):
+    root, model, task = numbers_export
     want = eager_decode(model, task, TEXTS, beam)
     with seq2trt.Translator(root / source, backend=backend, threads=1) as translator:
         got = translator.translate(TEXTS, beam=beam, batch_size=4)  # two batches
@@ -71,21 +53,21 @@ def test_translate_is_the_eager_decode_and_the_cli(numbers, source, backend, bea
     assert result.output.splitlines() == [h.text for h in got]
 
 
-def test_max_new_tokens_bounds_the_output(numbers):
-    root, model, task = numbers
+def test_max_new_tokens_bounds_the_output(numbers_export):
+    root, model, task = numbers_export
     with seq2trt.Translator(root / "out", backend="ort-fused") as translator:
         short = translator.translate(TEXTS, max_new_tokens=2)
     assert all(len(h.ids) <= 2 for h in short)
     assert [h.ids for h in short] == [w[:2] for w in eager_decode(model, task, TEXTS, 1)]
 
 
-def test_search_options_are_the_clis(numbers):
+def test_search_options_are_the_clis(numbers_export):
     """n-best lists with scores, and seeded sampling: what `seq2trt translate` prints for the same flags."""
     from seq2trt.translator import SEARCH_OPTIONS
     from seq2trt.runtime.decode_jobs import OPTION_FLAGS
 
     assert set(SEARCH_OPTIONS.values()) | {"num_return_sequences", "output_scores"} == set(OPTION_FLAGS)
-    root, _, _ = numbers
+    root, _, _ = numbers_export
     with seq2trt.Translator(root / "out", backend="ort-fused") as translator:
         nbest = translator.translate(TEXTS, beam=3, n_best=2, scores=True)
         sampled = translator.translate(TEXTS, sample=True, seed=3, temperature=0.8, top_k=5)
@@ -101,8 +83,8 @@ def test_search_options_are_the_clis(numbers):
 
 
 @pytest.mark.parametrize("backend, beam", [("ort-fused", 1), ("ort-fused", 3), ("eager", 3)])
-def test_four_threads_at_once_return_what_each_call_returns_alone(numbers, backend, beam):
-    root, _, _ = numbers
+def test_four_threads_at_once_return_what_each_call_returns_alone(numbers_export, backend, beam):
+    root, _, _ = numbers_export
     jobs = [TEXTS, TEXTS[::-1], TEXTS[1:4] * 3, ["12", "340", "7"]]
     with seq2trt.Translator(root / ("ckpt" if backend == "eager" else "out"), backend=backend) as translator:
         alone = [translator.translate(texts, beam=beam, batch_size=2) for texts in jobs]
@@ -127,12 +109,12 @@ def test_four_threads_at_once_return_what_each_call_returns_alone(numbers, backe
     assert together == alone
 
 
-def test_closing_releases_sessions_and_torch_threads(numbers):
-    root, _, _ = numbers
+def test_closing_releases_sessions_and_torch_threads(numbers_export):
+    root, _, _ = numbers_export
     saved = torch.get_num_threads()
     translator = seq2trt.Translator(root / "out", backend="ort-fused", threads=1)
     assert torch.get_num_threads() == 1
-    runners = [translator._opened[0].encoder, translator._opened[0].decoder]
+    runners = [translator._opened.model.encoder, translator._opened.model.decoder]
     translator.close()
     assert torch.get_num_threads() == saved
     assert not any(r.is_active for r in runners)
@@ -146,8 +128,8 @@ def _cli_error(*args) -> str:
     return result.output.strip().removeprefix("error: ")
 
 
-def test_errors_are_the_clis(numbers, tmp_path):
-    root, _, task = numbers
+def test_errors_are_the_clis(numbers_export, tmp_path):
+    root, _, task = numbers_export
     with pytest.raises(InputError) as exc:
         seq2trt.Translator(root / "ckpt", backend="ort")
     assert str(exc.value) == _cli_error("translate", root / "ckpt", "12", "--backend", "ort")
@@ -184,8 +166,7 @@ def test_an_imported_model_translates_as_transformers_generate(make_hf_model, ma
 
     src, n = make_marian_tokenizer(tmp_path / "src")
     make_hf_model(src, "marian", dict(vocab_size=n, pad_token_id=n - 1, decoder_start_token_id=n - 1), std=0.2)
-    assert invoke("import", "hf", src, "-o", tmp_path / "ckpt").exit_code == 0
-    assert invoke("export", tmp_path / "ckpt", "-o", tmp_path / "out", "--max-batch", 16).exit_code == 0
+    import_and_export(src, tmp_path, "--max-batch", 16, fuse=None)
     texts = ["kalo mine suta", "ri po de an", "taelor"]
     tokenizer, original = AutoTokenizer.from_pretrained(str(src)), MarianMTModel.from_pretrained(src).eval()
     with torch.inference_mode():

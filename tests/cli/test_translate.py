@@ -9,34 +9,21 @@ import json
 
 import pytest
 import torch
-from click.testing import CliRunner
 
-from seq2trt.cli.main import cli
-from seq2trt.reference_model.checkpoint import save_checkpoint
 from seq2trt.reference_model.decoding import DecodeSettings, beam_search, greedy_decode
 from seq2trt.reference_model.eager import EagerStepModel
-from seq2trt.reference_model.tasks import get_task
 from seq2trt.reference_model.vocab import pad_batch
+
+from helpers.artifacts import import_and_export
+from helpers.cli import invoke, invoke_ok
 
 HAS_HF = importlib.util.find_spec("transformers") is not None
 
 
-def invoke(*args: str):
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-@pytest.fixture(scope="module")
-def numbers_checkpoint(make_model, tmp_path_factory):
-    task = get_task("numbers")
-    model = make_model(seed=5, dtype=torch.float32, src_vocab_size=len(task.source_vocab),
-                       tgt_vocab_size=len(task.target_vocab))
-    path = save_checkpoint(tmp_path_factory.mktemp("ckpt") / "ckpt", model, (task.source_vocab, task.target_vocab))
-    return path, model, task
-
-
 @pytest.mark.parametrize("beam", [1, 3])
-def test_translate_words_are_the_eager_decode(numbers_checkpoint, beam):
-    path, model, task = numbers_checkpoint
+def test_translate_words_are_the_eager_decode(numbers_export, beam):
+    root, model, task = numbers_export
+    path = root / "ckpt"
     texts = ["40213", "7", "999999", "120"]
     result = invoke("translate", path, *texts, "--beam", beam, "--batch-size", 3)  # two batches
     assert result.exit_code == 0, result.output
@@ -48,11 +35,11 @@ def test_translate_words_are_the_eager_decode(numbers_checkpoint, beam):
     assert len({line for line in result.output.splitlines()}) > 1
 
 
-def test_translate_threads_hold_torch_too(numbers_checkpoint, monkeypatch):
+def test_translate_threads_hold_torch_too(numbers_export, monkeypatch):
     """--threads also holds torch (the eager model, the loops' search arithmetic) while decoding, then restores it."""
     from seq2trt.runtime import decode_jobs
 
-    path, _, _ = numbers_checkpoint
+    path = numbers_export[0] / "ckpt"
     seen = []
 
     def spy(*args):
@@ -70,8 +57,8 @@ def test_translate_threads_hold_torch_too(numbers_checkpoint, monkeypatch):
         torch.set_num_threads(saved)
 
 
-def test_translate_refuses_bad_input(numbers_checkpoint, tmp_path):
-    path, _, _ = numbers_checkpoint
+def test_translate_refuses_bad_input(numbers_export, tmp_path):
+    path = numbers_export[0] / "ckpt"
     result = invoke("translate", path, "12", "--backend", "ort")
     assert result.exit_code == 2 and "export it first" in result.output
     result = invoke("translate", path)
@@ -94,10 +81,7 @@ def imported_marian(make_hf_model, make_marian_tokenizer, tmp_path_factory):
     make_hf_model(src, "marian", dict(vocab_size=n, pad_token_id=n - 1, decoder_start_token_id=n - 1,
                                       activation_function="swish", scale_embedding=True),
                   dict(bad_words_ids=[[n - 1]], num_beams=4, length_penalty=0.8))
-    assert invoke("import", "hf", src, "-o", root / "ckpt").exit_code == 0
-    assert invoke("export", root / "ckpt", "-o", root / "out", "--max-batch", 8).exit_code == 0
-    assert invoke("fuse", root / "out", "--target", "ort").exit_code == 0
-    return root
+    return import_and_export(src, root, "--max-batch", 8)
 
 
 def _hf_generate(root, sources, **kwargs) -> list[list[int]]:
@@ -147,7 +131,7 @@ def test_translate_with_language_codes_is_transformers_generate(make_hf_model, m
 
     src, n = make_m2m100_tokenizer(tmp_path / "src")
     make_hf_model(src, "m2m_100", dict(vocab_size=n))
-    assert invoke("import", "hf", src, "-o", tmp_path / "ckpt").exit_code == 0
+    invoke_ok("import", "hf", src, "-o", tmp_path / "ckpt")
     texts = ["kalo mine suta", "ri po"]
     for tgt in ("de", "fr"):
         result = invoke("translate", tmp_path / "ckpt", *texts, "--src-lang", "en", "--tgt-lang", tgt)
@@ -164,17 +148,18 @@ def test_translate_with_language_codes_is_transformers_generate(make_hf_model, m
 @pytest.mark.skipif(not HAS_HF, reason="the hf extra is not installed")
 def test_translate_text_without_a_tokenizer_names_ids_file(make_hf_model, tmp_path):
     src = make_hf_model(tmp_path / "src", "bart")
-    assert invoke("import", "hf", src, "-o", tmp_path / "ckpt").exit_code == 0
+    invoke_ok("import", "hf", src, "-o", tmp_path / "ckpt")
     result = invoke("translate", tmp_path / "ckpt", "hello")
     assert result.exit_code == 2 and "no tokenizer" in result.output and "--ids-file" in result.output
 
 
-def test_many_sources_decode_in_bounded_batches_and_stream(numbers_checkpoint, tmp_path, monkeypatch):
+def test_many_sources_decode_in_bounded_batches_and_stream(numbers_export, tmp_path, monkeypatch):
     """20,000 sources with --beam 4 once went into one batch and died of memory: each batch holds at most
     --batch-size sources, and a source's line is printed before the next batch is decoded."""
     import seq2trt.runtime.decode_jobs as jobs
 
-    path, model, task = numbers_checkpoint
+    root, model, task = numbers_export
+    path = root / "ckpt"
     sources = [task.source_vocab.encode(str(n)) + [model.cfg.eos_id] for n in range(2000)]
     ids_file = tmp_path / "ids.jsonl"
     ids_file.write_text("".join(json.dumps(s) + "\n" for s in sources))

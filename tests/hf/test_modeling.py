@@ -6,21 +6,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from click.testing import CliRunner
 
-from seq2trt.cli.main import cli
 from seq2trt.reference_model.errors import InputError
+
+from helpers.artifacts import import_and_export
 
 pytest.importorskip("transformers", reason="the hf extra is not installed")
 
 TEXTS = ["kalo mine suta", "ri po de an elor", "taelor", "su ta ri po de mi ne kalo"]
 MAX_NEW = 24  # within the export's decoder (max_tgt_len 64); transformers' pipeline default would pass it
-
-
-def invoke(*args):
-    result = CliRunner().invoke(cli, [str(a) for a in args])
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 @pytest.fixture(scope="module")
@@ -32,10 +26,7 @@ def marian_export(make_hf_model, make_marian_tokenizer, tmp_path_factory):
     make_hf_model(src, "marian", dict(vocab_size=n, pad_token_id=n - 1, decoder_start_token_id=n - 1,
                                       activation_function="swish", scale_embedding=True),
                   dict(no_repeat_ngram_size=3, repetition_penalty=1.3), std=0.2)
-    invoke("import", "hf", src, "-o", root / "ckpt")
-    invoke("export", root / "ckpt", "-o", root / "out", "--max-batch", 16)
-    invoke("fuse", root / "out", "--target", "ort")
-    return root
+    return import_and_export(src, root, "--max-batch", 16)
 
 
 @pytest.fixture(scope="module")
@@ -161,24 +152,18 @@ def test_pipeline_defaults_stay_within_the_export(fused, original):
     assert fused.generation_config.max_length == 64
 
 
-def test_a_model_trained_here_generates_its_eager_greedy_decode(make_model, tmp_path):
+def test_a_model_trained_here_generates_its_eager_greedy_decode(numbers_export):
     """No Hugging Face config to copy: a minimal encoder-decoder config is built from the model's own."""
     from seq2trt.hf import Seq2TrtModelForSeq2SeqLM
-    from seq2trt.reference_model.checkpoint import save_checkpoint
     from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode
     from seq2trt.reference_model.eager import EagerStepModel
-    from seq2trt.reference_model.tasks import get_task
     from seq2trt.reference_model.vocab import pad_batch
 
-    task = get_task("numbers")
-    model = make_model(seed=5, dtype=torch.float32, src_vocab_size=len(task.source_vocab),
-                       tgt_vocab_size=len(task.target_vocab))
-    save_checkpoint(tmp_path / "ckpt", model, (task.source_vocab, task.target_vocab))
-    invoke("export", tmp_path / "ckpt", "-o", tmp_path / "out", "--max-batch", 8)
+    root, model, task = numbers_export
     ids, mask = pad_batch([task.source_vocab.encode(t) + [model.cfg.eos_id] for t in ("40213", "7", "999999")],
                           model.cfg.pad_id)
     want = greedy_decode(EagerStepModel(model), ids, mask, DecodeSettings.for_model(model.cfg))
-    with Seq2TrtModelForSeq2SeqLM.from_pretrained(tmp_path / "out", backend="ort") as hf_model:
+    with Seq2TrtModelForSeq2SeqLM.from_pretrained(root / "out", backend="ort") as hf_model:
         assert hf_model.config.is_encoder_decoder and hf_model.config.vocab_size == len(task.target_vocab)
         rows = hf_model.generate(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask))[:, 1:].tolist()
     eos = model.cfg.eos_id
