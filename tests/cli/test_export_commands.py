@@ -6,18 +6,18 @@ import json
 
 import pytest
 import torch
-from click.testing import CliRunner
 
-from seq2trt.cli.main import cli
 from seq2trt.reference_model.checkpoint import save_checkpoint
+
+from helpers.cli import invoke, invoke_ok
 
 
 @pytest.fixture(scope="module")
 def exported(make_model, tmp_path_factory):
+    """A tiny checkpoint exported through the CLI (the export itself is under test here, not only its result)."""
     root = tmp_path_factory.mktemp("cli")
     save_checkpoint(root / "ckpt", make_model(seed=4, dtype=torch.float32))
-    result = CliRunner().invoke(cli, ["export", str(root / "ckpt"), "-o", str(root / "out"), "--max-batch", "8"])
-    assert result.exit_code == 0, result.output
+    invoke_ok("export", root / "ckpt", "-o", root / "out", "--max-batch", 8)
     return root
 
 
@@ -30,13 +30,13 @@ def test_export_writes_the_artifact_directory(exported):
 
 
 def test_export_refuses_an_existing_directory(exported):
-    result = CliRunner().invoke(cli, ["export", str(exported / "ckpt"), "-o", str(exported / "out")])
+    result = invoke("export", exported / "ckpt", "-o", exported / "out")
     assert result.exit_code == 2 and "--force" in result.output
 
 
 def test_validate_passes_and_writes_reports(exported):
     out = exported / "out"
-    result = CliRunner().invoke(cli, ["validate", str(out), "--samples", "6", "--beam", "2"])
+    result = invoke("validate", out, "--samples", "6", "--beam", "2")
     assert result.exit_code == 0, result.output
     doc = json.loads((out / "reports" / "parity.json").read_text())
     assert doc["passed"] is True
@@ -53,7 +53,7 @@ def test_validate_refuses_a_tampered_graph(exported, tmp_path):
     shutil.copytree(exported / "out", copy)
     with open(copy / "encoder.onnx", "ab") as f:
         f.write(b"\0")
-    result = CliRunner().invoke(cli, ["validate", str(copy), "--samples", "0"])
+    result = invoke("validate", copy, "--samples", "0")
     assert result.exit_code == 2 and "sha256" in result.output
 
 
@@ -66,7 +66,7 @@ def test_validate_fails_with_exit_1_when_end_to_end_misses_its_target(exported, 
     shutil.copytree(exported / "out", copy)
     strict = end_to_end.EndToEndTargets(token_agreement=1.0, sequence_match=1.0, max_logit_abs_err=0.0)
     monkeypatch.setitem(end_to_end.TARGETS, "fp32", strict)
-    result = CliRunner().invoke(cli, ["validate", str(copy), "--samples", "3", "--beam", "1"])
+    result = invoke("validate", copy, "--samples", "3", "--beam", "1")
     assert result.exit_code == 1 and "max_logit_abs_err" in result.output
     assert json.loads((copy / "reports" / "parity.json").read_text())["passed"] is False
 
@@ -87,5 +87,5 @@ def test_validate_lists_failing_outputs_of_a_wrong_graph(exported, tmp_path):
     onnx.save(proto, copy / "decoder.onnx")
     data = read_manifest(copy).data
     write_manifest(copy, Seq2SeqConfig.from_dict(data["config"]), data["settings"], list(data["files"]), data["source"])
-    result = CliRunner().invoke(cli, ["validate", str(copy), "--samples", "0"])
+    result = invoke("validate", copy, "--samples", "0")
     assert result.exit_code == 1 and "decoder" in result.output and "logits: max_abs" in result.output

@@ -12,8 +12,8 @@ import torch
 from seq2trt.exporters import spec
 from seq2trt.exporters.manifest import read_manifest, write_manifest
 from seq2trt.plugins.op import AttentionKind
-from seq2trt.reference_model.checkpoint import save_checkpoint
-from seq2trt.reference_model.tasks import get_task
+
+from helpers.artifacts import checkpoint_and_export, numbers_model
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -23,15 +23,9 @@ def run(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def exported(make_model, tmp_path_factory):
-    task = get_task("numbers")
-    model = make_model(seed=8, dtype=torch.float32, src_vocab_size=len(task.source_vocab),
-                       tgt_vocab_size=len(task.target_vocab))
-    root = tmp_path_factory.mktemp("cli")
-    ckpt = save_checkpoint(root / "ckpt", model, (task.source_vocab, task.target_vocab))
-    (ckpt / "metrics.json").write_text(json.dumps({"task": "numbers"}))
-    proc = run("export", str(ckpt), "-o", str(root / "out"), "--max-batch", "4")
-    assert proc.returncode == 0, proc.stderr
-    return root / "out"
+    """A numbers checkpoint (its task recorded) and its export, which these tests fuse: the module's own."""
+    model, task = numbers_model(make_model, seed=8)
+    return checkpoint_and_export(tmp_path_factory.mktemp("cli"), model, task, max_batch=4, record_task=True)[1]
 
 
 @pytest.mark.parametrize("target", ["trt", "ort"])

@@ -8,39 +8,32 @@ import json
 
 import pytest
 import torch
-from click.testing import CliRunner
 
-from seq2trt.cli.main import cli
-from seq2trt.reference_model.checkpoint import save_checkpoint
 from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode, hf_beam_search
 from seq2trt.reference_model.eager import EagerStepModel
-from seq2trt.reference_model.tasks import get_task
 from seq2trt.reference_model.vocab import pad_batch
+
+from helpers.artifacts import import_and_export
+from helpers.cli import invoke, invoke_ok
 
 HAS_HF = importlib.util.find_spec("transformers") is not None
 
 
-def invoke(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
 @pytest.fixture(scope="module")
-def numbers_export(make_model, tmp_path_factory):
-    task = get_task("numbers")
-    model = make_model(seed=5, dtype=torch.float32, src_vocab_size=len(task.source_vocab),
-                       tgt_vocab_size=len(task.target_vocab))
-    root = tmp_path_factory.mktemp("numbers")
-    save_checkpoint(root / "ckpt", model, (task.source_vocab, task.target_vocab))
-    for args in (("export", root / "ckpt", "-o", root / "out", "--max-batch", 8), ("fuse", root / "out", "--target", "ort"),
-                 ("generate", root / "out")):
-        result = invoke(*args)
-        assert result.exit_code == 0, result.output
-    return root, model, task
+def numbers_generate(numbers_export, tmp_path_factory):
+    """A copy of the session's numbers export (these tests add graphs and reports to it) with its BeamSearch graph."""
+    import shutil
+
+    root, model, task = numbers_export
+    copy = tmp_path_factory.mktemp("numbers") / "out"
+    shutil.copytree(root / "out", copy)
+    invoke_ok("generate", copy)
+    return copy.parent, model, task
 
 
 @pytest.mark.parametrize("beam", [1, 3])
-def test_translate_ort_generate_is_the_eager_search(numbers_export, beam):
-    root, model, task = numbers_export
+def test_translate_ort_generate_is_the_eager_search(numbers_generate, beam):
+    root, model, task = numbers_generate
     texts = ["40213", "7", "999999", "120"]
     result = invoke("translate", root / "out", *texts, "--backend", "ort-generate", "--beam", beam, "--alpha", 0.0)
     assert result.exit_code == 0, result.output
@@ -51,26 +44,26 @@ def test_translate_ort_generate_is_the_eager_search(numbers_export, beam):
     assert result.output.splitlines() == [task.target_vocab.decode(w) for w in want]
 
 
-def test_generate_cli_errors_are_clear(numbers_export):
-    root, _, _ = numbers_export
+def test_generate_cli_errors_are_clear(numbers_generate):
+    root, _, _ = numbers_generate
     result = invoke("generate", root / "out")
     assert result.exit_code != 0 and "pass --force" in result.output
     result = invoke("translate", root / "out", "7", "--backend", "ort-generate", "--beam", 9)
     assert result.exit_code != 0 and "max_batch" in result.output
 
 
-def test_validate_graphs_generate(numbers_export):
-    root, _, _ = numbers_export
+def test_validate_graphs_generate(numbers_generate):
+    root, _, _ = numbers_generate
     result = invoke("validate", root / "out", "--graphs", "generate", "--samples", 24, "--beam", 2)
     assert result.exit_code == 0, result.output
     doc = json.loads((root / "out" / "reports" / "generate_parity.json").read_text())
     assert doc["passed"] and doc["end_to_end"]["samples"] == 24 and doc["settings"]["beam_size"] == 2
 
 
-def test_validate_graphs_generate_int8(numbers_export):
+def test_validate_graphs_generate_int8(numbers_generate):
     """The int8 graphs' generate.onnx (`generate --int8`) is validated end to end by int8's targets, in its own
     report; before it exists the command names the step that makes it."""
-    root, _, _ = numbers_export
+    root, _, _ = numbers_generate
     result = invoke("validate", root / "out", "--graphs", "generate-int8", "--samples", 8)
     assert result.exit_code != 0 and "seq2trt generate" in result.output and "--int8" in result.output
     assert "Traceback" not in result.output
@@ -95,10 +88,8 @@ def test_ort_generate_of_an_imported_marian_is_transformers_generate(make_hf_mod
     make_hf_model(src, "marian", dict(vocab_size=n, pad_token_id=n - 1, decoder_start_token_id=n - 1,
                                       activation_function="swish", scale_embedding=True),
                   dict(bad_words_ids=[[n - 1]], num_beams=4, length_penalty=0.8, early_stopping=True))
-    for args in (("import", "hf", src, "-o", tmp_path / "ckpt"), ("export", tmp_path / "ckpt", "-o", tmp_path / "out",
-                 "--max-batch", 8), ("fuse", tmp_path / "out", "--target", "ort"), ("generate", tmp_path / "out")):
-        result = invoke(*args)
-        assert result.exit_code == 0, result.output
+    import_and_export(src, tmp_path, "--max-batch", 8)
+    invoke_ok("generate", tmp_path / "out")
     sources = [[5, 9, 13, 0], [22, 0], [7, 7, 30, 41, 12, 0], [60, 3, 0], [11, 0]]
     (tmp_path / "ids.jsonl").write_text("".join(json.dumps(s) + "\n" for s in sources))
     hf_model = load_transformers_model(src)
@@ -115,8 +106,8 @@ def test_ort_generate_of_an_imported_marian_is_transformers_generate(make_hf_mod
         assert got == [r[: r.index(eos)] if eos in r else r for r in rows], beam
 
 
-def test_bench_search_beam_times_ort_generate(numbers_export):
-    root, _, _ = numbers_export
+def test_bench_search_beam_times_ort_generate(numbers_generate):
+    root, _, _ = numbers_generate
     result = invoke("bench", root / "out", "--backends", "ort-fused,ort-generate", "--batch-sizes", "1,2", "--repeats", 1,
                     "--warmup", 0, "--search", "beam", "--beam", 3, "--new-tokens", 10)
     assert result.exit_code == 0, result.output

@@ -9,13 +9,14 @@ import json
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
 
 pytest.importorskip("transformers", reason="the hf extra is not installed")
 
-from seq2trt.cli.main import cli  # noqa: E402
 from seq2trt.reference_model.hf_verify import load_transformers_model  # noqa: E402
 from seq2trt.reference_model.vocab import pad_batch  # noqa: E402
+
+from helpers.artifacts import import_and_export  # noqa: E402
+from helpers.cli import invoke  # noqa: E402
 
 SOURCES = [[5, 9, 13, 2], [22, 2], [7, 7, 30, 41, 12, 2], [60, 3, 2], [11, 2], [40, 41, 42, 43, 2]]
 NEW = 20
@@ -23,17 +24,12 @@ NEW = 20
 STORED = dict(min_length=6, no_repeat_ngram_size=3, length_penalty=2.0, num_beams=4, early_stopping=True)
 
 
-def invoke(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
 @pytest.fixture(scope="module")
 def bart(make_hf_model, tmp_path_factory):
     """A BART with STORED settings, imported and exported (fp32 ORT graphs)."""
     root = tmp_path_factory.mktemp("bart")
     make_hf_model(root / "src", "bart", {}, STORED)
-    assert invoke("import", "hf", root / "src", "-o", root / "ckpt").exit_code == 0
-    assert invoke("export", root / "ckpt", "-o", root / "out", "--max-batch", 24).exit_code == 0
+    import_and_export(root / "src", root, "--max-batch", 24, fuse=None)
     (root / "ids.jsonl").write_text("".join(json.dumps(s) + "\n" for s in SOURCES))
     return root
 
