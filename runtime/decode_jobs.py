@@ -118,23 +118,27 @@ def generation_config(folder: Path) -> dict | None:
 
 
 def choose_search(generation: dict | None, beam: int | None, alpha: float,
-                  settings: DecodeSettings | None = None) -> tuple[int, Decode]:
+                  settings: DecodeSettings | None = None, flags: dict | None = None) -> tuple[int, Decode]:
     """(beams, decode(step_model, ids, mask, settings)): Hugging Face's beam search with its generation settings for
     an imported model, GNMT's length penalty (`alpha`) otherwise; greedy at one beam, or sampling when `settings`
-    ask it (one beam; one random stream over every batch). `beam` None: the model's num_beams, else 1."""
+    ask it (one beam; one random stream over every batch). `beam` None: the model's num_beams, else 1. Messages name
+    the options by `flags` (OPTION_FLAGS, plus "beam": "--beam"), or as `serve`'s request parameters do."""
+    flags = {"beam": "--beam", **OPTION_FLAGS, **(flags or {})}
     sampling = settings is not None and settings.do_sample
     if sampling and beam is not None and beam != 1:
-        raise InputError(f"--beam {beam} with sampling: seq2trt samples with one beam (beam sampling is not "
-                         "reproduced); drop --beam, or drop --sample")
+        raise InputError(f"{flags['beam']} {beam} with sampling: seq2trt samples with one beam (beam sampling is "
+                         f"not reproduced); drop {flags['beam']}, or drop {flags['do_sample']}")
     beams = beam if beam is not None else 1 if sampling else (generation or {}).get("num_beams", 1)
     if not isinstance(beams, int) or isinstance(beams, bool) or beams < 1:
-        where = "--beam" if beam is not None else "the checkpoint's generation settings: num_beams"
+        where = flags["beam"] if beam is not None else "the checkpoint's generation settings: num_beams"
         raise InputError(f"{where} must be an integer >= 1, got {beams!r}"
-                         + ("" if beam is not None else "; re-import the model or pass --beam"))
+                         + ("" if beam is not None else f"; re-import the model or pass {flags['beam']}"))
     n_best = settings.num_return_sequences if settings is not None else 1
     if not sampling and n_best > beams:
-        raise InputError(f"--n-best {n_best} is more than the {beams} beam{'s' * (beams > 1)} searched: a beam search "
-                         f"returns at most its beams; pass --beam {n_best} or more, --sample, or a smaller --n-best")
+        n_flag = flags["num_return_sequences"]
+        raise InputError(f"{n_flag} {n_best} is more than the {beams} beam{'s' * (beams > 1)} searched: a beam search "
+                         f"returns at most its beams; pass {flags['beam']} {n_best} or more, {flags['do_sample']}, or "
+                         f"a smaller {n_flag}")
     if beams == 1:
         if sampling:
             generator = settings.generator()
@@ -164,10 +168,12 @@ SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed")
 
 def decode_settings(cfg, max_new_tokens: int | None, forced_bos_id: int | None = None,
                     name: str = "--max-new-tokens", generation: dict | None = None,
-                    options: dict | None = None) -> DecodeSettings:
+                    options: dict | None = None, flags: dict | None = None) -> DecodeSettings:
     """The model's settings; `max_new_tokens` checked against its decoder length; a language's forced first token;
     an imported model's stored generation options (`generation`: generation.json), overridden by `options`
-    (OPTION_FLAGS keys; None values keep the model's), each checked and named by its flag."""
+    (OPTION_FLAGS keys; None values keep the model's), each checked and named by its flag (`flags` renames them, as
+    `serve`'s request parameters)."""
+    flags = {**OPTION_FLAGS, **(flags or {})}
     limit = cfg.max_tgt_len - 1
     if max_new_tokens is not None and not 1 <= max_new_tokens <= limit:
         raise InputError(f"{name} must be in [1, {limit}], got {max_new_tokens}")
@@ -178,13 +184,13 @@ def decode_settings(cfg, max_new_tokens: int | None, forced_bos_id: int | None =
     for key, value in given.items():
         ok, rule = _RULES.get(key, (lambda v: True, ""))
         if not ok(value):
-            raise InputError(f"{OPTION_FLAGS[key]} must be {rule}, got {value}")
+            raise InputError(f"{flags[key]} must be {rule}, got {value}")
     settings = dataclasses.replace(settings, **given)
     if not settings.do_sample:
-        stray = [OPTION_FLAGS[k] for k in SAMPLING_ONLY if k in given]
+        stray = [flags[k] for k in SAMPLING_ONLY if k in given]
         if stray:
             raise InputError(f"{', '.join(stray)} set{'s' * (len(stray) == 1)} how sampling draws, and this decode "
-                             "does not sample; add --sample, or drop " + ", ".join(stray))
+                             f"does not sample; add {flags['do_sample']}, or drop " + ", ".join(stray))
     return settings
 
 

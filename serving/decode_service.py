@@ -3,8 +3,24 @@
 
 A batch of requests, as Triton's dynamic batcher hands it over, is checked request by request (a bad one gets its own
 error, the others go on), then grouped by what changes the search — beams, max_new_tokens, the forced target
-language — and each group is decoded by `decode_jobs.decode_batches`, the same function `seq2trt translate` runs, in
-padded batches the export's max_batch allows. So every request gets what `translate --ids-file` gives for its ids.
+language, the search options — and each group is decoded by `decode_jobs.decode_batches`, the same function
+`seq2trt translate` runs, in padded batches the export's max_batch allows. So every request gets what
+`translate --ids-file` gives for its ids.
+
+A request's search options (REQUEST_OPTIONS: optional scalar inputs, each the `translate` flag of the same meaning)
+are checked by `decode_jobs.decode_settings` / `choose_search`, their errors naming the request parameter:
+
+  do_sample BOOL             sample (one beam) instead of searching            translate --sample
+  temperature, top_p FP32    sampling's temperature, nucleus mass              --temperature, --top-p
+  top_k INT32, seed INT64    sampling's top-k (0: all), its seed               --top-k, --seed
+  min_new_tokens INT32       no eos before this many tokens                    --min-new-tokens
+  no_repeat_ngram_size INT32, repetition_penalty FP32                          --no-repeat-ngram-size, ...
+  n_best INT32, output_scores BOOL  hypotheses a source, their scores      --n-best, --scores
+
+Without them a request gets the model's stored settings, searched (one deterministic output), as before. A seeded
+sampling request is decoded alone, so that its output is `translate --sample --seed S` on its ids alone whatever
+else the batch holds. FP32 values are read as the shortest decimal that rounds to them (0.7, not 0.699999988), the
+value the same flag gives translate.
 """
 
 from __future__ import annotations
@@ -16,13 +32,24 @@ from pathlib import Path
 
 import numpy as np
 
-from seq2trt.reference_model.decoding import GNMT_ALPHA
+from seq2trt.reference_model.decoding import GNMT_ALPHA, DecodeSettings, Hypothesis
 from seq2trt.reference_model.errors import InputError
 
 from seq2trt.runtime.decode_jobs import (batch_rows, check_sources, choose_search, decode_batches, decode_settings, generation_config,
                           has_tokenizer, open_decoder, OpenedDecoder)
 
 logger = logging.getLogger(__name__)
+
+# Each request parameter of a search option: (the DecodeSettings field it sets, its Triton data type).
+REQUEST_OPTIONS = {"do_sample": ("do_sample", "TYPE_BOOL"), "temperature": ("temperature", "TYPE_FP32"),
+                   "top_k": ("top_k", "TYPE_INT32"), "top_p": ("top_p", "TYPE_FP32"), "seed": ("seed", "TYPE_INT64"),
+                   "min_new_tokens": ("min_new_tokens", "TYPE_INT32"),
+                   "no_repeat_ngram_size": ("no_repeat_ngram_size", "TYPE_INT32"),
+                   "repetition_penalty": ("repetition_penalty", "TYPE_FP32"),
+                   "n_best": ("num_return_sequences", "TYPE_INT32"),
+                   "output_scores": ("output_scores", "TYPE_BOOL")}
+# What decode_jobs' messages call each option in a request (its flag names in translate's).
+PARAMETER_NAMES = {"beam": "num_beams", **{field: param for param, (field, _) in REQUEST_OPTIONS.items()}}
 
 
 @dataclass(frozen=True)
@@ -32,6 +59,12 @@ class Job:
     max_new_tokens: int | None = None
     num_beams: int | None = None
     forced_bos_id: int | None = None
+    # The request's search options as sorted (DecodeSettings field, value) pairs; a dict given is sorted.
+    options: tuple[tuple[str, object], ...] = ()
+
+    def __post_init__(self):
+        if isinstance(self.options, dict):
+            object.__setattr__(self, "options", tuple(sorted(self.options.items())))
 
 
 class DecodeService:
@@ -69,31 +102,47 @@ class DecodeService:
             self._codecs[key] = load_codec(self.folder, self.cfg.eos_id, src_lang, tgt_lang)
         return self._codecs[key]
 
-    def check(self, job: Job) -> None:
-        """Raise an InputError naming what is wrong with the job."""
+    def check(self, job: Job) -> DecodeSettings:
+        """The job's decode settings; raise an InputError naming what is wrong with the job."""
         check_sources([job.ids], self.cfg, *self.src_limit, "the source", numbered=False)
         if job.num_beams is not None and not 1 <= job.num_beams <= self.max_beams:
             raise InputError(f"num_beams must be in [1, {self.max_beams}] (the export's max_batch), got {job.num_beams}")
-        decode_settings(self.cfg, job.max_new_tokens, name="max_new_tokens")
+        # the model's stored generation options, as translate applies them; searched, one output, unless asked
+        options = {"do_sample": False, "num_return_sequences": 1, **dict(job.options)}
+        settings = decode_settings(self.cfg, job.max_new_tokens, job.forced_bos_id, name="max_new_tokens",
+                                   generation=self.generation, options=options, flags=PARAMETER_NAMES)
+        beams, _ = choose_search(self.generation, job.num_beams, self.alpha, settings, flags=PARAMETER_NAMES)
+        samples = settings.num_return_sequences if settings.do_sample else 1  # a sampled source takes n rows
+        if samples > self.max_beams:
+            raise InputError(f"n_best with do_sample must be in [1, {self.max_beams}] (the export's max_batch: one "
+                             f"row a sample), got {samples}")
+        return settings
 
-    def run(self, jobs: list[Job]) -> list[list[int] | Exception]:
-        """Each job's generated ids (without bos/eos) or the error that refused it, in order."""
-        results: list[list[int] | Exception | None] = [None] * len(jobs)
+    def run(self, jobs: list[Job]) -> list[list[int] | list[Hypothesis] | Exception]:
+        """Each job's generated ids (without bos/eos), its Hypothesis list when it asked n_best > 1 or scores, or
+        the error that refused it, in order."""
+        results: list[list | Exception | None] = [None] * len(jobs)
         groups: dict[tuple, list[int]] = {}
+        plans: dict[tuple, DecodeSettings] = {}
         for n, job in enumerate(jobs):
             try:
-                self.check(job)
+                settings = self.check(job)
             except InputError as exc:
                 results[n] = exc
                 continue
-            groups.setdefault((job.num_beams, job.max_new_tokens, job.forced_bos_id), []).append(n)
-        for (beam, max_new_tokens, forced), members in groups.items():
+            key = (job.num_beams, job.max_new_tokens, job.forced_bos_id, job.options)
+            if settings.do_sample and settings.seed is not None:
+                # The sampler draws noise for every row of the batch each step, so a row's draws depend on the
+                # batch it is in: a seeded request is decoded alone, as translate decodes one source.
+                key += (n,)
+            groups.setdefault(key, []).append(n)
+            plans[key] = settings
+        for key, members in groups.items():
             try:
-                beams, decode = choose_search(self.generation, beam, self.alpha)
-                # the model's stored generation options, as translate applies them (one deterministic output a job)
-                settings = decode_settings(self.cfg, max_new_tokens, forced, generation=self.generation,
-                                           options=dict(do_sample=False, num_return_sequences=1))
-                rows = batch_rows(len(members), self.max_batch, beams)
+                settings = plans[key]
+                beams, decode = choose_search(self.generation, key[0], self.alpha, settings)
+                samples = settings.num_return_sequences if settings.do_sample else 0
+                rows = batch_rows(len(members), self.max_batch, max(beams, samples))
                 outputs = decode_batches(self.model, [jobs[n].ids for n in members], self.cfg.pad_id, decode,
                                          settings, rows)
                 for n, out in zip(members, outputs):
@@ -113,6 +162,21 @@ def scalar(array: np.ndarray | None, name: str) -> int | None:
     if array.size != 1:
         raise InputError(f"{name} must hold one value per request, got shape {list(array.shape)}")
     return int(array.reshape(-1)[0])
+
+
+def option_value(array: np.ndarray | None, name: str) -> bool | int | float | None:
+    """The one value of an optional search-option input ([1, 1] once batched), or None when absent: a bool, an
+    integer, or a float (an FP32 one as the shortest decimal that rounds to it)."""
+    if array is None:
+        return None
+    if array.size != 1:
+        raise InputError(f"{name} must hold one value per request, got shape {list(array.shape)}")
+    value = array.reshape(-1)[0]
+    if array.dtype.kind == "b":
+        return bool(value)
+    if array.dtype.kind == "f":
+        return float(str(value)) if array.dtype == np.float32 else float(value)
+    return int(value)
 
 
 def source_ids(array: np.ndarray | None) -> tuple[int, ...]:

@@ -147,9 +147,13 @@ def model_config(name: str, inputs: list[str], outputs: list[str], max_batch: in
 
 
 def request_inputs(kind: str) -> list[str]:
-    """The served models' inputs: generate takes ids, translate text; both take the optional search limits."""
+    """The served models' inputs: generate takes ids, translate text; both take the optional search limits and
+    search options (`decode_service.REQUEST_OPTIONS`: sampling, length floor, repetition rules, n_best, scores)."""
+    from seq2trt.serving.decode_service import REQUEST_OPTIONS
+
     limits = [tensor_block("max_new_tokens", "TYPE_INT32", [1], optional=True),
               tensor_block("num_beams", "TYPE_INT32", [1], optional=True)]
+    limits += [tensor_block(name, dtype, [1], optional=True) for name, (_, dtype) in REQUEST_OPTIONS.items()]
     if kind == "generate":
         return [tensor_block("input_ids", "TYPE_INT64", [-1], allow_ragged_batch=True)] + limits
     return [tensor_block("text", "TYPE_STRING", [1]), tensor_block("src_lang", "TYPE_STRING", [1], optional=True),
@@ -157,8 +161,10 @@ def request_inputs(kind: str) -> list[str]:
 
 
 def request_outputs(kind: str) -> list[str]:
-    return [tensor_block("output_ids", "TYPE_INT64", [-1])] if kind == "generate" else \
+    """The best hypothesis (ids or text); `hypotheses` (JSON) and `scores` when a request asks n_best or scores."""
+    best = [tensor_block("output_ids", "TYPE_INT64", [-1])] if kind == "generate" else \
         [tensor_block("text", "TYPE_STRING", [1])]
+    return best + [tensor_block("hypotheses", "TYPE_STRING", [1]), tensor_block("scores", "TYPE_FP32", [-1])]
 
 
 def write_python_model(repository: Path, kind: str, max_batch: int, delay_us: int, instances: int,

@@ -2,6 +2,12 @@
 interface: initialize, execute on a dynamically batched list of requests, finalize). Each request is parsed into a
 `serving.Job`; a bad one gets an error response naming the problem and the batch's others are answered.
 
+Outputs: `output_ids` INT64 [-1] (generate) or `text` BYTES [1] (translate), the best hypothesis, as ever. A
+request that asks n_best > 1 or output_scores also gets `hypotheses` BYTES [1], a JSON object — generate:
+{"ids": [[...], ...], "scores": [...]}, translate's `--output-ids` line; translate: the same with "text": [...] —
+and `scores` FP32 [-1], each hypothesis's score (beam: Hugging Face's sequences_scores, GNMT's for models trained
+here; greedy and sampling: the sum of its tokens' log-probabilities), best first.
+
 `triton_python_backend_utils` exists only inside Triton's Python-backend stub, so it is imported there.
 """
 
@@ -13,10 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from seq2trt.reference_model.decoding import GNMT_ALPHA
+from seq2trt.reference_model.decoding import GNMT_ALPHA, Hypothesis
 from seq2trt.reference_model.errors import InputError, Seq2TrtError
 
-from seq2trt.serving.decode_service import DecodeService, Job, scalar, source_ids, text_of
+from seq2trt.serving.decode_service import (REQUEST_OPTIONS, DecodeService, Job, option_value, scalar, source_ids,
+                                             text_of)
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +48,8 @@ class TritonPythonModel:
 
         limits = dict(max_new_tokens=scalar(get("max_new_tokens"), "max_new_tokens"),
                       num_beams=scalar(get("num_beams"), "num_beams"))
+        options = {field: option_value(get(param), param) for param, (field, _) in REQUEST_OPTIONS.items()}
+        limits["options"] = {field: value for field, value in options.items() if value is not None}
         if self.kind == "generate":
             return Job(source_ids(get("input_ids")), **limits), None
         text = text_of(get("text"), "text")
@@ -81,9 +90,22 @@ class TritonPythonModel:
             else:
                 error = pb_utils.TritonError(f"internal error: {result!r}")
             return pb_utils.InferenceResponse(output_tensors=[], error=error)
+        n_best = bool(result) and isinstance(result[0], Hypothesis)  # a plain result is one token list
+        best = result[0].tokens if n_best else result
         if self.kind == "generate":
-            return pb_utils.InferenceResponse(
-                output_tensors=[pb_utils.Tensor("output_ids", np.array([result], dtype=np.int64).reshape(1, -1))])
-        text = codec.decode(result).encode("utf-8")
-        return pb_utils.InferenceResponse(
-            output_tensors=[pb_utils.Tensor("text", np.array([[text]], dtype=np.object_))])
+            tensors = [pb_utils.Tensor("output_ids", np.array([best], dtype=np.int64).reshape(1, -1))]
+        else:
+            tensors = [pb_utils.Tensor("text", np.array([[codec.decode(best).encode("utf-8")]], dtype=np.object_))]
+        if n_best:
+            tensors += [pb_utils.Tensor(name, value) for name, value in hypotheses_outputs(result, codec).items()]
+        return pb_utils.InferenceResponse(output_tensors=tensors)
+
+
+def hypotheses_outputs(hypotheses: list[Hypothesis], codec=None) -> dict[str, np.ndarray]:
+    """The `hypotheses` (JSON text, with each one's text when `codec` is given) and `scores` outputs of an n-best
+    result, batched as [1, ...]."""
+    record = {"ids": [h.tokens for h in hypotheses], "scores": [h.score for h in hypotheses]}
+    if codec is not None:
+        record = {"text": [codec.decode(h.tokens) for h in hypotheses], **record}
+    return {"hypotheses": np.array([[json.dumps(record).encode("utf-8")]], dtype=np.object_),
+            "scores": np.array([[h.score for h in hypotheses]], dtype=np.float32)}
