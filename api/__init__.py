@@ -1,5 +1,7 @@
-"""seq2trt as a library: `seq2trt.Translator` decodes with a checkpoint or an export through any backend, and
-`seq2trt.hf.Seq2TrtModelForSeq2SeqLM` lets transformers' `generate()` and `pipeline()` drive an export's graphs.
+"""seq2trt as a library: one function per stage (`seq2trt.export`, `fuse`, `quantize`, `build`, `validate`,
+`import_hf`, `bench`, each returning a typed result), `seq2trt.Translator` decodes with a checkpoint or an export
+through any backend, and `seq2trt.hf.Seq2TrtModelForSeq2SeqLM` lets transformers' `generate()` and `pipeline()`
+drive an export's graphs.
 
 The stages' subpackages (`seq2trt.reference_model`, `seq2trt.exporters`, `seq2trt.validation`, ...) install
 beside this one. Names load on first use, so `import seq2trt` costs nothing until one is touched.
@@ -10,12 +12,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["Translator", "Hypothesis", "DECODE_BACKENDS", "Seq2TrtError", "InputError", "ConfigError",
+_STAGES = ["export", "fuse", "quantize", "build", "validate", "import_hf", "bench", "ExportResult", "FuseResult",
+           "QuantizeResult", "BuildResult", "ValidationResult", "ImportResult", "BenchResult"]
+
+__all__ = ["Translator", "Hypothesis", "DECODE_BACKENDS", *_STAGES, "Seq2TrtError", "InputError", "ConfigError",
            "CheckpointError", "ArtifactError", "DependencyError", "CheckFailed"]
 
 # public name -> the module that defines it
 _HOMES = {"Translator": "seq2trt.translator", "Hypothesis": "seq2trt.translator",
-          "DECODE_BACKENDS": "seq2trt.runtime.registry",
+          "DECODE_BACKENDS": "seq2trt.runtime.registry", **{name: "seq2trt.stages" for name in _STAGES},
           **{name: "seq2trt.reference_model.errors" for name in __all__ if name.endswith(("Error", "Failed"))}}
 
 if TYPE_CHECKING:
@@ -23,6 +28,8 @@ if TYPE_CHECKING:
                                                 DependencyError, InputError, Seq2TrtError)
     from seq2trt.runtime.registry import DECODE_BACKENDS
 
+    from seq2trt.stages import (BenchResult, BuildResult, ExportResult, FuseResult, ImportResult, QuantizeResult,
+                                ValidationResult, bench, build, export, fuse, import_hf, quantize, validate)
     from seq2trt.translator import Hypothesis, Translator
 
 

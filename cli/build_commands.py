@@ -32,23 +32,15 @@ def build(out: Path, backend: str, target: str | None, dtype: str | None, max_ba
           max_src_len: int | None, max_tgt_len: int | None, no_plugin: bool, opt_level: int,
           workspace_mib: int | None, timing_cache: Path | None, force: bool) -> None:
     """Build encoder and decoder engines of the export in OUT into OUT/engines/<backend>-<target>-<dtype>/."""
-    from seq2trt.exporters import manifest, spec
-    from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines
+    from seq2trt.exporters import spec
+    from seq2trt.exporters.tensorrt_engines import build_engines
+    from seq2trt.stages import engine_request
 
     from seq2trt.cli.progress import progress_bar
 
-    if target is None:  # only TensorRT-RTX can name a target it is not running on
-        target = "current" if trt_compat.has_gpu() or backend == trt_compat.Flavour.TENSORRT.value else "sm_86"
-    targets = trt_compat.parse_targets(backend, target)
-    exported = manifest.read_manifest(out)
-    limits = None
-    if any(v is not None for v in (max_batch, max_src_len, max_tgt_len)):
-        base = exported.limits
-        pick = lambda given, default: default if given is None else given  # 0 is refused, not read as "default"
-        limits = spec.Limits.for_model(exported.config, pick(max_batch, base.max_batch),
-                                       pick(max_src_len, base.max_src_len), pick(max_tgt_len, base.max_tgt_len))
-    request = EngineRequest(backend, targets, dtype, limits, not no_plugin, opt_level,
-                            workspace_mib * (1 << 20) if workspace_mib else None, force, timing_cache)
+    request = engine_request(out, backend, target, dtype, max_batch, max_src_len, max_tgt_len, not no_plugin,
+                             opt_level, workspace_mib, timing_cache, force)
+    targets = request.targets
     with progress_bar(f"building {backend} engines ({trt_compat.target_tag(targets)})", len(spec.GraphKind)) as update:
         engine_dir = build_engines(out, request, lambda graph, phase, done: update(done, f"{graph} {phase}".strip()))
     from seq2trt.exporters.tensorrt_engines import read_build

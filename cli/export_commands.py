@@ -31,19 +31,13 @@ def quiet_exporters() -> None:
 def export(checkpoint: Path, out: Path, dtype: str, opset: int, max_batch: int, max_src_len: int | None,
            max_tgt_len: int | None, force: bool) -> None:
     """Export CHECKPOINT to OUT/encoder.onnx, OUT/decoder.onnx and OUT/manifest.json."""
-    from seq2trt.exporters.manifest import MANIFEST, read_manifest
-    from seq2trt.exporters.onnx_export import export as export_model
-    from seq2trt.exporters.spec import Limits
-    from seq2trt.reference_model.checkpoint import load_checkpoint, source_record
-    from seq2trt.reference_model.atomic_files import refuse_existing
+    import seq2trt
 
     quiet_exporters()
-    refuse_existing(out, force, "export", kind=MANIFEST, protect=(checkpoint,))  # before any work
-    model, _ = load_checkpoint(checkpoint)
-    limits = Limits.for_model(model.cfg, max_batch, max_src_len, max_tgt_len)
     start = time.perf_counter()
-    export_model(model, out, dtype=dtype, opset=opset, limits=limits, force=force, source=source_record(checkpoint))
-    files = read_manifest(out).data["files"]
+    result = seq2trt.export(checkpoint, out, dtype=dtype, opset=opset, max_batch=max_batch, max_src_len=max_src_len,
+                            max_tgt_len=max_tgt_len, force=force)
+    files = result.manifest["files"]
     sizes = ", ".join(f"{name} {info['bytes'] / 2**20:.1f} MiB" for name, info in files.items())
     click.echo(f"exported {dtype} graphs in {time.perf_counter() - start:.1f} s: {sizes}; in {out}")
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from seq2trt.exporters.fuse import Target, fuse_artifacts, fused_dir
-from seq2trt.exporters.quantize import QuantizeSettings, quantize_artifacts, quantized_dir
+from seq2trt.exporters.fuse import Target
+from seq2trt.exporters.quantize import quantized_dir
 
 
 @click.command()
@@ -20,13 +20,16 @@ from seq2trt.exporters.quantize import QuantizeSettings, quantize_artifacts, qua
 @click.option("--force", is_flag=True, help="Replace existing fused graphs for this target.")
 def fuse(out: Path, target: str, allow_partial: bool, force: bool) -> None:
     """Fuse the attention blocks of the export in OUT into OUT/fused/<target>/ and audit the result."""
-    audit = fuse_artifacts(out, Target(target), allow_partial=allow_partial, force=force)
-    for graph in audit.graphs:
-        blocks = ", ".join(f"{kind} {graph.fused[kind]}/{n}" for kind, n in graph.expected.items())
-        click.echo(f"{graph.graph}: {blocks} fused; {graph.nodes_before} -> {graph.nodes_after} nodes")
-    if not audit.complete:
-        click.echo(f"warning: partial fusion, unfused: {', '.join(audit.unfused())}", err=True)
-    click.echo(f"fused graphs and fusion.json in {fused_dir(out, Target(target))}")
+    import seq2trt
+
+    result = seq2trt.fuse(out, target, allow_partial=allow_partial, force=force)
+    for name, graph in result.audit.items():
+        blocks = ", ".join(f"{kind} {graph['fused'][kind]}/{n}" for kind, n in graph["expected"].items())
+        click.echo(f"{name}: {blocks} fused; {graph['nodes_before']} -> {graph['nodes_after']} nodes")
+    if not result.complete:
+        unfused = [f"{name}:{block}" for name, graph in result.audit.items() for block in graph["unfused_blocks"]]
+        click.echo(f"warning: partial fusion, unfused: {', '.join(unfused)}", err=True)
+    click.echo(f"fused graphs and fusion.json in {result.folder}")
 
 
 @click.command()
@@ -43,7 +46,9 @@ def quantize(out: Path, per_channel: bool, reduce_range: bool | None, force: boo
     Opt-in: weights become int8 and activations are quantized at run time; check the accuracy cost with
     `seq2trt validate OUT --graphs int8-ort` and the speed with `seq2trt bench OUT --backends ort-fused,ort-int8`.
     """
-    doc = quantize_artifacts(out, QuantizeSettings(per_channel, reduce_range), force=force)
+    import seq2trt
+
+    doc = seq2trt.quantize(out, per_channel=per_channel, reduce_range=reduce_range, force=force).report
     for graph, g in doc["graphs"].items():
         click.echo(f"{graph}: {g['quantized']}/{g['matmuls']} MatMuls int8; {g['bytes_before'] / 2**20:.1f} -> "
                    f"{g['bytes_after'] / 2**20:.1f} MiB")

@@ -20,16 +20,12 @@ def import_group() -> None:
 def hf(src: Path, out: Path, force: bool) -> None:
     """Import the Hugging Face model directory SRC (as save_pretrained or a hub download writes it; never
     downloads) after proving it equal to transformers' own model and generate; the proof goes to OUT/import.json."""
-    from seq2trt.reference_model.hf_import import check_source_dir, import_hf
-    from seq2trt.reference_model.checkpoint import is_checkpoint
-    from seq2trt.reference_model.atomic_files import refuse_existing
+    import seq2trt
 
     from seq2trt.cli.main import err_console
 
-    check_source_dir(src)  # a symlink loop must not reach the protect check's resolve()
-    refuse_existing(out, force, "checkpoint", kind=is_checkpoint, protect=(src,))  # before any work; atomic write
     with err_console.status("importing") as status:
-        record = import_hf(src, out, force=force, progress=lambda msg: status.update(msg))
+        record = seq2trt.import_hf(src, out, force=force, progress=lambda msg: status.update(msg)).record
     v = record["verification"]
     sets = [name for name in ("seeded", "texts") if name in v]
     n = sum(v[s]["sources"] for s in sets)

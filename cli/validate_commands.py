@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from seq2trt.validation.validate import BACKENDS, GRAPH_SETS, ValidateSettings
+from seq2trt.validation.validate import BACKENDS, GRAPH_SETS
 
 
 @click.command()
@@ -40,13 +40,13 @@ def validate(out: Path, backend: str, graphs: str, samples: int, beam_size: int,
              localize_budget_s: float) -> None:
     """Check OUT's graphs against the eager model: graph-level parity over the spec's shape sweep, then greedy
     and beam decoding end to end. Writes OUT/reports/parity.json and parity.md; exits 1 on any failure."""
-    from seq2trt.validation.validate import run_validation
+    import seq2trt
 
-    settings = ValidateSettings(backend=backend, graphs=graphs, samples=samples, beam_size=beam_size,
-                                max_new_tokens=max_new_tokens, device=device, threads=threads, seed=seed,
-                                localize=localize, localize_budget_s=localize_budget_s)
     start = time.perf_counter()
-    doc = run_validation(out, settings, checkpoint, progress=lambda msg: click.echo(msg, err=True))
+    doc = seq2trt.validate(out, backend=backend, graphs=graphs, samples=samples, beam_size=beam_size,
+                           max_new_tokens=max_new_tokens, checkpoint=checkpoint, device=device, threads=threads,
+                           seed=seed, localize=localize, localize_budget_s=localize_budget_s,
+                           progress=lambda msg: click.echo(msg, err=True)).document
     e2e = doc["end_to_end"]
     summary = "" if e2e is None else (
         f"; end to end on {e2e['samples']} sources: token_agreement {e2e['token_agreement']:.6f}, "

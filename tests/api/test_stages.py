@@ -1,0 +1,101 @@
+"""The stage functions of `import seq2trt` on a tiny random checkpoint: export -> fuse(ort) -> validate, their
+typed results checked against the files on disk, their errors, and the same manifest as the CLI's export."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import seq2trt
+from seq2trt.reference_model.atomic_files import sha256_file
+from seq2trt.reference_model.checkpoint import save_checkpoint
+
+from helpers.cli import invoke_ok
+
+
+@pytest.fixture(scope="module")
+def staged(make_model, tmp_path_factory):
+    """root/ckpt exported by the API to root/out (max batch 4) and fused for ORT, with the progress messages."""
+    root = tmp_path_factory.mktemp("stages")
+    save_checkpoint(root / "ckpt", make_model(seed=4, dtype=torch.float32))
+    messages: dict[str, list[str]] = {"export": [], "fuse": []}
+    exported = seq2trt.export(root / "ckpt", root / "out", max_batch=4, progress=messages["export"].append)
+    fused = seq2trt.fuse(root / "out", "ort", progress=messages["fuse"].append)
+    return root, exported, fused, messages
+
+
+def test_export_result_describes_the_files_written(staged):
+    root, result, _, messages = staged
+    assert isinstance(result, seq2trt.ExportResult) and result.out == root / "out"
+    on_disk = json.loads(result.manifest_path.read_text())
+    assert result.manifest == on_disk and result.dtype == "fp32" == on_disk["dtype"]
+    assert result.limits == on_disk["settings"]["limits"] and result.limits["max_batch"] == 4
+    assert set(result.graphs) == {"encoder", "decoder"}
+    for path in result.graphs.values():
+        assert isinstance(path, Path) and path.parent == result.out
+        assert sha256_file(path) == on_disk["files"][path.name]["sha256"]
+    assert json.loads(json.dumps(result.to_dict()))["out"] == str(root / "out")
+    assert messages["export"] and all(isinstance(m, str) for m in messages["export"])
+
+
+def test_fuse_result_matches_fusion_json(staged):
+    root, _, result, messages = staged
+    assert isinstance(result, seq2trt.FuseResult) and result.folder == root / "out" / "fused" / "ort"
+    doc = json.loads((result.folder / "fusion.json").read_text())
+    assert result.complete and doc["complete"] and result.target == "ort" == doc["target"]
+    for name, path in result.graphs.items():
+        assert sha256_file(path) == doc["files"][path.name]["sha256"]
+        counts = {k: doc["graphs"][name][k] for k in ("expected", "fused", "nodes_before", "nodes_after")}
+        assert {k: result.audit[name][k] for k in counts} == counts and sum(counts["fused"].values()) > 0
+    assert messages["fuse"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.complete = False  # type: ignore[misc]
+
+
+def test_validate_fused_graphs_through_the_api(staged):
+    root, _, _, _ = staged
+    messages: list[str] = []
+    result = seq2trt.validate(root / "out", graphs="fused-ort", samples=4, beam_size=2, localize_budget_s=0,
+                              progress=messages.append)
+    assert isinstance(result, seq2trt.ValidationResult) and result.passed and result.cases > 0
+    parity = json.loads((root / "out" / "reports" / "parity.json").read_text())
+    assert parity["passed"] and parity["cases"] == result.cases == result.document["cases"]
+    assert result.report.is_file() and result.report.parent == root / "out" / "reports"
+    assert result.end_to_end is not None and result.end_to_end["samples"] == 4
+    assert result.end_to_end["token_agreement"] == parity["end_to_end"]["token_agreement"]
+    assert any("parity" in m for m in messages)
+
+
+def test_validate_bad_settings_raise_the_library_error(staged):
+    root, _, _, _ = staged
+    with pytest.raises(seq2trt.InputError, match="--samples"):
+        seq2trt.validate(root / "out", samples=-1)
+
+
+def test_bad_input_raises_and_writes_nothing(staged, tmp_path):
+    root, _, _, _ = staged
+    with pytest.raises(seq2trt.ConfigError, match="unknown dtype 'fp8'"):
+        seq2trt.export(root / "ckpt", tmp_path / "new", dtype="fp8")
+    with pytest.raises(seq2trt.ConfigError, match="opset"):
+        seq2trt.export(root / "ckpt", tmp_path / "new", opset=1)
+    assert not (tmp_path / "new").exists()
+    before = {p.name: sha256_file(p) for p in (root / "out").iterdir() if p.is_file()}
+    with pytest.raises(seq2trt.ArtifactError, match="--force"):
+        seq2trt.export(root / "ckpt", root / "out")
+    assert {p.name: sha256_file(p) for p in (root / "out").iterdir() if p.is_file()} == before
+    with pytest.raises(seq2trt.InputError, match="unknown fusion target"):
+        seq2trt.fuse(root / "out", "tensorrt")
+    with pytest.raises(seq2trt.ArtifactError, match="not an export directory"):
+        seq2trt.fuse(tmp_path, "ort")
+
+
+def test_api_and_cli_export_the_same_graphs(staged):
+    root, result, _, _ = staged
+    invoke_ok("export", root / "ckpt", "-o", root / "cli_out", "--max-batch", 4)
+    cli_manifest = json.loads((root / "cli_out" / "manifest.json").read_text())
+    assert cli_manifest["files"] == result.manifest["files"]
+    assert cli_manifest["settings"]["limits"] == result.limits and cli_manifest["config"] == result.manifest["config"]
