@@ -14,11 +14,9 @@ import onnx
 from onnx import TensorProto
 from onnx import helper as h
 
-from seq2trt.plugins.op import ATTRIBUTES, INPUTS, OUTPUTS, AttentionKind
+from seq2trt.plugins.op import ATTRIBUTES, INPUTS, LOWEST_FP32, OUTPUTS, AttentionKind
 
 from seq2trt.exporters import spec
-
-LOWEST_FP32 = -3.4028234663852886e38
 
 
 def _attr_constant(attr: str, out: str, kind: int) -> onnx.NodeProto:

@@ -21,7 +21,7 @@ import onnx
 import torch
 import torch.nn as nn
 
-from seq2trt.plugins.op import AttentionAttrs, AttentionKind
+from seq2trt.plugins.op import AttentionAttrs, AttentionKind, pack_inputs
 from seq2trt.reference_model.errors import ArtifactError, ConfigError, InputError
 from seq2trt.reference_model.swap import staged_directory
 from seq2trt.reference_model.model import Seq2SeqTransformer
@@ -36,21 +36,23 @@ TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bflo
 
 
 def marked_core(kind: AttentionKind, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int,
-                scale: float, key_padding_mask: torch.Tensor | None = None, past=None):
+                scale: float, key_padding_mask: torch.Tensor | None = None, past=None, position_bias=None):
     """`attention_core`'s signature; emits one marked node carrying the fused op's inputs and attributes."""
+    if position_bias is not None:  # the attention functions (the marked nodes' bodies) have no bias input yet
+        raise ConfigError("exporting a model with a relative position bias (relative_bias in its config) is not "
+                          "supported yet; run it with the eager backend")
     B, T, D = q.shape
     attrs = AttentionAttrs(kind, num_heads, D // num_heads, float(scale))
     onnx_attrs = attrs.marked_attributes()
     op = f"{spec.MARKED_DOMAIN}::{spec.MARKED_OP_TYPES[kind]}"
+    inputs = list(pack_inputs(kind, q, k, v, key_padding_mask, past))
     if kind is AttentionKind.DECODER_SELF:
         present_shape = (B, num_heads, past[0].shape[2] + T, attrs.head_dim)  # (B, H, P + T, Dh)
         out, key, value = torch.onnx.ops.symbolic_multi_out(
-            op, [q, k, v, past[0], past[1]], onnx_attrs, dtypes=[q.dtype] * 3,
+            op, inputs, onnx_attrs, dtypes=[q.dtype] * 3,
             shapes=[q.shape, present_shape, present_shape], version=spec.MARKED_VERSION)
         return out, (key, value)
-    mask = key_padding_mask.to(torch.int32)  # the fused op's mask dtype
-    out = torch.onnx.ops.symbolic(op, [q, k, v, mask], onnx_attrs, dtype=q.dtype, shape=q.shape,
-                                  version=spec.MARKED_VERSION)
+    out = torch.onnx.ops.symbolic(op, inputs, onnx_attrs, dtype=q.dtype, shape=q.shape, version=spec.MARKED_VERSION)
     return out, (k, v)
 
 

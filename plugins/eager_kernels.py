@@ -21,12 +21,21 @@ import torch
 
 from seq2trt.reference_model.model import KV, MultiHeadAttention, Seq2SeqTransformer
 
-from seq2trt.plugins.op import AttentionAttrs, AttentionKind
+from seq2trt.plugins.op import INPUTS, AttentionAttrs, AttentionKind, pack_inputs
 
 Run = Callable[[AttentionAttrs, tuple[torch.Tensor, ...]], tuple[torch.Tensor, ...]]
 
 
+def _required_only(attrs: AttentionAttrs, inputs: tuple[torch.Tensor, ...]) -> None:
+    """The kernels read the op's required inputs only: refuse a call with an optional one (a position bias) rather
+    than compute without it."""
+    if len(inputs) > len(INPUTS[attrs.kind]):
+        raise NotImplementedError(f"the attention kernels take no position bias yet ({attrs.kind.name} called with "
+                                  f"{len(inputs)} inputs); compute such a model with the eager attention")
+
+
 def triton_run(attrs: AttentionAttrs, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    _required_only(attrs, inputs)
     from seq2trt.plugins.kernels.launch_plan import attention
 
     return attention(attrs, *inputs)
@@ -39,6 +48,7 @@ def prepare_cubin(launcher, attrs: AttentionAttrs, inputs: tuple[torch.Tensor, .
     from seq2trt.plugins.cuda_launcher import AttentionCall
     from seq2trt.plugins.kernels.launch_plan import dtype_name, workspace_bytes
 
+    _required_only(attrs, inputs)
     inputs = tuple(x.contiguous() for x in inputs)
     query = inputs[0]
     outputs = [torch.empty_like(query)]
@@ -66,13 +76,14 @@ def op_core(run: Run):
     """An implementation of `reference_model.model.attention_core`'s signature that computes the block with the op."""
 
     def core(kind: AttentionKind, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int, scale: float,
-             key_padding_mask: torch.Tensor | None = None, past: KV | None = None) -> tuple[torch.Tensor, KV]:
+             key_padding_mask: torch.Tensor | None = None, past: KV | None = None,
+             position_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, KV]:
         attrs = AttentionAttrs(kind, num_heads, q.shape[-1] // num_heads, scale)
+        outputs = run(attrs, pack_inputs(kind, q, k, v, key_padding_mask, past, position_bias))
         if kind is AttentionKind.DECODER_SELF:  # appends the new K/V, causal
-            out, present_k, present_v = run(attrs, (q, k, v, past[0], past[1]))
+            out, present_k, present_v = outputs
             return out, (present_k, present_v)
-        (out,) = run(attrs, (q, k, v, key_padding_mask.to(torch.int32)))
-        return out, (k, v)  # what attention_core returns besides the output is used only by decoder self-attention
+        return outputs[0], (k, v)  # besides the output, attention_core's K/V serve decoder self-attention only
 
     return core
 
