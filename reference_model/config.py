@@ -4,8 +4,9 @@ A frozen dataclass saved as `config.json` beside the weights and rebuilt with `S
 The presets follow the paper: `base` is Table 3's base model (512/2048/8 heads/6+6), `big` its big model.
 
 Every default is the paper's model. The other values of the architecture fields describe the Hugging Face families
-built the same way (Marian, BART, mBART, M2M100/NLLB): a model family is a config, not a class
-(`reference_model.hf_import` maps their configs onto this one).
+built the same way (Marian, BART, mBART, M2M100/NLLB) and T5's (Raffel et al., 2020: RMSNorm, a gated FFN, a
+bucketed relative position bias instead of a position table, heads x d_kv not d_model): a model family is a config,
+not a class (`reference_model.hf_import` maps their configs onto this one).
 """
 
 from __future__ import annotations
@@ -34,8 +35,16 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")  # gelu is the exact (erf) G
 # How positions are encoded. sinusoid: the paper's table, sin and cos interleaved (3.5); sinusoid_halves: the same
 # frequencies 10000^(-2i/d) with all sines first, then all cosines (Marian); sinusoid_fairseq: sines then cosines
 # with frequencies 10000^(-i/(d/2 - 1)) (fairseq, M2M100/NLLB); learned: one trained table per stack (BART, mBART).
-Positions = Literal["sinusoid", "sinusoid_halves", "sinusoid_fairseq", "learned"]
-POSITIONS = ("sinusoid", "sinusoid_halves", "sinusoid_fairseq", "learned")
+# none: no table (T5's positions are only its relative position bias).
+Positions = Literal["sinusoid", "sinusoid_halves", "sinusoid_fairseq", "learned", "none"]
+POSITIONS = ("sinusoid", "sinusoid_halves", "sinusoid_fairseq", "learned", "none")
+# layer: LayerNorm (the paper); rms: T5's RMSNorm, w * x / sqrt(mean(x^2) + eps) with no mean and no bias.
+Norm = Literal["layer", "rms"]
+NORMS = ("layer", "rms")
+# The bucketed relative position bias of T5 in self-attention (cross-attention has none): none; shared: the table
+# of layer 0 serves every layer of its stack (T5, mT5); per_layer: every self-attention layer has its own (UMT5).
+RelativeBias = Literal["none", "shared", "per_layer"]
+RELATIVE_BIASES = ("none", "shared", "per_layer")
 
 
 @dataclass(frozen=True)
@@ -44,6 +53,7 @@ class Seq2SeqConfig:
     tgt_vocab_size: int = 32000
     d_model: int = 512  # the paper's base width
     num_heads: int = 8  # d_model / heads = 64 per head, as in the paper
+    d_kv: int | None = None  # the width of one head (the paper's d_k = d_v); None: d_model / num_heads, as there
     num_encoder_layers: int = 6
     num_decoder_layers: int = 6
     d_ff: int = 2048  # 4 x d_model, the paper's inner FFN size
@@ -51,6 +61,8 @@ class Seq2SeqConfig:
     max_src_len: int = 256  # positions the encoder accepts, eos included
     max_tgt_len: int = 256  # positions the decoder accepts, bos included
     activation: Activation = "relu"  # the paper's FFN: max(0, xW1 + b1)W2 + b2
+    gated_ffn: bool = False  # the paper's FFN; True: W2(act(x W1) * x W1') (T5 v1.1's gated GELU)
+    norm: Norm = "layer"  # the paper's LayerNorm
     pre_norm: bool = False  # the paper is post-LN: LayerNorm(x + Sublayer(x))
     scale_embeddings: bool = True  # the paper multiplies embeddings by sqrt(d_model)
     tie_embeddings: bool = True  # target embedding shared with the output projection (paper, 3.4)
@@ -62,6 +74,11 @@ class Seq2SeqConfig:
     embed_norm: bool = False  # a LayerNorm right after embeddings + positions in each stack (BART, mBART)
     logits_bias: bool = False  # a bias added to the output logits (Marian's and BART's final_logits_bias)
     bias: bool = True  # attention and FFN projections with biases (the paper); tutorial models often have none
+    scale_attention: bool = True  # scores q k^T / sqrt(d_k), the paper's (3.2.1); T5 has no scaling
+    scale_logits: bool = False  # the decoder output times d_model^-0.5 before the output projection (tied T5)
+    relative_bias: RelativeBias = "none"  # the paper has absolute positions only
+    relative_buckets: int = 32  # buckets of the relative bias (T5's default): half exact, half log-spaced
+    relative_max_distance: int = 128  # distances from here on share the last bucket (T5's default)
     pad_id: int = 0
     bos_id: int = 1  # the decoder's first input token (Hugging Face's decoder_start_token_id)
     eos_id: int = 2
@@ -85,14 +102,27 @@ class Seq2SeqConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 problems.append(f"{name} must be a positive integer, got {value!r}")
-        if not problems and self.d_model % self.num_heads:
-            problems.append(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
+        if self.d_kv is not None and (not isinstance(self.d_kv, int) or self.d_kv < 1):
+            problems.append(f"d_kv must be null or a positive integer, got {self.d_kv!r}")
+        if not problems and self.d_kv is None and self.d_model % self.num_heads:
+            problems.append(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads}), "
+                            "or d_kv set")
         if not 0.0 <= self.dropout < 1.0:
             problems.append(f"dropout must be in [0, 1), got {self.dropout!r}")
         if self.activation not in ACTIVATIONS:
             problems.append(f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
         if self.positions not in POSITIONS:
             problems.append(f"positions must be one of {', '.join(POSITIONS)}, got {self.positions!r}")
+        if self.norm not in NORMS:
+            problems.append(f"norm must be one of {', '.join(NORMS)}, got {self.norm!r}")
+        if self.relative_bias not in RELATIVE_BIASES:
+            problems.append(f"relative_bias must be one of {', '.join(RELATIVE_BIASES)}, got {self.relative_bias!r}")
+        # The log-spaced half needs at least one exact bucket per direction and a max_distance beyond the exact ones.
+        if self.relative_buckets < 4:
+            problems.append(f"relative_buckets must be >= 4, got {self.relative_buckets}")
+        elif self.relative_max_distance <= self.relative_buckets // 2:
+            problems.append(f"relative_max_distance must be > relative_buckets / 2 ({self.relative_buckets // 2}), "
+                            f"got {self.relative_max_distance}")
         if self.position_offset < 0:
             problems.append(f"position_offset must be >= 0, got {self.position_offset}")
         if not self.layer_norm_eps > 0:
@@ -124,7 +154,7 @@ class Seq2SeqConfig:
         problems = []
         for f in dataclasses.fields(self):
             value, kind = getattr(self, f.name), _FIELD_TYPES.get(f.name)
-            if f.name in ("forced_bos_id", "max_new_tokens") and value is None:
+            if f.name in ("forced_bos_id", "max_new_tokens", "d_kv") and value is None:
                 continue
             if f.name == "suppress_ids":
                 ok = isinstance(value, tuple) and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
@@ -142,7 +172,12 @@ class Seq2SeqConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.num_heads
+        return self.d_model // self.num_heads if self.d_kv is None else self.d_kv
+
+    @property
+    def inner_dim(self) -> int:
+        """Width of the attention's projected queries, keys and values: heads x head_dim (d_model in the paper)."""
+        return self.num_heads * self.head_dim
 
     @property
     def max_positions(self) -> int:
@@ -182,27 +217,36 @@ class Seq2SeqConfig:
 # Fields added with the Hugging Face families (2026-11-30). Their defaults are what every earlier config meant,
 # so records written before them (export manifests) may lack them; every other field must be present.
 LATER_FIELDS = ("positions", "position_offset", "pad_position_zero", "embed_norm", "logits_bias", "bias",
-                "forced_bos_id", "forced_eos", "suppress_ids", "max_new_tokens")
+                "forced_bos_id", "forced_eos", "suppress_ids", "max_new_tokens",
+                # and with T5's
+                "d_kv", "gated_ffn", "norm", "scale_attention", "scale_logits", "relative_bias", "relative_buckets",
+                "relative_max_distance")
 
-_FIELD_TYPES = {"dropout": float, "layer_norm_eps": float, "activation": str, "positions": str,
-                "pre_norm": bool, "scale_embeddings": bool, "tie_embeddings": bool, "share_vocab": bool,
-                "embed_norm": bool, "logits_bias": bool, "pad_position_zero": bool, "bias": bool, "forced_eos": bool, "suppress_ids": tuple}
+_FIELD_TYPES = {"dropout": float, "layer_norm_eps": float, "activation": str, "positions": str, "norm": str,
+                "relative_bias": str, "pre_norm": bool, "scale_embeddings": bool, "tie_embeddings": bool,
+                "share_vocab": bool, "embed_norm": bool, "logits_bias": bool, "pad_position_zero": bool, "bias": bool,
+                "forced_eos": bool, "gated_ffn": bool, "scale_attention": bool, "scale_logits": bool,
+                "suppress_ids": tuple}
 _FIELD_TYPES.update({f.name: int for f in dataclasses.fields(Seq2SeqConfig) if f.name not in _FIELD_TYPES})
 _TYPE_WORDS = {name: {float: "a finite number", bool: "true or false", str: "a string", int: "an integer",
                       tuple: "a list of integers"}[kind] for name, kind in _FIELD_TYPES.items()}
-_TYPE_WORDS["forced_bos_id"] = _TYPE_WORDS["max_new_tokens"] = "an integer or null"
+_TYPE_WORDS["forced_bos_id"] = _TYPE_WORDS["max_new_tokens"] = _TYPE_WORDS["d_kv"] = "an integer or null"
 
 
 def memory_parts(cfg: Seq2SeqConfig) -> dict[str, int]:
     """Bytes the eager model of `cfg` allocates (fp32 weights; a sinusoid table is built in float64 first), by part:
-    what a size check names when a config asks for more memory than the machine has."""
-    d, ff = cfg.d_model, cfg.d_ff
+    what a size check names when a config asks for more memory than the machine has. Biases are counted whether
+    the config has them or not, and a relative bias table in every layer."""
+    d, ff, inner = cfg.d_model, cfg.d_ff, cfg.inner_dim
     tables = 1 + (not cfg.share_vocab) + (not cfg.tie_embeddings)
     rows = cfg.max_positions + cfg.position_offset
+    positions = {"learned": 4 * 2 * rows * d, "none": 0}.get(cfg.positions, 12 * rows * d)
+    ffn = (2 + cfg.gated_ffn) * d * ff + (1 + cfg.gated_ffn) * ff + d
+    relative = cfg.relative_buckets * cfg.num_heads if cfg.relative_bias != "none" else 0
     return {"embeddings": 4 * (tables * cfg.tgt_vocab_size * d + cfg.tgt_vocab_size),
-            "positions": 4 * 2 * rows * d if cfg.positions == "learned" else 12 * rows * d,
-            "encoder": 4 * cfg.num_encoder_layers * (4 * d * d + 2 * d * ff + 9 * d + ff),
-            "decoder": 4 * cfg.num_decoder_layers * (8 * d * d + 2 * d * ff + 15 * d + ff)}
+            "positions": positions,
+            "encoder": 4 * cfg.num_encoder_layers * (4 * d * inner + 3 * inner + d + ffn + 4 * d + relative),
+            "decoder": 4 * cfg.num_decoder_layers * (8 * d * inner + 6 * inner + 2 * d + ffn + 6 * d + relative)}
 
 
 def physical_memory() -> int:
