@@ -23,6 +23,7 @@ import torch
 from seq2trt.reference_model.decoding import GENERATION_OPTIONS, DecodeSettings, greedy_decode, hf_beam_search
 from seq2trt.reference_model.eager import EagerStepModel
 from seq2trt.reference_model.errors import CheckpointError, DependencyError, first_line
+from seq2trt.reference_model.hf_families import tokenizer_files
 from seq2trt.reference_model.model import Seq2SeqTransformer
 from seq2trt.reference_model.vocab import pad_batch
 
@@ -52,8 +53,6 @@ def load_tokenizer(folder: Path):
     """The Hugging Face tokenizer saved in `folder`, or None when it holds no tokenizer file."""
     from transformers import AutoTokenizer
 
-    from seq2trt.reference_model.hf_import import tokenizer_files
-
     if not tokenizer_files(folder):
         return None
     try:
@@ -65,8 +64,6 @@ def load_tokenizer(folder: Path):
 
 
 def _bad_tokenizer(folder: Path, exc: BaseException) -> CheckpointError:
-    from seq2trt.reference_model.hf_import import tokenizer_files
-
     detail = f"{type(exc).__name__}: {str(exc).splitlines()[0]}" if str(exc).strip() else type(exc).__name__
     return CheckpointError(f"the tokenizer files in {folder} ({', '.join(tokenizer_files(folder))}) cannot be loaded "
                            f"({detail}); re-save them with tokenizer.save_pretrained, or remove them to import "

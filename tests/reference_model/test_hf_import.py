@@ -18,6 +18,7 @@ from seq2trt.reference_model import hf_import  # noqa: E402
 from seq2trt.reference_model.checkpoint import load_checkpoint  # noqa: E402
 from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode, hf_beam_search  # noqa: E402
 from seq2trt.reference_model.eager import EagerStepModel  # noqa: E402
+from seq2trt.reference_model.hf_families import ACTIVATIONS, FAMILIES  # noqa: E402
 from seq2trt.reference_model.hf_verify import load_transformers_model, seeded_sources  # noqa: E402
 from seq2trt.reference_model.vocab import pad_batch  # noqa: E402
 
@@ -94,14 +95,18 @@ def test_import_equals_transformers_generate(case, make_hf_model, tmp_path):
         assert gen["bad_words_ids"] == ([w for w in generation["bad_words_ids"] if len(w) > 1] or None)
 
 
+def _fields(family: str, **changes):
+    """A patch of `family`'s adapter: its config fields with `changes` (a wrong architecture for the family)."""
+    adapter = FAMILIES[family]
+    fields = adapter.config_fields
+    return lambda mp: mp.setattr(adapter, "config_fields", lambda src, hf: {**fields(src, hf), **changes})
+
+
 @pytest.mark.parametrize("family, patch", [
-    ("bart", lambda mp: mp.setitem(hf_import.ACTIVATIONS, "gelu", "gelu_tanh")),  # close, but not BART's GELU
-    ("marian", lambda mp: mp.setitem(hf_import._FAMILY, "marian", {**hf_import._FAMILY["marian"],
-                                                                     "positions": "sinusoid"})),  # interleaved
-    ("m2m_100", lambda mp: mp.setitem(hf_import._FAMILY, "m2m_100", {**hf_import._FAMILY["m2m_100"],
-                                                                       "position_offset": 0})),
-    ("mbart", lambda mp: mp.setitem(hf_import._FAMILY, "mbart", {**hf_import._FAMILY["mbart"],
-                                                                   "logits_bias": False})),
+    ("bart", lambda mp: mp.setitem(ACTIVATIONS, "gelu", "gelu_tanh")),  # close, but not BART's GELU
+    ("marian", _fields("marian", positions="sinusoid")),  # interleaved
+    ("m2m_100", _fields("m2m_100", position_offset=0)),
+    ("mbart", _fields("mbart", logits_bias=False)),
 ], ids=["bart-activation", "marian-positions", "m2m_100-offset", "mbart-unknown-bias"])
 def test_a_wrong_mapping_fails_the_import_and_writes_nothing(family, patch, make_hf_model, tmp_path, monkeypatch):
     """Negative controls: a mapping that loads but computes something else fails transformers' judgement (exit 1);

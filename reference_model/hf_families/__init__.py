@@ -1,0 +1,96 @@
+"""How each Hugging Face model type reads as our one model: one registered `FamilyAdapter` per `model_type`.
+
+An adapter maps its family's config.json keys onto `Seq2SeqConfig` fields, its parameter names onto ours, and names
+its tokenizer files; `hf_import` looks it up in `FAMILIES`. A new family is one module here that registers its
+adapter (imported at the bottom), plus the config fields it needs.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, ClassVar
+
+from seq2trt.reference_model.hf_families.values import integer
+
+# transformers' activation names -> ours
+ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+               "silu": "silu", "swish": "silu"}
+# What every fast or slow tokenizer's save_pretrained may write besides its family's vocabulary files.
+COMMON_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
+
+
+class FamilyAdapter:
+    """One model type's reading. A subclass sets the class attributes and `config_fields`; the weights need only
+    the names (the import core moves the tensors and checks the tied copies)."""
+
+    model_type: ClassVar[str]
+    title: ClassVar[str]  # how the refusal of an unknown model type names the family
+    required: ClassVar[tuple[str, ...]]  # config.json keys without which it is no complete config
+    sizes: ClassVar[dict[str, str]]  # config.json key -> our field, read as a positive integer; keys of one field agree
+    other_keys: ClassVar[dict[str, str]] = {}  # our field -> the config.json key behind it, beyond `sizes`
+    part_keys: ClassVar[dict[str, str]]  # a part of the model's memory (config.memory_parts) -> the keys sizing it
+    architecture: ClassVar[dict[str, Any]]  # the Seq2SeqConfig fields the family fixes
+
+    # The source's parameter names (after `prefix`) of the embeddings, the head and the logits bias.
+    prefix: ClassVar[str] = ""
+    shared_embedding: ClassVar[str] = "shared.weight"
+    embeddings: ClassVar[dict[str, str]] = {"encoder": "encoder.embed_tokens.weight",
+                                            "decoder": "decoder.embed_tokens.weight"}
+    lm_head: ClassVar[str] = "lm_head.weight"
+    logits_bias: ClassVar[str | None] = None
+    derived: ClassVar[tuple[str, ...]] = ()  # tensors ours rebuild (sinusoid tables): dropped, the proof checks them
+    renames: ClassVar[tuple[tuple[str, str], ...]]  # (pattern matching a name's start, its replacement): re.sub
+    tokenizer_files: ClassVar[tuple[str, ...]]
+
+    def config_fields(self, src: Path, hf: dict) -> dict[str, Any]:
+        """Our config's size and architecture fields from config.json (no ids, no generation settings), at least
+        src_vocab_size, tgt_vocab_size and max_tgt_len, which the core checks the ids and lengths against; an option
+        the family supports differently raises one ConfigError naming it."""
+        raise NotImplementedError
+
+    def read_sizes(self, config: Path, hf: dict) -> tuple[dict[str, int], list[str]]:
+        """`sizes` read into our fields, and a problem for each key that disagrees with another of its field."""
+        fields: dict[str, int] = {}
+        first: dict[str, str] = {}
+        problems = []
+        for key, field in self.sizes.items():
+            value = integer(config, hf, key)
+            if field not in fields:
+                fields[field], first[field] = value, key
+            elif value != fields[field]:
+                problems.append(f"{first[field]}={fields[field]} differs from {key}={value}")
+        return fields, problems
+
+    def key(self, field: str) -> str:
+        """The config.json key behind our `field`, for messages in the source's own words."""
+        return next((k for k, f in self.sizes.items() if f == field), None) or self.other_keys[field]
+
+    def rename(self, name: str) -> str | None:
+        """Our name for a source parameter (after `prefix`), or None when no rename applies."""
+        for pattern, repl in self.renames:
+            if re.match(pattern, name):
+                return re.sub(pattern, repl, name, count=1)
+        return None
+
+    def tokenizer_files_in(self, src: Path) -> list[str]:
+        return [name for name in self.tokenizer_files if (Path(src) / name).is_file()]
+
+
+FAMILIES: dict[str, FamilyAdapter] = {}
+
+
+def register(cls: type[FamilyAdapter]) -> type[FamilyAdapter]:
+    """Class decorator: the adapter reads config.json files whose model_type is `cls.model_type`."""
+    FAMILIES[cls.model_type] = cls()
+    return cls
+
+
+def tokenizer_files(folder: Path) -> list[str]:
+    """The files of any family's tokenizer in `folder`: whether it holds a tokenizer at all."""
+    names = dict.fromkeys(name for adapter in FAMILIES.values() for name in adapter.tokenizer_files)
+    return [name for name in names if (Path(folder) / name).is_file()]
+
+
+# Each module registers its adapter; this order is the order an unknown model type's refusal names them.
+from seq2trt.reference_model.hf_families import marian, bart, mbart, m2m_100  # noqa: E402, F401
