@@ -21,6 +21,7 @@ import onnx
 import torch
 import torch.nn as nn
 
+from seq2trt.reference_model.dtypes import DTYPES, torch_dtype
 from seq2trt.plugins.op import AttentionAttrs, AttentionKind, pack_inputs
 from seq2trt.reference_model.errors import ArtifactError, ConfigError, InputError
 from seq2trt.reference_model.swap import staged_directory
@@ -32,7 +33,7 @@ from seq2trt.exporters.manifest import MANIFEST, write_manifest
 
 logger = logging.getLogger(__name__)
 
-TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+TORCH_DTYPES = {name: torch_dtype(name) for name in DTYPES}
 
 
 def marked_core(kind: AttentionKind, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int,
