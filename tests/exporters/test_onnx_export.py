@@ -44,6 +44,7 @@ def exports(model, tmp_path_factory):
 
 @pytest.fixture(params=["fp32", "fp16", "bf16"])
 def exported(request, exports):
+    """(export dir, dtype) in each dtype, without a checkpoint: these tests judge the graphs the exporter writes."""
     return exports(request.param)
 
 

@@ -22,6 +22,8 @@ from seq2trt.reference_model.errors import ArtifactError, InputError
 from seq2trt.reference_model.vocab import pad_batch
 from seq2trt.runtime.ort_search import GenerateModel
 
+from helpers.sources import random_sources
+
 pytest.importorskip("onnxruntime")
 
 
@@ -30,12 +32,6 @@ def _build(model, out, max_batch=16):
     fuse_artifacts(out, Target.ORT)
     generate_artifacts(out)
     return out
-
-
-def _sources(cfg, n, seed=0):
-    rng = np.random.default_rng(seed)
-    return [[int(t) for t in rng.integers(3, cfg.src_vocab_size, size=rng.integers(1, 12))] + [cfg.eos_id]
-            for _ in range(n)]
 
 
 VARIANTS = {"plain": {}, "forced-bos-eos-suppressed": {"forced_bos_id": 5, "forced_eos": True, "suppress_ids": (3, 4)}}
@@ -65,7 +61,7 @@ def _compare(model, out, sources, settings, beams, length_penalty, rows):
 def test_generate_equals_the_eager_search_on_a_tiny_model(tiny, beams, length_penalty):
     model, out = tiny
     settings = DecodeSettings.for_model(model.cfg, 20)
-    want, got = _compare(model, out, _sources(model.cfg, 24), settings, beams, length_penalty, rows=16 // beams)
+    want, got = _compare(model, out, random_sources(model.cfg, 24), settings, beams, length_penalty, rows=16 // beams)
     assert got == want
     assert len({tuple(w) for w in want}) > 8  # varied outputs: the comparison can fail
     if model.cfg.forced_bos_id is not None:
@@ -114,7 +110,7 @@ def test_stale_or_modified_generation_graphs_are_refused(make_model, tmp_path):
 def test_beam_needs_max_batch_of_batch_times_beam(make_model, tmp_path):
     model = make_model(seed=2, dtype=torch.float32)
     out = _build(model, tmp_path / "out", max_batch=4)
-    ids, mask = pad_batch(_sources(model.cfg, 2), model.cfg.pad_id)
+    ids, mask = pad_batch(random_sources(model.cfg, 2), model.cfg.pad_id)
     settings = DecodeSettings.for_model(model.cfg, 10)
     with GenerateModel(out, verify(out)) as generate:
         generate.decode(ids, mask, settings, 2)  # 4 rows: fits
@@ -158,7 +154,7 @@ def test_int8_generation_graph_is_the_search_over_the_int8_graphs(make_model, tm
     quantize_artifacts(out)
     generate_artifacts(out, int8=True)
     settings = DecodeSettings.for_model(model.cfg, 16)
-    ids, mask = pad_batch(_sources(model.cfg, 4, seed=3), model.cfg.pad_id)
+    ids, mask = pad_batch(random_sources(model.cfg, 4, seed=3), model.cfg.pad_id)
     with open_step_model(out, "ort-int8") as (loop, manifest), GenerateModel(out, manifest, int8=True) as generate:
         assert generate.decode(ids, mask, settings, 1) == greedy_decode(loop, ids, mask, settings)
         assert generate.decode(ids, mask, settings, 4, 0.0) == hf_beam_search(loop, ids, mask, settings, 4, 0.0, True)

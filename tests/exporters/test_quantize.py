@@ -12,9 +12,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from click.testing import CliRunner
 
-from seq2trt.cli.main import cli
 from seq2trt.exporters import spec
 from seq2trt.exporters.artifact_checks import load_graph
 from seq2trt.exporters.fuse import Target, fuse_artifacts
@@ -22,25 +20,20 @@ from seq2trt.exporters.manifest import verify
 from seq2trt.exporters.onnx_export import export
 from seq2trt.exporters.quantize import (QUANTIZATION_JSON, QuantizeSettings, quantize_artifacts, quantized_dir,
                                         verify_quantized)
-from seq2trt.reference_model.checkpoint import save_checkpoint
 from seq2trt.reference_model.errors import ArtifactError, InputError
-from seq2trt.reference_model.atomic_files import sha256_file
 from seq2trt.validation.parity import REPORTED, graph_parity
 from seq2trt.validation.precision import judge_for
 from seq2trt.runtime.runners import EagerRunner, OrtRunner
+
+from helpers.artifacts import checkpoint_and_export
+from helpers.cli import invoke
 
 
 @pytest.fixture(scope="module")
 def exported(make_model, tmp_path_factory):
     """A tiny model's checkpoint, its export (naming the checkpoint) and the fused ORT graphs."""
-    root = tmp_path_factory.mktemp("quantize")
     model = make_model(seed=4, dtype=torch.float32)
-    checkpoint = save_checkpoint(root / "checkpoint", model)
-    source = {"checkpoint": str(checkpoint), "weights_sha256": sha256_file(checkpoint / "model.safetensors"),
-              "task": None}
-    out = export(model, root / "out", source=source)
-    fuse_artifacts(out, Target.ORT)
-    return model, out
+    return model, checkpoint_and_export(tmp_path_factory.mktemp("quantize"), model, fuse=("ort",))[1]
 
 
 @pytest.fixture(scope="module")
@@ -186,13 +179,12 @@ def test_cli_quantize_and_validate(exported, tmp_path):
     copy = tmp_path / "cli"
     shutil.copytree(out, copy)
     shutil.rmtree(quantized_dir(copy), ignore_errors=True)
-    runner = CliRunner()
-    result = runner.invoke(cli, ["quantize", str(copy)])
+    result = invoke("quantize", copy)
     assert result.exit_code == 0, result.output
     assert "decoder: " in result.output and "MatMuls int8" in result.output
-    result = runner.invoke(cli, ["quantize", str(copy)])
+    result = invoke("quantize", copy)
     assert result.exit_code == 2 and "--force" in result.output
-    result = runner.invoke(cli, ["validate", str(copy), "--graphs", "int8-ort", "--samples", "40"])
+    result = invoke("validate", copy, "--graphs", "int8-ort", "--samples", "40")
     doc = json.loads((copy / "reports" / "parity-ort-int8-ort.json").read_text())
     # A random tiny model has near-ties int8 can flip (the trained demo model agrees on 1,000 of 1,000), so the
     # end-to-end verdict may go either way here; the exit code must follow it, and the graphs must pass.
@@ -206,7 +198,7 @@ def test_cli_quantize_and_validate(exported, tmp_path):
     assert doc["graphs"]["decoder"]["logits (int8 vs float model)"]["tolerance"]["basis"] == "reported, not judged"
     assert doc["end_to_end"]["targets"]["max_logit_abs_err"] is None and doc["end_to_end"]["samples"] == 40
     (quantized_dir(copy) / "encoder.onnx").write_bytes(b"not a graph")
-    result = runner.invoke(cli, ["validate", str(copy), "--graphs", "int8-ort", "--samples", "0"])
+    result = invoke("validate", copy, "--graphs", "int8-ort", "--samples", "0")
     assert result.exit_code == 2 and "does not match its sha256" in result.output
 
 

@@ -16,6 +16,8 @@ from onnx import TensorProto, helper
 from seq2trt.plugins.op import DOMAIN, INPUTS, OUTPUTS, PLUGIN_NAME, AttentionAttrs, AttentionKind
 from seq2trt.reference_model.errors import InputError
 
+from helpers.cli import invoke
+
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None,
                                 reason="tensorrt_rtx is not installed (pip install 'seq2trt[rtx]')")
 
@@ -216,12 +218,8 @@ def test_build_stage_refuses_tampering_overwrite_and_dtype(export_dir):
 
 
 def test_cli_build(export_dir):
-    from click.testing import CliRunner
-
-    from seq2trt.cli.main import cli
-
     out, dtype, _ = export_dir
-    result = CliRunner().invoke(cli, ["build", str(out), "--target", "sm_80", "--max-batch", "2", "--force"])
+    result = invoke("build", out, "--target", "sm_80", "--max-batch", "2", "--force")
     assert result.exit_code == 0, result.output
     engine_dir = out / "engines" / f"tensorrt-rtx-sm_80-{dtype}"
     assert (engine_dir / "decoder.plan").exists()
@@ -229,7 +227,7 @@ def test_cli_build(export_dir):
     assert info["limits"]["max_batch"] == 2  # --max-batch 2 reached the profiles: every max shape has batch 2
     for graph in info["graphs"].values():
         assert {shapes[2][0] for shapes in graph["profiles"].values()} == {2}, graph["profiles"]
-    bad = CliRunner().invoke(cli, ["build", str(out), "--target", "sm_90"])
+    bad = invoke("build", out, "--target", "sm_90")
     assert bad.exit_code == 2 and "cannot target sm_90" in bad.output
     if importlib.util.find_spec("tensorrt") is None:  # enterprise TensorRT: a clear error naming the extra
         from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines
@@ -237,5 +235,5 @@ def test_cli_build(export_dir):
 
         with pytest.raises(DependencyError, match=r"pip install 'seq2trt\[trt\]'"):
             build_engines(out, EngineRequest("tensorrt", ("current",)))
-        missing = CliRunner().invoke(cli, ["build", str(out), "--backend", "tensorrt"])
+        missing = invoke("build", out, "--backend", "tensorrt")
         assert missing.exit_code == 2 and "`tensorrt` module, which is not importable" in missing.output

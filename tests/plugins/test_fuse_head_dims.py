@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from click.testing import CliRunner
 
-from seq2trt.cli.main import cli
 from seq2trt.exporters.fuse import Target, fuse_artifacts, fused_dir
 from seq2trt.exporters.onnx_export import export
 from seq2trt.reference_model.errors import InputError
+
+from helpers.cli import invoke
 
 
 @pytest.mark.parametrize("head_dim,heads", [(12, 2), (264, 1)])
@@ -23,7 +23,7 @@ def test_fuse_for_tensorrt_refuses_a_head_dim_the_kernels_do_not_take(make_model
         fuse_artifacts(out, Target.TRT)
     assert "--no-plugin" in str(e.value) and "--target ort" in str(e.value)
     assert not fused_dir(out, Target.TRT).exists() and not any(fused_dir(out, Target.TRT).parent.glob("*"))
-    result = CliRunner().invoke(cli, ["fuse", str(out)])
+    result = invoke("fuse", out)
     assert result.exit_code != 0 and "Traceback" not in result.output
     assert f"this model's is {head_dim}" in result.output and "--target ort" in result.output
     if head_dim == 12:

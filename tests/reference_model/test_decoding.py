@@ -11,18 +11,15 @@ from seq2trt.reference_model.decoding import (DecodeSettings, _top, _top_wide, b
 from seq2trt.reference_model.eager import EagerStepModel, RecomputeStepModel
 from seq2trt.reference_model.vocab import pad_batch
 
+from helpers.sources import random_sources
+
 SETTINGS = DecodeSettings(bos_id=1, eos_id=2, pad_id=0, max_new_tokens=12)
-
-
-def sources(seed: int, n: int = 6) -> list[list[int]]:
-    rng = np.random.RandomState(seed)
-    return [list(rng.randint(3, 13, rng.randint(1, 10))) + [2] for _ in range(n)]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_greedy_cached_equals_recompute(make_model, seed):
     model = make_model(seed)
-    ids, mask = pad_batch(sources(seed))
+    ids, mask = pad_batch(random_sources(model.cfg, 6, seed=seed, max_len=9))
     cached = greedy_decode(EagerStepModel(model), ids, mask, SETTINGS)
     recomputed = greedy_decode(RecomputeStepModel(model), ids, mask, SETTINGS)
     assert cached == recomputed
@@ -33,14 +30,14 @@ def test_greedy_cached_equals_recompute(make_model, seed):
 @pytest.mark.parametrize("beam", [2, 4])
 def test_beam_cached_equals_recompute(make_model, seed, beam):
     model = make_model(seed)
-    ids, mask = pad_batch(sources(seed))
+    ids, mask = pad_batch(random_sources(model.cfg, 6, seed=seed, max_len=9))
     assert beam_search(EagerStepModel(model), ids, mask, SETTINGS, beam) == \
         beam_search(RecomputeStepModel(model), ids, mask, SETTINGS, beam)
 
 
 def test_greedy_step_logits_equal_recompute(make_model):
     model = make_model(5)
-    ids, mask = pad_batch(sources(5))
+    ids, mask = pad_batch(random_sources(model.cfg, 6, seed=5, max_len=9))
     seen = {}
     greedy_decode(EagerStepModel(model), ids, mask, SETTINGS, lambda s, rows, lg: seen.setdefault(s, (rows, lg)))
     ref = {}
@@ -54,7 +51,7 @@ def test_greedy_step_logits_equal_recompute(make_model):
 @pytest.mark.parametrize("search", ["greedy", "beam"])
 def test_padded_batch_decodes_like_each_source_alone(make_model, search):
     model = make_model(4)
-    srcs = sources(4, 5)
+    srcs = random_sources(model.cfg, 5, seed=4, max_len=9)
     step_model = EagerStepModel(model)
     run = (lambda i, m: greedy_decode(step_model, i, m, SETTINGS)) if search == "greedy" else \
         (lambda i, m: beam_search(step_model, i, m, SETTINGS, 3))
@@ -67,7 +64,7 @@ def test_beam_search_drops_finished_sources_and_decodes_like_each_source_alone(m
     """A source that is done leaves the batch (its K rows dropped with the reorder): the step model sees fewer rows
     as sources end, and each source's result is the one it gets decoded alone."""
     model = make_model(7)
-    srcs = sources(6, 8)  # these end after 2, 3, 5, 8 and 12 tokens
+    srcs = random_sources(model.cfg, 8, seed=6, max_len=9)  # these end after 1, 3, 7 and 12 tokens
     rows: list[int] = []
 
     class Counted(EagerStepModel):
@@ -86,7 +83,7 @@ def test_beam_search_drops_finished_sources_and_decodes_like_each_source_alone(m
 
 def test_beam_of_one_is_greedy(make_model):
     model = make_model(6)
-    ids, mask = pad_batch(sources(6))
+    ids, mask = pad_batch(random_sources(model.cfg, 6, seed=6, max_len=9))
     step_model = EagerStepModel(model)
     assert beam_search(step_model, ids, mask, SETTINGS, 1, alpha=0.0) == greedy_decode(step_model, ids, mask, SETTINGS)
 

@@ -18,6 +18,8 @@ from seq2trt.runtime.step_model import RunnerStepModel
 from seq2trt.validation.end_to_end import PairedStepModel, end_to_end
 from seq2trt.runtime.runners import EagerRunner, OrtRunner
 
+from helpers.sources import random_sources
+
 
 @pytest.fixture(scope="module")
 def setup(make_model, tmp_path_factory):
@@ -30,11 +32,6 @@ def setup(make_model, tmp_path_factory):
     yield model, runners
     for r in runners:
         r.__exit__(None, None, None)
-
-
-def _sources(cfg, n, seed=0):
-    rng = np.random.default_rng(seed)
-    return [list(rng.integers(3, cfg.src_vocab_size, size=int(rng.integers(1, 12)))) + [cfg.eos_id] for _ in range(n)]
 
 
 def test_feed_is_checked_against_the_spec(setup):
@@ -60,7 +57,7 @@ def test_greedy_and_beam_on_ort_give_the_eager_tokens(setup):
     model, runners = setup
     cfg = model.cfg
     settings = DecodeSettings(cfg.bos_id, cfg.eos_id, cfg.pad_id, 12)
-    ids, mask = pad_batch(_sources(cfg, 12), cfg.pad_id)
+    ids, mask = pad_batch(random_sources(cfg, 12), cfg.pad_id)
     ort_model, eager = RunnerStepModel(*runners), EagerStepModel(model)
     want = greedy_decode(eager, ids, mask, settings)
     assert greedy_decode(ort_model, ids, mask, settings) == want
@@ -74,13 +71,13 @@ def test_paired_decoding_measures_logit_error_along_the_reference_path(setup):
     cfg = model.cfg
     settings = DecodeSettings(cfg.bos_id, cfg.eos_id, cfg.pad_id, 8)
     reference = EagerStepModel(model)
-    result = end_to_end(RunnerStepModel(*runners), reference, _sources(cfg, 6, seed=1), settings, "fp32",
+    result = end_to_end(RunnerStepModel(*runners), reference, random_sources(cfg, 6, seed=1), settings, "fp32",
                         beam_size=2, batch_size=4)
     assert result, result.failures()
     assert 0 < result.max_logit_abs_err < 1e-4
     assert result.token_agreement == 1.0 and result.to_dict()["sequence_match"] == 1.0
     paired = PairedStepModel(reference, reference)
-    ids, mask = pad_batch(_sources(cfg, 3), cfg.pad_id)
+    ids, mask = pad_batch(random_sources(cfg, 3), cfg.pad_id)
     assert greedy_decode(paired, ids, mask, settings) == greedy_decode(reference, ids, mask, settings)
     assert paired.max_abs_err == 0.0 and paired.steps > 0
 
@@ -147,7 +144,7 @@ def test_thread_policy_shares_one_pool_and_keeps_results(setup):
 
     model, (encoder, _) = setup
     out = str(encoder._source.parent)
-    sources = [[int(t) for t in x] for x in _sources(model.cfg, 6, seed=5)]
+    sources = random_sources(model.cfg, 6, seed=5)
     run = subprocess.run([sys.executable, "-c", _THREADS_SCRIPT, out, json.dumps(sources)], capture_output=True,
                          text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
