@@ -1,32 +1,9 @@
 """Where did it diverge: per-layer localisation of parity failures and near-ties (Polygraphy's "mark all", by name).
 
-A debug copy of a graph marks every layer's sub-block outputs (`spec.sub_block_paths`: encoder `attn_block`,
-`ffn_block`; decoder `self_block`, `cross_block`, `ffn_block` — the `Residual` modules of the eager model) as extra
-graph outputs `debug.<module path>`. Which tensor is a sub-block's output is read once from the plain export's
-`pkg.torch.onnx.name_scopes` metadata: the float tensor made inside the block's residual (its Add / LayerNorm) that a
-node outside the block, or the graph's output, reads. Fused, plugin and int8 graphs keep those tensor names (the
-fuser and the quantizer rewrite attention and MatMuls, not the residual stream), so one lookup serves every graph set.
-
-The eager model's same tensors come from forward hooks on a float64 copy of it (a copy: the model that is exported
-carries no hooks). A case is re-run on both with the same feed the parity sweep used (`parity.case_feeds` replayed
-with the same seed); each sub-block's output is compared with `parity.compare_output` under the graph set's own
-tolerance, and the first one over it is the divergent block. Its op types are the candidate graph's nodes of that
-block: nodes whose name-scope metadata names it, and nodes without metadata (made by the fuser or the quantizer) that
-lie between the previous block's output and this one's.
-
-Reduced precision is localised as validation/precision.py judges its structure: an fp16/bf16 graph runs as its exact
-fp32 twin beside the eager model holding the same rounded values, an int8 graph beside the float64 reference that
-quantizes as it does and follows its decisions; both at the fp32 tolerances (plus the dtype's unit roundoff for the
-twin's stored constants), so a planted fault is named at its layer, not lost in rounding noise. A near-tie of a
-reduced-precision graph is measured against what its rounding can move the logits (the eager model computing in the
-same dtype).
-
-A case is localised when it fails graph parity ("failure"); when the graph's top-1 token differs from the eager
-model's although every output passes, or the eager top-2 logits are closer than the logits tolerance lets each move
-(`near_ties`: a graph within tolerance may pick either token) ("near-tie"); or, asked for with nothing else to show,
-as each graph's clean case with the largest error at its last sub-block ("requested"). Marking outputs can keep a
-runtime from fusing across them; the marked tensors are sub-block outputs that ONNX Runtime's CPU fusions here
-(DynamicQuantizeMatMul, attention) read, not tensors inside them.
+A debug copy of a graph marks every layer's sub-block outputs as extra graph outputs `debug.<module path>`; the
+eager model's same tensors come from forward hooks on a float64 copy. A case is replayed on both with the parity
+sweep's feed, and the first sub-block over the graph set's tolerance is the divergent block (docs/design.md,
+"Localisation", says how tensors are found and how reduced precision is localised).
 """
 
 from __future__ import annotations

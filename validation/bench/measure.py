@@ -1,40 +1,9 @@
 """`seq2trt bench`: latency and throughput of every backend, measured side by side, and the ratios between them.
-What may be asked for (backends, searches, settings) and what can run here is bench_settings.py.
 
-What is measured (benchmarks/README.md): encoder latency by source length; decoder step latency by past length
-(0 .. max); end-to-end greedy decoding tokens/s at each batch size (exactly `new_tokens` per source, eos never
-stops a row, so every backend does the same work); p50/p90/p99 after warm-up; peak RSS; build seconds and plan
-sizes from build.json. Backends run round-robin within each repetition (the starting backend rotates), so a
-load spike on a shared machine hits all of them; ratios are medians of per-repetition paired ratios.
-
-CTranslate2 is converted from the reference weights (from the Hugging Face directory, by CTranslate2's own
-converter, when the checkpoint was imported), checked against the eager model's greedy tokens (float32 must agree;
-int8's agreement is reported as its accuracy cost), then timed in worker processes, one Translator each; int8
-always with 1 thread (benchmarks/README.md: 2 threads are pathological there).
-
-For an imported checkpoint, `hf` (transformers' eager `generate`) and `optimum` (Optimum's ONNX Runtime export,
-`ORTModelForSeq2SeqLM.generate`) time what users of that Hugging Face directory run today (hf_backends.py), on the
-same sources, batch sizes, new tokens and threads, each checked against the eager model's greedy tokens first.
-
-`OUT/reports/latency.json`:
-  settings, machine (load before/after), checks (agreement of ct2, hf, optimum with the eager model), builds
-  (TensorRT build.json, ct2 conversion, Optimum export),
-  memory[backend], results[threads][backend][batch] = {tokens_per_s, step_ms_p50/p90/p99, decode_ms_p50/p90/p99},
-  encoder_ms[threads][backend][batch][src_len], step_ms_by_past[threads][backend][batch][past_len]
-  (= {p50, p90, p99}; absent with --no-curves), ratios[threads][backend][batch] = {vs_eager, vs_eager_cuda, vs_hf,
-  vs_optimum, vs_ct2, vs_ct2_int8: one per reference backend that ran} (tokens/s ratio, > 1 is faster),
-  threading[threads][backend] (how its threads ran).
-
-`eager` is the reference model on the CPU, `eager-cuda` the same model on a CUDA device (the GPU baseline).
-ORT backends: `ort` the export, `ort-fused` OUT/fused/ort (`seq2trt fuse --target ort`), `ort-int8`
-OUT/quantized/ort-int8 (`seq2trt quantize`, run at ONNX Runtime's extended level), `ort-generate`
-OUT/generate/ort/generate.onnx (`seq2trt generate`: the whole search in one session run, bench_generate.py),
-`ort-generate-int8` the same around the int8 graphs (`seq2trt generate --int8`).
-
-`--search beam --beam K` times a real beam search instead (rows carry `search`/`beam`; settings too): the task's
-held-out sources, eos stops, at most `new_tokens`, Hugging Face's length penalty with early_stopping=True for the
-in-process loops and ort-generate, CTranslate2's beam search with the same beam size, length penalty and max length;
-tokens_per_s counts what each backend generated (eos included). Exports for beam need max_batch >= B x K.
+Backends run round-robin within each repetition (the starting backend rotates), so a load spike on a shared machine
+hits all of them; ratios are medians of per-repetition paired ratios. The baselines users run today (CTranslate2,
+transformers, Optimum) are checked against the eager model before they are timed. What is measured and the layout of
+`OUT/reports/latency.json`: docs/design.md, "Benchmarks"; what may be asked for: `settings.py`.
 """
 
 from __future__ import annotations
