@@ -8,9 +8,8 @@ import re
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from seq2trt.cli.main import cli
+from helpers.artifacts import import_and_export
 
 pytest.importorskip("transformers", reason="the hf extra is not installed")
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -53,11 +52,7 @@ def workdir(make_hf_model, make_marian_tokenizer, tmp_path_factory):
     root = tmp_path_factory.mktemp("examples")
     src, n = make_marian_tokenizer(root / "src")
     make_hf_model(src, "marian", dict(vocab_size=n, pad_token_id=n - 1, decoder_start_token_id=n - 1), std=0.2)
-    for args in (["import", "hf", src, "-o", root / "ckpt"], ["export", root / "ckpt", "-o", root / "out"],
-                 ["fuse", root / "out", "--target", "ort"]):
-        result = CliRunner().invoke(cli, [str(a) for a in args])
-        assert result.exit_code == 0, result.output
-    return root
+    return import_and_export(src, root)
 
 
 @pytest.mark.parametrize("number", range(len(readme_examples() or EXAMPLES)))

@@ -16,6 +16,8 @@ from seq2trt.validation.parity import tolerance_for
 from seq2trt.validation.precision import twin_tolerance
 from seq2trt.validation.validate import GRAPH_SETS
 
+from helpers.cli import invoke
+
 E, D = spec.GraphKind.ENCODER, spec.GraphKind.DECODER
 
 
@@ -193,16 +195,14 @@ def test_int8_fault_is_named(exported, tmp_path):
 def cli_export(tmp_path_factory, make_model):
     """A tiny random model's checkpoint exported in fp16 and fused for TensorRT, through the CLI."""
     import torch
-    from click.testing import CliRunner
 
-    from seq2trt.cli.main import cli
     from seq2trt.reference_model.checkpoint import save_checkpoint
 
     root = tmp_path_factory.mktemp("loc-cli")
     save_checkpoint(root / "ckpt", make_model(seed=5, dtype=torch.float32))
     for args in (["export", str(root / "ckpt"), "-o", str(root / "out"), "--dtype", "fp16", "--max-batch", "4",
                   "--max-src-len", "16", "--max-tgt-len", "16"], ["fuse", str(root / "out"), "--target", "trt"]):
-        result = CliRunner().invoke(cli, args)
+        result = invoke(*args)
         assert result.exit_code == 0, result.output
     return root / "out"
 
@@ -212,11 +212,7 @@ def test_validate_localises_near_ties_and_reports_them(cli_export):
     table and the plot; `--localize-budget 0` turns it off."""
     import json
 
-    from click.testing import CliRunner
-
-    from seq2trt.cli.main import cli
-
-    result = CliRunner().invoke(cli, ["validate", str(cli_export), "--graphs", "fused-trt", "--samples", "0"])
+    result = invoke("validate", cli_export, "--graphs", "fused-trt", "--samples", "0")
     assert result.exit_code == 0, result.output
     doc = json.loads((cli_export / "reports" / "parity.json").read_text())
     assert doc["localisation"] and doc["localisation_unchecked"] == 0
@@ -225,8 +221,7 @@ def test_validate_localises_near_ties_and_reports_them(cli_export):
     markdown = (cli_export / "reports" / "parity.md").read_text()
     assert "Where it diverged" in markdown and "decoder_layers" not in markdown.split("Where it diverged")[0]
     assert (cli_export / "reports" / "localisation-ort-fused-trt.png").stat().st_size > 1000
-    result = CliRunner().invoke(cli, ["validate", str(cli_export), "--graphs", "fused-trt", "--samples", "0",
-                                      "--localize-budget", "0"])
+    result = invoke("validate", cli_export, "--graphs", "fused-trt", "--samples", "0", "--localize-budget", "0")
     assert result.exit_code == 0, result.output
     assert json.loads((cli_export / "reports" / "parity.json").read_text())["localisation"] == []
 

@@ -38,7 +38,7 @@ def test_low_cosine_fails():
 
 def test_tolerances_are_data_per_dtype():
     assert tolerance_for("fp32", "logits") is TOLERANCES["fp32"]["*"]
-    assert tolerance_for("fp32", "logits").atol <= 1e-4  # the target
+    assert tolerance_for("fp32", "logits").atol <= 1e-4  # fp32 logits agree to 1e-4 or better
     assert set(TOLERANCES) == {"fp32"}  # reduced precision gets bounds made for each case (precision.py)
 
 

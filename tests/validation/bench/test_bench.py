@@ -11,18 +11,15 @@ import logging
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
 
-from seq2trt.cli.main import cli
-from seq2trt.exporters.onnx_export import export
-from seq2trt.exporters.spec import Limits
-from seq2trt.reference_model.checkpoint import save_checkpoint
 from seq2trt.reference_model.eager import EagerStepModel
 from seq2trt.reference_model.errors import InputError
-from seq2trt.reference_model.atomic_files import sha256_file
 from seq2trt.validation.bench import measure as bench
 from seq2trt.validation.bench import backends as bench_backends
 from seq2trt.validation.bench.settings import BenchSettings, parse_backends, parse_ints
+
+from helpers.artifacts import checkpoint_and_export
+from helpers.cli import invoke
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -32,12 +29,8 @@ def exported(make_model, tmp_path_factory):
     """A tiny model's checkpoint and its export (max batch 4), the manifest naming the checkpoint."""
     for name in ("onnxscript", "onnx_ir", "torch.onnx", "torch.export", "torch._export"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    root = tmp_path_factory.mktemp("bench")
     model = make_model(0, torch.float32)
-    checkpoint = save_checkpoint(root / "checkpoint", model)
-    source = {"checkpoint": str(checkpoint), "weights_sha256": sha256_file(checkpoint / "model.safetensors"),
-              "task": None}
-    return export(model, root / "out", limits=Limits.for_model(model.cfg, max_batch=4), source=source), model
+    return checkpoint_and_export(tmp_path_factory.mktemp("bench"), model, max_batch=4)[1], model
 
 
 @pytest.fixture(scope="module")
@@ -159,16 +152,15 @@ def test_latency_json_says_how_each_backend_threads(report):
 
 def test_cli_reports_unknown_and_unavailable_backends(exported, monkeypatch):
     out, _ = exported
-    runner = CliRunner()
-    result = runner.invoke(cli, ["bench", str(out), "--backends", "eager,trt"])
+    result = invoke("bench", out, "--backends", "eager,trt")
     assert result.exit_code == 2 and "known backends: eager, eager-cuda, ort" in result.output
     monkeypatch.setattr("seq2trt.plugins.trt_compat.has_gpu", lambda: False)
-    result = runner.invoke(cli, ["bench", str(out), "--backends", "ort,tensorrt"])
+    result = invoke("bench", out, "--backends", "ort,tensorrt")
     assert result.exit_code == 2 and "tensorrt: TensorRT engines run only on an NVIDIA GPU" in result.output
-    result = runner.invoke(cli, ["bench", str(out), "--backends", "ort", "--batch-sizes", "8"])
+    result = invoke("bench", out, "--backends", "ort", "--batch-sizes", "8")
     assert result.exit_code == 2 and "exceed the export's max_batch 4" in result.output
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
-    result = runner.invoke(cli, ["bench", str(out), "--backends", "eager,eager-cuda"])
+    result = invoke("bench", out, "--backends", "eager,eager-cuda")
     assert result.exit_code == 2 and "eager-cuda: the eager model on CUDA needs a GPU" in result.output
     assert "available here: eager, ort" in result.output
 

@@ -84,20 +84,17 @@ def test_latency_builds_are_a_table():
 
 import pytest  # noqa: E402
 
+from helpers.artifacts import numbers_model  # noqa: E402
+from helpers.cli import invoke  # noqa: E402
+
 
 @pytest.fixture(scope="module")
 def reported(make_model, tmp_path_factory):
-    """A tiny numbers model exported, validated (a few samples), benchmarked (two batch sizes, one repetition)."""
-    import torch
-    from click.testing import CliRunner
-
-    from seq2trt.cli.main import cli
+    """A tiny numbers model exported, validated (a few samples), benchmarked (two batch sizes, one repetition), all
+    through the CLI: its records are what `report` reads."""
     from seq2trt.reference_model.checkpoint import save_checkpoint
-    from seq2trt.reference_model.tasks import get_task
 
-    task = get_task("numbers")
-    model = make_model(seed=4, dtype=torch.float32, src_vocab_size=len(task.source_vocab),
-                       tgt_vocab_size=len(task.target_vocab))
+    model, task = numbers_model(make_model, seed=4)
     root = tmp_path_factory.mktemp("report")
     ckpt = save_checkpoint(root / "ckpt", model, (task.source_vocab, task.target_vocab),
                            extra_files={"metrics.json": json.dumps({"task": "numbers"})})
@@ -105,7 +102,7 @@ def reported(make_model, tmp_path_factory):
     for args in (["export", ckpt, "-o", out, "--max-batch", 4], ["validate", out, "--samples", 8, "--beam", 2],
                  ["bench", out, "--backends", "eager,ort", "--batch-sizes", "1,2", "--repeats", 1, "--warmup", 0,
                   "--new-tokens", 2, "--src-len", 4, "--no-curves"], ["report", out]):
-        result = CliRunner().invoke(cli, [str(a) for a in args])
+        result = invoke(*args)
         assert result.exit_code in (0, 1), result.output  # validate exits 1 when a random model misses a target
     return out
 
