@@ -26,7 +26,7 @@ from seq2trt.reference_model.atomic_files import sha256_file
 from seq2trt.reference_model.checkpoint import _read_pt, _read_safetensors, load_state_dict_checked, save_checkpoint
 from seq2trt.reference_model.config import Seq2SeqConfig, memory_parts, physical_memory
 from seq2trt.reference_model.errors import CheckFailed, CheckpointError, ConfigError
-from seq2trt.reference_model.hf_families import FAMILIES, FamilyAdapter
+from seq2trt.reference_model.hf_families import FAMILIES, REFUSED, SUPPORTED_LAYERS, FamilyAdapter
 from seq2trt.reference_model.hf_families import tokenizer_files  # noqa: F401  (callers import it from here)
 from seq2trt.reference_model.hf_families.generation import generation_settings
 from seq2trt.reference_model.hf_families.values import integer, read_json, show, token_ids, unreadable
@@ -104,9 +104,13 @@ def config_from_hf(src: Path) -> tuple[str, Seq2SeqConfig, dict[str, Any]]:
     if family is None:
         raise ConfigError(f"{config} names no model_type, so it is not a Hugging Face model config "
                           "(a seq2trt checkpoint needs no import: pass it to export or translate as it is)")
+    if isinstance(family, str) and family in REFUSED:
+        raise ConfigError(f"{src} holds a {family!r} model, which seq2trt does not import: {REFUSED[family]}; "
+                          f"seq2trt imports {', '.join(FAMILIES)}")
     if not isinstance(family, str) or family not in FAMILIES:
         raise ConfigError(f"{src} holds a {family!r} model; seq2trt imports {', '.join(FAMILIES)} "
-                          f"({', '.join(adapter.title for adapter in FAMILIES.values())})")
+                          f"({', '.join(adapter.title for adapter in FAMILIES.values())}): {SUPPORTED_LAYERS}; "
+                          "if this model's layers are one of those, set model_type in config.json to that family's")
     adapter = FAMILIES[family]
     missing = [k for k in adapter.required + ("pad_token_id", "eos_token_id") if hf.get(k) is None]
     if missing:

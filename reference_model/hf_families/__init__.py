@@ -92,5 +92,16 @@ def tokenizer_files(folder: Path) -> list[str]:
     return [name for name in names if (Path(folder) / name).is_file()]
 
 
+# Model types whose transformers code differs from every registered family in the layers themselves: what differs.
+REFUSED = {
+    "longt5": "LongT5 replaces T5's full self-attention with local or transient-global attention over blocks of the "
+              "source",
+    "switch_transformers": "Switch Transformers replace T5's dense FFN with routed mixture-of-experts layers",
+    "t5gemma": "T5Gemma's layers are Gemma's (rotary positions, grouped-query attention, soft-capped logits), not T5's",
+}
+# What an unknown model type's refusal says the import reads, beyond the type names.
+SUPPORTED_LAYERS = ("an encoder-decoder whose layers are BART's (Marian, BART, mBART, M2M100/NLLB) or T5's "
+                    "(T5, mT5, UMT5), read under one of those model types")
+
 # Each module registers its adapter; this order is the order an unknown model type's refusal names them.
-from seq2trt.reference_model.hf_families import marian, bart, mbart, m2m_100  # noqa: E402, F401
+from seq2trt.reference_model.hf_families import marian, bart, mbart, m2m_100, t5  # noqa: E402, F401
