@@ -37,7 +37,8 @@ from seq2trt.exporters import spec
 from seq2trt.reference_model import layout
 from seq2trt.reference_model.layout import FUSION_JSON
 from seq2trt.exporters.artifact_checks import check_derived_graphs, load_graph
-from seq2trt.exporters.fuse_ort import MS_DOMAIN, fold_constant_transposes, fold_projections_into_attention, ort_node
+from seq2trt.exporters.fuse_ort import (MS_DOMAIN, fold_constant_transposes, fold_projections_into_attention,
+                                       ort_nodes)
 from seq2trt.exporters.manifest import Manifest, verify
 
 logger = logging.getLogger(__name__)
@@ -80,12 +81,14 @@ class FusionAudit:
                            for g in self.graphs}}
 
 
-def _plugin_node(node: onnx.NodeProto, attrs: AttentionAttrs) -> onnx.NodeProto:
-    return helper.make_node(PLUGIN_NAME, list(node.input), list(node.output), name=node.name, domain=DOMAIN,
-                            **attrs.onnx_attributes())
+def _plugin_node(node: onnx.NodeProto, attrs: AttentionAttrs, biases: dict[str, str]) -> list[onnx.NodeProto]:
+    """The plugin node takes the marked node's inputs as they are (`plugins.op.pack_inputs`' order, a position
+    bias last)."""
+    return [helper.make_node(PLUGIN_NAME, list(node.input), list(node.output), name=node.name, domain=DOMAIN,
+                             **attrs.onnx_attributes())]
 
 
-REWRITES = {Target.TRT: (_plugin_node, DOMAIN), Target.ORT: (ort_node, MS_DOMAIN)}
+REWRITES = {Target.TRT: (_plugin_node, DOMAIN), Target.ORT: (ort_nodes, MS_DOMAIN)}
 
 
 def fuse(model: onnx.ModelProto, target: Target, cfg: Seq2SeqConfig,
@@ -99,15 +102,17 @@ def fuse(model: onnx.ModelProto, target: Target, cfg: Seq2SeqConfig,
     fused = onnx.ModelProto()
     fused.CopyFrom(model)
     found: Counter = Counter()
-    names = []
+    names, biases = [], {}
     del fused.graph.node[:]
     for node in model.graph.node:
-        if node.domain == spec.MARKED_DOMAIN:
-            attrs = attrs_from_node(node)
-            node = rewrite(node, attrs)
-            found[attrs.kind.name] += 1
-            names.append(node.name)
-        fused.graph.node.append(node)
+        if node.domain != spec.MARKED_DOMAIN:
+            fused.graph.node.append(node)
+            continue
+        attrs = attrs_from_node(node)
+        nodes = rewrite(node, attrs, biases)  # the block's node last, after any nodes computing its inputs
+        found[attrs.kind.name] += 1
+        names.append(nodes[-1].name)
+        fused.graph.node.extend(nodes)
     if found:
         fused.opset_import.append(helper.make_opsetid(domain, 1))
     if target is Target.ORT:

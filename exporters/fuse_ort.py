@@ -2,7 +2,8 @@
 folds that only ONNX Runtime's graphs want.
 
 - `ort_node`: the block's node for ONNX Runtime, which runs it natively (with the past K/V and `unidirectional` for
-  decoder self-attention, BNSH cross K/V and a key padding mask otherwise);
+  decoder self-attention, BNSH cross K/V and a key padding mask otherwise; a relative position bias as its
+  `attention_bias`, expanded from the shapes);
 - `fold_projections_into_attention`: the q/k/v projections packed into one GEMM and their biases moved into the
   node, where a one-token step runs them cheaper;
 - `fold_constant_transposes`: a Transpose of a weight becomes a transposed weight, so `seq2trt quantize` can make
@@ -14,24 +15,61 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from seq2trt.plugins.op import LOWEST_FP32, AttentionAttrs, AttentionKind
+from seq2trt.exporters.attention_functions import bias_by_distance
+from seq2trt.plugins.op import LOWEST_FP32, AttentionAttrs, AttentionKind, unpack_inputs
 
 MS_DOMAIN = "com.microsoft"
 
 
-def ort_node(node: onnx.NodeProto, attrs: AttentionAttrs) -> onnx.NodeProto:
+def ort_node(node: onnx.NodeProto, attrs: AttentionAttrs, attention_bias: str = "") -> onnx.NodeProto:
     """com.microsoft.MultiHeadAttention inputs: query, key, value, bias, key_padding_mask, attention_bias,
     past_key, past_value; the op's inputs map onto them by kind. Padded keys score LOWEST_FP32 (its default adds
-    -10000, which leaves an all-padding row attending as if unmasked), so such a row is the mean of V (`plugins.op`)."""
-    inputs = list(node.input)
+    -10000, which leaves an all-padding row attending as if unmasked), so such a row is the mean of V (`plugins.op`).
+    `attention_bias`: the (1, H, T, L) expansion of the node's position bias (`ort_nodes`), if it has one."""
+    ins = unpack_inputs(attrs.kind, list(node.input))
     if attrs.kind is AttentionKind.DECODER_SELF:
-        q, k, v, past_k, past_v = inputs
-        ms_inputs, extra = [q, k, v, "", "", "", past_k, past_v], {"unidirectional": 1}
+        ms_inputs, extra = [ins.query, ins.key, ins.value, "", "", attention_bias, ins.past_key, ins.past_value], \
+            {"unidirectional": 1}
     else:
-        q, k, v, mask = inputs
-        ms_inputs, extra = [q, k, v, "", mask], {"mask_filter_value": LOWEST_FP32}
+        ms_inputs, extra = [ins.query, ins.key, ins.value, "", ins.key_padding_mask, attention_bias], \
+            {"mask_filter_value": LOWEST_FP32}
+    while ms_inputs[-1] == "":
+        ms_inputs.pop()
     return helper.make_node("MultiHeadAttention", ms_inputs, list(node.output), name=node.name, domain=MS_DOMAIN,
                             num_heads=attrs.num_heads, scale=attrs.scale, **extra)
+
+
+def ort_nodes(node: onnx.NodeProto, attrs: AttentionAttrs, biases: dict[str, str]) -> list[onnx.NodeProto]:
+    """The block for ONNX Runtime: a position bias (H, 2M - 1) becomes `attention_bias` (1, H, T, L) (broadcast over
+    the batch), gathered by signed distance from the shapes (queries from the past length in the decoder), once per
+    bias tensor, so blocks sharing one bias (T5) share its expansion (`biases`: bias name -> expanded name, kept by
+    the caller for the graph). Returns the nodes computing a new expansion, then the attention node."""
+    ins = unpack_inputs(attrs.kind, list(node.input))
+    nodes = []
+    if ins.position_bias is not None and ins.position_bias not in biases:
+        biases[ins.position_bias] = f"{node.name}.attention_bias"
+        nodes = _expanded_bias(ins, attrs.kind, node.name, biases[ins.position_bias])
+    return nodes + [ort_node(node, attrs, biases.get(ins.position_bias, "") if ins.position_bias else "")]
+
+
+def _expanded_bias(ins, kind: AttentionKind, name: str, out: str) -> list[onnx.NodeProto]:
+    """(H, 2M - 1) -> `out` (1, H, T, L): queries P .. P + T - 1 (P the past length, 0 in the encoder) over keys
+    0 .. P + T - 1, with T from the query's shape."""
+    n = lambda part: f"{name}.bias.{part}"
+    first = [helper.make_node("Shape", [ins.past_key], [n("past_1d")], start=2, end=3),
+             helper.make_node("Squeeze", [n("past_1d")], [n("first")])] if kind is AttentionKind.DECODER_SELF \
+        else [helper.make_node("Constant", [], [n("first")], value_int=0)]
+    nodes = first + [
+        helper.make_node("Shape", [ins.query], [n("tgt_1d")], start=1, end=2),
+        helper.make_node("Squeeze", [n("tgt_1d")], [n("tgt")]),
+        helper.make_node("Add", [n("first"), n("tgt")], [n("end")]),
+        helper.make_node("Constant", [], [n("one")], value_int=1),
+        helper.make_node("Constant", [], [n("zero")], value_int=0),
+        helper.make_node("Range", [n("first"), n("end"), n("one")], [n("q_pos")]),  # (T,)
+        helper.make_node("Range", [n("zero"), n("end"), n("one")], [n("k_pos")])]  # (L,)
+    nodes += bias_by_distance(ins.position_bias, n("q_pos"), n("k_pos"), n("htl"), prefix=n(""))
+    return nodes + [helper.make_node("Constant", [], [n("axis0")], value_ints=[0]),
+                    helper.make_node("Unsqueeze", [n("htl"), n("axis0")], [out])]  # (1, H, T, L)
 
 
 def _linear(name: str, producers: dict, weights: dict) -> tuple[str, str, str] | None:

@@ -6,7 +6,8 @@ emits each attention block as one node of domain `spec.MARKED_DOMAIN`; the graph
 kind (`attention_functions`) so it still runs anywhere (spec.py documents the marking for the fuser).
 
 fp16/bf16 exports are strongly typed (every tensor has one dtype, as TensorRT 11 wants), keep LayerNorm in fp32
-(cast in, fp32 weights, cast out) and softmax in fp32 inside the attention functions.
+(cast in, fp32 weights, cast out; RMSNorm takes its variance in fp32 itself) and softmax in fp32 inside the attention
+functions. fp16 is refused for gated-FFN T5 models, whose activations overflow it; bf16 has fp32's range.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from seq2trt.reference_model.swap import staged_directory
 from seq2trt.reference_model.model import Seq2SeqTransformer
 
 from seq2trt.exporters import spec
-from seq2trt.exporters.attention_functions import attention_functions
+from seq2trt.exporters.attention_functions import attention_functions, marked_kind, marked_op_type
 from seq2trt.exporters.manifest import MANIFEST, write_manifest
 
 logger = logging.getLogger(__name__)
@@ -38,15 +39,13 @@ TORCH_DTYPES = {name: torch_dtype(name) for name in DTYPES}
 
 def marked_core(kind: AttentionKind, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int,
                 scale: float, key_padding_mask: torch.Tensor | None = None, past=None, position_bias=None):
-    """`attention_core`'s signature; emits one marked node carrying the fused op's inputs and attributes."""
-    if position_bias is not None:  # the attention functions (the marked nodes' bodies) have no bias input yet
-        raise ConfigError("exporting a model with a relative position bias (relative_bias in its config) is not "
-                          "supported yet; run it with the eager backend")
+    """`attention_core`'s signature; emits one marked node carrying the fused op's inputs and attributes (the biased
+    variant, `position_bias` (H, 2M - 1) its last input, when the block has a relative position bias)."""
     B, T, D = q.shape
     attrs = AttentionAttrs(kind, num_heads, D // num_heads, float(scale))
     onnx_attrs = attrs.marked_attributes()
-    op = f"{spec.MARKED_DOMAIN}::{spec.MARKED_OP_TYPES[kind]}"
-    inputs = list(pack_inputs(kind, q, k, v, key_padding_mask, past))
+    op = f"{spec.MARKED_DOMAIN}::{marked_op_type(kind, position_bias is not None)}"
+    inputs = list(pack_inputs(kind, q, k, v, key_padding_mask, past, position_bias))
     if kind is AttentionKind.DECODER_SELF:
         present_shape = (B, num_heads, past[0].shape[2] + T, attrs.head_dim)  # (B, H, P + T, Dh)
         out, key, value = torch.onnx.ops.symbolic_multi_out(
@@ -73,6 +72,10 @@ def export_copy(model: Seq2SeqTransformer, dtype: str) -> Seq2SeqTransformer:
     when the dtype is narrower."""
     if dtype not in TORCH_DTYPES:
         raise ConfigError(f"unknown dtype {dtype!r}; choose one of {', '.join(TORCH_DTYPES)}")
+    if dtype == "fp16" and model.cfg.gated_ffn and model.cfg.relative_bias != "none":
+        # T5 v1.1 / mT5 / UMT5 activations pass fp16's 65504 in the gated FFN (transformers keeps `wo` in fp32).
+        raise ConfigError("fp16 is refused for gated-FFN T5 models (T5 v1.1, flan-t5, mT5, UMT5): their FFN "
+                          "activations overflow fp16; export with --dtype bf16 (same range as fp32) or fp32")
     copied = copy.deepcopy(model).eval().use_attention(marked_core)
     norms = {name: m for name, m in copied.named_modules() if isinstance(m, nn.LayerNorm)}
     copied = copied.to(TORCH_DTYPES[dtype])
@@ -143,7 +146,7 @@ def trace(model: Seq2SeqTransformer, kind: spec.GraphKind, opset: int) -> onnx.M
                                     output_names=names_out, opset_version=opset, external_data=False,
                                     verbose=False)
     proto = program.model_proto
-    proto.functions.extend(attention_functions(opset))
+    proto.functions.extend(attention_functions(opset, biased=model.cfg.relative_bias != "none"))
     _name_blocks(proto)
     proto.producer_name = "seq2trt"
     return proto
@@ -187,9 +190,13 @@ def check_graph(proto: onnx.ModelProto, cfg, kind: spec.GraphKind, dtype: str) -
     control = sorted({n.op_type for nodes in bodies for n in nodes if n.op_type in ("If", "Loop", "Scan")})
     if control:
         problems.append(f"control-flow nodes {control} in the graph (TensorRT rejects them)")
-    counts = {k: sum(n.domain == spec.MARKED_DOMAIN and n.op_type == op for n in proto.graph.node)
-              for k, op in spec.MARKED_OP_TYPES.items()}
+    kinds = [marked_kind(n.op_type) for n in proto.graph.node if n.domain == spec.MARKED_DOMAIN]
+    counts = {k: sum(found is not None and found[0] is k for found in kinds) for k in AttentionKind}
     want_counts = {k: spec.expected_blocks(cfg, kind).get(k, 0) for k in AttentionKind}
+    biased = {bool(found[1]) for found in kinds if found is not None and found[0] is not AttentionKind.CROSS}
+    if biased - {cfg.relative_bias != "none"}:
+        problems.append(f"self-attention blocks {'with' if True in biased else 'without'} a position bias in a model "
+                        f"whose relative_bias is {cfg.relative_bias!r}")
     if counts != want_counts:
         problems.append(f"attention blocks {dict((k.name, v) for k, v in counts.items())}, expected "
                         f"{dict((k.name, v) for k, v in want_counts.items())}")
