@@ -34,7 +34,7 @@ class AttentionCall:
     attrs: AttentionAttrs
     dtype: str  # "fp32" | "fp16" | "bf16"
     input_shapes: tuple[tuple[int, ...], ...]
-    inputs: tuple[int, ...]  # device pointers, in `op.INPUTS[kind]` order
+    inputs: tuple[int, ...]  # device pointers, in `op.input_names` order (the position bias last, when given)
     outputs: tuple[int, ...]  # device pointers, in `op.OUTPUTS[kind]` order
     workspace: int  # device pointer to `kernels.launch_plan.workspace_bytes(...)` bytes
     stream: int  # cudaStream_t of TensorRT's enqueue

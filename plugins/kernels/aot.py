@@ -1,7 +1,7 @@
 """Ahead-of-time compilation of the attention kernels to PTX and cubin, with no GPU.
 
-Each variant (kernel x dtype x compiled HEAD_DIM x block config x mask/causal flags, enumerated by `all_variants` from
-`launch_plan.block_config`) is compiled with `triton.compile(ASTSource(...), target=GPUTarget("cuda", cc, 32))` for each
+Each variant (kernel x dtype x compiled HEAD_DIM x block config x mask/causal/bias flags, enumerated by
+`all_variants` from `launch_plan.block_config`) is compiled with `triton.compile(ASTSource(...), target=GPUTarget("cuda", cc, 32))` for each
 target (sm_80, sm_86, sm_89, sm_90). PTX versions stay loadable by a CUDA 13.0 driver (<= 9.0; sm_8x goes through
 triton's CUDA 12.9 ptxas, whose limit is 8.8).
 
@@ -108,16 +108,17 @@ def _variant(kernel: str, dtype: str, head_dim: int, **flags) -> Variant:
 
 
 def all_variants() -> list[Variant]:
-    """Every variant `launch_plan.plan` can ask for: 3 dtypes x 5 compiled HEAD_DIMs x 6 kernel modes."""
+    """Every variant `launch_plan.plan` can ask for: 3 dtypes x 5 compiled HEAD_DIMs x 10 kernel modes (the two
+    attention kernels with and without a position bias for each self-attention kind)."""
     out = []
     for dtype in launch_plan.DTYPES:
         for head_dim in launch_plan.KERNEL_HEAD_DIMS:
-            out += [_variant("attn_fwd", dtype, head_dim, HAS_MASK=1, IS_CAUSAL=0),  # encoder self, cross
-                    _variant("attn_fwd", dtype, head_dim, HAS_MASK=0, IS_CAUSAL=1),  # decoder prefill
-                    _variant("attn_decode_split", dtype, head_dim, HAS_MASK=1, APPEND=0),  # encoder self, cross
-                    _variant("attn_decode_split", dtype, head_dim, HAS_MASK=0, APPEND=1),  # decoder step
-                    _variant("attn_decode_reduce", dtype, head_dim),
-                    _variant("kv_append", dtype, head_dim)]
+            for bias in (0, 1):  # a position bias (T5) on the self-attention kinds; cross-attention takes none
+                out += [_variant("attn_fwd", dtype, head_dim, HAS_MASK=1, IS_CAUSAL=0, HAS_BIAS=bias),  # enc self
+                        _variant("attn_fwd", dtype, head_dim, HAS_MASK=0, IS_CAUSAL=1, HAS_BIAS=bias),  # dec prefill
+                        _variant("attn_decode_split", dtype, head_dim, HAS_MASK=1, APPEND=0, HAS_BIAS=bias),
+                        _variant("attn_decode_split", dtype, head_dim, HAS_MASK=0, APPEND=1, HAS_BIAS=bias)]  # step
+            out += [_variant("attn_decode_reduce", dtype, head_dim), _variant("kv_append", dtype, head_dim)]
     return out
 
 

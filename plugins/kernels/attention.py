@@ -15,6 +15,10 @@ token-major (B,T,H*Dh) and head-major (B,H,L,Dh) layouts of the op share one com
 log2(e) folded into the scale; accumulation is fp32 for fp32/fp16/bf16 inputs; fp32 dots use IEEE precision (no
 TF32) so fp32 stays fp32.
 
+T5's relative position bias (HAS_BIAS) is a pointer to the op's (H, 2M - 1) table by signed distance, in the op's
+dtype, each score reading its own entry (TensorRT-LLM's "implicit" relative attention): no (H, T, L) bias tensor is
+built per call. It is added in fp32 (log2 units) before the mask, so a padded key's score stays MASKED_SCORE.
+
 A key the padding mask hides scores MASKED_SCORE, a large finite negative, while keys beyond the length (block
 padding) and causally hidden ones score -inf: so a query row whose every key is padded sees all its L keys alike and
 returns the mean of V over them, the op's definition (`plugins.op`), in flash-decoding's split merge too.
@@ -37,16 +41,19 @@ MASKED_SCORE = tl.constexpr(-1.0e30)  # a padded key's score (log2 units): finit
 
 
 @triton.jit
-def attn_fwd(Q, K, V, Mask, Out,
+def attn_fwd(Q, K, V, Mask, Bias, Out,
              stride_qb, stride_qt, stride_qh,
              stride_kb, stride_kh, stride_kl,
              stride_vb, stride_vh, stride_vl,
-             stride_mb,
+             stride_mb, stride_bh,
              stride_ob, stride_ot, stride_oh,
-             H, T, L, past_len, sm_scale, head_dim,
+             H, T, L, past_len, bias_off, sm_scale, head_dim,
              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-             HAS_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr):
-    """Grid (cdiv(T, BLOCK_M), B * H). Q/Out (B, T, H, Dh) by strides; K/V (B, H, L, Dh) by strides; Mask (B, L)."""
+             HAS_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """Grid (cdiv(T, BLOCK_M), B * H). Q/Out (B, T, H, Dh) by strides; K/V (B, H, L, Dh) by strides; Mask (B, L).
+
+    With HAS_BIAS, Bias is the (H, 2M - 1) table by signed distance: query t and key j add
+    Bias[h, bias_off + j - t] (bias_off = M - 1 - past_len), read here per score rather than materialised."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
@@ -75,6 +82,10 @@ def attn_fwd(Q, K, V, Mask, Out,
         k = tl.load(k_base + cols[None, :] * stride_kl + offs_d[:, None], mask=col_ok[None, :] & d_ok[:, None],
                     other=0.0)  # (Dh, N)
         qk = tl.dot(q, k, input_precision="ieee") * qk_scale  # (BLOCK_M, BLOCK_N) fp32
+        if HAS_BIAS:  # before the mask, so a padded key keeps MASKED_SCORE whatever its bias
+            bias = tl.load(Bias + h * stride_bh + bias_off + cols[None, :] - offs_m[:, None],
+                           mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+            qk += bias.to(tl.float32) * LOG2E
         if HAS_MASK:
             keep = tl.load(Mask + b * stride_mb + cols, mask=col_ok, other=0)
             qk = tl.where(keep[None, :] != 0, qk, MASKED_SCORE)
@@ -116,19 +127,20 @@ def _decode_rows(base, new, pres, cols, col_ok, stride_l, offs_d, d_ok, L, head_
 
 
 @triton.jit
-def attn_decode_split(Q, K, V, Mask, NewK, NewV, PresK, PresV, MidO, MidM, MidL,
+def attn_decode_split(Q, K, V, Mask, Bias, NewK, NewV, PresK, PresV, MidO, MidM, MidL,
                       stride_qb, stride_qh,
                       stride_kb, stride_kh, stride_kl,
                       stride_vb, stride_vh, stride_vl,
-                      stride_mb, stride_nb, stride_rb, stride_rh,
-                      H, L, keys_per_split, num_splits, sm_scale, head_dim,
-                      HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr, APPEND: tl.constexpr):
+                      stride_mb, stride_bh, stride_nb, stride_rb, stride_rh,
+                      H, L, keys_per_split, num_splits, bias_off, sm_scale, head_dim,
+                      HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr, APPEND: tl.constexpr,
+                      HAS_BIAS: tl.constexpr):
     """Grid (num_splits, B * H). One query token over L keys; split s covers keys [s * keys_per_split, ...).
 
     With APPEND (decoder self-attention) K/V are the past (B, H, L - 1, Dh) and key L - 1 is the new token's
     NewK/NewV (B, 1, H*Dh): each split also writes its rows of the present PresK/PresV (B, H, L, Dh), so the past
     is read once. Writes, per (b*h, s): MidO (head_dim,) the unnormalised output, MidM the running max (log2 units),
-    MidL the sum.
+    MidL the sum. With HAS_BIAS, key j adds Bias[h, bias_off + j] (bias_off = M - 1 - the query's position).
     """
     pid_s = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -155,6 +167,8 @@ def attn_decode_split(Q, K, V, Mask, NewK, NewV, PresK, PresV, MidO, MidM, MidL,
         k = _decode_rows(k_base, NewK + new_off, PresK + pres_off, cols, col_ok, stride_kl, offs_d, d_ok, L, head_dim,
                          APPEND)
         s = tl.sum(k.to(tl.float32) * q[None, :], 1)  # (BLOCK_N,)
+        if HAS_BIAS:
+            s += tl.load(Bias + h * stride_bh + bias_off + cols, mask=col_ok, other=0.0).to(tl.float32) * LOG2E
         if HAS_MASK:
             keep = tl.load(Mask + b * stride_mb + cols, mask=col_ok, other=0)
             s = tl.where(keep != 0, s, MASKED_SCORE)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from seq2trt.reference_model import dtypes
-from seq2trt.plugins.op import AttentionAttrs, AttentionKind
+from seq2trt.plugins.op import INPUTS, OPTIONAL_INPUTS, POSITION_BIAS, AttentionAttrs, AttentionKind
 from seq2trt.reference_model.errors import InputError
 
 if TYPE_CHECKING:  # torch only where tensors are: the plans are read by TensorRT's build child, which has none
@@ -47,16 +47,18 @@ TARGET_PROGRAMS = 264  # flash-decoding aims for ~2 programs per SM of a 132-SM 
 _STRIDES3 = ("i32", "i32", "i32")
 SIGNATURES: dict[str, tuple[tuple[str, str], ...]] = {
     "attn_fwd": tuple(zip(
-        ("Q", "K", "V", "Mask", "Out", "stride_qb", "stride_qt", "stride_qh", "stride_kb", "stride_kh", "stride_kl",
-         "stride_vb", "stride_vh", "stride_vl", "stride_mb", "stride_ob", "stride_ot", "stride_oh",
-         "H", "T", "L", "past_len", "sm_scale", "head_dim"),
-        ("*{t}", "*{t}", "*{t}", "*i32", "*{t}") + _STRIDES3 * 4 + ("i32",) + ("i32",) * 4 + ("fp32", "i32"),
+        ("Q", "K", "V", "Mask", "Bias", "Out", "stride_qb", "stride_qt", "stride_qh", "stride_kb", "stride_kh",
+         "stride_kl", "stride_vb", "stride_vh", "stride_vl", "stride_mb", "stride_bh", "stride_ob", "stride_ot",
+         "stride_oh", "H", "T", "L", "past_len", "bias_off", "sm_scale", "head_dim"),
+        ("*{t}", "*{t}", "*{t}", "*i32", "*{t}", "*{t}") + _STRIDES3 * 4 + ("i32", "i32") + ("i32",) * 5
+        + ("fp32", "i32"),
         strict=True)),
     "attn_decode_split": tuple(zip(
-        ("Q", "K", "V", "Mask", "NewK", "NewV", "PresK", "PresV", "MidO", "MidM", "MidL", "stride_qb", "stride_qh",
-         "stride_kb", "stride_kh", "stride_kl", "stride_vb", "stride_vh", "stride_vl", "stride_mb", "stride_nb",
-         "stride_rb", "stride_rh", "H", "L", "keys_per_split", "num_splits", "sm_scale", "head_dim"),
-        ("*{t}", "*{t}", "*{t}", "*i32") + ("*{t}",) * 4 + ("*fp32",) * 3 + ("i32",) * 16 + ("fp32", "i32"),
+        ("Q", "K", "V", "Mask", "Bias", "NewK", "NewV", "PresK", "PresV", "MidO", "MidM", "MidL", "stride_qb",
+         "stride_qh", "stride_kb", "stride_kh", "stride_kl", "stride_vb", "stride_vh", "stride_vl", "stride_mb",
+         "stride_bh", "stride_nb", "stride_rb", "stride_rh", "H", "L", "keys_per_split", "num_splits", "bias_off",
+         "sm_scale", "head_dim"),
+        ("*{t}", "*{t}", "*{t}", "*i32", "*{t}") + ("*{t}",) * 4 + ("*fp32",) * 3 + ("i32",) * 18 + ("fp32", "i32"),
         strict=True)),
     "attn_decode_reduce": tuple(zip(
         ("MidO", "MidM", "MidL", "Out", "stride_ob", "stride_oh", "H", "num_splits", "head_dim"),
@@ -69,11 +71,14 @@ SIGNATURES: dict[str, tuple[tuple[str, str], ...]] = {
 SCRATCH_PARAMS = ("global_scratch", "profile_scratch")  # appended by Triton 3.9 to every compiled kernel
 # What compiled code assumes each parameter is a multiple of, as triton's JIT would specialise: pointers 16 (bytes);
 # head_dim, every token/head/batch stride and keys_per_split 8 (elements: 16 bytes in fp16/bf16, enough for the
-# widest vector load), which any head_dim in HEAD_DIMS makes true. `cuda_launcher.pack` checks them before any launch.
+# widest vector load), which any head_dim in HEAD_DIMS makes true. The mask and the position bias are read one
+# element at a time (a bias row is 2M - 1 long, odd): nothing is assumed of them. `cuda_launcher.pack` checks the rest
+# before any launch.
 DIVISIBILITY: dict[str, dict[str, int]] = {
     kernel: {n: 16 if ty.startswith("*") else 8 for n, ty in sig
-             if (ty.startswith("*") and n not in ("MidL", "Mask"))
-             or (n.startswith("stride_") and n != "stride_mb") or n in ("keys_per_split", "head_dim")}
+             if (ty.startswith("*") and n not in ("MidL", "Mask", "Bias"))
+             or (n.startswith("stride_") and n not in ("stride_mb", "stride_bh"))
+             or n in ("keys_per_split", "head_dim")}
     for kernel, sig in SIGNATURES.items()}
 
 
@@ -218,17 +223,38 @@ def _kv_source(attrs: AttentionAttrs, dtype: str, shapes, inputs, outputs, decod
     return launches, kv_args, append, P, L
 
 
+def _bias_args(attrs: AttentionAttrs, shapes, inputs, P: int, T: int, L: int) -> tuple[dict, int]:
+    """(Bias, stride_bh, bias_off) and HAS_BIAS of one call: the position bias follows the required inputs when given.
+    bias_off = M - 1 - P, the table's column of key 0 for query 0 (at position P)."""
+    n = len(INPUTS[attrs.kind])
+    if len(shapes) == n:
+        return {"Bias": inputs[0], "stride_bh": 0, "bias_off": 0}, 0  # never read without HAS_BIAS
+    if len(shapes) != n + 1 or POSITION_BIAS not in OPTIONAL_INPUTS[attrs.kind]:
+        raise InputError(f"{attrs.kind.name} attention takes {n} inputs"
+                         f"{' and optionally a position bias' if OPTIONAL_INPUTS[attrs.kind] else ''}, "
+                         f"got {len(shapes)}; pass the op's inputs as plugins.op.pack_inputs orders them")
+    bias = tuple(shapes[n])
+    M = (bias[-1] + 1) // 2 if len(bias) == 2 else 0
+    if len(bias) != 2 or bias[0] != attrs.num_heads or bias[1] % 2 == 0 or M < max(P + T, L):
+        raise InputError(f"position_bias must be (heads={attrs.num_heads}, 2M - 1) with M >= {max(P + T, L)} "
+                         f"positions, got {bias}; build the table for the export's longest sequence")
+    return {"Bias": inputs[n], "stride_bh": bias[1], "bias_off": M - 1 - P}, 1
+
+
 def plan(attrs: AttentionAttrs, dtype: str, shapes, inputs, outputs, workspace=None,
          at: Callable[[Any, int], Any] = lambda ptr, offset: ptr + offset,
          num_splits: int | None = None) -> list[Launch]:
-    """The launches of one op call. shapes: the inputs' shapes in `op.INPUTS[kind]` order; inputs/outputs: handles
-    (tensors or device pointers) in op order; workspace: `workspace_bytes` of scratch, `at(workspace, byte_offset)`
-    addressing into it. One query token takes flash-decoding when a workspace is given, else flash attention."""
+    """The launches of one op call. shapes: the inputs' shapes in `op.input_names` order (the position bias last,
+    when given); inputs/outputs: handles (tensors or device pointers) in op order; workspace: `workspace_bytes` of
+    scratch, `at(workspace, byte_offset)` addressing into it. One query token takes flash-decoding when a workspace
+    is given, else flash attention."""
     _check(attrs, dtype, shapes[0])
     B, T, D = shapes[0]
     H, Dh = attrs.num_heads, attrs.head_dim
     decode = T == 1 and workspace is not None  # the one query (position P) sees every key: no causal mask needed
     launches, kv_args, append, P, L = _kv_source(attrs, dtype, shapes, inputs, outputs, decode)
+    bias_args, has_bias = _bias_args(attrs, shapes, inputs, P, T, L)
+    kv_args = {**kv_args, **bias_args}
     q_args = {"Q": inputs[0], "stride_qb": T * D, "stride_qh": Dh}
     has_mask = int(attrs.kind is not AttentionKind.DECODER_SELF)
     if decode:
@@ -238,7 +264,8 @@ def plan(attrs: AttentionAttrs, dtype: str, shapes, inputs, outputs, workspace=N
                "MidL": at(workspace, 4 * B * H * splits * (Dh + 1))}
         launches.append(_launch("attn_decode_split", dtype, Dh, (splits, B * H), {
             **q_args, **kv_args, **append, **mid, "H": H, "L": L, "keys_per_split": keys_per_split,
-            "num_splits": splits, "sm_scale": attrs.scale}, HAS_MASK=has_mask, APPEND=1 - has_mask))
+            "num_splits": splits, "sm_scale": attrs.scale},
+            HAS_MASK=has_mask, APPEND=1 - has_mask, HAS_BIAS=has_bias))
         launches.append(_launch("attn_decode_reduce", dtype, Dh, (B * H,), {
             **mid, "Out": outputs[0], "stride_ob": D, "stride_oh": Dh, "H": H, "num_splits": splits}))
     else:
@@ -246,7 +273,7 @@ def plan(attrs: AttentionAttrs, dtype: str, shapes, inputs, outputs, workspace=N
         launches.append(_launch("attn_fwd", dtype, Dh, (math.ceil(T / block_m), B * H), {
             **q_args, "stride_qt": D, **kv_args, "Out": outputs[0], "stride_ob": T * D, "stride_ot": D,
             "stride_oh": Dh, "H": H, "T": T, "L": L, "past_len": P, "sm_scale": attrs.scale},
-            HAS_MASK=has_mask, IS_CAUSAL=1 - has_mask))
+            HAS_MASK=has_mask, IS_CAUSAL=1 - has_mask, HAS_BIAS=has_bias))
     return launches
 
 
@@ -262,7 +289,10 @@ def attention(attrs: AttentionAttrs, *inputs: torch.Tensor, num_splits: int | No
     if dtype is None:
         raise InputError(f"attention kernels take {sorted(DTYPES)} queries, got {query.dtype}")
     if attrs.kind is not AttentionKind.DECODER_SELF:
-        inputs = inputs[:3] + (inputs[3].to(torch.int32),)
+        inputs = inputs[:3] + (inputs[3].to(torch.int32),) + inputs[4:]
+    n = len(INPUTS[attrs.kind])
+    if len(inputs) > n:  # the position bias, in the op's dtype
+        inputs = inputs[:n] + (inputs[n].to(query.dtype).contiguous(),)
     outputs = [torch.empty_like(query)]
     if attrs.kind is AttentionKind.DECODER_SELF:
         B, H, P, Dh = inputs[3].shape
@@ -277,9 +307,11 @@ def attention(attrs: AttentionAttrs, *inputs: torch.Tensor, num_splits: int | No
 
 def random_inputs(kind: AttentionKind, *, batch: int, heads: int, head_dim: int, tgt_len: int, kv_len: int,
                   dtype: torch.dtype, seed: int, device: str | torch.device = "cpu",
-                  empty_row: bool = False) -> tuple[AttentionAttrs, tuple[torch.Tensor, ...]]:
+                  empty_row: bool = False, bias_positions: int | None = None,
+                  ) -> tuple[AttentionAttrs, tuple[torch.Tensor, ...]]:
     """Seeded op inputs. kv_len is the source length (CROSS; ENCODER_SELF uses tgt_len) or the past length
-    (DECODER_SELF, may be 0). Key padding masks keep 1..S tokens per row; `empty_row` pads the last row entirely."""
+    (DECODER_SELF, may be 0). Key padding masks keep 1..S tokens per row; `empty_row` pads the last row entirely.
+    `bias_positions` M (self-attention kinds): a random position bias (H, 2M - 1) follows, as T5's table would."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
@@ -297,9 +329,13 @@ def random_inputs(kind: AttentionKind, *, batch: int, heads: int, head_dim: int,
 
     query = rand(batch, tgt_len, D)
     if kind is AttentionKind.ENCODER_SELF:
-        return attrs, (query, rand(batch, tgt_len, D), rand(batch, tgt_len, D), padding_mask(tgt_len))
-    if kind is AttentionKind.CROSS:
+        inputs = (query, rand(batch, tgt_len, D), rand(batch, tgt_len, D), padding_mask(tgt_len))
+    elif kind is AttentionKind.CROSS:
         kv = (rand(batch, heads, kv_len, head_dim), rand(batch, heads, kv_len, head_dim))
-        return attrs, (query, *kv, padding_mask(kv_len))
-    return attrs, (query, rand(batch, tgt_len, D), rand(batch, tgt_len, D),
-                   rand(batch, heads, kv_len, head_dim), rand(batch, heads, kv_len, head_dim))
+        inputs = (query, *kv, padding_mask(kv_len))
+    else:
+        inputs = (query, rand(batch, tgt_len, D), rand(batch, tgt_len, D),
+                  rand(batch, heads, kv_len, head_dim), rand(batch, heads, kv_len, head_dim))
+    if bias_positions is not None:
+        inputs += (rand(heads, 2 * bias_positions - 1),)
+    return attrs, inputs

@@ -139,7 +139,7 @@ PLAN_HEAD_DIMS = (8, 16, 24, 40, 64, 96, 128, 200, 256)  # every compiled HEAD_D
 
 def _plans():
     """Every dtype x kind x head_dims reaching every compiled HEAD_DIM, with one and with several query tokens,
-    with and without a workspace."""
+    with and without a workspace, the self-attention kinds with and without a position bias (M = 128 positions)."""
     for dtype in launch.DTYPES:
         for head_dim in PLAN_HEAD_DIMS:
             for kind in AttentionKind:
@@ -150,8 +150,9 @@ def _plans():
                               AttentionKind.CROSS: [(3, T, D), (3, 2, L, head_dim), (3, 2, L, head_dim), (3, L)],
                               AttentionKind.DECODER_SELF: [(3, T, D), (3, T, D), (3, T, D), (3, 2, L, head_dim),
                                                            (3, 2, L, head_dim)]}[kind]
-                    ptrs = [4096 * (i + 1) for i in range(5)]
-                    yield attrs, dtype, shapes, ptrs, ws
+                    for bias in ([], [(2, 255)]) if kind is not AttentionKind.CROSS else ([],):
+                        ptrs = [4096 * (i + 1) for i in range(len(shapes + bias))]
+                        yield attrs, dtype, shapes + bias, ptrs, ws
 
 
 def test_launch_plan_uses_only_compiled_variants():
@@ -168,7 +169,8 @@ def test_pack_orders_arguments_as_the_compiled_kernel():
     assert [p.kernel for p in plan] == ["attn_decode_split", "attn_decode_reduce"]  # the step appends in the split
     packed = kernel_launch.pack(plan[0])
     assert len(packed.args) == len(launch.SIGNATURES["attn_decode_split"]) + 2
-    assert [a.value for a in packed.args[:8]] == [4096, 16384, 20480, 4096, 8192, 12288, 28672, 32768]
+    # Q, past K/V, then the mask and bias slots (no mask, no bias: any valid pointer, the query's), new K/V, present
+    assert [a.value for a in packed.args[:9]] == [4096, 16384, 20480, 4096, 4096, 8192, 12288, 28672, 32768]
     prefill = launch.plan(attrs, "fp16", [(3, 5, 128)] * 3 + shapes[3:], [4096 * i for i in range(1, 6)],
                           [24576, 28672, 32768], 65536)
     assert [p.kernel for p in prefill] == ["kv_append", "attn_fwd"]
@@ -233,8 +235,8 @@ def test_index_path_follows_the_kernel_dir(monkeypatch, tmp_path):
 
 def test_planning_does_not_import_triton():
     """The plugin sizes and plans launches where triton may be absent (TensorRT builders, the engine runtime)."""
-    code = ("import sys; from seq2trt.plugins import kernel_launch, tensorrt_plugin; "
-            "from seq2trt.plugins.kernels import aot, launch; "
+    code = ("import sys; from seq2trt.plugins import cuda_launcher as kernel_launch, tensorrt_plugin; "
+            "from seq2trt.plugins.kernels import aot, launch_plan; "
             "assert kernel_launch.launch_plan and 'triton' not in sys.modules, "
             "sorted(m for m in sys.modules if 'triton' in m)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

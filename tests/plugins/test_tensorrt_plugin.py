@@ -369,8 +369,8 @@ def test_enqueue_launches_the_planned_kernels(trt, tmp_path, kind):
         assert expected[1].grid[0] == B * attrs.num_heads * queries  # the reduce: one program per query row
     pointers = [a.value for a in main.args if type(a).__name__ == "c_void_p" and a.value is not None]
     order = {AttentionKind.ENCODER_SELF: ["query", "key", "value", "key_padding_mask"],  # the kernels' signatures
-             AttentionKind.DECODER_SELF: ["query", "past_key", "past_value", "query", "key", "value"],  # no mask: the
-             # mask slot holds any valid pointer (the query's)
+             AttentionKind.DECODER_SELF: ["query", "past_key", "past_value", "query", "query", "key", "value"],
+             # no mask, no position bias: their slots hold any valid pointer (the query's)
              AttentionKind.CROSS: ["query", "cross_key", "cross_value", "key_padding_mask"]}[kind]
     by_name = dict(zip(INPUTS[kind], inputs))
     assert pointers[:len(order)] == [by_name[n] for n in order]
