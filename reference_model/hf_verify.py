@@ -55,12 +55,20 @@ def load_tokenizer(folder: Path):
 
     if not tokenizer_files(folder):
         return None
-    try:
-        with warnings.catch_warnings():  # Marian's tokenizer recommends sacremoses on every load
-            warnings.filterwarnings("ignore", message=".*sacremoses.*")
+    with warnings.catch_warnings():  # Marian's tokenizer recommends sacremoses on every load
+        warnings.filterwarnings("ignore", message=".*sacremoses.*")
+        try:
             return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    except Exception as exc:  # tokenizer classes raise anything from OSError to AttributeError on bad files
-        raise _bad_tokenizer(folder, exc) from None
+        except Exception as exc:  # tokenizer classes raise anything from OSError to AttributeError on bad files
+            first = exc
+        # A sentencepiece model without tokenizer.json (T5's spiece.model) is converted to a fast tokenizer first,
+        # which needs a protobuf runtime matching sentencepiece's; the slow tokenizer reads the model itself.
+        if (folder / "tokenizer.json").is_file():
+            raise _bad_tokenizer(folder, first) from None
+        try:
+            return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, use_fast=False)
+        except Exception:
+            raise _bad_tokenizer(folder, first) from None
 
 
 def _bad_tokenizer(folder: Path, exc: BaseException) -> CheckpointError:

@@ -27,6 +27,7 @@ import torch
 import torch.nn as nn
 
 from seq2trt.reference_model.config import AttentionKind, Seq2SeqConfig  # noqa: F401 (AttentionKind: the model's, re-exported)
+from seq2trt.reference_model.errors import InputError
 
 KV = tuple[torch.Tensor, torch.Tensor]  # (key, value), each (B, H, L, Dh)
 
@@ -350,6 +351,19 @@ class Seq2SeqTransformer(nn.Module):
             pos = pos * (ids != self.cfg.pad_id).unsqueeze(-1).to(pos.dtype)  # (B, T, D)
         return self.dropout(norm(table(ids) * self.embed_scale + pos))  # (B, T, D)
 
+    def _check_length(self, length: int, decoder: bool) -> None:
+        """Refuse a sequence past the stack's limit (the position table or the bucket lookup holds no row for it).
+        Skipped while torch.export traces: the graphs' dynamic axes carry the limits."""
+        if torch.compiler.is_compiling():
+            return
+        cfg, name = self.cfg, "max_tgt_len" if decoder else "max_src_len"
+        limit = cfg.max_tgt_len if decoder else cfg.max_src_len
+        if length > limit:
+            what = "target tokens (the start token included)" if decoder else "source tokens"
+            fix = (f"shorten the input, or raise {name} in the checkpoint's config.json (this model has no position "
+                   "table to outgrow)" if cfg.positions == "none" else "shorten the input")
+            raise InputError(f"{length} {what} exceed the model's {name} {limit}; {fix}")
+
     def _buckets(self, decoder: bool) -> torch.Tensor | None:
         """The stack's bucket lookup (2M - 1,), None without a relative bias."""
         if self.cfg.relative_bias == "none":
@@ -359,6 +373,7 @@ class Seq2SeqTransformer(nn.Module):
     # -- encoder side -------------------------------------------------------------------------------------
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """(B, S) ids and 1/0 mask -> encoder hidden states (B, S, D)."""
+        self._check_length(input_ids.shape[1], decoder=False)
         x = self.embed(input_ids, decoder=False)
         buckets, bias = self._buckets(decoder=False), None
         for layer in self.encoder_layers:
@@ -382,6 +397,7 @@ class Seq2SeqTransformer(nn.Module):
 
         T = 1 for a decoding step, T > 1 for a prefill; positions are P + arange(T), P from the past's shape.
         """
+        self._check_length(past_kv[0][0].shape[2] + input_ids.shape[1], decoder=True)
         x = self.embed(input_ids, decoder=True, offset=past_kv[0][0].shape[2])
         buckets, bias = self._buckets(decoder=True), None
         present = []

@@ -95,8 +95,9 @@ def make_hf_model():
     return hf_model_dir
 
 
-def _sentencepiece(path: Path, vocab_size: int) -> list[str]:
-    """Train a unigram sentencepiece model (path/sp.model) on generated text; return its pieces after unk and eos."""
+def _sentencepiece(path: Path, vocab_size: int, special: dict | None = None) -> list[str]:
+    """Train a unigram sentencepiece model (path/sp.model) on generated text; return its pieces after unk and eos.
+    `special`: other sentencepiece ids (unk_id, eos_id, pad_id, bos_id) than unk 0, eos 1, no pad, no bos."""
     import random
 
     import sentencepiece as spm
@@ -107,8 +108,8 @@ def _sentencepiece(path: Path, vocab_size: int) -> list[str]:
              for _ in range(400)]
     path.mkdir(parents=True, exist_ok=True)
     spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=str(path / "sp"), vocab_size=vocab_size,
-                                   model_type="unigram", character_coverage=1.0, bos_id=-1, eos_id=1, unk_id=0,
-                                   pad_id=-1, minloglevel=2)
+                                   model_type="unigram", character_coverage=1.0, minloglevel=2,
+                                   **{**dict(bos_id=-1, eos_id=1, unk_id=0, pad_id=-1), **(special or {})})
     processor = spm.SentencePieceProcessor(model_file=str(path / "sp.model"))
     return [processor.id_to_piece(i) for i in range(processor.get_piece_size()) if i > 1]
 
@@ -148,6 +149,52 @@ def m2m100_tokenizer_dir(path: Path) -> tuple[Path, int]:
     tokenizer.save_pretrained(path)
     _drop_training_files(path)
     return path, len(vocab) + len(tokenizer.lang_code_to_id) + 8
+
+
+def t5_tokenizer_dir(path: Path, vocab_size: int = 70, extra_ids: int = 3) -> tuple[Path, int]:
+    """A T5 tokenizer (sentencepiece trained here with T5's ids: pad 0, eos 1, unk 2; `extra_ids` sentinel tokens
+    after the pieces) saved into `path` as spiece.model; returns (path, model vocabulary size)."""
+    import shutil
+
+    from transformers import T5Tokenizer
+
+    _sentencepiece(path, vocab_size, dict(pad_id=0, eos_id=1, unk_id=2))
+    shutil.copyfile(path / "sp.model", path / "spiece.model")
+    _drop_training_files(path)
+    tokenizer = T5Tokenizer(str(path / "spiece.model"), extra_ids=extra_ids)
+    tokenizer.save_pretrained(path)
+    return path, len(tokenizer)
+
+
+def t5_fast_tokenizer_dir(path: Path, vocab_size: int = 70, extra_ids: int = 3) -> tuple[Path, int]:
+    """The same T5 tokenizer as `t5_tokenizer_dir` plus its tokenizer.json, built with the tokenizers library from
+    the sentencepiece model's pieces and scores (transformers' converter needs protobuf); returns (path, vocab size)."""
+    import sentencepiece as spm
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from transformers import T5TokenizerFast
+
+    t5_tokenizer_dir(path, vocab_size, extra_ids)
+    sp = spm.SentencePieceProcessor(model_file=str(path / "spiece.model"))
+    backend = Tokenizer(models.Unigram([(sp.id_to_piece(i), sp.get_score(i)) for i in range(sp.get_piece_size())],
+                                       unk_id=2))
+    backend.normalizer = normalizers.Sequence([normalizers.Strip(), normalizers.Replace(Regex(" {2,}"), " ")])
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
+    backend.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
+    backend.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>",
+                                                           special_tokens=[("</s>", 1)])
+    tokenizer = T5TokenizerFast(str(path / "spiece.model"), tokenizer_object=backend, extra_ids=extra_ids)
+    tokenizer.save_pretrained(path)
+    return path, len(tokenizer)
+
+
+@pytest.fixture(scope="session")
+def make_t5_fast_tokenizer():
+    return t5_fast_tokenizer_dir
+
+
+@pytest.fixture(scope="session")
+def make_t5_tokenizer():
+    return t5_tokenizer_dir
 
 
 @pytest.fixture(scope="session")

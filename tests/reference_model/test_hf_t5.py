@@ -1,0 +1,259 @@
+"""`seq2trt import hf` of T5 (v1.0 tied relu, v1.1 untied gated), mT5 and UMT5: small random models made with
+transformers' own config classes, imported, then judged by transformers itself (its model and its `generate` on the
+same directory): encoder states and logits in fp32, greedy and beam-4 tokens, padded batches, sources and targets
+longer than relative_attention_max_distance, translate of text through the model's sentencepiece tokenizer (slow
+spiece.model, and tokenizer.json). Also what is refused: LongT5 and other T5 variants by name, inputs past the limits.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
+
+from seq2trt.cli.main import cli  # noqa: E402
+from seq2trt.reference_model.checkpoint import load_checkpoint  # noqa: E402
+from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode, hf_beam_search  # noqa: E402
+from seq2trt.reference_model.eager import EagerStepModel  # noqa: E402
+from seq2trt.reference_model.errors import InputError  # noqa: E402
+from seq2trt.reference_model.hf_families import FAMILIES  # noqa: E402
+from seq2trt.reference_model.hf_families.t5 import DEFAULT_MAX_LEN  # noqa: E402
+from seq2trt.reference_model.hf_verify import load_transformers_model, seeded_sources  # noqa: E402
+from seq2trt.reference_model.vocab import pad_batch  # noqa: E402
+
+CLASSES = {"t5": ("T5Config", "T5ForConditionalGeneration"), "mt5": ("MT5Config", "MT5ForConditionalGeneration"),
+           "umt5": ("UMT5Config", "UMT5ForConditionalGeneration")}
+SMALL = dict(vocab_size=64, d_model=32, d_kv=8, num_heads=4, d_ff=48, num_layers=2, num_decoder_layers=2,
+             relative_attention_num_buckets=8, relative_attention_max_distance=12, decoder_start_token_id=0)
+# (family, config options beyond SMALL). transformers 4.57's generate fails on T5s with more decoder than encoder
+# layers (its cache is sized by num_layers), so the cases with unequal stacks have the fewer decoder layers.
+CASES = {
+    "t5-v1.0-tied-relu": ("t5", dict(feed_forward_proj="relu")),
+    "t5-v1.1-untied-gated-wide": ("t5", dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False, num_heads=6,
+                                             num_layers=3, relative_attention_num_buckets=10,
+                                             relative_attention_max_distance=20)),  # 6 x 8 = 48 != 32
+    "mt5-narrow": ("mt5", dict(d_model=40, num_heads=3, d_ff=56)),  # the class's untied gated-gelu; 3 x 8 = 24 != 40
+    "umt5-per-layer-tables": ("umt5", dict(d_model=24, d_ff=40, num_layers=3)),  # tied, gated-gelu, a table a layer
+    "t5-gated-silu-tied": ("t5", dict(feed_forward_proj="gated-silu")),
+}
+SOURCES = 8  # seeded sources of 1 .. 24 tokens, batched padded
+
+
+def t5_model_dir(path, family: str, config: dict | None = None, seed: int = 0, std: float = 0.35):
+    """A random transformers model of `family` saved with save_pretrained: matrices at std `std`, norm weights near 1
+    and bias tables of unit scale, so that a wrong bucket, table, norm or activation moves the tokens."""
+    config_class, model_class = (getattr(transformers, name) for name in CLASSES[family])
+    torch.manual_seed(seed)
+    model = model_class(config_class(**{**SMALL, **(config or {})})).eval()
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            if key.endswith("layer_norm.weight"):
+                p.normal_(1.0, 0.2)
+            elif "relative_attention_bias" in key:
+                p.normal_(0.0, 1.0)
+            elif p.dim() > 1:
+                p.normal_(0, std)
+    model.save_pretrained(path)
+    return path
+
+
+def _import(src, out):
+    return CliRunner().invoke(cli, ["import", "hf", str(src), "-o", str(out)])
+
+
+def _generate(hf_model, ids, mask, new_tokens: int, eos: int, **kwargs) -> list[list[int]]:
+    with torch.inference_mode():
+        rows = hf_model.generate(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
+                                 max_new_tokens=new_tokens, do_sample=False, num_return_sequences=1,
+                                 **kwargs)[:, 1:].tolist()
+    return [r[: r.index(eos)] if eos in r else r for r in rows]
+
+
+def _judge(src, ckpt, sources: list[list[int]], new_tokens: int = 20) -> tuple[list, list]:
+    """Our checkpoint's greedy and beam-4 tokens on padded `sources`, each asserted equal to transformers' generate."""
+    model, _ = load_checkpoint(ckpt)
+    hf_model = load_transformers_model(src)
+    gen = json.loads((ckpt / "generation.json").read_text())
+    ids, mask = pad_batch(sources, model.cfg.pad_id)
+    settings = DecodeSettings.for_model(model.cfg, new_tokens, gen)
+    step = EagerStepModel(model)
+    greedy = greedy_decode(step, ids, mask, settings)
+    assert greedy == _generate(hf_model, ids, mask, new_tokens, model.cfg.eos_id, num_beams=1)
+    beam = hf_beam_search(step, ids, mask, settings, 4, gen["length_penalty"], gen["early_stopping"])
+    assert beam == _generate(hf_model, ids, mask, new_tokens, model.cfg.eos_id, num_beams=4,
+                             length_penalty=gen["length_penalty"], early_stopping=gen["early_stopping"])
+    return greedy, beam
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_import_equals_transformers(case, tmp_path):
+    family, config = CASES[case]
+    src = t5_model_dir(tmp_path / "src", family, config)
+    result = _import(src, tmp_path / "ckpt")
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "ckpt" / "import.json").read_text())
+    assert record["family"] == family and record["verification"]["passed"]
+    for name in ("seeded",):
+        assert record["verification"][name]["logits_scaled_err"] <= 1e-4
+    model, _ = load_checkpoint(tmp_path / "ckpt")
+    hf = transformers.AutoConfig.from_pretrained(src)
+    cfg = model.cfg
+    assert (cfg.relative_bias, cfg.tie_embeddings, cfg.scale_logits, cfg.gated_ffn, cfg.inner_dim) == (
+        "per_layer" if family == "umt5" else "shared", hf.tie_word_embeddings, hf.tie_word_embeddings,
+        hf.is_gated_act, hf.num_heads * hf.d_kv)
+    assert (cfg.max_src_len, cfg.max_tgt_len, cfg.bos_id, cfg.pad_id, cfg.eos_id) == (DEFAULT_MAX_LEN,) * 2 + (0, 0, 1)
+
+    # The judge on other sources than the import's proof, a padded batch of varied lengths.
+    greedy, beam = _judge(src, tmp_path / "ckpt", seeded_sources(cfg, SOURCES, seed=42))
+    assert len({t for row in greedy for t in row}) > 3, "degenerate outputs cannot tell a wrong model apart"
+    assert beam != greedy, "beam search never differed from greedy"
+
+
+def test_sources_and_targets_beyond_max_distance_saturate_as_in_transformers(tmp_path):
+    """T5's default buckets (32, max_distance 128): a 200-token source and a 150-token target reach the capped
+    buckets; encoder states and teacher-forced logits of a padded batch within 1e-4 of transformers (fp32), and the
+    searches' tokens equal to generate's."""
+    src = t5_model_dir(tmp_path / "src", "t5", dict(feed_forward_proj="gated-gelu", relative_attention_num_buckets=32,
+                                                    relative_attention_max_distance=128))
+    assert _import(src, tmp_path / "ckpt").exit_code == 0
+    model, _ = load_checkpoint(tmp_path / "ckpt")
+    hf_model = load_transformers_model(src)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(2, 64, (3, 200), generator=g)
+    mask = (torch.arange(200)[None] < torch.tensor([200, 170, 9])[:, None]).long()
+    ids = ids * mask
+    ids[torch.arange(3), mask.sum(1) - 1] = 1  # each ends with eos
+    tgt = torch.randint(2, 64, (3, 150), generator=g)
+    tgt[:, 0] = 0
+    with torch.inference_mode():
+        theirs_enc = hf_model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+        theirs = hf_model(input_ids=ids, attention_mask=mask, decoder_input_ids=tgt).logits
+        ours_enc = model.encode(ids, mask)
+        ours = model(ids, mask, tgt)
+    valid = mask.bool()
+    assert (ours_enc - theirs_enc)[valid].abs().max() <= 1e-4 * max(1.0, theirs_enc.abs().max())
+    assert (ours - theirs).abs().max() <= 1e-4 * max(1.0, theirs.abs().max())
+    # A wrong reading of the far buckets would move these: the logits past position 128 differ from position 0's.
+    assert not torch.allclose(theirs[:, 140], theirs[:, 0])
+    _judge(src, tmp_path / "ckpt", [row[row != 0].tolist() if i < 2 else row[:9].tolist()
+                                    for i, row in enumerate(ids)], new_tokens=12)
+
+
+def test_old_checkpoints_configs_and_unused_cross_table_import(tmp_path):
+    """A t5-small-style config.json (no feed_forward_proj, num_decoder_layers nor tie_word_embeddings; n_positions
+    set) reads the class defaults (relu, tied, symmetric) and n_positions as the limits; the cross-attention table
+    older transformers saved in block 0 is dropped."""
+    from safetensors.torch import load_file, save_file
+
+    src = t5_model_dir(tmp_path / "src", "t5", dict(feed_forward_proj="relu"))
+    config = json.loads((src / "config.json").read_text())
+    for key in ("feed_forward_proj", "dense_act_fn", "is_gated_act", "num_decoder_layers", "tie_word_embeddings"):
+        config.pop(key, None)
+    (src / "config.json").write_text(json.dumps({**config, "n_positions": 96}))
+    state = load_file(src / "model.safetensors")
+    state["decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight"] = torch.randn(8, 4)
+    save_file(state, src / "model.safetensors", metadata={"format": "pt"})
+    result = _import(src, tmp_path / "ckpt")
+    assert result.exit_code == 0, result.output
+    model, _ = load_checkpoint(tmp_path / "ckpt")
+    cfg = model.cfg
+    assert (cfg.activation, cfg.gated_ffn, cfg.tie_embeddings, cfg.num_decoder_layers, cfg.max_src_len,
+            cfg.max_tgt_len) == ("relu", False, True, 2, 96, 96)
+    _judge(src, tmp_path / "ckpt", seeded_sources(cfg, 4, seed=7))
+
+
+def test_a_wrong_reading_fails_the_proof_and_writes_nothing(tmp_path, monkeypatch):
+    """Negative control: the adapter without the tied model's d_model**-0.5 rescale loads every tensor but computes
+    another model; the import's proof against transformers catches it."""
+    src = t5_model_dir(tmp_path / "src", "t5", dict(feed_forward_proj="relu"))
+    adapter = FAMILIES["t5"]
+    fields = adapter.config_fields
+    monkeypatch.setattr(adapter, "config_fields", lambda s, hf: {**fields(s, hf), "scale_logits": False})
+    result = _import(src, tmp_path / "ckpt")
+    assert result.exit_code == 1 and "failed its verification against transformers" in result.output, result.output
+    assert not (tmp_path / "ckpt").exists()
+
+
+@pytest.mark.parametrize("family, config_class, differs", [
+    ("longt5", "LongT5Config", "local or transient-global attention"),
+    ("switch_transformers", "SwitchTransformersConfig", "mixture-of-experts"),
+])
+def test_t5_variants_are_refused_by_name(family, config_class, differs, tmp_path):
+    src = tmp_path / "src"
+    getattr(transformers, config_class)(vocab_size=64, d_model=16, d_kv=4, num_heads=2, d_ff=24,
+                                        num_layers=1).save_pretrained(src)
+    result = _import(src, tmp_path / "ckpt")
+    assert result.exit_code == 2 and f"'{family}' model" in result.output and differs in result.output, result.output
+    assert "t5, mt5, umt5" in result.output and not (tmp_path / "ckpt").exists()
+
+
+def test_an_unknown_type_is_told_what_the_import_reads(tmp_path):
+    src = t5_model_dir(tmp_path / "src", "t5")
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "model_type": "my_t5"}))
+    result = _import(src, tmp_path / "ckpt")
+    assert result.exit_code == 2 and "'my_t5' model" in result.output, result.output
+    assert "layers are BART's" in result.output and "T5's" in result.output and "set model_type" in result.output
+
+
+@pytest.mark.parametrize("proj", ["gated-gelu-new", "relu-gated", "swiglu"])
+def test_a_feed_forward_proj_we_cannot_read_is_named(proj, tmp_path):
+    src = t5_model_dir(tmp_path / "src", "t5")
+    config = json.loads((src / "config.json").read_text())
+    config.pop("dense_act_fn")
+    (src / "config.json").write_text(json.dumps({**config, "feed_forward_proj": proj}))
+    result = _import(src, tmp_path / "ckpt")
+    assert result.exit_code == 2 and "feed_forward_proj" in result.output and proj in result.output, result.output
+
+
+def test_inputs_past_the_limits_are_refused_with_the_fix(tmp_path):
+    """A relative-bias model has no position table: past max_src_len / max_tgt_len its bucket lookup has no row.
+    The model says which limit and how to raise it (it indexed out of range before); translate refuses the source."""
+    src = t5_model_dir(tmp_path / "src", "umt5")
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "n_positions": 16}))
+    assert _import(src, tmp_path / "ckpt").exit_code == 0
+    model, _ = load_checkpoint(tmp_path / "ckpt")
+    ids = torch.full((1, 17), 5)
+    with pytest.raises(InputError, match=r"17 source tokens exceed the model's max_src_len 16; .*raise max_src_len"):
+        model.encode(ids, torch.ones_like(ids))
+    enc = model.encode(ids[:, :16], torch.ones_like(ids[:, :16]))
+    past = model.empty_past(1)
+    with pytest.raises(InputError, match="max_tgt_len 16"):
+        model.decode_step(torch.zeros(1, 17, dtype=torch.long), torch.ones(1, 16, dtype=torch.long),
+                          model.cross_kv(enc), past)
+    (tmp_path / "ids.jsonl").write_text(json.dumps([5] * 16 + [1]) + "\n")
+    result = CliRunner().invoke(cli, ["translate", str(tmp_path / "ckpt"), "--ids-file", str(tmp_path / "ids.jsonl")])
+    assert result.exit_code != 0 and "max_src_len 16" in result.output, result.output
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["spiece.model", "tokenizer.json"])
+@pytest.mark.parametrize("beam", [1, 4])
+def test_translate_text_with_the_sentencepiece_tokenizer_is_transformers(fast, beam, make_t5_tokenizer,
+                                                                         make_t5_fast_tokenizer, tmp_path):
+    """The task prefix is the user's text; the tokenizer appends </s> (no BOS); transformers' tokenizer and generate
+    on the source directory are the judge of the printed text."""
+    src, vocab = (make_t5_fast_tokenizer if fast else make_t5_tokenizer)(tmp_path / "src")
+    t5_model_dir(src, "t5", dict(vocab_size=vocab, feed_forward_proj="gated-gelu", tie_word_embeddings=False))
+    result = _import(src, tmp_path / "ckpt")
+    assert result.exit_code == 0, result.output
+    copied = json.loads((tmp_path / "ckpt" / "import.json").read_text())["tokenizer_files"]
+    assert ("tokenizer.json" in copied) == fast and "spiece.model" in copied
+    texts = ["translate English to German: kalo mine suta", "ri po de an", "summarize: taelor kasu minelo ta"]
+    out = CliRunner().invoke(cli, ["translate", str(tmp_path / "ckpt"), *texts, "--beam", str(beam),
+                                   "--max-new-tokens", "20"])
+    assert out.exit_code == 0, out.output
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(src), use_fast=fast)
+    assert type(tokenizer).__name__ == ("T5TokenizerFast" if fast else "T5Tokenizer")
+    encoded = tokenizer(texts)["input_ids"]
+    assert all(row[-1] == 1 and row[0] != 1 for row in encoded)
+    ids, mask = pad_batch(encoded, 0)
+    want = _generate(load_transformers_model(src), ids, mask, 20, 1, num_beams=beam)
+    assert out.output.splitlines() == [tokenizer.decode(w, skip_special_tokens=True) for w in want]
+    assert len(set(out.output.splitlines())) == len(texts), "distinct sources should translate differently"
+    assert np.mean([len(w) for w in want]) > 2
