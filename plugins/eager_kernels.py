@@ -26,16 +26,7 @@ from seq2trt.plugins.op import INPUTS, AttentionAttrs, AttentionKind, pack_input
 Run = Callable[[AttentionAttrs, tuple[torch.Tensor, ...]], tuple[torch.Tensor, ...]]
 
 
-def _required_only(attrs: AttentionAttrs, inputs: tuple[torch.Tensor, ...]) -> None:
-    """The kernels read the op's required inputs only: refuse a call with an optional one (a position bias) rather
-    than compute without it."""
-    if len(inputs) > len(INPUTS[attrs.kind]):
-        raise NotImplementedError(f"the attention kernels take no position bias yet ({attrs.kind.name} called with "
-                                  f"{len(inputs)} inputs); compute such a model with the eager attention")
-
-
 def triton_run(attrs: AttentionAttrs, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-    _required_only(attrs, inputs)
     from seq2trt.plugins.kernels.launch_plan import attention
 
     return attention(attrs, *inputs)
@@ -48,9 +39,11 @@ def prepare_cubin(launcher, attrs: AttentionAttrs, inputs: tuple[torch.Tensor, .
     from seq2trt.plugins.cuda_launcher import AttentionCall
     from seq2trt.plugins.kernels.launch_plan import dtype_name, workspace_bytes
 
-    _required_only(attrs, inputs)
     inputs = tuple(x.contiguous() for x in inputs)
     query = inputs[0]
+    n = len(INPUTS[attrs.kind])
+    if len(inputs) > n:  # the position bias in the op's dtype, as the plugin binds it
+        inputs = inputs[:n] + (inputs[n].to(query.dtype).contiguous(),)
     outputs = [torch.empty_like(query)]
     if attrs.kind is AttentionKind.DECODER_SELF:
         B, H, P, Dh = inputs[3].shape

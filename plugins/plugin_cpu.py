@@ -18,8 +18,8 @@ import onnx
 
 from seq2trt.reference_model.errors import DependencyError
 
-from seq2trt.plugins.op import (DOMAIN, INPUTS, OUTPUTS, PLUGIN_NAME, AttentionAttrs, AttentionKind, attrs_from_node,
-                 reference_attention)
+from seq2trt.plugins.op import (DOMAIN, INPUTS, OPTIONAL_INPUTS, OUTPUTS, PLUGIN_NAME, AttentionAttrs, AttentionKind,
+                                attrs_from_node, input_names, reference_attention)
 
 CONTRIB_DOMAIN = "ai.onnx.contrib"
 CPU_DTYPES = ("fp32", "fp16")
@@ -28,8 +28,9 @@ _ATTRIBUTE_TYPES = {name: type(value)
                     for name, value in AttentionAttrs(AttentionKind.ENCODER_SELF, 1, 1, 1.0).onnx_attributes().items()}
 
 
-def contrib_op_type(kind: AttentionKind) -> str:
-    return f"{PLUGIN_NAME}_{kind.name}"
+def contrib_op_type(kind: AttentionKind, position_bias: bool = False) -> str:
+    """One Python op per kind and input list (a Python op's signature is fixed): the bias variant has its own."""
+    return f"{PLUGIN_NAME}_{kind.name}" + ("_BIAS" if position_bias else "")
 
 
 def _reference(*inputs: np.ndarray, **attrs) -> np.ndarray | tuple[np.ndarray, ...]:
@@ -54,8 +55,10 @@ def register_reference_ops() -> str:
     attrs = {name: ort_types[python_type] for name, python_type in _ATTRIBUTE_TYPES.items()}
     f = PyCustomOpDef.dt_float
     for kind in AttentionKind:
-        types = [PyCustomOpDef.dt_int32 if name == "key_padding_mask" else f for name in INPUTS[kind]]
-        onnx_op(op_type=contrib_op_type(kind), inputs=types, outputs=[f] * len(OUTPUTS[kind]), attrs=attrs)(_reference)
+        for bias in (False, True) if OPTIONAL_INPUTS[kind] else (False,):
+            types = [PyCustomOpDef.dt_int32 if name == "key_padding_mask" else f for name in input_names(kind, bias)]
+            onnx_op(op_type=contrib_op_type(kind, bias), inputs=types, outputs=[f] * len(OUTPUTS[kind]),
+                    attrs=attrs)(_reference)
     return get_library_path()
 
 
@@ -74,9 +77,10 @@ def for_cpu(model: bytes, dtype: str) -> bytes:
             nodes.append(node)
             continue
         kind = attrs_from_node(node).kind
-        node.domain, node.op_type = CONTRIB_DOMAIN, contrib_op_type(kind)
+        bias = len(node.input) > len(INPUTS[kind])
+        node.domain, node.op_type = CONTRIB_DOMAIN, contrib_op_type(kind, bias)
         if dtype == "fp16":
-            for i, (name, value) in enumerate(zip(INPUTS[kind], list(node.input))):
+            for i, (name, value) in enumerate(zip(input_names(kind, bias), list(node.input))):
                 if name != "key_padding_mask":
                     nodes.append(helper.make_node("Cast", [value], [f"{value}__fp32_{node.name}"], to=TensorProto.FLOAT))
                     node.input[i] = f"{value}__fp32_{node.name}"

@@ -8,7 +8,9 @@ PLUGIN_NAMESPACE, which is what the ONNX parser looks up for a node `op_type=PLU
 
 The plugin's fields are the node's attributes (`AttentionAttrs`). Output shapes follow `op.output_shapes`,
 written with TensorRT's expression builder; output dtypes equal the query's; each float input/output takes the
-query's dtype (fp32, fp16 or bf16), the key padding mask int32, all linear. The workspace is the kernels'
+query's dtype (fp32, fp16 or bf16), the key padding mask int32, all linear; the optional position bias (the
+self-attention kinds, T5) is one more input after the required ones, in the query's dtype, passed to the kernels
+as a pointer to its (H, 2M - 1) table. The workspace is the kernels'
 (`kernels.launch_plan.workspace_bytes`). `enqueue` hands one `AttentionCall` to a `cuda_launcher.KernelLauncher`
 (precompiled kernels, CUDA driver API); nothing else here touches the GPU.
 """
@@ -25,7 +27,8 @@ from seq2trt.reference_model.errors import InputError
 
 from seq2trt.plugins import cuda_launcher
 from seq2trt.plugins.kernels.launch_plan import kernel_head_dim_problem, workspace_bytes
-from seq2trt.plugins.op import INPUTS, OUTPUTS, PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION, AttentionAttrs, AttentionKind
+from seq2trt.plugins.op import (INPUTS, OUTPUTS, PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION, AttentionAttrs,
+                                AttentionKind, input_names)
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +134,9 @@ def plugin_classes(trt: ModuleType) -> tuple[type, type]:
             desc = in_out[pos].desc
             if desc.format != trt.TensorFormat.LINEAR:
                 return False
-            names = INPUTS[self.attrs.kind]
+            names = input_names(self.attrs.kind, num_inputs > len(INPUTS[self.attrs.kind]))
+            if num_inputs != len(names):
+                return False  # an input count the op does not take: no format makes this node valid
             if pos < num_inputs and names[pos] == MASK_INPUT:
                 return desc.type == trt.int32
             if pos == 0:

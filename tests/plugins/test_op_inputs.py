@@ -14,7 +14,7 @@ import torch
 from seq2trt.exporters import attention_functions
 from seq2trt.exporters.onnx_export import marked_core
 from seq2trt.plugins import op
-from seq2trt.plugins.eager_kernels import kernel_attention, triton_run
+from seq2trt.plugins.eager_kernels import kernel_attention
 from seq2trt.plugins.op import INPUTS, AttentionAttrs, AttentionKind, pack_inputs, reference_attention, unpack_inputs
 from seq2trt.reference_model.errors import ConfigError
 from seq2trt.reference_model.model import attention_core
@@ -133,12 +133,10 @@ def test_the_model_through_the_op_with_a_bias(make_model):
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
 
 
-def test_kernels_and_export_refuse_a_bias_they_do_not_read():
+def test_export_refuses_a_bias_it_does_not_read():
     q = torch.zeros(1, 2, 8)
     bias = torch.zeros(2, 3)
     attrs = AttentionAttrs(AttentionKind.ENCODER_SELF, 2, 4, 1.0)
-    with pytest.raises(NotImplementedError, match="no position bias"):
-        triton_run(attrs, pack_inputs(attrs.kind, q, q, q, torch.ones(1, 2), position_bias=bias))
     with pytest.raises(ConfigError, match="relative position bias"):
         marked_core(attrs.kind, q, q, q, 2, 1.0, torch.ones(1, 2), position_bias=bias)
 
