@@ -12,11 +12,9 @@ import pytest
 import torch
 
 from seq2trt.exporters import attention_functions
-from seq2trt.exporters.onnx_export import marked_core
 from seq2trt.plugins import op
 from seq2trt.plugins.eager_kernels import kernel_attention
 from seq2trt.plugins.op import INPUTS, AttentionAttrs, AttentionKind, pack_inputs, reference_attention, unpack_inputs
-from seq2trt.reference_model.errors import ConfigError
 from seq2trt.reference_model.model import attention_core
 
 B, H, DH, M = 2, 3, 4, 12  # M: the positions the bias covers; its columns are 2M - 1 signed distances
@@ -131,14 +129,6 @@ def test_the_model_through_the_op_with_a_bias(make_model):
         with kernel_attention(model, lambda attrs, inputs: reference_attention(attrs, *inputs)):
             got = model(src, mask, tgt)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
-
-
-def test_export_refuses_a_bias_it_does_not_read():
-    q = torch.zeros(1, 2, 8)
-    bias = torch.zeros(2, 3)
-    attrs = AttentionAttrs(AttentionKind.ENCODER_SELF, 2, 4, 1.0)
-    with pytest.raises(ConfigError, match="relative position bias"):
-        marked_core(attrs.kind, q, q, q, 2, 1.0, torch.ones(1, 2), position_bias=bias)
 
 
 def test_one_lowest_fp32():
