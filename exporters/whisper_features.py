@@ -9,9 +9,8 @@ Input `audio` float32 (batch, samples), any number of samples: the graph pads wi
 batch of clips zero-padded to their longest gives each clip's own features, as the extractor's padding does. Output
 `input_features` float32 (batch, n_mels, n_frames). The STFT is a matrix product with the windowed DFT basis over
 frames cut by reshapes and slices (no DFT or Conv op), which exports cleanly and runs as one GEMM. That product runs
-in float64 (ONNX Runtime's CPU and CUDA MatMul take doubles; TensorRT would not): in float32 it misses the extractor
-by up to ~1.4e-4 on loud frames, in float64 it matches float64 arithmetic to ~2e-7, and the graph is still faster
-than the extractor itself.
+in float64 (Cast, MatMul, Split, Mul, Add in doubles; ONNX Runtime runs them, TensorRT would not): in float32 it
+misses the extractor by up to ~1.4e-4 on loud frames; in float64 it is within ~2e-7 of float64 arithmetic.
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ import torch
 from torch import nn
 
 from seq2trt.exporters import spec
+from seq2trt.exporters.onnx_export import check_torch_cache
 from seq2trt.reference_model.atomic_files import atomic_write_bytes
 from seq2trt.reference_model.errors import ConfigError, InputError
 
@@ -132,6 +132,7 @@ def features_graph(source, opset: int = spec.DEFAULT_OPSET) -> onnx.ModelProto:
     if opset not in spec.OPSETS:
         raise ConfigError(f"opset {opset} is not supported; choose {spec.OPSETS.start}..{spec.OPSETS.stop - 1}")
     params = _params(source)
+    check_torch_cache()
     module = LogMel(params).eval()
     example = (torch.zeros(2, params.n_samples // 3 + 7),)
     dynamic = ({0: torch.export.Dim("batch"), 1: torch.export.Dim("samples")},)

@@ -166,3 +166,10 @@ def test_missing_dependency_names_the_extra(tmp_path, monkeypatch, module, call)
     monkeypatch.setitem(sys.modules, module, None)  # `import module` now raises ImportError
     with pytest.raises(DependencyError, match=rf"needs {module}.*pip install 'seq2trt\[audio\]'"):
         call(tmp_path)
+
+
+def test_speech_tests_fail_without_espeak(tmp_path, monkeypatch):
+    """A machine without espeak-ng fails the speech tests with the fix, rather than skipping them."""
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    with pytest.raises(pytest.fail.Exception, match="espeak-ng is not installed; apt-get install espeak-ng"):
+        speak(tmp_path, "hello")
