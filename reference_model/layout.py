@@ -21,6 +21,7 @@ GENERATION = "generation.json"  # an imported model's generation settings
 IMPORT_RECORD = "import.json"  # what an import came from and how it was checked
 
 # -- an export directory (OUT) ---------------------------------------------------------------------------------------
+FEATURES = "features.onnx"  # a speech model's log-mel front end (exporters/whisper_features.py)
 MANIFEST = "manifest.json"  # the plain graphs, their hashes, the config and limits (`seq2trt export`)
 FUSION_JSON = "fusion.json"  # beside fused graphs (`seq2trt fuse`)
 QUANTIZATION_JSON = "quantization.json"  # beside int8 graphs (`seq2trt quantize`)
