@@ -125,10 +125,10 @@ def test_a_wrong_mapping_fails_the_import_and_writes_nothing(family, patch, make
 def test_unsupported_models_and_options_are_named(make_hf_model, tmp_path):
     import transformers
 
-    transformers.T5ForConditionalGeneration(transformers.T5Config(vocab_size=50, d_model=16, d_ff=32, num_layers=1,
-                                                                  num_heads=2, d_kv=8)).save_pretrained(tmp_path / "t5")
-    result = CliRunner().invoke(cli, ["import", "hf", str(tmp_path / "t5"), "-o", str(tmp_path / "a")])
-    assert result.exit_code == 2 and "'t5' model" in result.output and "marian, bart, mbart, m2m_100" in result.output
+    transformers.LongT5ForConditionalGeneration(transformers.LongT5Config(
+        vocab_size=50, d_model=16, d_ff=32, num_layers=1, num_heads=2, d_kv=8)).save_pretrained(tmp_path / "longt5")
+    result = CliRunner().invoke(cli, ["import", "hf", str(tmp_path / "longt5"), "-o", str(tmp_path / "a")])
+    assert result.exit_code == 2 and "'longt5' model" in result.output and "marian, bart, mbart, m2m_100" in result.output
 
     src = make_hf_model(tmp_path / "ngram", "bart", generation=dict(encoder_no_repeat_ngram_size=3, num_beams=4))
     result = CliRunner().invoke(cli, ["import", "hf", str(src), "-o", str(tmp_path / "b")])
