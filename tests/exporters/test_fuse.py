@@ -19,6 +19,7 @@ from seq2trt.exporters.onnx_export import export
 from seq2trt.plugins.op import DOMAIN, PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION, AttentionAttrs, AttentionKind
 from seq2trt.plugins.plugin_cpu import for_cpu, register_reference_ops
 from seq2trt.reference_model.errors import ArtifactError, CheckFailed
+from seq2trt.reference_model.sources import ordinary_ids
 from seq2trt.validation.precision import RMS_FACTOR, TWIN, UNIT_ROUNDOFF, fp32_twin, peer_model, rounded_model
 from seq2trt.runtime.runners import emulate_bf16
 
@@ -40,8 +41,9 @@ def feeds(cfg, rng, batch=3, src=7, tgt=2, past=5):
     mask = np.ones((batch, src), np.int64)
     mask[1, 4:] = 0
     mask[2, 2:] = 0
-    enc = {"input_ids": rng.randint(3, cfg.src_vocab_size, (batch, src)).astype(np.int64), "attention_mask": mask}
-    dec = {"input_ids": rng.randint(3, cfg.tgt_vocab_size, (batch, tgt)).astype(np.int64),
+    src_ids, tgt_ids = ordinary_ids(cfg, cfg.src_vocab_size), ordinary_ids(cfg, cfg.tgt_vocab_size)
+    enc = {"input_ids": src_ids[rng.randint(0, src_ids.size, (batch, src))].astype(np.int64), "attention_mask": mask}
+    dec = {"input_ids": tgt_ids[rng.randint(0, tgt_ids.size, (batch, tgt))].astype(np.int64),
            "encoder_attention_mask": mask}
     for s in spec.inputs(cfg, spec.GraphKind.DECODER)[2:]:
         length = src if spec.parse_kv_name(s.name).side == "encoder" else past

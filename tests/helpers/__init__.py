@@ -3,6 +3,6 @@
 
 - cli: the CLI in process (`invoke`, `invoke_ok`) and the one-error-line check;
 - artifacts: a checkpoint and its export (fused when asked), from a model built here or imported through the CLI;
-- sources: random source ids that respect the model's special ids;
+- sources: random source ids, seeded by a number: ordinary ids only, as the source kind defines them;
 - faults: stand-ins that make a call fail (a full disk, Ctrl-C, a refused permission).
 """

@@ -18,6 +18,8 @@ from seq2trt.plugins.op import (DOMAIN, INPUTS, OUTPUTS, PLUGIN_NAME, PLUGIN_NAM
                                 AttentionAttrs, AttentionKind, output_shapes)
 from seq2trt.reference_model.errors import ArtifactError, DependencyError, InputError
 
+from helpers.faults import permission_denied, raising
+
 HAS_RTX = importlib.util.find_spec("tensorrt_rtx") is not None
 needs_rtx = pytest.mark.skipif(not HAS_RTX, reason="tensorrt_rtx is not installed (pip install 'seq2trt[rtx]')")
 
@@ -210,11 +212,7 @@ def test_parser_library_read_only_dir_message_without_root(tmp_path, monkeypatch
     """The same failure, simulated so it also runs as root."""
     monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
     (tmp_path / "libtensorrt_rtx.so.1").write_bytes(b"\x7fELF")
-
-    def refuse(self, target):
-        raise PermissionError(13, "Permission denied")
-
-    monkeypatch.setattr(type(tmp_path), "symlink_to", refuse)
+    monkeypatch.setattr(type(tmp_path), "symlink_to", raising(permission_denied()))
     with pytest.raises(DependencyError, match="could not create it.*LD_LIBRARY_PATH"):
         trt_compat.ensure_rtx_parser_library(tmp_path)
     assert not (tmp_path / "libtensorrt_rtx.so").exists()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import os
 import threading
 import time
@@ -11,6 +10,8 @@ import pytest
 
 from seq2trt.reference_model.errors import ArtifactError
 from seq2trt.reference_model.swap import locked
+
+from helpers.faults import permission_denied, raising
 
 
 def test_lock_turns_and_cleanup(tmp_path):
@@ -48,10 +49,7 @@ def test_lock_released_on_error(tmp_path):
 
 
 def test_lock_in_a_folder_that_cannot_be_written_says_so(tmp_path, monkeypatch):
-    def refuse(*args, **kwargs):
-        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
-
-    monkeypatch.setattr(os, "open", refuse)  # chmod cannot show it: tests may run as root
+    monkeypatch.setattr(os, "open", raising(permission_denied()))  # chmod cannot show it: tests may run as root
     with pytest.raises(ArtifactError, match="permission denied; nothing was changed; choose a folder you can write"):
         with locked(tmp_path / ".x.lock"):
             pass

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from seq2trt.reference_model.model import AttentionKind, attention_core, sinusoid_table
+from seq2trt.reference_model.sources import ordinary_ids
 
 
 def test_sinusoid_table_is_the_papers_formula():
@@ -65,11 +66,13 @@ def test_attention_core_matches_naive_padded():
 def test_cached_steps_equal_full_forward(make_model, pre_norm, activation):
     """Prefill + one-token steps through the KV cache give the teacher-forced logits at every position."""
     model = make_model(pre_norm=pre_norm, activation=activation)
+    src_ids = torch.as_tensor(ordinary_ids(model.cfg, model.cfg.src_vocab_size))
+    tgt_ids = torch.as_tensor(ordinary_ids(model.cfg, model.cfg.tgt_vocab_size))
     torch.manual_seed(2)
-    src = torch.randint(3, 13, (3, 9))
+    src = src_ids[torch.randint(0, len(src_ids), (3, 9))]
     mask = torch.ones_like(src)
     mask[1, 6:] = 0
-    tgt = torch.randint(3, 17, (3, 8))
+    tgt = tgt_ids[torch.randint(0, len(tgt_ids), (3, 8))]
     with torch.no_grad():
         full = model(src, mask, tgt)
         cross = model.cross_kv(model.encode(src, mask))

@@ -12,24 +12,21 @@ import json
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
 
 pytest.importorskip("transformers", reason="the hf extra is not installed")
 pytest.importorskip("ctranslate2")
 
-from seq2trt.cli.main import cli  # noqa: E402
 from seq2trt.reference_model.errors import CheckpointError  # noqa: E402
 from seq2trt.reference_model.hf_import import config_from_hf  # noqa: E402
 from seq2trt.reference_model.hf_verify import load_transformers_model, seeded_sources  # noqa: E402
 from seq2trt.reference_model.vocab import pad_batch  # noqa: E402
 from seq2trt.validation.bench import ct2_baseline as ct2_backend  # noqa: E402
-from seq2trt.validation.bench import hf_baselines as hf_backends
+from seq2trt.validation.bench import hf_baselines as hf_backends  # noqa: E402
+
+from helpers.artifacts import checkpoint_and_export, import_and_export  # noqa: E402
+from helpers.cli import invoke  # noqa: E402
 
 NEW_TOKENS = 5
-
-
-def invoke(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def zero_pad_row(src, pad_id: int) -> None:
@@ -58,11 +55,7 @@ def imported(make_hf_model, make_marian_tokenizer, tmp_path_factory):
     root = tmp_path_factory.mktemp("bench_hf")
     src, n = make_marian_tokenizer(root / "src")
     marian_src(make_hf_model, src, n)
-    for args in (("import", "hf", src, "-o", root / "ckpt"), ("export", root / "ckpt", "-o", root / "out",
-                 "--max-batch", 4), ("fuse", root / "out", "--target", "ort")):
-        result = invoke(*args)
-        assert result.exit_code == 0, result.output
-    return root
+    return import_and_export(src, root, "--max-batch", 4)
 
 
 @pytest.fixture(scope="module")
@@ -185,18 +178,8 @@ def test_imported_source_refuses_a_changed_directory(tmp_path):
 
 @pytest.fixture(scope="module")
 def plain_export(make_model, tmp_path_factory):
-    """A checkpoint trained here (not imported) and its export."""
-    from seq2trt.exporters.onnx_export import export
-    from seq2trt.exporters.spec import Limits
-    from seq2trt.reference_model.checkpoint import save_checkpoint
-    from seq2trt.reference_model.atomic_files import sha256_file
-
-    root = tmp_path_factory.mktemp("plain")
-    model = make_model(0, torch.float32)
-    checkpoint = save_checkpoint(root / "checkpoint", model)
-    source = {"checkpoint": str(checkpoint), "weights_sha256": sha256_file(checkpoint / "model.safetensors"),
-              "task": None}
-    return export(model, root / "out", limits=Limits.for_model(model.cfg, max_batch=4), source=source)
+    """A checkpoint trained here (not imported) and its export, not fused (a test names the missing fused graphs)."""
+    return checkpoint_and_export(tmp_path_factory.mktemp("plain"), make_model(0, torch.float32), max_batch=4)[1]
 
 
 @pytest.mark.parametrize("backends", ["ort,hf", "optimum", "hf,optimum"])

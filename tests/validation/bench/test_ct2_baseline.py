@@ -16,13 +16,12 @@ from seq2trt.reference_model.tasks import get_task  # noqa: E402
 from seq2trt.reference_model.vocab import pad_batch  # noqa: E402
 from seq2trt.validation.bench import ct2_baseline as ct2_backend  # noqa: E402
 
+from helpers.sources import random_sources  # noqa: E402
+
 
 def _sources(cfg, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Padded random sources of varied lengths, eos last (as the training data has them)."""
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, cfg.max_src_len - 1, size=count)
-    return pad_batch([[int(t) for t in rng.integers(3, cfg.src_vocab_size, n)] + [cfg.eos_id] for n in lengths],
-                     cfg.pad_id)
+    """Padded random sources up to the model's length, eos last (as the training data has them)."""
+    return pad_batch(random_sources(cfg, count, seed, max_len=cfg.max_src_len - 2), cfg.pad_id)
 
 
 def _eager_logits(model, ids, mask, targets: list[list[int]]) -> list[np.ndarray]:
