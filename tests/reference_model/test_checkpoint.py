@@ -9,14 +9,13 @@ from safetensors.torch import load_file, save_file
 
 from seq2trt.reference_model import CheckpointError
 from seq2trt.reference_model.checkpoint import load_checkpoint, save_checkpoint
-from seq2trt.reference_model.tasks import get_task
+
+from helpers.artifacts import numbers_model
 
 
 @pytest.fixture
 def saved(make_model, tmp_path):
-    task = get_task("numbers")
-    model = make_model(dtype=torch.float32, tie_embeddings=True, src_vocab_size=len(task.source_vocab),
-                       tgt_vocab_size=len(task.target_vocab))
+    model, task = numbers_model(make_model, seed=0, tie_embeddings=True)
     return model, save_checkpoint(tmp_path / "ckpt", model, (task.source_vocab, task.target_vocab))
 
 

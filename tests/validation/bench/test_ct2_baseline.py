@@ -12,10 +12,10 @@ import torch
 pytest.importorskip("ctranslate2")
 
 from seq2trt.reference_model.errors import CheckFailed, ConfigError, DependencyError  # noqa: E402
-from seq2trt.reference_model.tasks import get_task  # noqa: E402
 from seq2trt.reference_model.vocab import pad_batch  # noqa: E402
 from seq2trt.validation.bench import ct2_baseline as ct2_backend  # noqa: E402
 
+from helpers.artifacts import numbers_model  # noqa: E402
 from helpers.sources import random_sources  # noqa: E402
 
 
@@ -90,8 +90,7 @@ def test_eos_first_and_length_limit_follow_the_shared_loop(make_model, tmp_path)
 
 
 def test_task_vocabularies_are_the_token_strings(make_model, tmp_path):
-    task = get_task("numbers")
-    model = make_model(2, torch.float32, src_vocab_size=len(task.source_vocab), tgt_vocab_size=len(task.target_vocab))
+    model, task = numbers_model(make_model, seed=2)
     out = ct2_backend.convert(model, tmp_path / "ct2", vocabs=(task.source_vocab, task.target_vocab))
     assert json.loads((out / "source_vocabulary.json").read_text()) == list(task.source_vocab.tokens)
     assert json.loads((out / "target_vocabulary.json").read_text()) == list(task.target_vocab.tokens)
