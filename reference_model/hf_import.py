@@ -26,7 +26,7 @@ from seq2trt.reference_model.atomic_files import sha256_file
 from seq2trt.reference_model.checkpoint import _read_pt, _read_safetensors, load_state_dict_checked, save_checkpoint
 from seq2trt.reference_model.config import Seq2SeqConfig, memory_parts, physical_memory
 from seq2trt.reference_model.errors import CheckFailed, CheckpointError, ConfigError
-from seq2trt.reference_model.hf_families import FAMILIES, REFUSED, SUPPORTED_LAYERS, FamilyAdapter
+from seq2trt.reference_model.hf_families import FAMILIES, REFUSED, SUPPORTED_LAYERS, FamilyAdapter, adapter_for
 from seq2trt.reference_model.hf_families import tokenizer_files  # noqa: F401  (callers import it from here)
 from seq2trt.reference_model.hf_families.generation import generation_settings
 from seq2trt.reference_model.hf_families.values import integer, read_json, show, token_ids, unreadable
@@ -107,11 +107,12 @@ def config_from_hf(src: Path) -> tuple[str, Seq2SeqConfig, dict[str, Any]]:
     if isinstance(family, str) and family in REFUSED:
         raise ConfigError(f"{src} holds a {family!r} model, which seq2trt does not import: {REFUSED[family]}; "
                           f"seq2trt imports {', '.join(FAMILIES)}")
-    if not isinstance(family, str) or family not in FAMILIES:
+    adapter = adapter_for(family) if isinstance(family, str) else None
+    if adapter is None:
         raise ConfigError(f"{src} holds a {family!r} model; seq2trt imports {', '.join(FAMILIES)} "
-                          f"({', '.join(adapter.title for adapter in FAMILIES.values())}): {SUPPORTED_LAYERS}; "
+                          f"({', '.join(a.title for a in FAMILIES.values())}): {SUPPORTED_LAYERS}; "
                           "if this model's layers are one of those, set model_type in config.json to that family's")
-    adapter = FAMILIES[family]
+    family = adapter.model_type  # a type registered with transformers under another name reads as its family
     missing = [k for k in adapter.required + ("pad_token_id", "eos_token_id") if hf.get(k) is None]
     if missing:
         raise CheckpointError(f"{config} lacks {missing}; is it a complete {family} config?")

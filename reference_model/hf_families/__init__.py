@@ -42,6 +42,9 @@ class FamilyAdapter:
     derived: ClassVar[tuple[str, ...]] = ()  # tensors ours rebuild (sinusoid tables): dropped, the proof checks them
     renames: ClassVar[tuple[tuple[str, str], ...]]  # (pattern matching a name's start, its replacement): re.sub
     tokenizer_files: ClassVar[tuple[str, ...]]
+    # transformers' model class of the family when a model type registered with transformers under another name
+    # reads as this family too (its model class a subclass of this one); None: only `model_type` reads as it.
+    transformers_class: ClassVar[str | None] = None
 
     def config_fields(self, src: Path, hf: dict) -> dict[str, Any]:
         """Our config's size and architecture fields from config.json (no ids, no generation settings), at least
@@ -86,6 +89,27 @@ def register(cls: type[FamilyAdapter]) -> type[FamilyAdapter]:
     return cls
 
 
+def adapter_for(model_type: str) -> FamilyAdapter | None:
+    """The adapter reading `model_type`: its own, else (when transformers is installed and knows the type) the
+    family whose transformers model class the type's class subclasses, so its layers are that family's; else None."""
+    if model_type in FAMILIES:
+        return FAMILIES[model_type]
+    try:
+        import transformers
+        from transformers import AutoConfig, AutoModelForSeq2SeqLM
+    except ImportError:
+        return None
+    try:
+        model_class = AutoModelForSeq2SeqLM._model_mapping[type(AutoConfig.for_model(model_type))]
+    except (KeyError, ValueError):  # a type transformers does not know, or no seq2seq model of it
+        return None
+    for adapter in FAMILIES.values():
+        base = getattr(transformers, adapter.transformers_class, None) if adapter.transformers_class else None
+        if isinstance(model_class, type) and base is not None and issubclass(model_class, base):
+            return adapter
+    return None
+
+
 def tokenizer_files(folder: Path) -> list[str]:
     """The files of any family's tokenizer in `folder`: whether it holds a tokenizer at all."""
     names = dict.fromkeys(name for adapter in FAMILIES.values() for name in adapter.tokenizer_files)
@@ -100,8 +124,9 @@ REFUSED = {
     "t5gemma": "T5Gemma's layers are Gemma's (rotary positions, grouped-query attention, soft-capped logits), not T5's",
 }
 # What an unknown model type's refusal says the import reads, beyond the type names.
-SUPPORTED_LAYERS = ("an encoder-decoder whose layers are BART's (Marian, BART, mBART, M2M100/NLLB) or T5's "
-                    "(T5, mT5, UMT5), read under one of those model types")
+SUPPORTED_LAYERS = ("it reads an encoder-decoder whose layers are BART's (Marian, BART, mBART, M2M100/NLLB) or T5's "
+                    "(T5, mT5, UMT5) under one of those model types, or a type registered with transformers whose "
+                    "model class subclasses T5's, mT5's or UMT5's")
 
 # Each module registers its adapter; this order is the order an unknown model type's refusal names them.
 from seq2trt.reference_model.hf_families import marian, bart, mbart, m2m_100, t5  # noqa: E402, F401

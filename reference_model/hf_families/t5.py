@@ -7,6 +7,7 @@ inputs end with </s>; the decoder starts with pad (0).
 T5 has no maximum position: the checkpoint's limits are config.json's n_positions where an old config still names it,
 else `DEFAULT_MAX_LEN` (the T5 paper's training length). The model refuses longer inputs with a message saying how to
 raise the limit; distances beyond relative_attention_max_distance share the last bucket, as in transformers.
+A model type registered with transformers whose model class subclasses one of these three reads as that one.
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ class T5LikeAdapter(FamilyAdapter):
 @register
 class T5Adapter(T5LikeAdapter):
     model_type = "t5"
+    transformers_class = "T5ForConditionalGeneration"
     title = "T5 v1.0, v1.1 and Flan-T5"
     default_ffn = "relu"
     default_tie = True
@@ -112,6 +114,7 @@ class T5Adapter(T5LikeAdapter):
 @register
 class MT5Adapter(T5LikeAdapter):
     model_type = "mt5"
+    transformers_class = "MT5ForConditionalGeneration"
     title = "mT5"
     default_tie = False
 
@@ -119,6 +122,7 @@ class MT5Adapter(T5LikeAdapter):
 @register
 class UMT5Adapter(T5LikeAdapter):
     model_type = "umt5"
+    transformers_class = "UMT5ForConditionalGeneration"
     title = "UMT5"
     default_tie = True
     relative_bias = "per_layer"

@@ -198,7 +198,8 @@ def test_an_unknown_type_is_told_what_the_import_reads(tmp_path):
     (src / "config.json").write_text(json.dumps({**config, "model_type": "my_t5"}))
     result = _import(src, tmp_path / "ckpt")
     assert result.exit_code == 2 and "'my_t5' model" in result.output, result.output
-    assert "layers are BART's" in result.output and "T5's" in result.output and "set model_type" in result.output
+    for said in ("layers are BART's", "subclasses T5's", "set model_type"):
+        assert said in result.output, result.output
 
 
 @pytest.mark.parametrize("proj", ["gated-gelu-new", "relu-gated", "swiglu"])
@@ -257,3 +258,27 @@ def test_translate_text_with_the_sentencepiece_tokenizer_is_transformers(fast, b
     assert out.output.splitlines() == [tokenizer.decode(w, skip_special_tokens=True) for w in want]
     assert len(set(out.output.splitlines())) == len(texts), "distinct sources should translate differently"
     assert np.mean([len(w) for w in want]) > 2
+
+
+def test_a_type_registered_with_transformers_as_a_t5_subclass_imports_as_t5(tmp_path):
+    """Reach: a model type whose transformers classes subclass T5's (registered here, so that transformers stays the
+    judge) has T5's layers under another name: it imports with the t5 adapter rather than being refused."""
+    config_class = type("RenamedT5Config", (transformers.T5Config,), {"model_type": "renamed_t5"})
+    model_class = type("RenamedT5ForConditionalGeneration", (transformers.T5ForConditionalGeneration,),
+                       {"config_class": config_class})
+    transformers.AutoConfig.register("renamed_t5", config_class, exist_ok=True)
+    transformers.AutoModelForSeq2SeqLM.register(config_class, model_class, exist_ok=True)
+    torch.manual_seed(0)
+    model = model_class(config_class(**{**SMALL, "feed_forward_proj": "gated-gelu"})).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.35)
+    model.save_pretrained(tmp_path / "src")
+    assert json.loads((tmp_path / "src" / "config.json").read_text())["model_type"] == "renamed_t5"
+    result = _import(tmp_path / "src", tmp_path / "ckpt")
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "ckpt" / "import.json").read_text())
+    assert record["family"] == "t5" and record["verification"]["passed"]
+    ckpt, _ = load_checkpoint(tmp_path / "ckpt")
+    _judge(tmp_path / "src", tmp_path / "ckpt", seeded_sources(ckpt.cfg, 4, seed=9))
