@@ -72,12 +72,15 @@ def _expanded_bias(ins, kind: AttentionKind, name: str, out: str) -> list[onnx.N
                     helper.make_node("Unsqueeze", [n("htl"), n("axis0")], [out])]  # (1, H, T, L)
 
 
-def _linear(name: str, producers: dict, weights: dict) -> tuple[str, str, str] | None:
-    """(activation, weight, bias) when `name` is Add(MatMul(x, W), b) with W (D_in, D_out) and b initializers."""
-    add = producers.get(name)
-    if add is None or add.op_type != "Add":
+def _linear(name: str, producers: dict, weights: dict) -> tuple[str, str, str | None] | None:
+    """(activation, weight, bias) when `name` is Add(MatMul(x, W), b) with W (D_in, D_out) and b initializers, or
+    (activation, weight, None) when it is a bias-free MatMul(x, W) (T5's projections)."""
+    node = producers.get(name)
+    if node is not None and node.op_type == "MatMul" and node.input[1] in weights:
+        return node.input[0], node.input[1], None
+    if node is None or node.op_type != "Add":
         return None
-    for matmul_out, bias in (add.input, add.input[::-1]):
+    for matmul_out, bias in (node.input, node.input[::-1]):
         matmul = producers.get(matmul_out)
         if bias in weights and matmul is not None and matmul.op_type == "MatMul" and matmul.input[1] in weights:
             return matmul.input[0], matmul.input[1], bias
@@ -88,9 +91,9 @@ def fold_projections_into_attention(model: onnx.ModelProto) -> int:
     """ORT target: move the input projections' work into MultiHeadAttention where it is cheaper for a one-token step.
 
     Self-attention: the q/k/v projections of one input become one MatMul (x @ [Wq | Wk | Wv]) and a Split, their
-    biases MultiHeadAttention's `bias` input — 2 GEMMs and 3 Adds fewer per block. Cross-attention: the query
-    bias moves into `bias` (zero for the precomputed K/V) — 1 Add fewer. Returns how many blocks changed; the old
-    nodes die in the optimizer's dead-code pass.
+    biases MultiHeadAttention's `bias` input — 2 GEMMs and 3 Adds fewer per block (bias-free projections, T5's,
+    are packed and leave `bias` empty). Cross-attention: the query bias moves into `bias` (zero for the precomputed
+    K/V) — 1 Add fewer. Returns how many blocks changed; the old nodes die in the optimizer's dead-code pass.
     """
     from onnx import numpy_helper
 
@@ -99,7 +102,7 @@ def fold_projections_into_attention(model: onnx.ModelProto) -> int:
     graph = model.graph
     producers = {out: n for n in graph.node for out in n.output}
     weights = {i.name: i for i in graph.initializer}
-    changed, nodes = 0, []
+    changed, nodes, renamed = 0, [], {}
     for node in graph.node:
         unbiased_mha = node.op_type == "MultiHeadAttention" and node.domain == MS_DOMAIN and node.input[3] == ""
         parts = [_linear(name, producers, weights) for name in node.input[:3]] if unbiased_mha else [None] * 3
@@ -109,7 +112,9 @@ def fold_projections_into_attention(model: onnx.ModelProto) -> int:
         prefix = f"{node.name}.packed_qkv"
         if None not in parts and len({x for x, _, _ in parts}) == 1:  # self-attention: pack q, k, v
             w = np.concatenate([numpy_helper.to_array(weights[p[1]]) for p in parts], axis=1)  # (D, 3D)
-            b = np.concatenate([numpy_helper.to_array(weights[p[2]]) for p in parts])  # (3D,)
+            b = None if all(p[2] is None for p in parts) else np.concatenate(
+                [numpy_helper.to_array(weights[p[2]]) if p[2] else np.zeros(w.shape[1] // 3, w.dtype)
+                 for p in parts])  # (3D,)
             graph.initializer.extend([
                 numpy_helper.from_array(w, f"{prefix}.weight"),
                 numpy_helper.from_array(np.array([w.shape[1] // 3] * 3, np.int64), f"{prefix}.split")])
@@ -118,8 +123,9 @@ def fold_projections_into_attention(model: onnx.ModelProto) -> int:
                                        name=f"{prefix}.matmul"),
                       helper.make_node("Split", [f"{prefix}.out", f"{prefix}.split"], [q, k, v], axis=-1,
                                        name=f"{prefix}.split")]
+            renamed.update(zip(node.input[:3], (q, k, v)))  # the same values: other readers (a bias's Shape) follow
             node.input[0], node.input[1], node.input[2] = q, k, v
-        elif parts[1] is None and parts[2] is None:  # cross-attention: only the query is projected here
+        elif parts[1] is None and parts[2] is None and parts[0][2] is not None:  # cross: only the query's bias
             bias = numpy_helper.to_array(weights[parts[0][2]])
             b = np.concatenate([bias, np.zeros_like(bias), np.zeros_like(bias)])
             node.input[0] = producers[node.input[0]].input[0] if producers[node.input[0]].input[1] == parts[0][2] \
@@ -127,13 +133,35 @@ def fold_projections_into_attention(model: onnx.ModelProto) -> int:
         else:
             nodes.append(node)
             continue
-        graph.initializer.append(numpy_helper.from_array(b, f"{node.name}.bias"))
-        node.input[3] = f"{node.name}.bias"
+        if b is not None:
+            graph.initializer.append(numpy_helper.from_array(b, f"{node.name}.bias"))
+            node.input[3] = f"{node.name}.bias"
         nodes.append(node)
         changed += 1
+    for node in nodes:
+        node.input[:] = [renamed.get(name, name) for name in node.input]
     del graph.node[:]
-    graph.node.extend(nodes)
+    graph.node.extend(_topological(nodes))
     return changed
+
+
+def _topological(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """`nodes` in an order where each reads only graph inputs, initializers or earlier outputs (a renamed reader may
+    now precede its tensor's new producer); otherwise the given order is kept."""
+    produced = {out for node in nodes for out in node.output}
+    ready, done, pending = [], set(), list(nodes)
+    while pending:
+        left = []
+        for node in pending:
+            if all(name in done or name not in produced or name == "" for name in node.input):
+                ready.append(node)
+                done.update(node.output)
+            else:
+                left.append(node)
+        if len(left) == len(pending):
+            raise ValueError("the fused graph has a cycle")
+        pending = left
+    return ready
 
 
 def fold_constant_transposes(model: onnx.ModelProto) -> int:

@@ -6,8 +6,9 @@ emits each attention block as one node of domain `spec.MARKED_DOMAIN`; the graph
 kind (`attention_functions`) so it still runs anywhere (spec.py documents the marking for the fuser).
 
 fp16/bf16 exports are strongly typed (every tensor has one dtype, as TensorRT 11 wants), keep LayerNorm in fp32
-(cast in, fp32 weights, cast out; RMSNorm takes its variance in fp32 itself) and softmax in fp32 inside the attention
-functions. fp16 is refused for gated-FFN T5 models, whose activations overflow it; bf16 has fp32's range.
+(cast in, fp32 weights, cast out; RMSNorm takes its variance in fp32 itself), tanh-GELU in fp32, and softmax in fp32
+inside the attention functions. fp16 is refused for gated-FFN T5 models, whose activations overflow it; bf16 has
+fp32's range.
 """
 
 from __future__ import annotations
@@ -67,9 +68,21 @@ class Float32LayerNorm(nn.Module):
         return self.norm(x.float()).to(x.dtype)
 
 
+class Float32Activation(nn.Module):
+    """An activation computed in fp32, returning the input's dtype: tanh-GELU's constants (sqrt(2/pi), 0.044715)
+    would otherwise be stored rounded to fp16/bf16, a change of the function rather than of its arithmetic."""
+
+    def __init__(self, act: nn.Module):
+        super().__init__()
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(x.float()).to(x.dtype)
+
+
 def export_copy(model: Seq2SeqTransformer, dtype: str) -> Seq2SeqTransformer:
     """A copy of `model` in `dtype`, eval mode, every attention block marked (`marked_core`), with fp32 LayerNorms
-    when the dtype is narrower."""
+    and tanh-GELUs when the dtype is narrower."""
     if dtype not in TORCH_DTYPES:
         raise ConfigError(f"unknown dtype {dtype!r}; choose one of {', '.join(TORCH_DTYPES)}")
     if dtype == "fp16" and model.cfg.gated_ffn and model.cfg.relative_bias != "none":
@@ -83,6 +96,9 @@ def export_copy(model: Seq2SeqTransformer, dtype: str) -> Seq2SeqTransformer:
         for name, norm in norms.items():
             parent_name, _, child = name.rpartition(".")
             setattr(copied.get_submodule(parent_name), child, Float32LayerNorm(norm))
+        for block in [m for m in copied.modules() if isinstance(getattr(m, "act", None), nn.GELU)]:
+            if block.act.approximate == "tanh":
+                block.act = Float32Activation(block.act)
     return copied
 
 
