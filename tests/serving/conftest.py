@@ -15,7 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
+
+from helpers.artifacts import checkpoint_and_export, numbers_model
+from helpers.cli import invoke
 
 HAS_SERVE = all(importlib.util.find_spec(name) is not None for name in ("pytriton", "tritonclient"))
 
@@ -72,21 +74,11 @@ class Server:
 
 @pytest.fixture(scope="package")
 def exported(make_model, tmp_path_factory) -> Path:
-    """The package's export (fused for ONNX Runtime), its checkpoint beside it in ../ckpt."""
-    from seq2trt.exporters import spec
-    from seq2trt.exporters.fuse import Target, fuse_artifacts
-    from seq2trt.exporters.onnx_export import export
-    from seq2trt.reference_model.checkpoint import save_checkpoint, source_record
-    from seq2trt.reference_model.tasks import get_task
-
-    task = get_task("numbers")
-    model = make_model(seed=7, dtype=torch.float32, src_vocab_size=len(task.source_vocab),
-                       tgt_vocab_size=len(task.target_vocab), max_src_len=MAX_LEN, max_tgt_len=MAX_LEN)
-    root = tmp_path_factory.mktemp("serving")
-    ckpt = save_checkpoint(root / "ckpt", model, (task.source_vocab, task.target_vocab))
-    export(model, root / "out", limits=spec.Limits.for_model(model.cfg, MAX_BATCH), source=source_record(ckpt))
-    fuse_artifacts(root / "out", Target.ORT)
-    return root / "out"
+    """The package's export (fused for ONNX Runtime), its checkpoint beside it in ../ckpt: its own, since the
+    served model's lengths (MAX_LEN) and batch (MAX_BATCH) are what these tests load and split."""
+    model, task = numbers_model(make_model, seed=7, max_src_len=MAX_LEN, max_tgt_len=MAX_LEN)
+    return checkpoint_and_export(tmp_path_factory.mktemp("serving"), model, task, max_batch=MAX_BATCH,
+                                 fuse=("ort",))[1]
 
 
 @pytest.fixture(scope="package")
@@ -97,19 +89,25 @@ def served(exported):
     assert server.stop() == 0, "".join(server.lines)
 
 
+def serve_error_line(result: subprocess.CompletedProcess, code: int, *fragments: str) -> str:
+    """`seq2trt serve` run as a subprocess stopped before serving: exit `code`, no traceback, no `ready`, exactly one
+    `error:` line holding every fragment; returns that line."""
+    output = result.stdout + result.stderr
+    assert result.returncode == code and "Traceback" not in output and "ready" not in result.stdout, output
+    lines = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and all(f in lines[0] for f in fragments), output
+    return lines[0]
+
+
 def translate_ids(out: Path, sources: list[list[int]], *args: str) -> list[list[int]]:
     """What `seq2trt translate OUT --backend ort-fused --ids-file` gives for `sources` (the independent reference)."""
     import tempfile
 
-    from click.testing import CliRunner
-
-    from seq2trt.cli.main import cli
-
     with tempfile.TemporaryDirectory() as tmp:
         ids_file, out_file = Path(tmp) / "ids.jsonl", Path(tmp) / "out.jsonl"
         ids_file.write_text("".join(json.dumps(s) + "\n" for s in sources))
-        result = CliRunner().invoke(cli, ["translate", str(out), "--backend", "ort-fused", "--ids-file", str(ids_file),
-                                          "--output-ids", str(out_file), *args])
+        result = invoke("translate", out, "--backend", "ort-fused", "--ids-file", ids_file, "--output-ids", out_file,
+                        *args)
         assert result.exit_code == 0, result.output
         return [json.loads(line) for line in out_file.read_text().splitlines()]
 
@@ -135,15 +133,3 @@ def text_inputs(text, **langs):
         inputs.append(http.InferInput(name, [1, 1], "BYTES"))
         inputs[-1].set_data_from_numpy(np.array([[value]], dtype=np.object_))
     return inputs
-
-
-
-def one_error_line(result, code: int, *fragments: str) -> str:
-    """Exit `code`, no traceback, one `error:` line holding every fragment; returns it."""
-    assert result.exit_code == code, result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
-    assert "Traceback" not in result.output, result.output
-    lines = [line for line in result.output.splitlines() if line.lower().startswith("error:")]
-    assert len(lines) == 1, result.output
-    assert all(f in lines[0] for f in fragments), lines[0]
-    return lines[0]

@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from .conftest import Server, free_ports
+from .conftest import Server, free_ports, serve_error_line
 
 
 def _serve(out, *args: str) -> subprocess.CompletedProcess:
@@ -23,29 +23,20 @@ def _serve(out, *args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=60)
 
 
-def _one_error_line(result: subprocess.CompletedProcess, *fragments: str) -> str:
-    assert result.returncode == 2, result.stdout + result.stderr
-    output = result.stdout + result.stderr
-    assert "Traceback" not in output and "ready" not in result.stdout, output
-    lines = [line for line in output.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and all(f in lines[0] for f in fragments), output
-    return lines[0]
-
-
 @pytest.mark.parametrize("flag, port", [("--http-port", 0), ("--grpc-port", -1), ("--metrics-port", 70000)])
 def test_a_port_out_of_range_is_named(exported, flag, port):
     http, grpc, metrics = free_ports(3)
     ports = {"--http-port": http, "--grpc-port": grpc, "--metrics-port": metrics, flag: port}
-    line = _one_error_line(_serve(exported, *[str(a) for kv in ports.items() for a in kv]),
-                           f"{flag} must be a port number in [1, 65535], got {port}")
+    line = serve_error_line(_serve(exported, *[str(a) for kv in ports.items() for a in kv]), 2,
+                            f"{flag} must be a port number in [1, 65535], got {port}")
     assert port != 0 or "Triton would not say which it took" in line
 
 
 def test_one_port_for_two_endpoints_is_refused(exported):
     http, metrics = free_ports(2)
-    _one_error_line(_serve(exported, "--http-port", str(http), "--grpc-port", str(http),
-                           "--metrics-port", str(metrics)),
-                    f"--http-port and --grpc-port are both {http}", "give each endpoint its own port")
+    serve_error_line(_serve(exported, "--http-port", str(http), "--grpc-port", str(http),
+                            "--metrics-port", str(metrics)), 2,
+                     f"--http-port and --grpc-port are both {http}", "give each endpoint its own port")
 
 
 def test_a_busy_port_is_named_and_nothing_starts(exported):
@@ -54,8 +45,8 @@ def test_a_busy_port_is_named_and_nothing_starts(exported):
         other.bind(("127.0.0.1", grpc))
         other.listen()
         start = time.monotonic()
-        _one_error_line(_serve(exported, "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port",
-                               str(metrics)), f"port {grpc} on 127.0.0.1 is in use (--grpc-port)")
+        serve_error_line(_serve(exported, "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port",
+                                str(metrics)), 2, f"port {grpc} on 127.0.0.1 is in use (--grpc-port)")
         assert time.monotonic() - start < 30
 
 
@@ -63,8 +54,8 @@ def test_a_busy_port_is_named_and_nothing_starts(exported):
                                             ("192.0.2.1", "is not an address of this machine")])
 def test_a_host_this_machine_cannot_listen_on_is_named(exported, host, fragment):
     ports = free_ports(3)
-    _one_error_line(_serve(exported, "--host", host, "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
-                           "--metrics-port", str(ports[2])), f"--host {host}", fragment)
+    serve_error_line(_serve(exported, "--host", host, "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
+                            "--metrics-port", str(ports[2])), 2, f"--host {host}", fragment)
 
 
 def test_readiness_counts_only_our_server(tmp_path):
@@ -96,8 +87,8 @@ def test_readiness_counts_only_our_server(tmp_path):
 
 def test_an_ipv6_only_host_is_refused(exported):
     ports = free_ports(3)
-    _one_error_line(_serve(exported, "--host", "::1", "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
-                           "--metrics-port", str(ports[2])), "--host ::1 has no IPv4 address")
+    serve_error_line(_serve(exported, "--host", "::1", "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
+                            "--metrics-port", str(ports[2])), 2, "--host ::1 has no IPv4 address")
 
 
 def test_a_host_name_is_served_on_its_address(exported, tmp_path):

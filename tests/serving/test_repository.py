@@ -5,13 +5,13 @@ Triton's own model-config protobuf and name the spec's tensors."""
 from __future__ import annotations
 
 import pytest
-from click.testing import CliRunner
 
-from seq2trt.cli.main import cli
 from seq2trt.exporters import spec
 from seq2trt.serving.repository import is_repository
 
-from .conftest import Server, generate_inputs, one_error_line, text_inputs, translate_ids
+from helpers.cli import invoke, one_error_line
+
+from .conftest import Server, generate_inputs, text_inputs, translate_ids
 from .test_serve import SOURCES
 
 
@@ -19,8 +19,7 @@ def test_python_repository_answers_as_translate(served, tmp_path):
     import tritonclient.http as http
 
     out, _ = served
-    result = CliRunner().invoke(cli, ["serve", str(out), "--write-repository", str(tmp_path / "repo"),
-                                      "--repository-backend", "python"])
+    result = invoke("serve", out, "--write-repository", tmp_path / "repo", "--repository-backend", "python")
     assert result.exit_code == 0, result.output
     assert "docker run" in (tmp_path / "repo" / "README.md").read_text()
     server = Server(out, tmp_path / "server.log", "--repository", str(tmp_path / "repo"))
@@ -32,7 +31,7 @@ def test_python_repository_answers_as_translate(served, tmp_path):
                    for s in SOURCES]
             assert got == want
         assert c.infer("translate", text_inputs("120")).as_numpy("text")[0, 0].decode() == \
-            CliRunner().invoke(cli, ["translate", str(out), "120", "--backend", "ort-fused"]).output.strip()
+            invoke("translate", out, "120", "--backend", "ort-fused").output.strip()
         c.close()  # Triton's drain waits for open HTTP connections, idle keep-alive ones included
     finally:
         assert server.stop(timeout_s=150) == 0
@@ -46,7 +45,7 @@ def test_gpu_repository_configs_parse_with_tritons_protobuf(served, tmp_path):
     from seq2trt.serving.repository import graph_config
 
     out, _ = served
-    result = CliRunner().invoke(cli, ["serve", str(out), "--write-repository", str(tmp_path / "repo")])
+    result = invoke("serve", out, "--write-repository", tmp_path / "repo")
     assert result.exit_code == 0, result.output
     cfg = read_manifest(out).config
     configs = {p.parent.name: p.read_text() for p in (tmp_path / "repo").glob("*/config.pbtxt")}
@@ -62,15 +61,14 @@ def test_gpu_repository_configs_parse_with_tritons_protobuf(served, tmp_path):
     assert generate.backend == "python" and generate.dynamic_batching.max_queue_delay_microseconds > 0
     assert generate.input[0].allow_ragged_batch and generate.input[1].optional
     assert (tmp_path / "repo" / "encoder" / "1" / "model.onnx").exists()
-    result = CliRunner().invoke(cli, ["serve", str(out), "--write-repository", str(tmp_path / "plans"),
-                                      "--repository-backend", "tensorrt_plan"])
+    result = invoke("serve", out, "--write-repository", tmp_path / "plans", "--repository-backend", "tensorrt_plan")
     assert result.exit_code == 2 and "seq2trt build" in result.output  # no engines in this export: named
-    result = CliRunner().invoke(cli, ["serve", str(out), "--write-repository", str(tmp_path / "repo")])
+    result = invoke("serve", out, "--write-repository", tmp_path / "repo")
     assert result.exit_code == 2 and not (tmp_path / "plans").exists()  # nothing overwritten without --force
 
 
 def _write(out, folder, *extra):
-    return CliRunner().invoke(cli, ["serve", str(out), "--write-repository", str(folder), *extra])
+    return invoke("serve", out, "--write-repository", folder, *extra)
 
 
 @pytest.mark.parametrize("force", [False, True])

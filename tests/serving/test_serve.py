@@ -13,6 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from helpers.cli import invoke
+from helpers.sources import random_sources
+
 from .conftest import MAX_LEN, generate_inputs, text_inputs, translate_ids
 
 SOURCES = [[4, 5, 6, 2], [3, 2], [7, 8, 9, 10, 11, 3, 4, 2], [12, 12, 5, 2], [6] * 20 + [2], [9, 3, 2]]
@@ -51,13 +54,9 @@ def test_generate_is_translate(served, beam):
 
 
 def test_translate_text_is_translate(served):
-    from click.testing import CliRunner
-
-    from seq2trt.cli.main import cli
-
     out, server = served
     texts = ["40213", "7", "999999", "120"]
-    result = CliRunner().invoke(cli, ["translate", str(out), *texts, "--backend", "ort-fused"])
+    result = invoke("translate", out, *texts, "--backend", "ort-fused")
     assert result.exit_code == 0, result.output
     c = client(server)
     got = [c.infer("translate", text_inputs(t)).as_numpy("text")[0, 0].decode() for t in texts]
@@ -122,9 +121,10 @@ def test_load_64_clients_every_response_is_translate(served):
     """64 concurrent clients x 20 requests: mixed source lengths, greedy and beam 4, two max_new_tokens."""
     import tritonclient.http as http
 
+    from seq2trt.exporters.manifest import read_manifest
+
     out, server = served
-    rng = random.Random(0)
-    sources = [[rng.randrange(3, 13) for _ in range(rng.randint(1, MAX_LEN - 1))] + [2] for _ in range(24)]
+    sources = random_sources(read_manifest(out).config, 24, seed=0, max_len=MAX_LEN - 1)
     variants = [(1, None), (4, None), (1, 5), (4, 5)]
     want = {}
     for beam, new in variants:
