@@ -77,6 +77,32 @@ def test_config_reaches_past_max_distance():
         spec.Limits.for_model(cfg, max_src_len=cfg.max_src_len + 1)
 
 
+def test_graph_bias_is_transformers_bucket_lookup(t5_export):
+    """The (H, 2M - 1) bias each stack's graph holds reads, at every signed distance r = key - query within the
+    export's limits, the table row of transformers' own bucket of r (bidirectional in the encoder, causal in the
+    decoder): buckets beyond max_distance included."""
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    from onnx import numpy_helper
+
+    family, model, out = t5_export
+    cfg = model.cfg
+    for kind, layers, length, both in ((spec.GraphKind.ENCODER, model.encoder_layers, cfg.max_src_len, True),
+                                       (spec.GraphKind.DECODER, model.decoder_layers, cfg.max_tgt_len, False)):
+        r = torch.arange(-(length - 1), length)
+        buckets = T5Attention._relative_position_bucket(r, bidirectional=both, num_buckets=cfg.relative_buckets,
+                                                        max_distance=cfg.relative_max_distance)
+        want = [layer.self_attn.relative_bias.weight.detach()[buckets].t().numpy() for layer in layers
+                if layer.self_attn.relative_bias is not None]  # (H, 2M - 1) per table
+        proto = onnx.load(out / kind.filename)
+        held = [numpy_helper.to_array(i) for i in proto.graph.initializer
+                if list(i.dims) == [cfg.num_heads, 2 * length - 1]]
+        assert len(want) == (1 if family == "t5" else len(layers)) and len(held) == len(want)
+        assert buckets.max() == cfg.relative_buckets - 1 and length > cfg.relative_max_distance  # saturated
+        for table in want:
+            assert any(np.array_equal(table, h) for h in held)
+
+
 @pytest.mark.parametrize("graphs", ["plain", "fused-ort"])
 def test_graphs_match_the_float64_model(t5_export, graphs):
     """Every graph output over the sweep, and greedy and beam tokens end to end."""
@@ -150,8 +176,10 @@ def test_a_mirrored_bias_fails_parity(tmp_path, monkeypatch):
     monkeypatch.setattr(fuse_ort, "bias_by_distance", _reversed_distance(fuse_ort.bias_by_distance))
     out = save_and_export(tmp_path, t5_model("t5", seed=1), fuse=("ort",))
     for graphs in ("plain", "fused-ort"):
-        with pytest.raises(CheckFailed):
+        with pytest.raises(CheckFailed, match="parity failed"):
             validate(out, graphs)
+        failures = json.loads((out / "reports" / "parity.json").read_text())["graph_failures"]
+        assert failures  # the graph outputs themselves, not only the tokens
 
 
 def test_plugin_nodes_take_the_bias_last(t5_export, tmp_path):
