@@ -227,3 +227,17 @@ def test_fp16_of_relu_t5(tmp_path):
     """A relu T5 (v1.0-like) is not refused; its fp16 graphs are judged as the other families'."""
     out = save_and_export(tmp_path, t5_model("umt5"), dtype="fp16")
     assert validate(out, "plain")["passed"]
+
+
+def test_tensorrt_rtx_engines_build_from_a_t5_export(t5_export):
+    """`seq2trt build` on a T5 export: every attention block is one plugin layer of the engine, its bias input
+    accepted by the plugin (TensorRT-RTX builds without a GPU; running the engines needs one)."""
+    from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines, verify_engines
+
+    family, model, out = t5_export
+    fuse_artifacts(out, Target.TRT, force=True)
+    engines = build_engines(out, EngineRequest("tensorrt-rtx", (86,), force=True))
+    info = verify_engines(engines)
+    cfg = model.cfg
+    assert info["plugin"]["layers"] == {"encoder": cfg.num_encoder_layers, "decoder": 2 * cfg.num_decoder_layers}
+    assert all(info["graphs"][kind.value]["plan_bytes"] > 10_000 for kind in spec.GraphKind)
