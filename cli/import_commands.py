@@ -1,4 +1,4 @@
-"""`seq2trt import hf`: bring a Hugging Face checkpoint (Marian, BART, mBART, M2M100/NLLB) into seq2trt."""
+"""`seq2trt import hf`: bring a Hugging Face checkpoint (Marian, BART, mBART, M2M100/NLLB, T5/mT5/UMT5) into seq2trt."""
 
 from __future__ import annotations
 
