@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import os
 import shutil
 import subprocess
@@ -16,13 +15,12 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-import torch
-from click.testing import CliRunner, Result
+from click.testing import Result
 
-from seq2trt.cli.main import cli
 from seq2trt.exporters import spec
-from seq2trt.reference_model.checkpoint import save_checkpoint
-from seq2trt.reference_model.tasks import get_task
+
+from helpers.artifacts import checkpoint_and_export, numbers_model
+from helpers.cli import invoke_ok
 
 HAS_RTX = importlib.util.find_spec("tensorrt_rtx") is not None
 MAX_BATCH, MAX_LEN = 4, 16
@@ -40,25 +38,17 @@ def pytest_runtest_setup(item) -> None:
 
 @pytest.fixture(scope="package")
 def artifact(make_model, tmp_path_factory) -> Path:
-    """One tiny checkpoint, its export, fused TensorRT graphs, engines (when TensorRT-RTX is here) and a report."""
-    from seq2trt.reference_model.checkpoint import source_record
-    from seq2trt.exporters.fuse import Target, fuse_artifacts
-    from seq2trt.exporters.onnx_export import export
-
-    task = get_task("numbers")
-    model = make_model(seed=3, dtype=torch.float32, src_vocab_size=len(task.source_vocab),
-                       tgt_vocab_size=len(task.target_vocab), max_src_len=MAX_LEN, max_tgt_len=MAX_LEN,
-                       num_heads=1)  # head_dim 32: one the plugin's kernels take, so `build` accepts the fused graphs
+    """One tiny checkpoint, its export, fused TensorRT graphs, engines (when TensorRT-RTX is here) and a report: the
+    folder's own, since its tests damage copies of every record a full artifact holds."""
+    # num_heads 1: head_dim 32, one the plugin's kernels take, so `build` accepts the fused graphs
+    model, task = numbers_model(make_model, seed=3, max_src_len=MAX_LEN, max_tgt_len=MAX_LEN, num_heads=1)
     root = tmp_path_factory.mktemp("artifact")
-    ckpt = save_checkpoint(root / "ckpt", model, (task.source_vocab, task.target_vocab),
-                           extra_files={"metrics.json": json.dumps({"task": "numbers"})})
-    export(model, root / "out", limits=spec.Limits.for_model(model.cfg, MAX_BATCH), source=source_record(ckpt))
-    fuse_artifacts(root / "out", Target.TRT)
+    _, out = checkpoint_and_export(root, model, task, max_batch=MAX_BATCH, fuse=("trt",), record_task=True)
     if HAS_RTX:
         from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines
 
-        build_engines(root / "out", EngineRequest("tensorrt-rtx", (86,)))
-    assert CliRunner().invoke(cli, ["report", str(root / "out")]).exit_code == 0
+        build_engines(out, EngineRequest("tensorrt-rtx", (86,)))
+    invoke_ok("report", out)
     return root
 
 
@@ -79,24 +69,6 @@ def _snapshot(root: Path) -> dict[str, str]:
     """Every file and folder under `root` (hidden ones included) -> sha256 of its bytes ("dir" for folders)."""
     return {str(p.relative_to(root)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(root.rglob("*"))}
-
-
-def _invoke(*args) -> Result:
-    """The CLI in process (a subprocess costs seconds per call on our CPUs); arguments may be paths."""
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-def _one_error_line(result: Result, code: int, *fragments: str) -> str:
-    """Exit `code`, no traceback, exactly one error line (ours or click's `Error:`) holding every fragment; returns
-    that line. Failure messages show at most 2,000 characters of the output (a huge input may be echoed in it)."""
-    output = result.output
-    assert result.exit_code == code, output[:2000]
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)[:2000]
-    assert "Traceback" not in output, output[:2000]
-    lines = [line for line in output.splitlines() if line.lower().startswith("error:")]
-    assert len(lines) == 1, output[:2000]
-    assert all(f in lines[0] for f in fragments), lines[0][:2000]
-    return lines[0]
 
 
 def _rewrite_manifest(out: Path) -> None:
@@ -132,12 +104,18 @@ def snapshot() -> Callable[[Path], dict[str, str]]:
 
 @pytest.fixture(scope="session")
 def invoke() -> Callable[..., Result]:
-    return _invoke
+    """helpers.cli.invoke, as the folder's tests take it."""
+    from helpers.cli import invoke
+
+    return invoke
 
 
 @pytest.fixture(scope="session")
 def one_error_line() -> Callable[..., str]:
-    return _one_error_line
+    """helpers.cli.one_error_line, as the folder's tests take it."""
+    from helpers.cli import one_error_line
+
+    return one_error_line
 
 
 @pytest.fixture(scope="session")
@@ -158,9 +136,8 @@ def signal_while_staging() -> Callable[..., str]:
 # --- the fuzz (test_fuzz_*.py): its seeds, its tools (fuzzing.py) and its stand-ins -------------------------------
 
 # A new run seed every run, unless replaying one: SEQ2TRT_FUZZ_SEED=<seed printed by a failure>. CI (CI=true) runs
-# one fixed seed instead: fresh seeds still find crashes (2 of 7 local runs on 2026-11-30: a float as
-# source.checkpoint, a flipped byte in decoder.onnx reaching validate as a TypeError; both fixed since), and a gate that fails on the
-# draw would block every submission; those finds belong in issues, found by the developers' runs.
+# one fixed seed instead: fresh seeds keep finding new crashes, but a gate that fails on the draw would block every
+# submission; what they find is reported from the developers' runs.
 CI_RUN_SEED = 20261130
 RUN_SEED = int(os.environ.get("SEQ2TRT_FUZZ_SEED")
                or (CI_RUN_SEED if os.environ.get("CI") else int.from_bytes(os.urandom(4), "little")))

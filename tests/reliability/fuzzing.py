@@ -229,11 +229,11 @@ class Outcomes:
         assert not set(self.wrong) - set(known), replay + "\n".join(w for w in self.wrong if w not in known)
         assert self.counts["Seq2TrtError"] >= minimum_errors, (replay, self.counts)
         if known:  # reported, not yet fixed by their owners: visible with -rx, never silent
-            pytest.xfail(replay + "known gaps (issue 20 note):\n" + "\n".join(known))
+            pytest.xfail(replay + "known gaps (KNOWN_GAPS in fuzzing.py):\n" + "\n".join(known))
 
 
-# Wrong results the fuzz finds in code outside this test's change, left to their owners (issue 20 note); each is
-# reported as an xfail with its seed whenever drawn, and must be removed here once fixed.
+# Wrong results the fuzz finds in code outside this test's change, left to their owners; each is reported as an
+# xfail with its seed whenever drawn, and must be removed here once fixed.
 KNOWN_GAPS: list[str] = []  # none open: Vocab.from_dict now refuses non-string tokens and unknown kinds
 
 

@@ -1,4 +1,4 @@
-"""Issue 9's table, row by row: every bad input ends in one clear error line naming the problem and the fix, exit
+"""Bad inputs, row by row: every bad input ends in one clear error line naming the problem and the fix, exit
 code 2 (bad input) or 1 (a check that ran and failed), no traceback, and nothing half-written or overwritten.
 
 Rows run through click's CliRunner (in process: a subprocess costs seconds per row on our CPUs); a full disk, Ctrl-C

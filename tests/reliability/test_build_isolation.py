@@ -4,14 +4,13 @@ files whose bytes still parse but break the contract stop `validate` with one Ar
 
 The artifact is built here (a tiny export, fused for TensorRT, no engines and no reports), not taken from this
 folder's conftest, whose artifact holds both: these tests check that nothing of them is written. The TensorRT
-reproducer was found by the graph fuzz (run seed 24, case 1:5): the fused encoder's Cast of attention_mask to
-int32, made a Cast to int64, still parses and passes `load_graph`, and TensorRT-RTX 1.7 then aborts its process while
-building (`malloc_consolidate(): invalid chunk size`; the fuzz found Shape start/end damage doing the same).
+reproducer was found by the graph fuzz: the fused encoder's Cast of attention_mask to int32, made a Cast to int64,
+still parses and passes `load_graph`, and TensorRT-RTX 1.7 then aborts its process while building
+(`malloc_consolidate(): invalid chunk size`; the fuzz found Shape start/end damage doing the same).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -23,33 +22,23 @@ from pathlib import Path
 
 import onnx
 import pytest
-import torch
-from click.testing import CliRunner
 
-from seq2trt.cli.main import cli
 from seq2trt.exporters import spec
-from seq2trt.exporters.fuse import Target, fuse_artifacts, fused_dir
+from seq2trt.exporters.fuse import Target, fused_dir
 from seq2trt.exporters.manifest import read_manifest
 from seq2trt.reference_model.errors import Terminated
+
+from helpers.artifacts import checkpoint_and_export, numbers_model
+from helpers.cli import invoke
 
 
 @pytest.fixture(scope="module")
 def artifact(make_model, tmp_path_factory) -> Path:
     """A tiny checkpoint of the numbers task, its export (num_heads 1: a head_dim of 32, which the plugin takes) and
     the export fused for TensorRT."""
-    from seq2trt.exporters.onnx_export import export
-    from seq2trt.reference_model.checkpoint import save_checkpoint, source_record
-    from seq2trt.reference_model.tasks import get_task
-
-    task = get_task("numbers")
-    model = make_model(seed=3, dtype=torch.float32, src_vocab_size=len(task.source_vocab),
-                       tgt_vocab_size=len(task.target_vocab), max_src_len=16, max_tgt_len=16, num_heads=1)
-    root = tmp_path_factory.mktemp("isolation")
-    ckpt = save_checkpoint(root / "ckpt", model, (task.source_vocab, task.target_vocab),
-                           extra_files={"metrics.json": json.dumps({"task": "numbers"})})
-    out = export(model, root / "out", limits=spec.Limits.for_model(model.cfg, 4), source=source_record(ckpt))
-    fuse_artifacts(out, Target.TRT)
-    return out
+    model, task = numbers_model(make_model, seed=3, max_src_len=16, max_tgt_len=16, num_heads=1)
+    return checkpoint_and_export(tmp_path_factory.mktemp("isolation"), model, task, max_batch=4, fuse=("trt",),
+                                 record_task=True)[1]
 
 
 @pytest.fixture
@@ -81,7 +70,7 @@ def test_graph_that_aborts_tensorrt_is_one_build_error(out, rehash, one_error_li
     to.i = onnx.TensorProto.INT64
     onnx.save(model, encoder)
     rehash(out)
-    result = CliRunner().invoke(cli, ["build", str(out), "--target", "sm_86"])
+    result = invoke("build", out, "--target", "sm_86")
     one_error_line(result, 2, "crashed on", str(encoder), "SIGABRT", "exit code 134", "re-export")
     engines = out / "engines"
     assert not engines.exists() or [p.name for p in engines.iterdir() if not p.name.endswith(".lock")] == []
@@ -169,7 +158,7 @@ DAMAGE = {
 
 def test_undamaged_export_validates(out):
     """The control: the same export and command pass, so each refusal below is the damage's doing."""
-    result = CliRunner().invoke(cli, ["validate", str(out), "--samples", "0", "--localize-budget", "1"])
+    result = invoke("validate", out, "--samples", "0", "--localize-budget", "1")
     assert result.exit_code == 0, result.output
 
 
@@ -179,7 +168,7 @@ def test_damaged_graph_is_one_error_from_validate(out, damage, rehash, one_error
     decoder = out / "decoder.onnx"
     decoder.write_bytes(change(decoder.read_bytes()))
     rehash(out)
-    result = CliRunner().invoke(cli, ["validate", str(out), "--samples", "0", "--localize-budget", "1"])
+    result = invoke("validate", out, "--samples", "0", "--localize-budget", "1")
     one_error_line(result, 2, str(decoder), named, "re-export")
     assert not (out / "reports" / "parity.json").exists()
 

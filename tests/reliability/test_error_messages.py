@@ -1,6 +1,6 @@
-"""Issue 17, silent acceptance and weak messages: a huge input echoed whole, a damaged vocab.json, SEQ2TRT_CACHE
-on a file, a checkpoint deleted after export, a NaN length penalty. Each is one short error line (exit 2), no
-traceback.
+"""Error lines name what is wrong and what to do, shortly: a huge input is not echoed whole, a damaged vocab.json,
+SEQ2TRT_CACHE on a file, a checkpoint deleted after export, a NaN length penalty, a flag's value. Each is one short
+error line (exit 2), no traceback.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 17, data loss: what `--force` may replace, replacements killed between their two renames, staging left by
+"""No data loss: what `--force` may replace, replacements killed between their two renames, staging left by
 dead processes, and SIGTERM / Ctrl-C at any moment. Each test damages or races a private copy of the tiny artifact
 (conftest.artifact) and checks that nothing the user owns is lost and no traceback is printed.
 """
@@ -127,7 +127,7 @@ def test_a_swap_killed_midway_is_repaired_by_the_next_run(tmp_path, when, conten
     killed_swap(out, when)
     assert hidden(tmp_path), "the kill left nothing to repair"
     if when == "between":
-        assert not out.exists()  # the state issue 17 found: no folder at all
+        assert not out.exists()  # the state a kill between the renames leaves: no folder at all
     recover(out)
     assert (out / "marker").read_text() == content
     assert hidden(tmp_path) == []
@@ -258,7 +258,7 @@ def test_reading_inside_a_write_guard_does_not_wait_for_itself(tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "sigterm"])
 def test_export_force_killed_at_random_moments_never_loses_the_export(work, sig, seq2trt):
-    """The probe of issue 17: `export --force` killed at a random moment after it started staging. Afterwards the
+    """`export --force` killed at a random moment after it started staging. Afterwards the
     export is whole (the old one or the new one, every file matching its manifest) once the next verb has run."""
     import random
 

@@ -1,41 +1,25 @@
-"""Issue 9's table, the rows that stop a write midway: a full disk, Ctrl-C (in process and in a real process) and
-two builds of the same output at once. Each ends in one clear line and an exit code (2 for the disk, 130 for Ctrl-C),
-and the previous artifact stays exactly as it was: nothing half-written, no staging folder, lock or `.old` left.
-The rows of bad inputs are in test_bad_inputs.py.
+"""Writes that stop midway: a full disk, Ctrl-C (in process and in a real process) and two builds of the same
+output at once. Each ends in one clear line and an exit code (2 for the disk, 130 for Ctrl-C), and the previous
+artifact stays exactly as it was: nothing half-written, no staging folder, lock or `.old` left. Bad inputs are in
+test_bad_inputs.py.
 """
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
 import shutil
 import signal
 from pathlib import Path
-from typing import Callable
 
 import onnx
 import pytest
 
+from helpers.faults import DISK_FULL, fail_on_call, raising
+
 
 # --- disk full and interrupted writes: the old artifact stays intact ---------------------------------------------
-
-def fail_on_call(n: int, exc: BaseException, real: Callable) -> Callable:
-    """A stand-in for `real` that raises `exc` on its n-th call (1-based): a write that stops midway."""
-    calls = []
-
-    def wrapper(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == n:
-            raise exc
-        return real(*args, **kwargs)
-
-    return wrapper
-
-
-DISK_FULL = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
 
 @pytest.mark.parametrize("exc, code, fragments", [
     (DISK_FULL, 2, ("no space left on the device", "free some space")),
@@ -102,6 +86,19 @@ def test_train_force_interrupted_mid_training_keeps_the_old_checkpoint(work, mon
     before = snapshot(work)
     result = invoke("train", "-o", work / "ckpt", "--preset", "tiny", "--steps", "5", "--force")
     assert result.exit_code == 130 and "interrupted" in result.output, result.output
+    assert snapshot(work) == before
+
+
+def test_full_disk_names_the_file_and_says_the_previous_one_is_intact(work, monkeypatch, snapshot, invoke,
+                                                                      one_error_line):
+    """The file is named as the artifact's (fused/trt/fusion.json), not by its hidden staging path."""
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", raising(DISK_FULL))
+    before = snapshot(work)
+    line = one_error_line(invoke("fuse", work / "out", "--force"), 2, "fused/trt/fusion.json: no space left",
+                          "the previous fused trt in", "is intact", "free some space")
+    assert ".partial" not in line
+    monkeypatch.setattr(os, "fsync", real)
     assert snapshot(work) == before
 
 

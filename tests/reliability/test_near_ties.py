@@ -1,4 +1,4 @@
-"""Issue 17: end-to-end agreement judged as a reviewer would. A greedy flip where the eager top-1 / top-2 margin is
+"""End-to-end agreement judged as a reviewer would. A greedy flip where the eager top-1 / top-2 margin is
 within twice the graphs' measured logit error is a near-tie: counted and reported with its margin, not a failure.
 A flip the measured error cannot explain still fails. Toy step models with hand-set logits make both cases exact.
 """
@@ -11,6 +11,8 @@ import torch
 from seq2trt.reference_model.decoding import DecodeSettings
 from seq2trt.reference_model.eager import EagerStepModel
 from seq2trt.validation.end_to_end import end_to_end
+
+from helpers.cli import invoke
 
 V, BOS, EOS, PAD = 6, 1, 2, 0
 
@@ -209,7 +211,7 @@ def test_beam_trace_knows_a_source_done_right_after_the_one_row_first_step():
 
 
 def test_fp16_weights_of_a_random_model_part_beam_only_at_a_near_tie(make_model):
-    """The issue's case: a random-weight model whose fp16 rounding (logit error ~0.007) changes one beam search.
+    """A random-weight model whose fp16 rounding (logit error ~0.007) changes one beam search.
     Found by decoding 60 seeded sources; this is the one that parted (eager margin ~0.001 at step 4)."""
     settings = DecodeSettings(make_model().cfg.bos_id, EOS, PAD, max_new_tokens=10)
     reference, sources = EagerStepModel(make_model(0)), [[7, 7, 6, 8, 2]]
@@ -244,14 +246,11 @@ def test_parity_md_and_the_report_show_beam_near_ties_with_their_gaps(tmp_path):
 
 
 def test_validate_prints_the_near_ties(tmp_path, monkeypatch):
-    from click.testing import CliRunner
-
-    from seq2trt.cli.main import cli
     from seq2trt.validation import validate
 
     result = beam_run(BeamToy(boundary_table(), shift={(): {5: 0.002}}), boundary_table())
     doc = {"cases": 0, "end_to_end": result.to_dict()}
     monkeypatch.setattr(validate, "run_validation", lambda *args, **kwargs: doc)
-    run = CliRunner().invoke(cli, ["validate", str(tmp_path), "--samples", "1"])
+    run = invoke("validate", tmp_path, "--samples", "1")
     assert run.exit_code == 0, run.output
     assert "beam near-ties 1 (judged token_agreement 1.000000)" in run.output and "greedy near-ties" not in run.output
