@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from click.testing import CliRunner
 
-from seq2trt.cli.main import cli
 from seq2trt.reference_model.checkpoint import save_checkpoint
 from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode
 from seq2trt.reference_model.eager import EagerStepModel, RecomputeStepModel
 from seq2trt.reference_model.vocab import pad_batch
+
+from helpers.cli import invoke
 
 VARIANTS = {
     "no-bias": dict(bias=False),
@@ -56,12 +56,11 @@ def test_a_pad_token_reads_no_position_only_when_configured(make_model):
 def test_variant_exports_fuses_and_validates(variant, make_model, tmp_path):
     model = make_model(seed=2, dtype=torch.float32, **VARIANTS[variant])
     save_checkpoint(tmp_path / "ckpt", model)
-    runner = CliRunner()
     out = tmp_path / "out"
     for args in (["export", tmp_path / "ckpt", "-o", out, "--max-batch", 4], ["fuse", out, "--target", "ort"],
                  ["fuse", out, "--target", "trt"]):
-        result = runner.invoke(cli, [str(a) for a in args])
+        result = invoke(*args)
         assert result.exit_code == 0, result.output
     for graphs in ("plain", "fused-ort", "fused-trt"):
-        result = runner.invoke(cli, ["validate", str(out), "--graphs", graphs, "--samples", 30])
+        result = invoke("validate", out, "--graphs", graphs, "--samples", 30)
         assert result.exit_code == 0 and "parity passed" in result.output, result.output

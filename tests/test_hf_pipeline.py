@@ -8,9 +8,8 @@ import importlib.util
 import json
 
 import pytest
-from click.testing import CliRunner
 
-from seq2trt.cli.main import cli
+from helpers.cli import invoke_ok
 
 pytest.importorskip("transformers", reason="the hf extra is not installed")
 HAS_RTX = importlib.util.find_spec("tensorrt_rtx") is not None
@@ -25,32 +24,26 @@ FAMILIES = {  # config options with the model's most distinctive parts: position
 }
 
 
-def invoke(*args):
-    result = CliRunner().invoke(cli, [str(a) for a in args])
-    assert result.exit_code == 0, result.output
-    return result.output
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_imported_model_through_the_pipeline(family, make_hf_model, tmp_path):
     # std 0.1: varied tokens, yet top-2 logit margins wide enough that fp16's rounding does not flip beam choices
     # (at 0.15 BART's fp16 beam search diverged on 2 of 100 random sources: near-ties of a random model).
     src = make_hf_model(tmp_path / "src", family, FAMILIES[family], std=0.1)
-    invoke("import", "hf", src, "-o", tmp_path / "ckpt")
+    invoke_ok("import", "hf", src, "-o", tmp_path / "ckpt")
     for dtype in ("fp32", "fp16"):
         out = tmp_path / dtype
-        invoke("export", tmp_path / "ckpt", "-o", out, "--dtype", dtype, "--max-batch", 8, "--max-src-len", 24,
-               "--max-tgt-len", 24)
+        invoke_ok("export", tmp_path / "ckpt", "-o", out, "--dtype", dtype, "--max-batch", 8, "--max-src-len", 24,
+                  "--max-tgt-len", 24)
         graph_sets = ["plain"]
         for target in ("ort", "trt"):
-            invoke("fuse", out, "--target", target)
+            invoke_ok("fuse", out, "--target", target)
             graph_sets.append(f"fused-{target}")
         for graphs in graph_sets:
-            output = invoke("validate", out, "--graphs", graphs, "--samples", 100)
+            output = invoke_ok("validate", out, "--graphs", graphs, "--samples", 100)
             assert "parity passed" in output, output
         if HAS_RTX and dtype == "fp32":
-            output = invoke("build", out, "--backend", "tensorrt-rtx", "--target", "sm_86")
+            output = invoke_ok("build", out, "--backend", "tensorrt-rtx", "--target", "sm_86")
             assert "engines in" in output
             build = json.loads(next((out / "engines").glob("tensorrt-rtx-*/build.json")).read_text())
             assert build["graphs"]["decoder"]["plugin_layers"] == 2 * 2  # self + cross attention, 2 layers
