@@ -19,6 +19,7 @@ from seq2trt.exporters.onnx_export import export, export_copy, marked_core
 from seq2trt.plugins.op import AttentionAttrs
 from seq2trt.reference_model.errors import ArtifactError
 from seq2trt.reference_model.model import MultiHeadAttention, attention_core
+from seq2trt.reference_model.sources import ordinary_ids
 from seq2trt.validation.parity import graph_parity
 from seq2trt.validation.precision import judge_for
 from seq2trt.runtime.runners import EagerRunner, OrtRunner
@@ -212,7 +213,8 @@ def test_polygraphy_compares_the_decoder_with_eager(exports, model, tmp_path, br
         next(a for a in node.attribute if a.name == "scale").f *= 1.1
         path = tmp_path / "decoder.onnx"
         onnx.save(proto, path)
-    feed = {"input_ids": rng.integers(3, cfg.tgt_vocab_size, (2, 1)),
+    tgt_ids = ordinary_ids(cfg, cfg.tgt_vocab_size)
+    feed = {"input_ids": tgt_ids[rng.integers(0, tgt_ids.size, (2, 1))],
             "encoder_attention_mask": np.array([[1] * 5, [1, 1, 1, 0, 0]], np.int64)}
     for s in spec.inputs(cfg, spec.GraphKind.DECODER)[2:]:
         length = 5 if spec.parse_kv_name(s.name).side == "encoder" else 3

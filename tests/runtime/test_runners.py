@@ -13,6 +13,7 @@ from seq2trt.exporters.onnx_export import export
 from seq2trt.reference_model.decoding import DecodeSettings, beam_search, greedy_decode
 from seq2trt.reference_model.eager import EagerStepModel
 from seq2trt.reference_model.errors import InputError
+from seq2trt.reference_model.sources import ordinary_ids
 from seq2trt.reference_model.vocab import pad_batch
 from seq2trt.runtime.step_model import RunnerStepModel
 from seq2trt.validation.end_to_end import PairedStepModel, end_to_end
@@ -93,7 +94,9 @@ def test_eager_runner_replays_narrow_inputs_in_float64(setup, narrow):
     reference = copy.deepcopy(model).double()
     cfg, rng = model.cfg, np.random.default_rng(0)
     B, S, T, P = 2, 5, 2, 3
-    feed = {"input_ids": rng.integers(3, cfg.tgt_vocab_size, (B, T)), "encoder_attention_mask": np.ones((B, S), np.int64)}
+    tgt_ids = ordinary_ids(cfg, cfg.tgt_vocab_size)
+    feed = {"input_ids": tgt_ids[rng.integers(0, tgt_ids.size, (B, T))],
+            "encoder_attention_mask": np.ones((B, S), np.int64)}
     for s in spec.inputs(cfg, spec.GraphKind.DECODER)[2:]:
         length = S if spec.parse_kv_name(s.name).side == "encoder" else P
         feed[s.name] = rng.standard_normal((B, cfg.num_heads, length, cfg.head_dim)).astype(narrow)
