@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from seq2trt.reference_model import layout
 from seq2trt.exporters.spec import DEFAULT_OPSET
 
 Progress = Callable[[str], None]
@@ -237,7 +238,7 @@ def validate(out: str | Path, *, backend: str = "ort", graphs: str | None = None
     doc = run_validation(out, settings, Path(checkpoint) if checkpoint is not None else None, progress=progress)
     # run_validation returns only when every check passed (it raises CheckFailed otherwise)
     return ValidationResult(bool(doc.get("passed", True)), int(doc.get("cases", 0)), doc.get("end_to_end"),
-                            out / "reports" / doc.get("report", "parity.md"), doc)
+                            layout.reports_dir(out) / doc.get("report", "parity.md"), doc)
 
 
 def import_hf(src: str | Path, out: str | Path, *, force: bool = False,
@@ -268,4 +269,4 @@ def bench(out: str | Path, backends: str | Iterable[str] = ("eager", "ort", "ct2
     run = BenchSettings(backends=names, batch_sizes=tuple(batch_sizes), threads=tuple(threads), **settings)
     out = Path(out)
     doc = run_bench(out, run, Path(checkpoint) if checkpoint is not None else None, progress)
-    return BenchResult(out / "reports", doc["results"], doc["ratios"], doc)
+    return BenchResult(layout.reports_dir(out), doc["results"], doc["ratios"], doc)

@@ -96,10 +96,10 @@ def check_tokenizer_ids(src: Path, tokenizer, cfg) -> None:
 
 def seeded_sources(cfg, count: int, seed: int = 0, max_len: int = 24) -> list[list[int]]:
     """Random source ids (no pad, no eos inside), varied lengths, each ending with eos."""
-    rng = np.random.default_rng(seed)
-    allowed = np.setdiff1d(np.arange(cfg.src_vocab_size), [cfg.pad_id, cfg.eos_id])
+    from seq2trt.reference_model.sources import source_kind
+
     hi = max(2, min(max_len, cfg.max_src_len - 1))
-    return [rng.choice(allowed, size=int(n)).tolist() + [cfg.eos_id] for n in rng.integers(1, hi + 1, size=count)]
+    return source_kind(cfg).random(np.random.default_rng(seed), count, hi)
 
 
 def text_sources(tokenizer, cfg, count: int, seed: int = 1) -> tuple[list[str], list[list[int]]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from seq2trt.reference_model import layout
 from seq2trt.reference_model.errors import CheckpointError, InputError
 
 
@@ -66,9 +67,9 @@ def load_codec(checkpoint: Path, eos_id: int, src_lang: str | None = None, tgt_l
                 tokenizer.src_lang = src_lang
             forced = _language_id(tokenizer, tgt_lang, folder) if tgt_lang is not None else None
             return TextCodec(tokenizer, tokenizer, True, eos_id, forced)
-    if (checkpoint / "vocab.json").exists():
+    if (checkpoint / layout.VOCAB).exists():
         if src_lang or tgt_lang:
             raise InputError(f"{checkpoint} has no language codes (a seq2trt vocabulary); drop --src-lang/--tgt-lang")
-        return TextCodec(*load_vocabs(checkpoint / "vocab.json"), False, eos_id)
+        return TextCodec(*load_vocabs(checkpoint / layout.VOCAB), False, eos_id)
     raise CheckpointError(f"{checkpoint} has no tokenizer (no {TOKENIZER_DIR}/ and no vocab.json), so text cannot "
                           "be encoded; give token ids with --ids-file F (JSON lines, one list of source ids per line)")

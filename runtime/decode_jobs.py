@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
+from seq2trt.reference_model import layout
 from seq2trt.reference_model.decoding import DecodeSettings, beam_search, greedy_decode, hf_beam_search
 from seq2trt.reference_model.errors import InputError
 from seq2trt.reference_model.vocab import pad_batch
@@ -42,7 +43,7 @@ def checkpoint_folder(out: Path, manifest, checkpoint: Path | None = None) -> Pa
 
 def has_tokenizer(folder: Path) -> bool:
     """Whether the checkpoint can turn text into ids (its vocab.json, or an imported Hugging Face tokenizer)."""
-    return (folder / "vocab.json").exists() or (folder / "tokenizer").is_dir()
+    return (folder / layout.VOCAB).exists() or (folder / layout.TOKENIZER_DIR).is_dir()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +67,7 @@ def open_decoder(source: Path, backend: str, checkpoint: Path | None, threads: i
 
 
 def _open_decoder(source: Path, backend: str, checkpoint: Path | None, threads: int):
-    if (source / "manifest.json").exists():
+    if (source / layout.MANIFEST).exists():
         from seq2trt.runtime.registry import open_step_model
 
         if backend.startswith("ort-generate"):

@@ -17,6 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
+from seq2trt.reference_model import layout
 from seq2trt.reference_model.decoding import GNMT_ALPHA
 from seq2trt.exporters import spec
 from seq2trt.exporters.ort_search import verify_generate
@@ -108,6 +109,6 @@ def _write(out: Path, document: dict, report: str, label: str) -> None:
         a = e2e[name]
         row = "greedy" if name == "greedy" else f"beam {s['beam_size']}"
         lines.append(f"| {row} | {a['token_agreement']:.6f} | {a['sequence_match']:.6f} | {a['first_divergent_step']} |")
-    reports = Path(out) / "reports"
+    reports = layout.reports_dir(out)
     atomic_write_text(reports / f"{report}.json", json.dumps(document, indent=2) + "\n")
     atomic_write_text(reports / f"{report}.md", "\n".join(lines + document["failures"]) + "\n")

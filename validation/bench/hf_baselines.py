@@ -181,7 +181,7 @@ class _Marks:
         pass
 
 
-class GenerateBackend:
+class TransformersBackend:
     """A model with Hugging Face's `generate` (transformers or Optimum) in this process, timed as the bench times
     every backend. Step times are the gaps between `generate`'s per-token streamer calls (each step with its
     logits processing), N of them for N tokens."""
@@ -244,7 +244,7 @@ class GenerateBackend:
         self.model = None
 
 
-def open_backend(name: str, source: ImportedSource, out: Path, threads: int) -> GenerateBackend:
+def open_backend(name: str, source: ImportedSource, out: Path, threads: int) -> TransformersBackend:
     """The `hf` or `optimum` backend on `source` (Optimum's export already under OUT/optimum)."""
     if name == "hf":
         import torch
@@ -253,10 +253,10 @@ def open_backend(name: str, source: ImportedSource, out: Path, threads: int) -> 
         model = load_transformers(source.path)
         threading = (f"{threads} thread(s), transformers {transformers.__version__}, "
                      f"{model.config._attn_implementation} attention")
-        return GenerateBackend(name, model, threads, threading, set_threads=torch.set_num_threads)
+        return TransformersBackend(name, model, threads, threading, set_threads=torch.set_num_threads)
     if name == "optimum":
         model, threading = load_optimum(Path(out) / OPTIMUM_DIR, threads)
-        return GenerateBackend(name, model, threads, threading)
+        return TransformersBackend(name, model, threads, threading)
     raise InputError(f"unknown Hugging Face backend {name!r}; choose one of {', '.join(HF_BACKENDS)}")
 
 

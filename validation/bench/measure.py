@@ -20,6 +20,7 @@ from typing import Callable
 
 import numpy as np
 
+from seq2trt.reference_model import layout
 from seq2trt.exporters.manifest import Manifest, verify
 from seq2trt.reference_model.decoding import DecodeSettings
 from seq2trt.reference_model.errors import DependencyError, InputError
@@ -116,9 +117,9 @@ class Bench:
             used = 1 if name == "ct2-int8" else threads
             return bb.Ct2Backend(name, info["dir"], info["source_tokens"], used, info["compute_type"])
         if runs == "ort-search":
-            from seq2trt.validation.bench.ort_search import GenerateBackend
+            from seq2trt.validation.bench.ort_search import OrtSearchBackend
 
-            return GenerateBackend(self.out, self.manifest, threads, int8=registry.BACKENDS[name].graphs == "generate-int8")
+            return OrtSearchBackend(self.out, self.manifest, threads, int8=registry.BACKENDS[name].graphs == "generate-int8")
         if runs in ("transformers", "optimum"):
             from seq2trt.validation.bench.hf_baselines import open_backend
 
@@ -286,7 +287,7 @@ def _machine(when: str) -> dict:
 def _engine_builds(out: Path) -> dict:
     """build seconds and plan sizes of every engine directory's build.json."""
     builds = {}
-    for path in sorted((Path(out) / "engines").glob("*/build.json")):
+    for path in sorted(layout.engines_root(out).glob(f"*/{layout.BUILD_JSON}")):
         try:
             info = json.loads(path.read_text())
         except json.JSONDecodeError:
@@ -306,5 +307,5 @@ def run_bench(out: Path, settings: BenchSettings, checkpoint: Path | None = None
     started = generation(out)  # the figures must describe the export measured, not one that replaced it
     doc = Bench(out, settings, checkpoint, progress).run()
     with writing_into(out, started, "bench"):
-        write_reports(Path(out) / "reports", doc)
+        write_reports(layout.reports_dir(out), doc)
     return doc

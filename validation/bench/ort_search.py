@@ -16,7 +16,7 @@ from seq2trt.reference_model.decoding import DecodeSettings
 from seq2trt.validation.bench.backends import peak_rss_mb, settle
 
 
-class GenerateBackend:
+class OrtSearchBackend:
     scope = "process"
 
     def __init__(self, out: Path, manifest, threads: int, int8: bool = False):

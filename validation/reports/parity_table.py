@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from seq2trt.reference_model import layout
 from seq2trt.reference_model.atomic_files import atomic_write_text
 
 
@@ -103,7 +104,7 @@ def _localisation(doc: dict, rows: int = 12) -> list[str]:
 
 def write_reports(out: Path, doc: dict) -> None:
     """`parity.json`/`.md` hold the latest run; `parity-<backend>-<graphs>.*` keep each graph set's own."""
-    reports = Path(out) / "reports"
+    reports = layout.reports_dir(out)
     if doc.get("localisation"):
         from seq2trt.validation.reports.plots import error_by_layer
 

@@ -12,6 +12,7 @@ import json
 import re
 from pathlib import Path
 
+from seq2trt.reference_model import layout
 from seq2trt.exporters import spec
 from seq2trt.exporters.manifest import Manifest, generation, verify, writing_into
 from seq2trt.reference_model.config import Seq2SeqConfig
@@ -132,7 +133,7 @@ def _axis_ranges(cfg: Seq2SeqConfig, kind: spec.GraphKind, profiles: dict) -> di
 
 
 def _parity(out: Path) -> list[str]:
-    runs = sorted((out / "reports").glob("parity-*.json")) or sorted((out / "reports").glob("parity.json"))
+    runs = sorted(layout.reports_dir(out).glob("parity-*.json")) or sorted(layout.reports_dir(out).glob("parity.json"))
     docs = {p.stem: _load(p) for p in runs}
     docs = {k: v for k, v in docs.items() if v}
     if not docs:
@@ -155,10 +156,10 @@ def _parity(out: Path) -> list[str]:
 
 
 def _latency(out: Path) -> list[str]:
-    doc = _load(out / "reports" / "latency.json")
+    doc = _load(layout.reports_dir(out) / "latency.json")
     if not doc:
         return ["## Latency", "", "Not run (`seq2trt bench OUT`).", ""]
-    images = {p.stem.replace("_", " "): p.name for p in sorted((out / "reports").glob("*.png"))}
+    images = {p.stem.replace("_", " "): p.name for p in sorted(layout.reports_dir(out).glob("*.png"))}
     return [_demote(bench_table.markdown(doc, images)), ""]
 
 
@@ -228,7 +229,7 @@ def write_report(out: Path) -> tuple[Path, Path]:
     """Write OUT/reports/report.md and report.html; returns their paths."""
     out = Path(out)
     started = generation(out)
-    reports = out / "reports"
+    reports = layout.reports_dir(out)
     markdown = render_markdown(out)
     md, html = reports / "report.md", reports / "report.html"
     page = render_html(markdown, reports)
