@@ -12,8 +12,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-_STAGES = ["export", "fuse", "quantize", "build", "validate", "import_hf", "bench", "ExportResult", "FuseResult",
-           "QuantizeResult", "BuildResult", "ValidationResult", "ImportResult", "BenchResult"]
+_STAGES = ["train", "import_hf", "export", "fuse", "quantize", "generate", "build", "validate", "bench", "report",
+           "TrainResult", "ImportResult", "ExportResult", "FuseResult", "QuantizeResult", "GenerateResult",
+           "BuildResult", "ValidationResult", "BenchResult", "ReportResult"]
 
 __all__ = ["Translator", "Hypothesis", "DECODE_BACKENDS", *_STAGES, "Seq2TrtError", "InputError", "ConfigError",
            "CheckpointError", "ArtifactError", "DependencyError", "CheckFailed"]
@@ -28,8 +29,9 @@ if TYPE_CHECKING:
                                                 DependencyError, InputError, Seq2TrtError)
     from seq2trt.runtime.registry import DECODE_BACKENDS
 
-    from seq2trt.stages import (BenchResult, BuildResult, ExportResult, FuseResult, ImportResult, QuantizeResult,
-                                ValidationResult, bench, build, export, fuse, import_hf, quantize, validate)
+    from seq2trt.stages import (BenchResult, BuildResult, ExportResult, FuseResult, GenerateResult, ImportResult,
+                                QuantizeResult, ReportResult, TrainResult, ValidationResult, bench, build, export,
+                                fuse, generate, import_hf, quantize, report, train, validate)
     from seq2trt.translator import Hypothesis, Translator
 
 

@@ -1,4 +1,5 @@
-"""One function per pipeline stage (export, fuse, quantize, build, validate, import, bench) with typed results.
+"""One function per pipeline stage (train, import, export, fuse, quantize, generate, build, validate, bench,
+report) with typed results; `seq2trt serve` is a long-running server and stays a CLI verb.
 
 Each calls the same library functions, with the same checks, as the CLI verb of its name (the CLI's export, fuse
 and import verbs call these). Errors are the project's typed errors (`seq2trt.InputError`, `seq2trt.CheckFailed`,
@@ -270,3 +271,70 @@ def bench(out: str | Path, backends: str | Iterable[str] = ("eager", "ort", "ct2
     out = Path(out)
     doc = run_bench(out, run, Path(checkpoint) if checkpoint is not None else None, progress)
     return BenchResult(layout.reports_dir(out), doc["results"], doc["ratios"], doc)
+
+
+@dataclass(frozen=True)
+class TrainResult(_Result):
+    """What `train` wrote: the checkpoint folder and the training metrics (metrics.json's content)."""
+
+    checkpoint: Path
+    metrics: dict[str, Any]
+
+
+def train(out: str | Path, *, task: str = "numbers", preset: str = "demo", steps: int | None = None,
+          batch_size: int | None = None, lr: float | None = None, seed: int = 0, eval_examples: int | None = None,
+          force: bool = False, progress: Callable[[int, float], None] | None = None) -> TrainResult:
+    """Train a model on a built-in task (CPU) into the checkpoint folder `out`; `progress(step, loss)` per step.
+    Unset settings take TrainSettings' defaults. A bad task or preset name, or an existing folder without
+    `force`, is refused before any work."""
+    import json
+
+    from seq2trt.reference_model.atomic_files import refuse_existing
+    from seq2trt.reference_model.checkpoint import is_checkpoint, save_checkpoint
+    from seq2trt.reference_model.config import preset as make_preset
+    from seq2trt.reference_model.tasks import get_task
+    from seq2trt.reference_model.train import TrainSettings, train as train_model
+
+    out = Path(out)
+    t = get_task(task)
+    make_preset(preset)
+    given = dict(steps=steps, batch_size=batch_size, lr=lr, eval_examples=eval_examples)
+    settings = TrainSettings(task=task, preset=preset, seed=seed, **{k: v for k, v in given.items() if v is not None})
+    refuse_existing(out, force, "checkpoint", kind=is_checkpoint)  # before any work; the write below is atomic
+    model, metrics = train_model(settings, progress or (lambda step, loss: None))
+    save_checkpoint(out, model, (t.source_vocab, t.target_vocab), force=True,
+                    extra_files={layout.METRICS: json.dumps(metrics, indent=2) + "\n"})
+    return TrainResult(out, metrics)
+
+
+@dataclass(frozen=True)
+class GenerateResult(_Result):
+    """What `generate` wrote: generate.onnx and its record (generate.json's content)."""
+
+    graph: Path
+    record: dict[str, Any]
+
+
+def generate(out: str | Path, *, int8: bool = False, force: bool = False) -> GenerateResult:
+    """ONNX Runtime's BeamSearch around the fused ORT graphs of `out` (or, `int8`, the int8 ones):
+    OUT/generate/ort[-int8]/generate.onnx, run by the backends ort-generate / ort-generate-int8."""
+    from seq2trt.exporters.ort_search import FILENAME, generate_artifacts
+
+    record = generate_artifacts(Path(out), force=force, int8=int8)
+    return GenerateResult(layout.generate_dir(out, int8) / FILENAME, record)
+
+
+@dataclass(frozen=True)
+class ReportResult(_Result):
+    """The report `report` rendered: Markdown and HTML."""
+
+    markdown: Path
+    html: Path
+
+
+def report(out: str | Path) -> ReportResult:
+    """Render OUT/reports/report.md and report.html from what the stages wrote."""
+    from seq2trt.validation.reports.report import write_report
+
+    md, html = write_report(Path(out))
+    return ReportResult(Path(md), Path(html))

@@ -9,11 +9,10 @@ from pathlib import Path
 import click
 
 from seq2trt.reference_model.decoding import GNMT_ALPHA
-from seq2trt.reference_model.checkpoint import save_checkpoint
 from seq2trt.reference_model.config import PRESETS
 from seq2trt.reference_model.errors import InputError
 from seq2trt.reference_model.tasks import TASKS
-from seq2trt.reference_model.train import TrainSettings, train as train_model
+from seq2trt.reference_model.train import TrainSettings
 from seq2trt.runtime.registry import DECODE_BACKENDS
 from seq2trt.translator import check_decode_options
 from seq2trt.runtime.decode_jobs import decode_job, has_tokenizer, open_decoder
@@ -33,22 +32,17 @@ from seq2trt.runtime.decode_jobs import decode_job, has_tokenizer, open_decoder
 def train(out: Path, task: str, preset: str, steps: int, batch_size: int, lr: float, seed: int,
           eval_examples: int, force: bool) -> None:
     """Train a model on a built-in task (CPU) and write its checkpoint and metrics.json."""
+    import seq2trt
     from seq2trt.reference_model.config import preset as make_preset
-    from seq2trt.reference_model.checkpoint import is_checkpoint
-    from seq2trt.reference_model.atomic_files import refuse_existing
     from seq2trt.reference_model.tasks import get_task
 
     from seq2trt.cli.progress import progress_bar
 
-    get_task(task), make_preset(preset)  # fail on a bad name before any work
-    settings = TrainSettings(task=task, preset=preset, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
-                             eval_examples=eval_examples)
-    refuse_existing(out, force, "checkpoint", kind=is_checkpoint)  # before any work; the write below is atomic
+    get_task(task), make_preset(preset)  # a bad name fails before the progress bar opens
     with progress_bar(f"training {preset} on {task}", steps) as update:
-        model, metrics = train_model(settings, lambda step, loss: update(step, f"loss {loss:.3f}"))
-    t = get_task(task)
-    save_checkpoint(out, model, (t.source_vocab, t.target_vocab), force=True,
-                    extra_files={"metrics.json": json.dumps(metrics, indent=2) + "\n"})
+        metrics = seq2trt.train(out, task=task, preset=preset, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
+                                eval_examples=eval_examples, force=force,
+                                progress=lambda step, loss: update(step, f"loss {loss:.3f}")).metrics
     click.echo(f"held-out exact match {metrics['heldout_exact_match']:.4f} on {eval_examples} examples "
                f"({metrics['train_seconds']:.0f} s of training); checkpoint in {out}")
 

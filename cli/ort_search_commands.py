@@ -6,7 +6,6 @@ from pathlib import Path
 
 import click
 
-from seq2trt.exporters.ort_search import FILENAME, generate_artifacts, generate_dir
 
 
 @click.command()
@@ -21,9 +20,11 @@ def generate(out: Path, int8: bool, force: bool) -> None:
     Run it with `seq2trt translate OUT --backend ort-generate [--beam K]`: Hugging Face's beam search with
     early_stopping=True and --alpha as length_penalty (score / length ** alpha); one beam is greedy. Exports for
     beam need max_batch >= B x K."""
-    record = generate_artifacts(out, force=force, int8=int8)
-    semantics = record["semantics"]
-    click.echo(f"{generate_dir(out, int8) / FILENAME}: com.microsoft.BeamSearch (onnxruntime {record['onnxruntime']}), "
+    import seq2trt
+
+    result = seq2trt.generate(out, int8=int8, force=force)
+    record, semantics = result.record, result.record["semantics"]
+    click.echo(f"{result.graph}: com.microsoft.BeamSearch (onnxruntime {record['onnxruntime']}), "
                f"eos {semantics['eos_id']}, start {semantics['decoder_start_token_id']}, "
                f"at most {record['max_rows']} rows (batch x beam) and {record['max_length'] - 1} new tokens")
 

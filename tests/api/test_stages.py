@@ -99,3 +99,37 @@ def test_api_and_cli_export_the_same_graphs(staged):
     cli_manifest = json.loads((root / "cli_out" / "manifest.json").read_text())
     assert cli_manifest["files"] == result.manifest["files"]
     assert cli_manifest["settings"]["limits"] == result.limits and cli_manifest["config"] == result.manifest["config"]
+
+
+def test_generate_and_report_through_the_api(staged):
+    """generate.onnx from the fused graphs and the report of what the stages wrote, as the CLI writes them."""
+    root, _, _, _ = staged
+    generated = seq2trt.generate(root / "out")
+    assert isinstance(generated, seq2trt.GenerateResult) and generated.graph.is_file()
+    assert generated.graph == root / "out" / "generate" / "ort" / "generate.onnx"
+    on_disk = json.loads((generated.graph.parent / "generate.json").read_text())
+    assert generated.record["semantics"] == on_disk["semantics"]
+    with pytest.raises(seq2trt.ArtifactError, match="pass --force"):
+        seq2trt.generate(root / "out")
+    rendered = seq2trt.report(root / "out")
+    assert rendered.markdown.is_file() and rendered.html.is_file()
+    assert rendered.markdown.parent == root / "out" / "reports"
+    assert rendered.to_dict() == {"markdown": str(rendered.markdown), "html": str(rendered.html)}
+
+
+def test_train_through_the_api(tmp_path):
+    """A few steps on the built-in task: the checkpoint and metrics.json written, progress called per step; a
+    bad task name and an existing folder are refused before any work."""
+    steps: list[int] = []
+    trained = seq2trt.train(tmp_path / "ckpt", preset="tiny", steps=3, eval_examples=4,
+                            progress=lambda step, loss: steps.append(step))
+    assert isinstance(trained, seq2trt.TrainResult) and trained.checkpoint == tmp_path / "ckpt"
+    assert json.loads((tmp_path / "ckpt" / "metrics.json").read_text()) == trained.metrics
+    assert (tmp_path / "ckpt" / "model.safetensors").is_file() and len(steps) >= 1
+    with pytest.raises(seq2trt.InputError):
+        seq2trt.train(tmp_path / "other", task="no-such-task", steps=1)
+    assert not (tmp_path / "other").exists()
+    before = (tmp_path / "ckpt" / "model.safetensors").read_bytes()
+    with pytest.raises(seq2trt.ArtifactError, match="--force"):
+        seq2trt.train(tmp_path / "ckpt", preset="tiny", steps=1)
+    assert (tmp_path / "ckpt" / "model.safetensors").read_bytes() == before
