@@ -26,10 +26,9 @@ from seq2trt.reference_model.hf_families.t5 import DEFAULT_MAX_LEN  # noqa: E402
 from seq2trt.reference_model.hf_verify import load_transformers_model, seeded_sources  # noqa: E402
 from seq2trt.reference_model.vocab import pad_batch  # noqa: E402
 
-CLASSES = {"t5": ("T5Config", "T5ForConditionalGeneration"), "mt5": ("MT5Config", "MT5ForConditionalGeneration"),
-           "umt5": ("UMT5Config", "UMT5ForConditionalGeneration")}
-SMALL = dict(vocab_size=64, d_model=32, d_kv=8, num_heads=4, d_ff=48, num_layers=2, num_decoder_layers=2,
-             relative_attention_num_buckets=8, relative_attention_max_distance=12, decoder_start_token_id=0)
+from helpers.hf_models import T5_CLASSES, T5_SMALL, t5_model_dir  # noqa: E402
+
+CLASSES, SMALL = T5_CLASSES, T5_SMALL
 # (family, config options beyond SMALL). transformers 4.57's generate fails on T5s with more decoder than encoder
 # layers (its cache is sized by num_layers), so the cases with unequal stacks have the fewer decoder layers.
 CASES = {
@@ -42,24 +41,6 @@ CASES = {
     "t5-gated-silu-tied": ("t5", dict(feed_forward_proj="gated-silu")),
 }
 SOURCES = 8  # seeded sources of 1 .. 24 tokens, batched padded
-
-
-def t5_model_dir(path, family: str, config: dict | None = None, seed: int = 0, std: float = 0.35):
-    """A random transformers model of `family` saved with save_pretrained: matrices at std `std`, norm weights near 1
-    and bias tables of unit scale, so that a wrong bucket, table, norm or activation moves the tokens."""
-    config_class, model_class = (getattr(transformers, name) for name in CLASSES[family])
-    torch.manual_seed(seed)
-    model = model_class(config_class(**{**SMALL, **(config or {})})).eval()
-    with torch.no_grad():
-        for key, p in model.named_parameters():
-            if key.endswith("layer_norm.weight"):
-                p.normal_(1.0, 0.2)
-            elif "relative_attention_bias" in key:
-                p.normal_(0.0, 1.0)
-            elif p.dim() > 1:
-                p.normal_(0, std)
-    model.save_pretrained(path)
-    return path
 
 
 def _import(src, out):
