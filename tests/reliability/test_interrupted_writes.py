@@ -76,13 +76,13 @@ def test_interrupt_between_the_final_renames_puts_the_old_directory_back(work, m
 
 
 def test_train_force_interrupted_mid_training_keeps_the_old_checkpoint(work, monkeypatch, snapshot, invoke):
-    from seq2trt.cli import model_commands
+    from seq2trt.reference_model import train as training
 
     def interrupted(settings, progress):
         progress(1, 1.0)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(model_commands, "train_model", interrupted)
+    monkeypatch.setattr(training, "train", interrupted)  # what seq2trt.train (the verb's API function) runs
     before = snapshot(work)
     result = invoke("train", "-o", work / "ckpt", "--preset", "tiny", "--steps", "5", "--force")
     assert result.exit_code == 130 and "interrupted" in result.output, result.output
