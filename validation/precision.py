@@ -41,15 +41,11 @@ MAX_FACTOR = 8.0
 TWIN = "fp32 twin"  # suffix of the structure check's output names
 
 
-def _torch_dtype(dtype: str):
-    return torch_dtype(dtype)
-
-
 def rounded_model(model, dtype: str):
     """A float64 copy of `model` holding exactly the values an export in `dtype` holds."""
     import torch
 
-    lp = _torch_dtype(dtype)
+    lp = torch_dtype(dtype)
     rounded = copy.deepcopy(model).double().eval()
     with torch.no_grad():
         for tensor in list(rounded.parameters()) + list(rounded.buffers()):
@@ -61,7 +57,7 @@ def rounded_model(model, dtype: str):
 
 def peer_model(model, dtype: str):
     """The eager model computing in `dtype` (PyTorch's CPU kernels for it)."""
-    return copy.deepcopy(model).to(_torch_dtype(dtype)).eval()
+    return copy.deepcopy(model).to(torch_dtype(dtype)).eval()
 
 
 def twin_tolerance(dtype: str) -> Tolerance:

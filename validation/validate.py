@@ -118,7 +118,8 @@ def _engine_graphs(out: Path, settings: ValidateSettings) -> ValidateSettings:
         raise DependencyError(f"--backend {settings.backend}: {why}; validate the engines on a machine with an NVIDIA "
                               f"GPU, or the graphs they are built from here with `seq2trt validate {out} --graphs "
                               "fused-trt`")
-    plugin = read_build(engine_dir(out, settings.backend)).get("plugin", {}).get("used", True)
+    # which graphs they were built from; the plans are hashed once, when the registry opens them (verify_engines)
+    plugin = read_build(engine_dir(out, settings.backend), verify=False).get("plugin", {}).get("used", True)
     built_from = "fused-trt" if plugin else "plain"
     if settings.graphs not in (None, built_from):
         raise InputError(f"--backend {settings.backend} runs engines built from the {built_from} graphs, not "
