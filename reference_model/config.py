@@ -79,6 +79,10 @@ class Seq2SeqConfig:
     relative_bias: RelativeBias = "none"  # the paper has absolute positions only
     relative_buckets: int = 32  # buckets of the relative bias (T5's default): half exact, half log-spaced
     relative_max_distance: int = 128  # distances from here on share the last bucket (T5's default)
+    # The source kind. 0: token ids through src_embed (every text model); > 0: log-mel audio features with this many
+    # bins, read by Whisper's convolutional front end (two Conv1d + GELU, the second of stride 2), so the encoder
+    # takes exactly 2 x max_src_len frames and its positions are a stored table of max_src_len rows.
+    n_mels: int = 0
     pad_id: int = 0
     bos_id: int = 1  # the decoder's first input token (Hugging Face's decoder_start_token_id)
     eos_id: int = 2
@@ -86,14 +90,16 @@ class Seq2SeqConfig:
     forced_bos_id: int | None = None  # the first generated token is forced to this id (mBART/NLLB language codes)
     forced_eos: bool = False  # the last token allowed by the length limit is forced to eos
     suppress_ids: tuple[int, ...] = ()  # never generated (Marian never emits its pad id)
+    begin_suppress_ids: tuple[int, ...] = ()  # not generated as the first token after the prompt (Whisper)
     # The model's own limit on generated tokens, eos included (Hugging Face's max_new_tokens, or max_length - 1):
     # the default of every search. None: every position the decoder has.
     max_new_tokens: int | None = None
 
     def __post_init__(self) -> None:
         # JSON has no tuples: config.json gives suppress_ids back as a list.
-        if isinstance(self.suppress_ids, list):
-            object.__setattr__(self, "suppress_ids", tuple(self.suppress_ids))
+        for name in ("suppress_ids", "begin_suppress_ids"):
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         problems = self._type_problems()
         if problems:
             raise ConfigError("invalid model config: " + "; ".join(problems))
@@ -123,6 +129,11 @@ class Seq2SeqConfig:
         elif self.relative_max_distance <= self.relative_buckets // 2:
             problems.append(f"relative_max_distance must be > relative_buckets / 2 ({self.relative_buckets // 2}), "
                             f"got {self.relative_max_distance}")
+        if not isinstance(self.n_mels, int) or self.n_mels < 0:
+            problems.append(f"n_mels must be 0 (token ids) or a positive number of mel bins, got {self.n_mels!r}")
+        elif self.n_mels and self.positions != "learned":
+            problems.append(f"an audio source (n_mels {self.n_mels}) reads a stored encoder position table: "
+                            f"positions must be learned, got {self.positions!r}")
         if self.position_offset < 0:
             problems.append(f"position_offset must be >= 0, got {self.position_offset}")
         if not self.layer_norm_eps > 0:
@@ -135,10 +146,12 @@ class Seq2SeqConfig:
             for name, value in ids.items():
                 if not 0 <= value < min(self.src_vocab_size, self.tgt_vocab_size):
                     problems.append(f"{name} ({value}) must be a valid id in both vocabularies")
-            # bos may equal pad (Marian starts decoding with its pad id) or eos (BART starts with eos).
-            if self.pad_id == self.eos_id:
+            # bos may equal pad (Marian starts decoding with its pad id) or eos (BART starts with eos). An audio
+            # source is never padded with ids, so there pad may be eos (Whisper's pad is its <|endoftext|>).
+            if self.pad_id == self.eos_id and not self.n_mels:
                 problems.append(f"pad_id and eos_id must differ, got {ids}")
-            for name, value in (("forced_bos_id", self.forced_bos_id), *(("suppress_ids", i) for i in self.suppress_ids)):
+            for name, value in (("forced_bos_id", self.forced_bos_id), *(("suppress_ids", i) for i in self.suppress_ids),
+                                *(("begin_suppress_ids", i) for i in self.begin_suppress_ids)):
                 if value is not None and not 0 <= value < self.tgt_vocab_size:
                     problems.append(f"{name} ({value}) must be a valid target id")
             if self.max_new_tokens is not None and not 1 <= self.max_new_tokens <= self.max_tgt_len - 1:
@@ -156,7 +169,7 @@ class Seq2SeqConfig:
             value, kind = getattr(self, f.name), _FIELD_TYPES.get(f.name)
             if f.name in ("forced_bos_id", "max_new_tokens", "d_kv") and value is None:
                 continue
-            if f.name == "suppress_ids":
+            if f.name in ("suppress_ids", "begin_suppress_ids"):
                 ok = isinstance(value, tuple) and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
             elif kind is bool:
                 ok = isinstance(value, bool)
@@ -178,6 +191,16 @@ class Seq2SeqConfig:
     def inner_dim(self) -> int:
         """Width of the attention's projected queries, keys and values: heads x head_dim (d_model in the paper)."""
         return self.num_heads * self.head_dim
+
+    @property
+    def audio(self) -> bool:
+        """Whether the encoder reads log-mel features (`n_mels` > 0) rather than token ids."""
+        return self.n_mels > 0
+
+    @property
+    def source_frames(self) -> int:
+        """Feature frames an audio encoder takes: its front end halves them into max_src_len positions."""
+        return 2 * self.max_src_len
 
     @property
     def max_positions(self) -> int:
@@ -220,13 +243,15 @@ LATER_FIELDS = ("positions", "position_offset", "pad_position_zero", "embed_norm
                 "forced_bos_id", "forced_eos", "suppress_ids", "max_new_tokens",
                 # and with T5's
                 "d_kv", "gated_ffn", "norm", "scale_attention", "scale_logits", "relative_bias", "relative_buckets",
-                "relative_max_distance")
+                "relative_max_distance",
+                # and with Whisper's
+                "n_mels", "begin_suppress_ids")
 
 _FIELD_TYPES = {"dropout": float, "layer_norm_eps": float, "activation": str, "positions": str, "norm": str,
                 "relative_bias": str, "pre_norm": bool, "scale_embeddings": bool, "tie_embeddings": bool,
                 "share_vocab": bool, "embed_norm": bool, "logits_bias": bool, "pad_position_zero": bool, "bias": bool,
                 "forced_eos": bool, "gated_ffn": bool, "scale_attention": bool, "scale_logits": bool,
-                "suppress_ids": tuple}
+                "suppress_ids": tuple, "begin_suppress_ids": tuple}
 _FIELD_TYPES.update({f.name: int for f in dataclasses.fields(Seq2SeqConfig) if f.name not in _FIELD_TYPES})
 _TYPE_WORDS = {name: {float: "a finite number", bool: "true or false", str: "a string", int: "an integer",
                       tuple: "a list of integers"}[kind] for name, kind in _FIELD_TYPES.items()}
@@ -243,9 +268,11 @@ def memory_parts(cfg: Seq2SeqConfig) -> dict[str, int]:
     positions = {"learned": 4 * 2 * rows * d, "none": 0}.get(cfg.positions, 12 * rows * d)
     ffn = (2 + cfg.gated_ffn) * d * ff + (1 + cfg.gated_ffn) * ff + d
     relative = cfg.relative_buckets * cfg.num_heads if cfg.relative_bias != "none" else 0
+    frontend = 3 * d * (cfg.n_mels + d) + 2 * d if cfg.n_mels else 0
     return {"embeddings": 4 * (tables * cfg.tgt_vocab_size * d + cfg.tgt_vocab_size),
             "positions": positions,
-            "encoder": 4 * cfg.num_encoder_layers * (4 * d * inner + 3 * inner + d + ffn + 4 * d + relative),
+            "encoder": 4 * cfg.num_encoder_layers * (4 * d * inner + 3 * inner + d + ffn + 4 * d + relative)
+            + 4 * frontend,
             "decoder": 4 * cfg.num_decoder_layers * (8 * d * inner + 6 * inner + 2 * d + ffn + 6 * d + relative)}
 
 

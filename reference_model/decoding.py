@@ -67,6 +67,10 @@ class DecodeSettings:
     seed: int | None = None  # None: a fresh seed from the system
     num_return_sequences: int = 1
     output_scores: bool = False
+    # A decoder prompt after the start token, fed as one prefill and not returned (Whisper's language, task and
+    # <|notimestamps|>), and the ids the first generated token may not be (Whisper's begin_suppress_tokens).
+    prompt: tuple[int, ...] = ()
+    begin_suppress_ids: tuple[int, ...] = ()
 
     @classmethod
     def for_model(cls, cfg, max_new_tokens: int | None = None, generation: dict | None = None) -> "DecodeSettings":
@@ -79,7 +83,12 @@ class DecodeSettings:
         if "bad_words_ids" in options:
             options["bad_words_ids"] = tuple(tuple(w) for w in options["bad_words_ids"])
         return cls(cfg.bos_id, cfg.eos_id, cfg.pad_id, max_new_tokens, cfg.forced_bos_id, cfg.forced_eos,
-                   tuple(cfg.suppress_ids), **options)
+                   tuple(cfg.suppress_ids), begin_suppress_ids=tuple(getattr(cfg, "begin_suppress_ids", ())), **options)
+
+    @property
+    def start(self) -> list[int]:
+        """The decoder's first input: the start token, then the prompt (one prefill)."""
+        return [self.bos_id, *self.prompt]
 
     @property
     def uses_history(self) -> bool:
@@ -88,7 +97,7 @@ class DecodeSettings:
     @property
     def constrained(self) -> bool:
         return (self.forced_bos_id is not None or self.forced_eos or bool(self.suppress_ids) or self.uses_history
-                or self.min_length > 1 or self.min_new_tokens > 0)
+                or self.min_length > 1 + len(self.prompt) or self.min_new_tokens > 0 or bool(self.begin_suppress_ids))
 
     @property
     def plain(self) -> bool:
@@ -99,17 +108,20 @@ class DecodeSettings:
                   tokens: np.ndarray | None = None) -> np.ndarray:
         """Scores (b, V) of generated position `step` with the model's rules applied, as Hugging Face's logits
         processors apply them and in their order: repetition penalty, no-repeat n-grams, bad words, min_length,
-        min_new_tokens, forced bos (only it left at step 0), forced eos (at the last step the limit allows),
-        suppressed ids. `tokens` (b, step): each row's generated tokens, needed by the first three (None at step
-        0). `inplace` writes into `scores` instead of a copy."""
+        min_new_tokens, the ids suppressed at the first token, forced bos (only it left at step 0), forced eos (at
+        the last step the limit allows), suppressed ids. `tokens` (b, step): each row's generated tokens, needed by
+        the first three (None at step 0). `inplace` writes into `scores` instead of a copy. min_length counts the
+        start token and the prompt, as Hugging Face counts its input_ids."""
         if not self.constrained:
             return scores
         if not inplace:
             scores = scores.copy()
         if self.uses_history:
             self._history_rules(scores, np.zeros((len(scores), 0), np.int64) if tokens is None else tokens)
-        if step + 1 < self.min_length or step < self.min_new_tokens:
+        if step + 1 + len(self.prompt) < self.min_length or step < self.min_new_tokens:
             scores[:, self.eos_id] = -np.inf
+        if step == 0 and self.begin_suppress_ids:
+            scores[:, list(self.begin_suppress_ids)] = -np.inf
         forced = self.forced_bos_id if step == 0 else None
         if self.forced_eos and step == self.max_new_tokens - 1:
             forced = self.eos_id
@@ -124,7 +136,8 @@ class DecodeSettings:
         """Repetition penalty, no-repeat n-grams and bad words in place, over Hugging Face's input_ids."""
         import torch
 
-        seen = np.concatenate([np.full((len(scores), 1), self.bos_id, np.int64), np.asarray(tokens, np.int64)], 1)
+        start = np.tile(np.asarray(self.start, np.int64), (len(scores), 1))
+        seen = np.concatenate([start, np.asarray(tokens, np.int64)], 1)
         if self.repetition_penalty != 1.0:  # in torch: Hugging Face's own float32 arithmetic
             x, ids = torch.from_numpy(scores), torch.from_numpy(seen)
             picked = torch.gather(x, 1, ids)
@@ -204,7 +217,7 @@ def greedy_decode(model: StepModel, input_ids: np.ndarray, attention_mask: np.nd
     past = model.empty_past(B)
     rows = np.arange(B)  # source index of each live row
     mask = attention_mask
-    next_ids = np.full((B, 1), settings.bos_id, dtype=np.int64)
+    next_ids = np.tile(np.asarray(settings.start, np.int64), (B, 1))
     # Per step: an argmax and one eos test, nothing per row. Every numpy call here runs right after a backend's
     # step has flushed the CPU caches, where even small ones cost microseconds: on the demo model at batch 1,
     # `eos in tokens` (a numpy comparison) took 7.5 us a step against 0.7 us for the same test on `tolist()`, and
@@ -320,7 +333,7 @@ def beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndar
     scores[:, 0] = 0.0  # all beams start identical: expand only the first
     beams: list[list[int]] = [[] for _ in range(B * K)]  # tokens of each live beam, row b*K + k
     finished = [_Finished(K, alpha) for _ in range(B)]
-    next_ids = np.full((B, 1), settings.bos_id, dtype=np.int64)
+    next_ids = np.tile(np.asarray(settings.start, np.int64), (B, 1))
     for step in range(settings.max_new_tokens):
         b_live = len(sources)
         logits, past = model.step(next_ids, mask, encoder_state, past)
@@ -488,7 +501,7 @@ def hf_beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.n
     improvable = np.ones(B, dtype=bool)  # HF's is_early_stop_heuristic_unsatisfied
     masked = np.float32(-1e9)
     eos = settings.eos_id
-    next_ids = np.full((B, 1), settings.bos_id, dtype=np.int64)
+    next_ids = np.tile(np.asarray(settings.start, np.int64), (B, 1))
 
     def result(b: int) -> list:
         cut = [tokens[: tokens.index(eos)] if eos in tokens else tokens for tokens in finished[b][:n_best]]

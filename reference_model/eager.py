@@ -22,9 +22,15 @@ class EagerStepModel:
     def _ids(self, array: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(np.ascontiguousarray(array), dtype=torch.int64, device=self.device)
 
+    def _source(self, array: np.ndarray) -> torch.Tensor:
+        """Token ids as int64; audio features (floating point) in the model's dtype."""
+        if np.issubdtype(np.asarray(array).dtype, np.floating):
+            return torch.as_tensor(np.ascontiguousarray(array), device=self.device).to(self.dtype)
+        return self._ids(array)
+
     @torch.inference_mode()
     def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> list:
-        hidden = self.model.encode(self._ids(input_ids), self._ids(attention_mask))
+        hidden = self.model.encode(self._source(input_ids), self._ids(attention_mask))
         return self.model.cross_kv(hidden)
 
     @torch.inference_mode()

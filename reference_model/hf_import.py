@@ -49,7 +49,7 @@ def check_source_dir(src: Path) -> None:
 
 
 def _check_ids(src: Path, hf: dict, gen: dict, where: Callable[[str], Path], suppress_lists: list[tuple],
-               vocab: int, tgt_vocab: int) -> tuple[int, int, tuple[int, ...]]:
+               vocab: int, tgt_vocab: int, audio: bool = False) -> tuple[int, int, tuple[int, ...]]:
     """(decoder start id, eos id, suppressed ids), every special id checked against the vocabularies, in the source's keys."""
     config = src / "config.json"
     pad, eos = integer(config, hf, "pad_token_id", minimum=0), hf.get("eos_token_id")
@@ -66,7 +66,7 @@ def _check_ids(src: Path, hf: dict, gen: dict, where: Callable[[str], Path], sup
         if value is not None and value >= limit:
             raise ConfigError(f"{file}: {key} {value} is outside the vocabulary [0, {limit}) (vocab_size {limit}); "
                               "fix the id or vocab_size")
-    if pad == eos:
+    if pad == eos and not audio:  # an audio source is never padded with ids (Whisper's pad is its eos)
         raise ConfigError(f"{config}: pad_token_id and eos_token_id are both {pad}; they must differ")
     suppress: set[int] = set()
     for file, key, value, nested in suppress_lists:
@@ -117,18 +117,27 @@ def config_from_hf(src: Path) -> tuple[str, Seq2SeqConfig, dict[str, Any]]:
     if missing:
         raise CheckpointError(f"{config} lacks {missing}; is it a complete {family} config?")
     fields = adapter.config_fields(src, hf)
-    gen, origin, suppress_lists = generation_settings(src, hf)
+    gen, origin, suppress_lists = generation_settings(src, hf, adapter.generation_keys)
+    raw = gen.pop("raw")
     max_pos = fields["max_tgt_len"]
     if abs(gen["length_penalty"]) * math.log(max_pos) > 700:  # length ** length_penalty overflows a float (and generate)
         raise ConfigError(f"{origin('length_penalty')}: length_penalty {gen['length_penalty']} overflows "
                           f"length ** length_penalty at {max_pos} positions; use a value of magnitude at most "
                           f"{700 / math.log(max_pos):.0f}")
     start, eos, suppress = _check_ids(src, hf, gen, origin, suppress_lists, fields["src_vocab_size"],
-                                      fields["tgt_vocab_size"])
+                                      fields["tgt_vocab_size"], audio=bool(fields.get("n_mels")))
+    begin_suppress: tuple[int, ...] = ()
+    if adapter.speech_settings is not None:  # an audio family: its prompt tokens, and what its first token may not be
+        begin = raw.get("begin_suppress_tokens")
+        if begin is not None:
+            found = token_ids(origin("begin_suppress_tokens"), "begin_suppress_tokens", begin, fields["tgt_vocab_size"],
+                              False)
+            begin_suppress = tuple(sorted(set(found)))  # eos among them: the text may not end before it starts
+        gen["speech"] = adapter.speech_settings(origin("lang_to_id"), raw, fields["tgt_vocab_size"])
     cfg = Seq2SeqConfig.from_dict(dict(
         **fields, dropout=0.0, pad_id=hf["pad_token_id"], bos_id=start, eos_id=eos,
         forced_bos_id=gen["forced_bos_token_id"], forced_eos=gen["forced_eos"], suppress_ids=suppress,
-        max_new_tokens=own_limit(gen, max_pos)))
+        begin_suppress_ids=begin_suppress, max_new_tokens=own_limit(gen, max_pos)))
     gen["suppress_ids"] = list(suppress)
     _check_memory(config, adapter, cfg, gen["num_beams"], origin("num_beams"))
     return family, cfg, gen
@@ -255,6 +264,9 @@ def map_weights(adapter: FamilyAdapter, cfg: Seq2SeqConfig, hf_state: dict[str, 
     for key in list(state):
         if (ours := adapter.rename(key)) is not None:
             out[ours] = state.pop(key).float()
+    if adapter.zero_biases is not None:  # parameters the family has no tensor for because they are zero
+        for name in [k for k in out if re.match(adapter.zero_biases, k) and k.endswith(".weight")]:
+            out.setdefault(name.removesuffix("weight") + "bias", torch.zeros(out[name].shape[0]))
     if problems or state:
         leftovers = f"unknown tensors {sorted(state)[:8]}{' ...' if len(state) > 8 else ''}" if state else ""
         raise CheckpointError("cannot map the source's weights onto the model: " + "; ".join(problems + [leftovers]).strip("; ")

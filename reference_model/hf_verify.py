@@ -33,15 +33,16 @@ LOGIT_TOLERANCE = 1e-4  # max |ours - transformers| / max(1, max |transformers|)
 BEAM_SIZE = 4
 
 
-def load_transformers_model(src: Path):
-    """transformers' own model for `src`, fp32, eager attention, from local files only."""
+def load_transformers_model(src: Path, speech: bool = False):
+    """transformers' own model for `src` (`speech`: a speech-to-text one), fp32, eager attention, local files only."""
     try:
-        from transformers import AutoModelForSeq2SeqLM
+        from transformers import AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq
     except ImportError as exc:
         raise DependencyError(f"importing a Hugging Face model needs `transformers` ({exc}); "
                               "install it with: pip install 'seq2trt[hf]'") from None
+    auto = AutoModelForSpeechSeq2Seq if speech else AutoModelForSeq2SeqLM
     try:
-        model = AutoModelForSeq2SeqLM.from_pretrained(str(src), local_files_only=True, dtype=torch.float32,
+        model = auto.from_pretrained(str(src), local_files_only=True, dtype=torch.float32,
                                                       attn_implementation="eager")
     except Exception as exc:  # it reads the user's damaged files: anything it raises is theirs (torch's cause: line 2)
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
@@ -188,6 +189,76 @@ def compare(hf_model, model: Seq2SeqTransformer, sources: list[list[int]], gen: 
             "beam_mismatches": [i for i, (a, b) in enumerate(zip(ours_beam, theirs_beam)) if a != b]}
 
 
+def whisper_generated(sequences: torch.Tensor, prompt_len: int, eos_id: int) -> list[list[int]]:
+    """Whisper generate's sequences with return_dict_in_generate (start token and prompt kept; without it they are
+    dropped) -> the tokens after the prompt, up to (without) eos."""
+    rows = sequences[:, 1 + prompt_len:].tolist()
+    return [r[: r.index(eos_id)] if eos_id in r else r for r in rows]
+
+
+def compare_speech(hf_model, model: Seq2SeqTransformer, features: np.ndarray, gen: dict[str, Any],
+                   max_new_tokens: int | None) -> dict[str, Any]:
+    """`compare` for a speech model on a (B, n_mels, frames) feature batch: encoder states, the step logits of
+    greedy search, greedy and beam tokens against transformers' `generate(input_features, language, task)` with a
+    given language (the first the model knows), and the languages transformers detects against ours."""
+    from seq2trt.reference_model.speech import SpeechTokens, detect_languages, generation_limit, transcribe_features
+
+    cfg, speech = model.cfg, SpeechTokens.from_record(gen.get("speech"))
+    language = next(iter(speech.languages), None) if speech.multilingual else None
+    step_model = EagerStepModel(model)
+    x = torch.as_tensor(features)
+    mask = np.ones((len(features), cfg.max_src_len), dtype=np.int64)
+    with torch.inference_mode(), _transformers_runs():
+        theirs_enc = hf_model.get_encoder()(input_features=x).last_hidden_state.numpy()
+    with torch.inference_mode():
+        ours_enc = model.encode(x, torch.as_tensor(mask)).numpy()
+    enc_err, enc_rel = _scaled_err(ours_enc, theirs_enc)
+    prompt = speech.prompt(language, "transcribe")
+    limit = generation_limit(cfg, prompt, max_new_tokens)
+    settings = dataclasses.replace(DecodeSettings.for_model(cfg, 1, gen), prompt=prompt, max_new_tokens=limit,
+                                   do_sample=False, num_return_sequences=1)
+    recorded: list[tuple[int, np.ndarray, np.ndarray]] = []
+    ours_greedy = greedy_decode(step_model, features, mask, settings,
+                                on_step=lambda step, rows, logits: recorded.append((step, rows.copy(), logits.copy())))
+    ours_beam = transcribe_features(step_model, cfg, speech, features, language=language, task="transcribe",
+                                    beam_size=BEAM_SIZE, length_penalty=gen["length_penalty"],
+                                    early_stopping=gen["early_stopping"], max_new_tokens=limit, generation=gen)
+    common = dict(input_features=x, max_new_tokens=limit, do_sample=False,
+                  **({"language": language, "task": "transcribe"} if speech.multilingual else {}))
+    with torch.inference_mode(), _transformers_runs(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        greedy = hf_model.generate(**common, num_beams=1, output_logits=True, return_dict_in_generate=True)
+        beam = hf_model.generate(**common, num_beams=BEAM_SIZE, length_penalty=gen["length_penalty"],
+                                 early_stopping=gen["early_stopping"], return_dict_in_generate=True)
+    theirs_greedy, theirs_beam = (whisper_generated(out.sequences, len(prompt), cfg.eos_id) for out in (greedy, beam))
+    theirs_logits = torch.stack(greedy.logits, 1).double().numpy()
+    ours_steps, theirs_steps = [], []
+    for step, rows, logits in recorded:
+        if step >= theirs_logits.shape[1]:
+            break
+        same = [i for i, r in enumerate(rows)
+                if (ours_greedy[r] + [cfg.eos_id])[:step] == (theirs_greedy[r] + [cfg.eos_id])[:step]]
+        ours_steps.append(logits[same])
+        theirs_steps.append(theirs_logits[rows[same], step])
+    ours_steps, theirs_steps = np.concatenate(ours_steps), np.concatenate(theirs_steps)
+    logit_err, logit_rel = _scaled_err(ours_steps, theirs_steps)
+    result = {"sources": len(features), "language": language, "prompt": list(prompt),
+              "encoder_max_abs_err": enc_err, "encoder_scaled_err": enc_rel,
+              "step_logits_compared": int(len(ours_steps)), "logits_max_abs_err": logit_err,
+              "logits_scaled_err": logit_rel,
+              "greedy_equal": sum(a == b for a, b in zip(ours_greedy, theirs_greedy)),
+              "beam_equal": sum(a == b for a, b in zip(ours_beam, theirs_beam)),
+              "greedy_mismatches": [i for i, (a, b) in enumerate(zip(ours_greedy, theirs_greedy)) if a != b],
+              "beam_mismatches": [i for i, (a, b) in enumerate(zip(ours_beam, theirs_beam)) if a != b]}
+    if speech.multilingual:
+        with torch.inference_mode(), _transformers_runs():
+            theirs_lang = hf_model.detect_language(input_features=x).tolist()
+        by_id = {i: c for c, i in speech.languages.items()}
+        ours_lang = detect_languages(step_model, step_model.encode(features, mask), mask, cfg.bos_id, speech)
+        result["languages_equal"] = sum(by_id.get(t) == o for t, o in zip(theirs_lang, ours_lang))
+    return result
+
+
 def _limit_failure(hf_model, cfg) -> str | None:
     """Whether transformers' generate, given no length, stops where our checkpoint's default does (its max_new_tokens
     winning over max_length, which counts the start token); the library's own default (max_length 20) where the
@@ -213,8 +284,10 @@ def verify(src: Path, model: Seq2SeqTransformer, gen: dict[str, Any], progress: 
     """The import's proof: `compare` on seeded sources, and on tokenizer-made texts when there is a tokenizer."""
     import transformers
 
-    hf_model = load_transformers_model(src)
     cfg = model.cfg
+    hf_model = load_transformers_model(src, speech=cfg.audio)
+    if cfg.audio:
+        return _verify_speech(src, hf_model, model, gen, progress, count, max_new_tokens)
     own = cfg.max_new_tokens
     # A short limit of the model's own is what translate stops at: the searches run to it, unprompted on both sides.
     new_tokens = None if own is not None and own <= max_new_tokens else max(1, min(max_new_tokens, cfg.max_tgt_len - 1))
@@ -244,5 +317,36 @@ def verify(src: Path, model: Seq2SeqTransformer, gen: dict[str, Any], progress: 
             if result[f"{what}_equal"] != len(sources):
                 failures.append(f"{name}: {what} tokens differ from transformers' generate on sources "
                                 f"{result[f'{what}_mismatches']} ({result[f'{what}_equal']}/{len(sources)} equal)")
+    report["failures"], report["passed"] = failures, not failures
+    return report
+
+
+def _verify_speech(src: Path, hf_model, model: Seq2SeqTransformer, gen: dict[str, Any], progress: Callable[[str], None],
+                   count: int, max_new_tokens: int) -> dict[str, Any]:
+    """`verify` for a speech model: `compare_speech` on seeded random features (the tokenizer is checked to load)."""
+    import transformers
+
+    from seq2trt.reference_model.sources import source_kind
+
+    cfg = model.cfg
+    tokenizer = load_tokenizer(src)
+    if tokenizer is not None:
+        check_tokenizer_ids(src, tokenizer, cfg)
+    features = np.stack(source_kind(cfg).random(np.random.default_rng(0), min(count, 4)))
+    progress(f"comparing {len(features)} seeded feature batches with transformers")
+    result = compare_speech(hf_model, model, features, gen, max_new_tokens)
+    report: dict[str, Any] = {"transformers": transformers.__version__, "beam_size": BEAM_SIZE,
+                              "max_new_tokens": max_new_tokens, "tolerance_scaled": LOGIT_TOLERANCE,
+                              "length_penalty": gen["length_penalty"], "early_stopping": gen["early_stopping"],
+                              "seeded": result}
+    failures = [] if (limit := _limit_failure(hf_model, cfg)) is None else [limit]
+    for what in ("encoder", "logits"):
+        if not result[f"{what}_scaled_err"] <= LOGIT_TOLERANCE:
+            failures.append(f"seeded: {what} differ by {result[f'{what}_max_abs_err']:.3g} "
+                            f"(scaled {result[f'{what}_scaled_err']:.3g} > {LOGIT_TOLERANCE})")
+    for what in ("greedy", "beam", "languages"):
+        if what + "_equal" in result and result[f"{what}_equal"] != len(features):
+            failures.append(f"seeded: {what} differ from transformers' on features "
+                            f"{result.get(f'{what}_mismatches', '')} ({result[f'{what}_equal']}/{len(features)} equal)")
     report["failures"], report["passed"] = failures, not failures
     return report

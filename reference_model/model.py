@@ -9,6 +9,8 @@ The config's other architecture values (position tables, embedding LayerNorm, ac
 Hugging Face families built the same way (Marian, BART, mBART, M2M100/NLLB): one branch each, here. So are T5's
 (Raffel et al., 2020): RMSNorm, the gated FFN, heads x d_kv wider or narrower than d_model, no position table but a
 bucketed relative position bias added to the self-attention scores, no 1/sqrt(d_k), logits scaled by d_model^-0.5.
+And Whisper's (Radford et al., 2022): the encoder reads log-mel features (B, n_mels, 2 M) through two Conv1d + GELU,
+the second of stride 2, instead of token ids, and adds a stored position table; everything after is BART's pre-LN.
 
 The attention implementation — everything between an attention block's projections — is chosen by passing it
 in (`Seq2SeqTransformer(cfg, attention=...)` or `use_attention`): `attention_core` here, the exporter's marking
@@ -278,12 +280,28 @@ class DecoderLayer(nn.Module):
         return self.ffn_block(x, self.ffn), present[0]
 
 
+class AudioFrontEnd(nn.Module):
+    """Whisper's convolutional front end: log-mel features (B, n_mels, 2S) -> GELU(Conv1d(k 3, pad 1)) ->
+    GELU(Conv1d(k 3, stride 2, pad 1)) -> (B, S, D), exact (erf) GELU both times."""
+
+    def __init__(self, cfg: Seq2SeqConfig):
+        super().__init__()
+        self.conv1 = nn.Conv1d(cfg.n_mels, cfg.d_model, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv1d(cfg.d_model, cfg.d_model, kernel_size=3, stride=2, padding=1)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        x = nn.functional.gelu(self.conv1(features))  # (B, D, 2S)
+        x = nn.functional.gelu(self.conv2(x))  # (B, D, S)
+        return x.transpose(1, 2)  # (B, S, D)
+
+
 class Seq2SeqTransformer(nn.Module):
     def __init__(self, cfg: Seq2SeqConfig, attention: Attention = attention_core):
         super().__init__()
         self.cfg = cfg
         self.tgt_embed = nn.Embedding(cfg.tgt_vocab_size, cfg.d_model)
         self.src_embed = self.tgt_embed if cfg.share_vocab else nn.Embedding(cfg.src_vocab_size, cfg.d_model)
+        self.frontend = AudioFrontEnd(cfg) if cfg.audio else None  # an audio source instead of src_embed's ids
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg, attention, i) for i in range(cfg.num_encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg, attention, i) for i in range(cfg.num_decoder_layers))
         # Pre-LN stacks end with a LayerNorm; post-LN outputs are already normalised.
@@ -342,8 +360,12 @@ class Seq2SeqTransformer(nn.Module):
         return (self.tgt_positions if decoder else self.src_positions).weight[self.cfg.position_offset:]
 
     def embed(self, ids: torch.Tensor, decoder: bool, offset: int = 0) -> torch.Tensor:
-        """ids (B, T) at positions offset .. offset + T - 1 -> (B, T, D), normalised where the config says so."""
+        """ids (B, T) at positions offset .. offset + T - 1 -> (B, T, D), normalised where the config says so.
+        An audio encoder's `ids` are its features (B, n_mels, 2S): the front end's output takes the ids' place."""
         table, norm = (self.tgt_embed, self.tgt_embed_norm) if decoder else (self.src_embed, self.src_embed_norm)
+        if self.frontend is not None and not decoder:
+            x = self.frontend(ids)  # (B, S, D)
+            return self.dropout(norm(x + self.position_table(False)[: x.shape[1]]))
         if self.cfg.positions == "none":
             return self.dropout(norm(table(ids) * self.embed_scale))  # (B, T, D)
         pos = self.position_table(decoder)[offset: offset + ids.shape[1]]  # (T, D)
@@ -370,10 +392,24 @@ class Seq2SeqTransformer(nn.Module):
             return None
         return self.tgt_buckets if decoder else self.src_buckets
 
+    def _check_features(self, features: torch.Tensor) -> None:
+        """Refuse audio features of the wrong shape: (B, n_mels, 2 x max_src_len) exactly, as transformers' Whisper."""
+        if torch.compiler.is_compiling():
+            return
+        cfg = self.cfg
+        if features.dim() != 3 or tuple(features.shape[1:]) != (cfg.n_mels, cfg.source_frames):
+            raise InputError(f"audio features must be (batch, {cfg.n_mels}, {cfg.source_frames}) (n_mels, frames: "
+                             f"30 s at 100 frames a second, padded or trimmed), got {tuple(features.shape)}; compute "
+                             "them with the model's feature extractor")
+
     # -- encoder side -------------------------------------------------------------------------------------
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """(B, S) ids and 1/0 mask -> encoder hidden states (B, S, D)."""
-        self._check_length(input_ids.shape[1], decoder=False)
+        """(B, S) ids and 1/0 mask -> encoder hidden states (B, S, D). An audio model's `input_ids` are its
+        features (B, n_mels, 2 max_src_len) and `attention_mask` (B, max_src_len) is all ones (Whisper masks nothing)."""
+        if self.frontend is not None:
+            self._check_features(input_ids)
+        else:
+            self._check_length(input_ids.shape[1], decoder=False)
         x = self.embed(input_ids, decoder=False)
         buckets, bias = self._buckets(decoder=False), None
         for layer in self.encoder_layers:

@@ -81,6 +81,58 @@ def random_target_ids(cfg, rng: np.random.Generator, shape: tuple[int, ...]) -> 
     return rng.choice(ordinary_ids(cfg, cfg.tgt_vocab_size), size=shape).astype(np.int64)
 
 
-def source_kind(cfg) -> TokenIds:
-    """The source kind of a model config."""
-    return TokenIds(cfg)
+class AudioFeatures:
+    """Sources as log-mel features (n_mels, 2 x max_src_len) float32, each 30 s of audio (Whisper's
+    `input_features`; `exporters.whisper_features` computes them from samples). The encoder graph reads
+    `input_features` alone; the decoder's `encoder_attention_mask` over the max_src_len encoder positions is all
+    ones (Whisper masks nothing), so the decoder graph and every search stay as they are for token ids."""
+
+    name = "audio features"
+    encoder_inputs = ("input_features",)
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.cfg.n_mels, self.cfg.source_frames
+
+    def check(self, sources: Sequence[np.ndarray], max_src_len: int, limit_name: str, origin: str,
+              numbered: bool = True) -> None:
+        """Refuse features of another shape, or holding NaN or infinity, naming which."""
+        for n, features in enumerate(sources, 1):
+            where = f"{origin} {n}" if numbered else origin
+            shape = np.shape(features)
+            if shape != self.shape:
+                raise InputError(f"{where} holds features of shape {shape}; this model reads {self.shape} "
+                                 f"(n_mels, frames: 30 s of 16 kHz audio); compute them with its feature extractor")
+            if not np.isfinite(np.asarray(features, dtype=np.float32)).all():
+                raise InputError(f"{where} holds NaN or infinite features; check the audio it was computed from")
+
+    def pad(self, sources: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """The (B, n_mels, frames) float32 batch (every source is already 30 s) and the all-ones (B, max_src_len)
+        int64 mask of the encoder positions."""
+        batch = np.stack([np.asarray(f, dtype=np.float32) for f in sources])
+        return batch, np.ones((len(batch), self.cfg.max_src_len), dtype=np.int64)
+
+    def feed(self, features: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
+        """The encoder graph's inputs for a batch (the mask is the decoder's, not the encoder's)."""
+        return {"input_features": features}
+
+    def random(self, rng: np.random.Generator, count: int, max_tokens: int = 0) -> list[np.ndarray]:
+        """`count` random feature arrays in the range Whisper's extractor produces ((log10 mel + 4) / 4 after its
+        8-decade clamp: about -1 .. 1.5), smooth along time as speech features are (a random walk, clipped)."""
+        steps = rng.normal(0.0, 0.15, size=(count, *self.shape))
+        walk = np.cumsum(steps, axis=2) + rng.uniform(-0.5, 1.0, size=(count, self.shape[0], 1))
+        return list(np.clip(walk, -1.0, 1.5).astype(np.float32))
+
+    def random_batch(self, rng: np.random.Generator, batch: int, length: int = 0, padded: bool = False
+                     ) -> tuple[np.ndarray, np.ndarray]:
+        """A (batch, n_mels, frames) batch of random features and its all-ones mask; `length` and `padded` do not
+        apply (every audio source is 30 s, none is padded)."""
+        return self.pad(self.random(rng, batch))
+
+
+def source_kind(cfg) -> TokenIds | AudioFeatures:
+    """The source kind of a model config: audio features when it has mel bins (`n_mels`), else token ids."""
+    return AudioFeatures(cfg) if getattr(cfg, "n_mels", 0) else TokenIds(cfg)

@@ -45,6 +45,12 @@ class FamilyAdapter:
     # transformers' model class of the family when a model type registered with transformers under another name
     # reads as this family too (its model class a subclass of this one); None: only `model_type` reads as it.
     transformers_class: ClassVar[str | None] = None
+    # Our parameters (a pattern matching a name's start) the source does not store because they are zero: filled
+    # with zeros (Whisper's k_proj has no bias). None: every parameter comes from the source.
+    zero_biases: ClassVar[str | None] = None
+    # Generation settings the family reads itself (`speech_settings`), not checked by the generic reading.
+    generation_keys: ClassVar[tuple[str, ...]] = ()
+    speech_settings = None  # (where, generation settings, vocab size) -> the speech record, for audio families
 
     def config_fields(self, src: Path, hf: dict) -> dict[str, Any]:
         """Our config's size and architecture fields from config.json (no ids, no generation settings), at least
@@ -124,9 +130,9 @@ REFUSED = {
     "t5gemma": "T5Gemma's layers are Gemma's (rotary positions, grouped-query attention, soft-capped logits), not T5's",
 }
 # What an unknown model type's refusal says the import reads, beyond the type names.
-SUPPORTED_LAYERS = ("it reads an encoder-decoder whose layers are BART's (Marian, BART, mBART, M2M100/NLLB) or T5's "
-                    "(T5, mT5, UMT5) under one of those model types, or a type registered with transformers whose "
+SUPPORTED_LAYERS = ("it reads an encoder-decoder whose layers are BART's (Marian, BART, mBART, M2M100/NLLB), T5's "
+                    "(T5, mT5, UMT5) or Whisper's under one of those model types, or a type registered with transformers whose "
                     "model class subclasses T5's, mT5's or UMT5's")
 
 # Each module registers its adapter; this order is the order an unknown model type's refusal names them.
-from seq2trt.reference_model.hf_families import marian, bart, mbart, m2m_100, t5  # noqa: E402, F401
+from seq2trt.reference_model.hf_families import marian, bart, mbart, m2m_100, t5, whisper  # noqa: E402, F401

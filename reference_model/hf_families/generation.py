@@ -60,11 +60,13 @@ def _gen_value(gen: dict, origin: Callable[[str], Path], key: str, default: Any)
     return integer(origin(key), gen, key, minimum=2 if key == "max_length" else 1)
 
 
-def generation_settings(src: Path, hf: dict) -> tuple[dict[str, Any], Callable[[str], Path], list[tuple]]:
+def generation_settings(src: Path, hf: dict, own_keys: tuple[str, ...] = ()
+                        ) -> tuple[dict[str, Any], Callable[[str], Path], list[tuple]]:
     """The source's generation settings (generation_config.json, else config.json's), checked: every option we do
     not reproduce must hold its neutral value, or the import stops naming it; the ones we do must hold values of
     their kind. Also the file each key came from (for errors), and the suppressed-token lists to check against the
-    vocabulary: (file, key, value, nested)."""
+    vocabulary: (file, key, value, nested). `own_keys`: settings the family reads itself (Whisper's prompt tokens),
+    left out of the check and returned under "raw"."""
     gen_path = src / "generation_config.json"
     gen_doc = read_json(gen_path) if gen_path.exists() else {}
     gen = {**hf, **gen_doc}
@@ -74,7 +76,8 @@ def generation_settings(src: Path, hf: dict) -> tuple[dict[str, Any], Callable[[
 
     options = {k: _option(origin(k), k, gen.get(k)) for k in _OPTIONS}
     unsupported = []
-    neutral_keys = {**_NEUTRAL_GENERATION, **(_NEUTRAL_SAMPLING if options["do_sample"] else {})}
+    neutral_keys = {k: v for k, v in {**_NEUTRAL_GENERATION, **(_NEUTRAL_SAMPLING if options["do_sample"] else {})
+                                      }.items() if k not in own_keys}
     for k, neutral in neutral_keys.items():
         if k in gen and gen[k] != neutral and not (neutral is None and gen[k] in ([], {})):
             unsupported.append(f"{k}={gen[k]!r}")
@@ -109,4 +112,5 @@ def generation_settings(src: Path, hf: dict) -> tuple[dict[str, Any], Callable[[
            for key in ("forced_bos_token_id", "decoder_start_token_id", "bos_token_id")}
     suppress = [(origin(k), k, gen[k], k == "bad_words_ids") for k in ("bad_words_ids", "suppress_tokens")
                 if gen.get(k) is not None]
-    return {**settings, **options, **ids, "forced_eos": forced_eos is not None}, origin, suppress
+    raw = {k: gen[k] for k in own_keys if k in gen}
+    return {**settings, **options, **ids, "forced_eos": forced_eos is not None, "raw": raw}, origin, suppress

@@ -27,3 +27,48 @@ def t5_model_dir(path, family: str, config: dict | None = None, seed: int = 0, s
                 p.normal_(0, std)
     model.save_pretrained(path)
     return path
+
+
+# A tiny Whisper vocabulary: ordinary ids 0 .. 99, then the special tokens as a real checkpoint orders them
+# (<|endoftext|>, <|startoftranscript|>, languages, tasks, <|notimestamps|>), and no timestamp tokens after it: a
+# random model emits them freely, and transformers' generate then re-seeks inside the window (its long-form loop
+# runs for short inputs too), which a test of short-form decoding must not depend on.
+WHISPER_LANGUAGES = ("en", "de", "fr")
+WHISPER_IDS = dict(eot=100, sot=101, languages={"en": 102, "de": 103, "fr": 104}, translate=105, transcribe=106,
+                   no_timestamps=107)
+WHISPER_SMALL = dict(vocab_size=108, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                     decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=80,
+                     max_source_positions=1500, max_target_positions=448, pad_token_id=100, bos_token_id=100,
+                     eos_token_id=100, decoder_start_token_id=101, begin_suppress_tokens=[7, 100],
+                     suppress_tokens=[1, 2])
+
+
+def whisper_model_dir(path, config: dict | None = None, seed: int = 0, std: float = 0.3, multilingual: bool = True,
+                      generation: dict | None = None):
+    """A random transformers Whisper saved with save_pretrained, with a generation_config.json naming its prompt
+    tokens as released checkpoints do (lang_to_id, task_to_id, no_timestamps_token_id, is_multilingual); matrices at
+    std `std` and norm weights near 1, so that a wrong front end, table or prompt moves the tokens."""
+    import torch
+    from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalGeneration
+
+    ids = WHISPER_IDS
+    torch.manual_seed(seed)
+    model = WhisperForConditionalGeneration(WhisperConfig(**{**WHISPER_SMALL, **(config or {})})).eval()
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            if "layer_norm.weight" in key:
+                p.normal_(1.0, 0.2)
+            elif "embed_positions" in key:
+                continue  # the encoder's stored sinusoids; the decoder's learned table stays as initialised
+            elif p.dim() > 1:
+                p.normal_(0, std)
+    gen = dict(decoder_start_token_id=ids["sot"], bos_token_id=ids["eot"], eos_token_id=ids["eot"],
+               pad_token_id=ids["eot"], max_length=448, no_timestamps_token_id=ids["no_timestamps"],
+               begin_suppress_tokens=model.config.begin_suppress_tokens, suppress_tokens=model.config.suppress_tokens,
+               is_multilingual=multilingual)
+    if multilingual:
+        gen.update(lang_to_id={f"<|{c}|>": i for c, i in ids["languages"].items()},
+                   task_to_id={"translate": ids["translate"], "transcribe": ids["transcribe"]})
+    model.generation_config = GenerationConfig(**{**gen, **(generation or {})})
+    model.save_pretrained(path)
+    return path
