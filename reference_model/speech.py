@@ -23,6 +23,7 @@ from seq2trt.reference_model.decoding import DecodeSettings, StepModel, greedy_d
 from seq2trt.reference_model.errors import ConfigError, InputError
 
 TASKS = ("transcribe", "translate")
+SECONDS_PER_FRAME = 0.01  # the feature extractor's hop: 160 samples at 16 kHz
 
 
 @dataclass(frozen=True)
@@ -132,3 +133,40 @@ def transcribe_features(model: StepModel, cfg, speech: SpeechTokens, features: n
         for row, tokens in zip(rows, found):
             results[row] = tokens
     return results
+
+
+@dataclass(frozen=True)
+class Segment:
+    start: float  # seconds from the start of the audio
+    end: float
+    tokens: list[int]  # the segment's text tokens (no timestamps, no prompt, no eos)
+
+
+@dataclass(frozen=True)
+class Transcript:
+    tokens: list[int]  # every text token of the audio, in order (no prompt, no timestamps, no eos)
+    language: str | None  # the language decoded with (given or detected); None on an English-only model
+    segments: list[Segment]  # without timestamps: one segment over the whole audio
+
+
+def transcribe(model: StepModel, cfg, speech: SpeechTokens, features: Sequence[np.ndarray], *,
+               language: str | None = None, task: str | None = None, timestamps: bool = False, beam_size: int = 1,
+               length_penalty: float = 1.0, early_stopping: bool | str = False, max_new_tokens: int | None = None,
+               generation: dict | None = None) -> list[Transcript]:
+    """One Transcript per audio clip from its log-mel features (n_mels, frames): a clip of at most 30 s comes as
+    the features of its audio padded to 30 s (exactly 2 x max_src_len frames), decoded in one window (short-form)."""
+    frames = cfg.source_frames
+    long = [i for i, f in enumerate(features) if np.shape(f)[-1] != frames]
+    if long:
+        raise InputError(f"clip {long[0] + 1} has {np.shape(features[long[0]])[-1]} feature frames; one window "
+                         f"takes {frames} (30 s: pad the audio to 30 s before computing its features)")
+    if timestamps:
+        raise ConfigError("timestamps are not decoded yet; drop --timestamps")
+    batch = np.stack([np.asarray(f, dtype=np.float32) for f in features])
+    languages: list = []
+    found = transcribe_features(model, cfg, speech, batch, language=language, task=task, beam_size=beam_size,
+                                length_penalty=length_penalty, early_stopping=early_stopping,
+                                max_new_tokens=max_new_tokens, generation=generation, languages_out=languages)
+    seconds = frames * SECONDS_PER_FRAME
+    return [Transcript(tokens, code if speech.multilingual else None, [Segment(0.0, seconds, tokens)])
+            for tokens, code in zip(found, languages)]
