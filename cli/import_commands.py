@@ -30,10 +30,14 @@ def hf(src: Path, out: Path, force: bool) -> None:
     sets = [name for name in ("seeded", "texts") if name in v]
     n = sum(v[s]["sources"] for s in sets)
     logits = max(v[s]["logits_max_abs_err"] for s in sets)
-    click.echo(f"imported {record['family']} from {src}: equal to transformers on {n} sources ({' + '.join(sets)}; "
-               f"greedy and beam-{v['beam_size']} tokens identical, step logits within {logits:.1e}); "
-               f"checkpoint in {out}" + ("" if record["tokenizer_files"] else " (no tokenizer in the source: "
-                                          "translate takes --ids-file)"))
+    speech = "language" in v["seeded"]  # a speech model's proof runs on random log-mel features
+    what = "random feature batches" if speech else "sources"
+    detected = " and detected languages" if "languages_equal" in v["seeded"] else ""
+    missing = "transcribe prints ids" if speech else "translate takes --ids-file"
+    click.echo(f"imported {record['family']} from {src}: equal to transformers on {n} {what} ({' + '.join(sets)}; "
+               f"greedy and beam-{v['beam_size']} tokens{detected} identical, step logits within {logits:.1e}); "
+               f"checkpoint in {out}" + ("" if record["tokenizer_files"] else f" (no tokenizer in the source: "
+                                          f"{missing})"))
 
 
 COMMANDS = [import_group]

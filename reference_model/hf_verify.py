@@ -115,6 +115,22 @@ def text_sources(tokenizer, cfg, count: int, seed: int = 1) -> tuple[list[str], 
 
 
 @contextlib.contextmanager
+def _quiet_transformers():
+    """transformers' own notes while it loads and generates (Whisper's generate logs several per call about settings
+    it moved or took from its config): not the user's business during a proof; errors still raise."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+@contextlib.contextmanager
 def _transformers_runs():
     """transformers' own model run on the source: what it raises comes from the source's settings, not from us."""
     try:
@@ -285,9 +301,11 @@ def verify(src: Path, model: Seq2SeqTransformer, gen: dict[str, Any], progress: 
     import transformers
 
     cfg = model.cfg
-    hf_model = load_transformers_model(src, speech=cfg.audio)
     if cfg.audio:
-        return _verify_speech(src, hf_model, model, gen, progress, count, max_new_tokens)
+        with _quiet_transformers():
+            hf_model = load_transformers_model(src, speech=True)
+            return _verify_speech(src, hf_model, model, gen, progress, count, max_new_tokens)
+    hf_model = load_transformers_model(src)
     own = cfg.max_new_tokens
     # A short limit of the model's own is what translate stops at: the searches run to it, unprompted on both sides.
     new_tokens = None if own is not None and own <= max_new_tokens else max(1, min(max_new_tokens, cfg.max_tgt_len - 1))
