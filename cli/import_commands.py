@@ -31,7 +31,7 @@ def hf(src: Path, out: Path, force: bool) -> None:
     n = sum(v[s]["sources"] for s in sets)
     logits = max(v[s]["logits_max_abs_err"] for s in sets)
     speech = "language" in v["seeded"]  # a speech model's proof runs on random log-mel features
-    what = "random feature batches" if speech else "sources"
+    what = "random log-mel inputs" if speech else "sources"
     detected = " and detected languages" if "languages_equal" in v["seeded"] else ""
     missing = "transcribe prints ids" if speech else "translate takes --ids-file"
     click.echo(f"imported {record['family']} from {src}: equal to transformers on {n} {what} ({' + '.join(sets)}; "
