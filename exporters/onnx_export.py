@@ -25,13 +25,15 @@ import torch.nn as nn
 
 from seq2trt.reference_model.dtypes import DTYPES, torch_dtype
 from seq2trt.plugins.op import AttentionAttrs, AttentionKind, pack_inputs
-from seq2trt.reference_model.errors import ArtifactError, ConfigError, InputError
+from seq2trt.reference_model.errors import ArtifactError, ConfigError
 from seq2trt.reference_model.swap import staged_directory
 from seq2trt.reference_model.model import Seq2SeqTransformer
 
 from seq2trt.exporters import spec
 from seq2trt.exporters.attention_functions import attention_functions, marked_kind, marked_op_type
 from seq2trt.exporters.manifest import MANIFEST, write_manifest
+from seq2trt.exporters.torch_cache import check_torch_cache
+from seq2trt.exporters.whisper_features import write_model_features
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +114,16 @@ class EncoderGraph(nn.Module):
         return (hidden, *spec.flatten_kv(self.model.cross_kv(hidden)))
 
 
+class AudioEncoderGraph(EncoderGraph):
+    """The encoder of an audio source: features (B, n_mels, 2 M) in, the conv front end inside; its self-attention
+    mask is all ones (B, M), made in the graph from the batch size (Whisper masks nothing)."""
+
+    def forward(self, input_features: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        mask = torch.ones(input_features.shape[0], self.model.cfg.max_src_len, dtype=torch.int64,
+                          device=input_features.device)  # (B, M)
+        return super().forward(input_features, mask)
+
+
 class DecoderGraph(nn.Module):
     def __init__(self, model: Seq2SeqTransformer):
         super().__init__()
@@ -136,11 +148,13 @@ def _examples(model: Seq2SeqTransformer, kind: spec.GraphKind) -> tuple[tuple, t
     src = Dim(spec.SRC_LEN, min=1, max=cfg.max_src_len)
     ids = torch.randint(3, min(cfg.src_vocab_size, cfg.tgt_vocab_size), (B, S))
     mask = torch.ones(B, S, dtype=torch.int64)
+    param = next(model.parameters())
+    if kind is spec.GraphKind.ENCODER and spec.audio_source(cfg):
+        return (torch.randn(B, cfg.n_mels, cfg.source_frames).to(param.dtype),), ({0: batch},)
     if kind is spec.GraphKind.ENCODER:
         return (ids, mask), ({0: batch, 1: src}, {0: batch, 1: src})
     tgt = Dim(spec.TGT_LEN, min=1, max=cfg.max_tgt_len)
     past = Dim(spec.PAST_LEN, min=0, max=cfg.max_tgt_len - 1)
-    param = next(model.parameters())
     H, Dh, L = cfg.num_heads, cfg.head_dim, cfg.num_decoder_layers
     kv = lambda n: tuple((param.new_zeros(B, H, n, Dh), param.new_zeros(B, H, n, Dh)) for _ in range(L))
     kv_dims = lambda axis: tuple(({0: batch, 2: axis}, {0: batch, 2: axis}) for _ in range(L))
@@ -150,7 +164,8 @@ def _examples(model: Seq2SeqTransformer, kind: spec.GraphKind) -> tuple[tuple, t
 
 def trace(model: Seq2SeqTransformer, kind: spec.GraphKind, opset: int) -> onnx.ModelProto:
     """One graph, marked, with its attention functions attached and its nodes named after their blocks."""
-    wrapper = (EncoderGraph if kind is spec.GraphKind.ENCODER else DecoderGraph)(model).eval()
+    encoder = AudioEncoderGraph if spec.audio_source(model.cfg) else EncoderGraph
+    wrapper = (encoder if kind is spec.GraphKind.ENCODER else DecoderGraph)(model).eval()
     args, dynamic = _examples(model, kind)
     names_in = [s.name for s in spec.inputs(model.cfg, kind)]
     names_out = [s.name for s in spec.outputs(model.cfg, kind)]
@@ -220,25 +235,6 @@ def check_graph(proto: onnx.ModelProto, cfg, kind: spec.GraphKind, dtype: str) -
         raise ArtifactError(f"exported {kind.value} graph breaks the contract: " + "; ".join(problems))
 
 
-def check_torch_cache() -> None:
-    """torch.export writes into torch's compile cache (TORCHINDUCTOR_CACHE_DIR, else a folder in the temporary
-    directory) as it loads; a cache it cannot create or write fails deep inside it with a traceback."""
-    import os
-    import tempfile
-
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-    folder = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir()
-    where = "TORCHINDUCTOR_CACHE_DIR " + folder if os.environ.get("TORCHINDUCTOR_CACHE_DIR") else folder
-    try:
-        os.makedirs(folder, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as exc:
-        raise InputError(f"torch's compile cache {where} is not a folder it can write ({exc.strerror}), and the ONNX "
-                         "export needs it; point TORCHINDUCTOR_CACHE_DIR at a writable folder") from None
-
-
 def export(model: Seq2SeqTransformer, out: Path, dtype: str = "fp32", opset: int = spec.DEFAULT_OPSET,
            limits: spec.Limits | None = None, force: bool = False, source: dict | None = None) -> Path:
     """Write `out/encoder.onnx`, `out/decoder.onnx` and `out/manifest.json` atomically; returns `out`.
@@ -261,6 +257,9 @@ def export(model: Seq2SeqTransformer, out: Path, dtype: str = "fp32", opset: int
             (tmp / kind.filename).write_bytes(proto.SerializeToString())
             timings[kind.value] = round(time.perf_counter() - start, 2)
             logger.info("exported %s graph in %.1f s", kind.value, timings[kind.value])
+        files = [k.filename for k in spec.GraphKind]
+        if spec.audio_source(model.cfg):
+            files.append(write_model_features(tmp, model.cfg, source, opset).name)
         settings = {"dtype": dtype, "opset": opset, "limits": vars(limits), "export_seconds": timings}
-        write_manifest(tmp, model.cfg, settings, [k.filename for k in spec.GraphKind], source=source)
+        write_manifest(tmp, model.cfg, settings, files, source=source)
     return Path(out)

@@ -3,8 +3,11 @@
 Names follow Hugging Face Optimum's (docs/design.md, "Graph contract"). The exporter, the fuser, the builder, the
 runners and the validators read this module; nobody else spells a tensor name.
 
-Encoder graph: `input_ids`, `attention_mask` (B, S) int64 -> `encoder_hidden_states` (B, S, D) and, for every
-decoder layer i, `present.{i}.encoder.key/value` (B, H, S, Dh).
+Encoder graph: its inputs are the source kind's (`reference_model.sources`, `encoder_inputs`): token ids read
+`input_ids`, `attention_mask` (B, S) int64; audio features read `input_features` (B, n_mels, 2 M) in the export's
+float dtype, only the batch axis dynamic, the conv front end inside and no mask (Whisper masks nothing: its
+self-attention gets an all-ones mask made inside the graph). Out: `encoder_hidden_states` (B, S, D) and, for every
+decoder layer i, `present.{i}.encoder.key/value` (B, H, S, Dh); S is the fixed M = max_src_len (1500) for audio.
 Decoder graph (every step, past_len 0 included): `input_ids` (B, T), `encoder_attention_mask` (B, S) int64,
 `past_key_values.{i}.encoder.key/value` (B, H, S, Dh), `past_key_values.{i}.decoder.key/value` (B, H, P, Dh)
 -> `logits` (B, T, V) and `present.{i}.decoder.key/value` (B, H, P + T, Dh).
@@ -33,6 +36,7 @@ import numpy as np
 from seq2trt.plugins.op import AttentionKind
 from seq2trt.reference_model.config import Seq2SeqConfig
 from seq2trt.reference_model.errors import ConfigError, InputError
+from seq2trt.reference_model.sources import source_kind
 
 SPEC_REVISION = 1
 DEFAULT_OPSET = 18  # the dynamo exporter's native opset; 18..23 are accepted
@@ -185,10 +189,27 @@ class TensorSpec:
     axes: tuple[str | int, ...]  # axis names or fixed sizes
 
 
+def audio_source(cfg: Seq2SeqConfig) -> bool:
+    """Whether the encoder graph reads audio features (the source kind's `input_features`) rather than token ids."""
+    return "input_features" in source_kind(cfg).encoder_inputs
+
+
+def encoder_positions(cfg: Seq2SeqConfig) -> str | int:
+    """The encoder positions' axis: `src_len` for token ids; the fixed max_src_len for audio (30 s of features)."""
+    return cfg.max_src_len if audio_source(cfg) else SRC_LEN
+
+
+_ENCODER_INPUTS = {  # the encoder graph input of each name a source kind reads
+    "input_ids": lambda cfg: TensorSpec("input_ids", "int64", (BATCH, SRC_LEN)),
+    "attention_mask": lambda cfg: TensorSpec("attention_mask", "int64", (BATCH, SRC_LEN)),
+    "input_features": lambda cfg: TensorSpec("input_features", "float", (BATCH, cfg.n_mels, cfg.source_frames)),
+}
+
+
 def inputs(cfg: Seq2SeqConfig, kind: GraphKind) -> list[TensorSpec]:
     kv = (cfg.num_heads,), (cfg.head_dim,)
     if kind is GraphKind.ENCODER:
-        return [TensorSpec("input_ids", "int64", (BATCH, SRC_LEN)), TensorSpec("attention_mask", "int64", (BATCH, SRC_LEN))]
+        return [_ENCODER_INPUTS[name](cfg) for name in source_kind(cfg).encoder_inputs]
     specs = [TensorSpec("input_ids", "int64", (BATCH, TGT_LEN)), TensorSpec("encoder_attention_mask", "int64", (BATCH, SRC_LEN))]
     for side, length in (("encoder", SRC_LEN), ("decoder", PAST_LEN)):
         specs += [TensorSpec(name, "float", (BATCH, *kv[0], length, *kv[1])) for name in kv_names(cfg, side, "past")]
@@ -197,8 +218,9 @@ def inputs(cfg: Seq2SeqConfig, kind: GraphKind) -> list[TensorSpec]:
 
 def outputs(cfg: Seq2SeqConfig, kind: GraphKind) -> list[TensorSpec]:
     if kind is GraphKind.ENCODER:
-        return [TensorSpec("encoder_hidden_states", "float", (BATCH, SRC_LEN, cfg.d_model))] + [
-            TensorSpec(name, "float", (BATCH, cfg.num_heads, SRC_LEN, cfg.head_dim))
+        src = encoder_positions(cfg)
+        return [TensorSpec("encoder_hidden_states", "float", (BATCH, src, cfg.d_model))] + [
+            TensorSpec(name, "float", (BATCH, cfg.num_heads, src, cfg.head_dim))
             for name in kv_names(cfg, "encoder", "present")]
     return [TensorSpec("logits", "float", (BATCH, TGT_LEN, cfg.tgt_vocab_size))] + [
         TensorSpec(name, "float", (BATCH, cfg.num_heads, PRESENT_LEN, cfg.head_dim))
@@ -236,6 +258,9 @@ class Limits:
         src = cfg.max_src_len if max_src_len is None else max_src_len
         tgt = cfg.max_tgt_len if max_tgt_len is None else max_tgt_len
         limits = cls(max_batch, src, tgt)
+        if audio_source(cfg) and src != cfg.max_src_len:
+            raise ConfigError(f"an audio model's encoder always gives its max_src_len {cfg.max_src_len} positions "
+                              f"(30 s of features), so its limit cannot be {src}; drop --max-src-len")
         if src > cfg.max_src_len or tgt > cfg.max_tgt_len:
             raise ConfigError(f"limits src {src} / tgt {tgt} exceed the model's max_src_len {cfg.max_src_len} / "
                               f"max_tgt_len {cfg.max_tgt_len}; lower --max-src-len / --max-tgt-len")
@@ -264,8 +289,11 @@ class Limits:
 
 
 def profiles(cfg: Seq2SeqConfig, limits: Limits) -> dict[GraphKind, dict[str, tuple[tuple[int, ...], ...]]]:
-    """TensorRT optimization profiles: per graph, input name -> (min, opt, max) shapes."""
+    """TensorRT optimization profiles: per graph, input name -> (min, opt, max) shapes. An audio model's decoder
+    always reads max_src_len encoder positions, so its src_len is that one size."""
     ranges = limits.axis_ranges()
+    if audio_source(cfg):
+        ranges[SRC_LEN] = (limits.max_src_len,) * 3
 
     def shape(spec: TensorSpec, which: int) -> tuple[int, ...]:
         return tuple(a if isinstance(a, int) else ranges[a][which] for a in spec.axes)
@@ -288,19 +316,24 @@ class ShapeCase:
         return f"B{self.batch}-S{self.src_len}-T{self.tgt_len}-P{self.past_len}{'-pad' if self.padded else ''}"
 
 
-def sweep(limits: Limits, batches: tuple[int, ...] | None = None) -> list[ShapeCase]:
-    """Batch 1 and > 1; src_len min/opt/max; past_len 0, 1, opt, max - 1 (one new token); a prefill; padding."""
+def sweep(limits: Limits, batches: tuple[int, ...] | None = None, cfg: Seq2SeqConfig | None = None
+          ) -> list[ShapeCase]:
+    """Batch 1 and > 1; src_len min/opt/max; past_len 0, 1, opt, max - 1 (one new token); a prefill; padding.
+    An audio model (`cfg`) has one source length, max_src_len, and no padding: only batch sizes are swept there."""
     b_opt = limits.axis_ranges()[BATCH][1]
     batches = batches or (1, max(2, min(b_opt, 4)))
     _, s_opt, s_max = limits.axis_ranges()[SRC_LEN]
     _, p_opt, p_max = limits.axis_ranges()[PAST_LEN]
+    audio = cfg is not None and audio_source(cfg)
+    if audio:
+        s_opt = s_max
     cases = []
     for b in batches:
-        for s in sorted({1, s_opt, s_max}):
+        for s in sorted({1, s_opt, s_max} - ({1} if audio else set())):
             for p in sorted({0, 1, p_opt, p_max}):
-                cases.append(ShapeCase(b, s, 1, p, padded=b > 1 and s > 1))
-        cases.append(ShapeCase(b, s_opt, min(4, limits.max_tgt_len), 0, padded=b > 1))  # prefill
-        cases.append(ShapeCase(b, s_max, 2, limits.max_tgt_len - 2, padded=b > 1))  # ends at max
+                cases.append(ShapeCase(b, s, 1, p, padded=b > 1 and s > 1 and not audio))
+        cases.append(ShapeCase(b, s_opt, min(4, limits.max_tgt_len), 0, padded=b > 1 and not audio))  # prefill
+        cases.append(ShapeCase(b, s_max, 2, limits.max_tgt_len - 2, padded=b > 1 and not audio))  # ends at max
     return cases
 
 

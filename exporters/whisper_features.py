@@ -28,14 +28,16 @@ import torch
 from torch import nn
 
 from seq2trt.exporters import spec
-from seq2trt.exporters.onnx_export import check_torch_cache
+from seq2trt.exporters.torch_cache import check_torch_cache
+from seq2trt.reference_model import layout
 from seq2trt.reference_model.atomic_files import atomic_write_bytes
-from seq2trt.reference_model.errors import ConfigError, InputError
+from seq2trt.reference_model.errors import ConfigError, DependencyError, InputError
 
 logger = logging.getLogger(__name__)
 
 INPUT = "audio"
 OUTPUT = "input_features"
+PREPROCESSOR_CONFIG = "preprocessor_config.json"  # the feature extractor's settings, in an imported tokenizer/
 
 
 @dataclass(frozen=True, eq=False)
@@ -152,6 +154,30 @@ def write_features_graph(out_path: Union[str, Path], source, opset: int = spec.D
     atomic_write_bytes(Path(out_path), proto.SerializeToString())
     logger.info("wrote the %d-mel front end to %s", _params(source).n_mels, out_path)
     return Path(out_path)
+
+
+def model_extractor(cfg, checkpoint: Union[str, Path, None] = None):
+    """The WhisperFeatureExtractor of a model: the checkpoint's tokenizer/preprocessor_config.json when it has one,
+    else Whisper's defaults (400-point FFT, hop 160, 30 s at 16 kHz) at the model's n_mels."""
+    try:
+        from transformers import WhisperFeatureExtractor
+    except ImportError as exc:
+        raise DependencyError(f"writing a speech model's features.onnx needs `transformers` ({exc}); "
+                              "pip install 'seq2trt[hf]'") from None
+    folder = Path(checkpoint) / layout.TOKENIZER_DIR if checkpoint else None
+    if folder is not None and (folder / PREPROCESSOR_CONFIG).is_file():
+        extractor = WhisperFeatureExtractor.from_pretrained(folder)
+        if extractor.feature_size != cfg.n_mels:
+            raise ConfigError(f"{folder / PREPROCESSOR_CONFIG} makes {extractor.feature_size} mel bins but the model "
+                              f"reads {cfg.n_mels}; re-import the checkpoint with its own preprocessor_config.json")
+        return extractor
+    return WhisperFeatureExtractor(feature_size=cfg.n_mels)
+
+
+def write_model_features(folder: Path, cfg, source: dict | None = None, opset: int = spec.DEFAULT_OPSET) -> Path:
+    """Write `folder`/features.onnx for a speech model (`source`: the export's record, naming its checkpoint)."""
+    checkpoint = (source or {}).get("checkpoint")
+    return write_features_graph(Path(folder) / layout.FEATURES, model_extractor(cfg, checkpoint), opset)
 
 
 def pad_clips(clips) -> np.ndarray:

@@ -144,7 +144,11 @@ class EagerRunner(Runner):
 
         t = {k: self._tensor(v) for k, v in feed.items()}
         with torch.inference_mode():
-            if self.kind is spec.GraphKind.ENCODER:
+            if self.kind is spec.GraphKind.ENCODER and spec.audio_source(self.cfg):  # features; Whisper masks nothing
+                features = t["input_features"]
+                hidden = self.model.encode(features, torch.ones(len(features), self.cfg.max_src_len, dtype=torch.int64))
+                values = [hidden] + spec.flatten_kv(self.model.cross_kv(hidden))
+            elif self.kind is spec.GraphKind.ENCODER:
                 hidden = self.model.encode(t["input_ids"], t["attention_mask"])
                 values = [hidden] + spec.flatten_kv(self.model.cross_kv(hidden))
             else:

@@ -11,6 +11,7 @@ import numpy as np
 
 from seq2trt.exporters import spec
 from seq2trt.reference_model.errors import InputError
+from seq2trt.reference_model.sources import source_kind
 
 from seq2trt.runtime.runners import Runner
 
@@ -45,8 +46,11 @@ class RunnerStepModel:
         return names
 
     def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> State:
-        out = self.encoder.infer({"input_ids": input_ids.astype(np.int64),
-                                  "attention_mask": attention_mask.astype(np.int64)})
+        """The source kind's encoder feed (`sources.feed`: token ids and their mask, or audio features alone) in
+        the dtypes the encoder graph reads."""
+        feed = source_kind(self.cfg).feed(input_ids, attention_mask)
+        metadata = self.encoder.input_metadata()
+        out = self.encoder.infer({name: np.asarray(value, dtype=metadata[name][0]) for name, value in feed.items()})
         return {past: out[present] for present, past in self._names("encoder").items()}
 
     def empty_past(self, batch: int) -> State:
