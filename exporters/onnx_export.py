@@ -82,9 +82,22 @@ class Float32Activation(nn.Module):
         return self.act(x.float()).to(x.dtype)
 
 
+class Float32FrontEnd(nn.Module):
+    """An audio front end computed in fp32 on the export dtype's own (rounded, exactly widened) weights, returning
+    that dtype: ONNX's Conv takes no bfloat16 before opset 22, and in fp16 the erf-GELU's constant stored rounded
+    changes the function where the convolutions' sums cancel (0.7071 to 0.7070)."""
+
+    def __init__(self, frontend: nn.Module):
+        super().__init__()
+        self.frontend = copy.deepcopy(frontend).float()
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.frontend(features.float()).to(features.dtype)
+
+
 def export_copy(model: Seq2SeqTransformer, dtype: str) -> Seq2SeqTransformer:
     """A copy of `model` in `dtype`, eval mode, every attention block marked (`marked_core`), with fp32 LayerNorms
-    and tanh-GELUs when the dtype is narrower."""
+    and tanh-GELUs when the dtype is narrower, and an audio front end convolving in fp32."""
     if dtype not in TORCH_DTYPES:
         raise ConfigError(f"unknown dtype {dtype!r}; choose one of {', '.join(TORCH_DTYPES)}")
     if dtype == "fp16" and model.cfg.gated_ffn and model.cfg.relative_bias != "none":
@@ -101,6 +114,8 @@ def export_copy(model: Seq2SeqTransformer, dtype: str) -> Seq2SeqTransformer:
         for block in [m for m in copied.modules() if isinstance(getattr(m, "act", None), nn.GELU)]:
             if block.act.approximate == "tanh":
                 block.act = Float32Activation(block.act)
+    if dtype != "fp32" and copied.frontend is not None:
+        copied.frontend = Float32FrontEnd(copied.frontend)
     return copied
 
 

@@ -215,7 +215,7 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
             stack.enter_context(r)
         if progress:
             progress("graph-level parity over the spec sweep")
-        graphs = graph_parity(judged, references, spec.sweep(limits), seed=settings.seed, judge=judge)
+        graphs = graph_parity(judged, references, spec.sweep(limits, cfg=cfg), seed=settings.seed, judge=judge)
         e2e = None
         if settings.samples:
             sources, origin = e2e_sources(cfg, task_name, settings.samples, settings.seed)
