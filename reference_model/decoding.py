@@ -71,6 +71,11 @@ class DecodeSettings:
     # <|notimestamps|>), and the ids the first generated token may not be (Whisper's begin_suppress_tokens).
     prompt: tuple[int, ...] = ()
     begin_suppress_ids: tuple[int, ...] = ()
+    # Whisper's timestamp rule (`_timestamp_rule`): the timestamp tokens are the ids from `timestamp_begin` to the
+    # vocabulary's end (<|notimestamps|> is the id before it); None: no timestamps. The first timestamp may be at
+    # most `max_initial_timestamp_index` steps in (None: any).
+    timestamp_begin: int | None = None
+    max_initial_timestamp_index: int | None = None
 
     @classmethod
     def for_model(cls, cfg, max_new_tokens: int | None = None, generation: dict | None = None) -> "DecodeSettings":
@@ -95,9 +100,15 @@ class DecodeSettings:
         return self.repetition_penalty != 1.0 or self.no_repeat_ngram_size > 0 or bool(self.bad_words_ids)
 
     @property
+    def reads_tokens(self) -> bool:
+        """Whether `constrain` needs each row's generated tokens (the history rules, the timestamp rule)."""
+        return self.uses_history or self.timestamp_begin is not None
+
+    @property
     def constrained(self) -> bool:
         return (self.forced_bos_id is not None or self.forced_eos or bool(self.suppress_ids) or self.uses_history
-                or self.min_length > 1 + len(self.prompt) or self.min_new_tokens > 0 or bool(self.begin_suppress_ids))
+                or self.min_length > 1 + len(self.prompt) or self.min_new_tokens > 0 or bool(self.begin_suppress_ids)
+                or self.timestamp_begin is not None)
 
     @property
     def plain(self) -> bool:
@@ -109,8 +120,9 @@ class DecodeSettings:
         """Scores (b, V) of generated position `step` with the model's rules applied, as Hugging Face's logits
         processors apply them and in their order: repetition penalty, no-repeat n-grams, bad words, min_length,
         min_new_tokens, the ids suppressed at the first token, forced bos (only it left at step 0), forced eos (at
-        the last step the limit allows), suppressed ids. `tokens` (b, step): each row's generated tokens, needed by
-        the first three (None at step 0). `inplace` writes into `scores` instead of a copy. min_length counts the
+        the last step the limit allows), suppressed ids, then Whisper's timestamp rule (transformers' generate
+        puts its processor last). `tokens` (b, step): each row's generated tokens, needed by the first three and the
+        timestamp rule (None at step 0). `inplace` writes into `scores` instead of a copy. min_length counts the
         start token and the prompt, as Hugging Face counts its input_ids."""
         if not self.constrained:
             return scores
@@ -130,7 +142,42 @@ class DecodeSettings:
             scores[:, forced] = 0.0
         if self.suppress_ids:
             scores[:, list(self.suppress_ids)] = -np.inf
+        if self.timestamp_begin is not None:
+            if tokens is None and step:
+                raise ConfigError("the timestamp rule reads each row's generated tokens; pass them as `tokens`")
+            self._timestamp_rule(scores, step, np.zeros((len(scores), 0), np.int64) if tokens is None else tokens)
         return scores
+
+    def _timestamp_rule(self, scores: np.ndarray, step: int, tokens: np.ndarray) -> None:
+        """transformers' WhisperTimeStampLogitsProcessor in place: never <|notimestamps|>; timestamps come in pairs
+        (after a pair text or eos, after a timestamp that follows text another timestamp or eos) except the one at
+        the end; the first token is a timestamp, at most `max_initial_timestamp_index` in; timestamps never go back
+        (nor repeat one that closed a pair); and where the timestamps' summed probability beats every text token's,
+        only timestamps are left. The probabilities are its float32 log-softmax, row by row as it computes them."""
+        import torch
+
+        begin, eos = self.timestamp_begin, self.eos_id
+        scores[:, begin - 1] = -np.inf
+        for row, seq in enumerate(np.asarray(tokens).tolist()):
+            last = len(seq) >= 1 and seq[-1] >= begin
+            penultimate = len(seq) < 2 or seq[-2] >= begin
+            if last:
+                if penultimate:
+                    scores[row, begin:] = -np.inf
+                else:
+                    scores[row, :eos] = -np.inf
+            stamps = [t for t in seq if t >= begin]
+            if stamps:  # a timestamp that opens a pair may repeat the one before; any other must exceed it
+                floor = stamps[-1] if last and not penultimate else stamps[-1] + 1
+                scores[row, begin:floor] = -np.inf
+        if step == 0:
+            scores[:, :begin] = -np.inf
+            if self.max_initial_timestamp_index is not None:
+                scores[:, begin + self.max_initial_timestamp_index + 1:] = -np.inf
+        logp = torch.log_softmax(torch.from_numpy(np.asarray(scores, dtype=np.float32)), dim=-1)
+        for row in range(len(scores)):
+            if logp[row, begin:].logsumexp(dim=-1) > logp[row, :begin].max():
+                scores[row, :begin] = -np.inf
 
     def _history_rules(self, scores: np.ndarray, tokens: np.ndarray) -> None:
         """Repetition penalty, no-repeat n-grams and bad words in place, over Hugging Face's input_ids."""
@@ -181,7 +228,11 @@ class DecodeSettings:
                   ("temperature", self.temperature > 0, "> 0"), ("top_k", self.top_k >= 0, ">= 0 (0: no top-k)"),
                   ("top_p", 0 < self.top_p <= 1, "in (0, 1]"),
                   ("num_return_sequences", self.num_return_sequences >= 1, ">= 1"),
-                  ("bad_words_ids", all(len(w) >= 1 for w in self.bad_words_ids), "lists of one id or more"))
+                  ("bad_words_ids", all(len(w) >= 1 for w in self.bad_words_ids), "lists of one id or more"),
+                  ("timestamp_begin", self.timestamp_begin is None or self.timestamp_begin >= 1,
+                   ">= 1 (the id after <|notimestamps|>) or None"),
+                  ("max_initial_timestamp_index",
+                   self.max_initial_timestamp_index is None or self.max_initial_timestamp_index >= 0, ">= 0 or None"))
         for name, ok, rule in checks:
             if not ok:
                 raise ConfigError(f"{name} must be {rule}, got {getattr(self, name)!r}")
@@ -224,7 +275,7 @@ def greedy_decode(model: StepModel, input_ids: np.ndarray, attention_mask: np.nd
     # the earlier bookkeeping (a scatter into an output array, a count) 0.5 ms of a 14 ms decode.
     history: list[tuple[np.ndarray, np.ndarray]] = []  # (rows, tokens) of each step
     eos = settings.eos_id
-    generated = np.zeros((B, 0), np.int64) if settings.uses_history else None  # live rows' tokens, for the rules
+    generated = np.zeros((B, 0), np.int64) if settings.reads_tokens else None  # live rows' tokens, for the rules
     sample = _Sampler(settings, B, generator) if settings.do_sample else None
     totals = None if settings.plain else np.zeros(B)
     constrained = settings.constrained
@@ -337,7 +388,7 @@ def beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndar
     for step in range(settings.max_new_tokens):
         b_live = len(sources)
         logits, past = model.step(next_ids, mask, encoder_state, past)
-        history = np.array(beams, np.int64).reshape(len(beams), step) if settings.uses_history and step else None
+        history = np.array(beams, np.int64).reshape(len(beams), step) if settings.reads_tokens and step else None
         logp = settings.constrain(log_softmax(logits), step, tokens=history)
         if step == 0 and K > 1:
             logp = np.repeat(logp, K, axis=0)

@@ -7,6 +7,14 @@ detect_language` does: one decoder step on <|startoftranscript|>, the argmax ove
 batch whose languages differ are decoded in groups of one prompt each (rows are independent in every search, so
 this gives transformers' per-row prompts). 448 positions hold the start token, the prompt and the generated tokens.
 
+With timestamps the prompt has no <|notimestamps|>; the timestamp tokens are the ids after it, 0.02 s apart, and
+every step obeys transformers' timestamp rule (`DecodeSettings.constrain`). Clips are then transcribed as transformers'
+`generate(..., return_timestamps=True)` does, short-form or long: a 30 s window of features from `seek` (the last
+window padded with zeros), decoded, split into segments at its timestamp pairs (`window_segments`), and `seek` moved
+to the last pair's timestamp, or past the window when it ends in a single timestamp or has no pair; until the clip's
+features are spent. Each window is decoded alone: no prompt from the one before (its condition_on_prev_tokens False)
+and no temperature fallback (its default temperature).
+
 `SpeechTokens` is the checkpoint's generation.json "speech" record (written by the import from
 generation_config.json: `hf_families.whisper`).
 """
@@ -14,7 +22,7 @@ generation_config.json: `hf_families.whisper`).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -24,6 +32,7 @@ from seq2trt.reference_model.errors import ConfigError, InputError
 
 TASKS = ("transcribe", "translate")
 SECONDS_PER_FRAME = 0.01  # the feature extractor's hop: 160 samples at 16 kHz
+TIME_PRECISION = 0.02  # seconds between timestamp tokens: one encoder position (transformers' time_precision)
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,14 @@ class SpeechTokens:
             raise InputError("this model is English-only: it only transcribes; drop --task translate")
         return task
 
+    def timestamp_begin(self, cfg) -> int:
+        """The first timestamp token (<|0.00|>, the id after <|notimestamps|>); refused on a vocabulary without."""
+        begin = None if self.no_timestamps_id is None else self.no_timestamps_id + 1
+        if begin is None or begin >= cfg.tgt_vocab_size:
+            raise ConfigError("this model has no timestamp tokens (none after <|notimestamps|> in its vocabulary); "
+                              "transcribe clips of at most 30 s without timestamps")
+        return begin
+
     def prompt(self, language: str | None, task: str | None, timestamps: bool = False) -> tuple[int, ...]:
         """The ids after the start token: language and task on a multilingual model, then <|notimestamps|>."""
         ids: list[int] = []
@@ -108,27 +125,51 @@ def transcribe_features(model: StepModel, cfg, speech: SpeechTokens, features: n
                         language: str | None = None, task: str | None = None, beam_size: int = 1,
                         length_penalty: float = 1.0, early_stopping: bool | str = False,
                         max_new_tokens: int | None = None, generation: dict | None = None,
-                        languages_out: list | None = None) -> list:
+                        languages_out: list | None = None, timestamps: bool = False) -> list:
     """Token ids of each row of a (B, n_mels, frames) feature batch (short-form: one 30 s window a row), without the
     prompt and eos, greedy (`beam_size` 1) or Hugging Face's beam search; `languages_out` receives each row's
-    language (given or detected). The model's other generation options (`generation`) apply as in translate."""
+    language (given or detected). The model's other generation options (`generation`) apply as in translate.
+    `timestamps`: decoded under the timestamp rule, its tokens among the ids returned (one window's decode)."""
     language, task = speech.check_language(language), speech.check_task(task)
-    mask = np.ones((len(features), cfg.max_src_len), dtype=np.int64)
-    codes: list[str | None] = [language] * len(features)
-    if speech.multilingual and language is None and speech.default_language is None:
-        codes = detect_languages(model, model.encode(features, mask), mask, cfg.bos_id, speech)
+    codes = row_languages(model, cfg, speech, features, language)
     if languages_out is not None:
         languages_out.extend(c if speech.multilingual else "en" for c in codes)
-    results: list = [None] * len(features)
+    return decode_windows(model, cfg, speech, features, codes, task, timestamps, beam_size=beam_size,
+                          length_penalty=length_penalty, early_stopping=early_stopping,
+                          max_new_tokens=max_new_tokens, generation=generation)
+
+
+def row_languages(model: StepModel, cfg, speech: SpeechTokens, windows: np.ndarray,
+                  language: str | None) -> list[str | None]:
+    """Each row's language code from its first window (B, n_mels, frames): `language` (a code `check_language`
+    returned) when given, else the model's default, else detected; None on an English-only model."""
+    if speech.multilingual and language is None and speech.default_language is None:
+        mask = np.ones((len(windows), cfg.max_src_len), dtype=np.int64)
+        return detect_languages(model, model.encode(windows, mask), mask, cfg.bos_id, speech)
+    return [language] * len(windows)
+
+
+def decode_windows(model: StepModel, cfg, speech: SpeechTokens, windows: np.ndarray, codes: Sequence[str | None],
+                   task: str | None, timestamps: bool, *, beam_size: int = 1, length_penalty: float = 1.0,
+                   early_stopping: bool | str = False, max_new_tokens: int | None = None,
+                   generation: dict | None = None) -> list:
+    """Each window's tokens (B, n_mels, frames) decoded with the prompt of its row's language `codes[i]`, in
+    groups of one prompt each; with `timestamps`, under the timestamp rule."""
+    mask = np.ones((len(windows), cfg.max_src_len), dtype=np.int64)
+    stamps = {}
+    if timestamps:
+        stamps = dict(timestamp_begin=speech.timestamp_begin(cfg),
+                      max_initial_timestamp_index=speech.max_initial_timestamp_index)
+    results: list = [None] * len(windows)
     for code in dict.fromkeys(codes):
         rows = np.asarray([i for i, c in enumerate(codes) if c == code])
-        prompt = speech.prompt(code, task)
+        prompt = speech.prompt(code, task, timestamps)
         settings = dataclasses.replace(DecodeSettings.for_model(cfg, 1, generation), prompt=prompt,
-                                       max_new_tokens=generation_limit(cfg, prompt, max_new_tokens))
+                                       max_new_tokens=generation_limit(cfg, prompt, max_new_tokens), **stamps)
         if beam_size == 1:
-            found = greedy_decode(model, features[rows], mask[rows], settings)
+            found = greedy_decode(model, windows[rows], mask[rows], settings)
         else:
-            found = hf_beam_search(model, features[rows], mask[rows], settings, beam_size, length_penalty,
+            found = hf_beam_search(model, windows[rows], mask[rows], settings, beam_size, length_penalty,
                                    early_stopping)
         for row, tokens in zip(rows, found):
             results[row] = tokens
@@ -140,6 +181,9 @@ class Segment:
     start: float  # seconds from the start of the audio
     end: float
     tokens: list[int]  # the segment's text tokens (no timestamps, no prompt, no eos)
+    # The segment's tokens as decoded, its timestamps included (transformers' segment "tokens"); without
+    # timestamps, `tokens`.
+    decoded: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -149,24 +193,99 @@ class Transcript:
     segments: list[Segment]  # without timestamps: one segment over the whole audio
 
 
+def window_segments(tokens: Sequence[int], begin: int, offset: float, frames: int,
+                    stride: int) -> tuple[list[Segment], int]:
+    """One window's decode (its tokens without eos) split as transformers' `_retrieve_segment` splits it, and the
+    feature frames to move `seek` by. A segment runs from a timestamp to the next, the window's timestamp pairs
+    (two timestamps in a row: one segment's end, the next one's start) are the cuts; tokens after the last pair are
+    dropped unless a single timestamp ends the decode. With no pair the decode is one segment from the window's
+    start to its last timestamp (past <|0.00|>), else to the window's end. `offset`: the window's start in seconds;
+    `frames`: the clip's frames in it; `stride`: feature frames a timestamp step (the encoder's front end)."""
+    import torch
+
+    stamp = [t >= begin for t in tokens]
+    single_ending = stamp[-2:] == [False, True]
+    cuts = [i + 1 for i in range(len(tokens) - 1) if stamp[i] and stamp[i + 1]]
+    if not cuts:
+        stamps = [t for t in tokens if t >= begin]
+        # transformers: the window's frames in seconds then in timestamp steps, in float32 (a long tensor's product)
+        end = int(torch.tensor(frames) * SECONDS_PER_FRAME / TIME_PRECISION)
+        if stamps and stamps[-1] != begin:
+            end = stamps[-1] - begin
+        return [_segment(tokens, begin, offset, offset + end * TIME_PRECISION)], frames
+    if single_ending:
+        cuts.append(len(tokens))
+    else:
+        cuts[-1] += 1  # the last segment keeps both timestamps of its closing pair
+    segments, first = [], 0
+    for i, cut in enumerate(cuts):
+        piece = tokens[first:cut]
+        closing = piece[-2] if i == len(cuts) - 1 and not single_ending else piece[-1]
+        segments.append(_segment(piece, begin, offset + (piece[0] - begin) * TIME_PRECISION,
+                                 offset + (closing - begin) * TIME_PRECISION))
+        first = cut
+    return segments, frames if single_ending else (tokens[first - 2] - begin) * stride
+
+
+def _segment(tokens: Sequence[int], begin: int, start: float, end: float) -> Segment:
+    return Segment(float(start), float(end), [t for t in tokens if t < begin], list(tokens))
+
+
 def transcribe(model: StepModel, cfg, speech: SpeechTokens, features: Sequence[np.ndarray], *,
                language: str | None = None, task: str | None = None, timestamps: bool = False, beam_size: int = 1,
                length_penalty: float = 1.0, early_stopping: bool | str = False, max_new_tokens: int | None = None,
                generation: dict | None = None) -> list[Transcript]:
-    """One Transcript per audio clip from its log-mel features (n_mels, frames): a clip of at most 30 s comes as
-    the features of its audio padded to 30 s (exactly 2 x max_src_len frames), decoded in one window (short-form)."""
-    frames = cfg.source_frames
-    long = [i for i, f in enumerate(features) if np.shape(f)[-1] != frames]
-    if long:
-        raise InputError(f"clip {long[0] + 1} has {np.shape(features[long[0]])[-1]} feature frames; one window "
-                         f"takes {frames} (30 s: pad the audio to 30 s before computing its features)")
-    if timestamps:
-        raise ConfigError("timestamps are not decoded yet; drop --timestamps")
-    batch = np.stack([np.asarray(f, dtype=np.float32) for f in features])
-    languages: list = []
-    found = transcribe_features(model, cfg, speech, batch, language=language, task=task, beam_size=beam_size,
-                                length_penalty=length_penalty, early_stopping=early_stopping,
-                                max_new_tokens=max_new_tokens, generation=generation, languages_out=languages)
-    seconds = frames * SECONDS_PER_FRAME
-    return [Transcript(tokens, code if speech.multilingual else None, [Segment(0.0, seconds, tokens)])
-            for tokens, code in zip(found, languages)]
+    """One Transcript per audio clip from its log-mel features (n_mels, frames), as transformers'
+    `WhisperForConditionalGeneration.generate` transcribes the clip alone. A clip of at most 30 s comes as the
+    features of its audio padded to 30 s (exactly 2 x max_src_len frames: the feature extractor's defaults),
+    decoded in one window (short-form); a longer one as the features of the whole clip, not padded (the extractor
+    with truncation=False, or padding="longest" on the clip alone), decoded window by window with timestamps
+    (long-form: transformers decodes it so whether or not timestamps were asked for). With `timestamps` (and for
+    every long clip) the segments are the decode's, cut at its timestamps; else one segment over the 30 s."""
+    window = cfg.source_frames
+    short = [i for i, f in enumerate(features) if np.shape(f)[-1] < window]
+    if short:
+        raise InputError(f"clip {short[0] + 1} has {np.shape(features[short[0]])[-1]} feature frames; a clip takes "
+                         f"{window} at least (30 s: pad the audio to 30 s before computing its features)")
+    language, task = speech.check_language(language), speech.check_task(task)
+    clips = [np.asarray(f, dtype=np.float32) for f in features]
+    timed = [i for i, f in enumerate(clips) if timestamps or f.shape[-1] > window]
+    if timed:
+        speech.timestamp_begin(cfg)  # refused before any decoding
+    options = dict(beam_size=beam_size, length_penalty=length_penalty, early_stopping=early_stopping,
+                   max_new_tokens=max_new_tokens, generation=generation)
+    codes = row_languages(model, cfg, speech, np.stack([f[:, :window] for f in clips]), language)
+    out: list = [None] * len(clips)
+    plain = [i for i in range(len(clips)) if i not in set(timed)]
+    if plain:
+        found = decode_windows(model, cfg, speech, np.stack([clips[i] for i in plain]), [codes[i] for i in plain],
+                               task, False, **options)
+        seconds = window * SECONDS_PER_FRAME
+        for i, tokens in zip(plain, found):
+            out[i] = Transcript(tokens, codes[i] if speech.multilingual else None,
+                                [Segment(0.0, seconds, tokens, list(tokens))])
+    for i, segments in zip(timed, _sequential(model, cfg, speech, [clips[i] for i in timed],
+                                              [codes[i] for i in timed], task, options)):
+        out[i] = Transcript([t for s in segments for t in s.tokens], codes[i] if speech.multilingual else None,
+                            segments)
+    return out
+
+
+def _sequential(model: StepModel, cfg, speech: SpeechTokens, clips: list[np.ndarray], codes: list, task: str | None,
+                options: dict) -> list[list[Segment]]:
+    """transformers' sequential transcription of each clip: every live clip's window at its `seek` decoded in one
+    batch with timestamps, its segments kept, `seek` moved on; until every clip's frames are spent."""
+    window, begin = cfg.source_frames, speech.timestamp_begin(cfg)
+    stride = window // cfg.max_src_len
+    seek, segments = [0] * len(clips), [[] for _ in clips]
+    while live := [i for i, clip in enumerate(clips) if seek[i] < clip.shape[-1]]:
+        frames = [min(clips[i].shape[-1] - seek[i], window) for i in live]
+        batch = np.zeros((len(live), clips[0].shape[0], window), np.float32)  # the last window padded with zeros
+        for row, (i, n) in enumerate(zip(live, frames)):
+            batch[row, :, :n] = clips[i][:, seek[i]: seek[i] + n]
+        found = decode_windows(model, cfg, speech, batch, [codes[i] for i in live], task, True, **options)
+        for i, n, tokens in zip(live, frames, found):
+            got, advance = window_segments(tokens, begin, seek[i] * TIME_PRECISION / stride, n, stride)
+            segments[i] += got
+            seek[i] += advance
+    return segments

@@ -32,7 +32,8 @@ def t5_model_dir(path, family: str, config: dict | None = None, seed: int = 0, s
 # A tiny Whisper vocabulary: ordinary ids 0 .. 99, then the special tokens as a real checkpoint orders them
 # (<|endoftext|>, <|startoftranscript|>, languages, tasks, <|notimestamps|>), and no timestamp tokens after it: a
 # random model emits them freely, and transformers' generate then re-seeks inside the window (its long-form loop
-# runs for short inputs too), which a test of short-form decoding must not depend on.
+# runs for short inputs too), which a test of short-form decoding must not depend on. `whisper_model_dir(...,
+# timestamps=N)` appends N timestamp tokens (<|0.00|> at id 108, 0.02 s apart; a released checkpoint has 1501).
 WHISPER_LANGUAGES = ("en", "de", "fr")
 WHISPER_IDS = dict(eot=100, sot=101, languages={"en": 102, "de": 103, "fr": 104}, translate=105, transcribe=106,
                    no_timestamps=107)
@@ -44,16 +45,18 @@ WHISPER_SMALL = dict(vocab_size=108, d_model=32, encoder_layers=2, decoder_layer
 
 
 def whisper_model_dir(path, config: dict | None = None, seed: int = 0, std: float = 0.3, multilingual: bool = True,
-                      generation: dict | None = None):
+                      generation: dict | None = None, timestamps: int = 0):
     """A random transformers Whisper saved with save_pretrained, with a generation_config.json naming its prompt
     tokens as released checkpoints do (lang_to_id, task_to_id, no_timestamps_token_id, is_multilingual); matrices at
-    std `std` and norm weights near 1, so that a wrong front end, table or prompt moves the tokens."""
+    std `std` and norm weights near 1, so that a wrong front end, table or prompt moves the tokens. `timestamps`:
+    that many timestamp tokens after <|notimestamps|> (the vocabulary grows by as many)."""
     import torch
     from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalGeneration
 
     ids = WHISPER_IDS
     torch.manual_seed(seed)
-    model = WhisperForConditionalGeneration(WhisperConfig(**{**WHISPER_SMALL, **(config or {})})).eval()
+    sizes = {**WHISPER_SMALL, "vocab_size": WHISPER_SMALL["vocab_size"] + timestamps}
+    model = WhisperForConditionalGeneration(WhisperConfig(**{**sizes, **(config or {})})).eval()
     with torch.no_grad():
         for key, p in model.named_parameters():
             if "layer_norm.weight" in key:
