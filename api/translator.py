@@ -6,6 +6,10 @@ with the same checks and the same typed errors.
         for hyp in translator.translate(["kalo mine suta"], beam=4):
             print(hyp.text, hyp.ids)
 
+    with seq2trt.Translator("whisper-ckpt", backend="eager") as whisper:
+        for result in whisper.transcribe(["talk.wav"], language="en"):
+            print(result.language, result.text, [(s.start, s.end) for s in result.segments])
+
 Thread safety: one Translator may be called from several threads at once. The CPU backends (eager, ort,
 ort-fused, ort-int8) run concurrently — an ONNX Runtime session and an eval-mode torch module take concurrent
 calls, and the decoding loops keep their state in locals; the others (TensorRT engines, whose execution context
@@ -20,14 +24,21 @@ import numbers
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, Union
+
+import numpy as np
 
 from seq2trt.reference_model.decoding import GNMT_ALPHA
 from seq2trt.reference_model.errors import InputError
 from seq2trt.runtime.registry import DECODE_BACKENDS
 from seq2trt.runtime.decode_jobs import decode_job, has_tokenizer, open_decoder
+from seq2trt.runtime.transcription import (MAX_SECONDS, TRANSCRIBE_BACKENDS, TranscribedSegment, Transcriber,
+                                           Transcription, check_backend, refuse_speech_model, refuse_text_model)
 
-__all__ = ["Translator", "Hypothesis", "check_decode_options", "CONCURRENT_BACKENDS", "SEARCH_OPTIONS"]
+__all__ = ["Translator", "Hypothesis", "Transcription", "TranscribedSegment", "check_decode_options",
+           "CONCURRENT_BACKENDS", "SEARCH_OPTIONS"]
+
+Audio = Union[str, Path, np.ndarray]  # a WAV/FLAC/OGG file, or float samples (n,) or (n, channels)
 
 # Backends whose step model takes calls from several threads at once (see the module docstring).
 CONCURRENT_BACKENDS = ("eager", "ort", "ort-fused", "ort-int8")
@@ -65,7 +76,9 @@ class Translator:
     """A checkpoint (backend "eager") or an export directory (any backend of `seq2trt.DECODE_BACKENDS`) opened for
     decoding. `threads`: ONNX Runtime's intra-op threads, and torch's while the Translator is open. `checkpoint`:
     the export's checkpoint, if it moved (its tokenizer and generation settings are read there). `src_lang`,
-    `tgt_lang`: language codes of mBART-50 / M2M100 / NLLB tokenizers (the target code is forced first).
+    `tgt_lang`: language codes of mBART-50 / M2M100 / NLLB tokenizers (the target code is forced first). A Whisper
+    checkpoint or export is opened for `transcribe` (backends with a step model: not ort-generate*); a text model
+    for `translate` and `generate`.
 
     Use it as a context manager, or call `close()`: that releases the sessions and restores torch's threads.
     """
@@ -75,17 +88,36 @@ class Translator:
         if backend not in DECODE_BACKENDS:
             raise InputError(f"unknown backend {backend!r}; choose one of {', '.join(DECODE_BACKENDS)}")
         self.path, self.backend = Path(path), backend
+        self._refuse_whole_search_on_speech()
         self._stack = contextlib.ExitStack()
         self._lock = threading.Lock() if backend not in CONCURRENT_BACKENDS else contextlib.nullcontext()
         try:
             self._opened = self._stack.enter_context(
                 open_decoder(self.path, backend, checkpoint and Path(checkpoint), threads))
             self.config = self._opened.config
-            self._codec = self._load_codec(self._opened.folder, src_lang, tgt_lang)
+            self._transcriber: Transcriber | None = None
+            self._codec = None
+            if self.config.audio:
+                check_backend(backend)
+                if src_lang or tgt_lang:
+                    raise InputError("src_lang/tgt_lang are for text models; a speech model takes transcribe("
+                                     "language=...)")
+                self._transcriber = Transcriber(self._opened, self.path, threads)
+            else:
+                self._codec = self._load_codec(self._opened.folder, src_lang, tgt_lang)
         except BaseException:
             self._stack.close()
             raise
         self._closed = False
+
+    def _refuse_whole_search_on_speech(self) -> None:
+        """A speech export with a whole-search backend (generate.onnx) is refused before anything is opened."""
+        from seq2trt.exporters.manifest import read_manifest
+        from seq2trt.reference_model.layout import MANIFEST
+
+        if self.backend not in TRANSCRIBE_BACKENDS and (self.path / MANIFEST).is_file():
+            if read_manifest(self.path).config.audio:
+                check_backend(self.backend)
 
     def _load_codec(self, folder: Path, src_lang: str | None, tgt_lang: str | None):
         from seq2trt.reference_model.text import load_codec
@@ -99,7 +131,10 @@ class Translator:
 
     @property
     def has_tokenizer(self) -> bool:
-        """Whether `translate` can take texts (the checkpoint has a tokenizer); `generate` always takes ids."""
+        """Whether `translate` can take texts (the checkpoint has a tokenizer; `generate` always takes ids), or for a
+        speech model whether `transcribe` returns text besides ids."""
+        if self._transcriber is not None:
+            return self._transcriber.has_tokenizer
         return self._codec is not None
 
     def translate(self, texts: Sequence[str], beam: int | None = None, max_new_tokens: int | None = None,
@@ -112,6 +147,7 @@ class Translator:
         included (None: the model's limit); `scores`: fill each Hypothesis's score. `search`: SEARCH_OPTIONS
         (sample, temperature, top_k, top_p, seed, min_length, min_new_tokens, no_repeat_ngram_size,
         repetition_penalty), as `seq2trt translate`'s flags of those names; None or absent: the model's own."""
+        refuse_speech_model(self.config, "Translator.translate")
         if isinstance(texts, str):
             raise InputError("texts must be a list of strings, got one string; wrap it in a list")
         if self._codec is None:
@@ -126,6 +162,7 @@ class Translator:
                  alpha: float = GNMT_ALPHA, batch_size: int = 32, scores: bool = False, n_best: int | None = None,
                  **search: Any) -> list[Hypothesis] | list[list[Hypothesis]]:
         """Decode source token ids (used as given: include eos where the model expects it); options as `translate`."""
+        refuse_speech_model(self.config, "Translator.generate")
         sources = []
         for n, source in enumerate(ids, 1):
             source = list(source)
@@ -164,6 +201,55 @@ class Translator:
 
     def _hypothesis(self, ids: list[int], score: float | None) -> Hypothesis:
         return Hypothesis(ids, self._codec.decode(ids) if self._codec is not None else None, score)
+
+    def transcribe(self, audio: Audio | Sequence[Audio], sampling_rate: int | None = None, *,
+                   language: str | None = None, task: str | None = None, timestamps: bool = False,
+                   beam: int | None = None, max_new_tokens: int | None = None, batch_size: int = 16,
+                   max_seconds: float | None = MAX_SECONDS,
+                   progress: Callable[[int, int], None] | None = None) -> list[Transcription]:
+        """Transcribe speech with a Whisper model: one Transcription per clip, in order (a list of one for one clip).
+        `audio`: a file path (WAV, FLAC, OGG; any rate and channels), a float array of samples (n,) or
+        (n, channels) at `sampling_rate` Hz (required for arrays; mixed to mono and resampled to 16 kHz as
+        files are), or a list of either. `language`: its code ("en"; None: the model's, else detected per clip);
+        `task`: "transcribe" or "translate" (into English; multilingual models); `timestamps`: segments cut at
+        the decoded timestamps; `beam`: beam size (None: the model's num_beams); `max_new_tokens`: tokens a window
+        generates at most, eos included; `max_seconds`: longest clip accepted (None: any);
+        `progress(done, total)`: after each batch of `batch_size` clips. Every clip and option is checked before
+        the first is decoded. Raises InputError for a text model (use `translate`)."""
+        if self._closed:
+            raise InputError("this Translator is closed; open a new one")
+        refuse_text_model(self.config, self.path)
+        transcriber = self._transcriber
+        transcriber.check(language, task, beam, max_new_tokens, batch_size)
+        clips = self._clips(audio, sampling_rate, max_seconds)
+        with self._lock:
+            return list(transcriber.transcribe(
+                clips, language=language, task=task, timestamps=timestamps, beam=beam,
+                max_new_tokens=max_new_tokens, batch_size=batch_size,
+                progress=None if progress is None else lambda done: progress(done, len(clips))))
+
+    @staticmethod
+    def _clips(audio: Audio | Sequence[Audio], sampling_rate: int | None,
+               max_seconds: float | None) -> list[np.ndarray]:
+        """16 kHz mono float32 clips from `audio` (see `transcribe`), each checked."""
+        from seq2trt.reference_model.audio import load_audio, prepare_audio
+
+        items = [audio] if isinstance(audio, (str, Path, np.ndarray)) else list(audio)
+        if not items:
+            raise InputError("no audio given; pass a file path, an array of samples, or a list of them")
+        clips = []
+        for n, item in enumerate(items, 1):
+            if isinstance(item, (str, Path)):
+                clips.append(load_audio(item, max_seconds))
+            elif isinstance(item, np.ndarray):
+                if sampling_rate is None:
+                    raise InputError(f"audio {n} is an array and no sampling_rate was given; pass "
+                                     "sampling_rate=<Hz> (e.g. 16000) with arrays of samples")
+                clips.append(prepare_audio(item, sampling_rate, max_seconds, where=f"audio {n}"))
+            else:
+                raise InputError(f"audio {n} is a {type(item).__name__}; give a file path or a numpy array of float "
+                                 "samples (a list of numbers: np.asarray it first)")
+        return clips
 
     def close(self) -> None:
         """Release the sessions (and torch's threads); later calls raise."""

@@ -148,7 +148,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
 # Each module holds a list COMMANDS of click commands; add a module here to add its verbs.
 COMMAND_MODULES = ("model_commands", "import_commands", "export_commands", "validate_commands", "fuse_commands",
                    "build_commands", "bench_commands", "report_commands", "demo_commands", "ort_search_commands",
-                   "serve_commands")
+                   "serve_commands", "transcribe_commands")
 
 
 def _register() -> None:

@@ -16,6 +16,7 @@ from seq2trt.reference_model.train import TrainSettings
 from seq2trt.runtime.registry import DECODE_BACKENDS
 from seq2trt.translator import check_decode_options
 from seq2trt.runtime.decode_jobs import decode_job, has_tokenizer, open_decoder
+from seq2trt.runtime.transcription import refuse_speech_model
 
 
 @click.command()
@@ -166,6 +167,7 @@ def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path
         raise InputError("empty source text; give at least one symbol")
     _check_utf8(texts)
     with open_decoder(source, backend, checkpoint, threads) as opened:
+        refuse_speech_model(opened.config)
         cfg, folder = opened.config, opened.folder
         codec = _codec(folder, cfg.eos_id, bool(texts), src_lang, tgt_lang)
         if output_ids is not None:  # before any decode

@@ -38,3 +38,98 @@ def speak(folder: Path, text: str, name: str = "speech.wav") -> Path:
     out = Path(folder) / name
     subprocess.run([exe, "-w", str(out), text], check=True, capture_output=True)
     return out
+
+
+# --- Whisper: a tokenizer, a checkpoint and transformers' transcription, for the transcribe tests -----------------
+
+WHISPER_SPECIAL = ("<|startoftranscript|>", "<|en|>", "<|de|>", "<|fr|>", "<|translate|>", "<|transcribe|>",
+                   "<|notimestamps|>")  # ids 101 .. 107, as helpers.hf_models.WHISPER_IDS
+
+
+def whisper_tokenizer(folder: Path, timestamps: int = 0) -> Path:
+    """A tiny byte-level BPE WhisperTokenizer saved into `folder` (a transformers Whisper's directory, before its
+    import): ordinary ids 0 .. 99 (printable ASCII 32 .. 126, then five merges), <|endoftext|> 100, the special tokens
+    of WHISPER_SPECIAL at 101 .. 107, then `timestamps` tokens <|0.00|>, <|0.02|>, ... (ids as hf_models'
+    whisper_model_dir(timestamps=N) lays them out)."""
+    import json
+
+    from transformers import WhisperTokenizer
+    from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+
+    byte_chars = bytes_to_unicode()
+    merges = [("Ġ", "t"), ("Ġt", "h"), ("Ġth", "e"), ("h", "e"), ("i", "n")]
+    tokens = [byte_chars[b] for b in range(32, 127)] + ["".join(m) for m in merges]
+    vocab = {**{t: i for i, t in enumerate(tokens)}, "<|endoftext|>": len(tokens)}
+    folder = Path(folder)
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    (folder / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
+    end = "<|endoftext|>"
+    tokenizer = WhisperTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"), unk_token=end,
+                                 bos_token=end, eos_token=end, pad_token=end)
+    tokenizer.add_special_tokens({"additional_special_tokens": list(WHISPER_SPECIAL)})
+    if timestamps:
+        tokenizer.add_tokens([f"<|{i * 0.02:.2f}|>" for i in range(timestamps)])
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def whisper_source(path: Path, **kwargs) -> Path:
+    """A random transformers Whisper (hf_models.whisper_model_dir with `kwargs`) with the files an import copies
+    beside it: the tokenizer of `whisper_tokenizer` and the default feature extractor at its mel bins."""
+    from transformers import WhisperFeatureExtractor
+
+    from helpers.hf_models import WHISPER_SMALL, whisper_model_dir
+
+    src = whisper_model_dir(path, **kwargs)
+    whisper_tokenizer(src, kwargs.get("timestamps", 0))
+    mels = (kwargs.get("config") or {}).get("num_mel_bins", WHISPER_SMALL["num_mel_bins"])
+    WhisperFeatureExtractor(feature_size=mels).save_pretrained(src)
+    return Path(src)
+
+
+def whisper_checkpoint(src: Path, out: Path) -> Path:
+    """The checkpoint `seq2trt import hf SRC -o OUT` writes (the same conversion, generation.json and tokenizer/),
+    without the import's proof against transformers, which tests/reference_model/test_hf_whisper.py runs (it takes
+    about a minute here)."""
+    import json
+
+    from seq2trt.reference_model.checkpoint import save_checkpoint
+    from seq2trt.reference_model.hf_families import FAMILIES
+    from seq2trt.reference_model.hf_import import _copy_tokenizer, load_hf_as_model
+    from seq2trt.reference_model.layout import GENERATION
+
+    family, model, gen, _ = load_hf_as_model(Path(src))
+    return save_checkpoint(Path(out), model, extra_files={GENERATION: json.dumps(gen, indent=2) + "\n"},
+                           extra_writer=lambda tmp: _copy_tokenizer(FAMILIES[family], Path(src), tmp))
+
+
+def judge_clip(path: Path) -> np.ndarray:
+    """A file as Whisper's users load it, independently of seq2trt: soundfile, the channels' mean, soxr HQ to
+    16 kHz."""
+    import soundfile
+    import soxr
+
+    samples, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
+    mono = samples.mean(axis=1)
+    return (soxr.resample(mono, rate, 16000, quality="HQ") if rate != 16000 else mono).astype(np.float32)
+
+
+def generate_tokens(hf_model, src: Path, clips, language: str | None, beams: int, max_new_tokens: int):
+    """(tokens, languages): transformers' transcription of 16 kHz clips, the judge: WhisperFeatureExtractor's
+    input_features, then generate(language=..., task="transcribe") (language None: detected per clip); the tokens
+    after the start token and its prompt of three (language, task, <|notimestamps|>), up to eos, and each clip's
+    language as transformers' detect_language finds it (or the one given)."""
+    import torch
+    from transformers import WhisperFeatureExtractor
+
+    from seq2trt.reference_model.hf_verify import whisper_generated
+
+    fe = WhisperFeatureExtractor.from_pretrained(str(src))
+    features = torch.as_tensor(fe(list(clips), sampling_rate=16000, return_tensors="np")["input_features"])
+    with torch.inference_mode():
+        out = hf_model.generate(input_features=features, language=language, task="transcribe", num_beams=beams,
+                                max_new_tokens=max_new_tokens, return_dict_in_generate=True)
+        detected = None if language is not None else hf_model.detect_language(input_features=features).tolist()
+    by_id = {v: k.strip("<|>") for k, v in hf_model.generation_config.lang_to_id.items()}
+    languages = [language] * len(clips) if language is not None else [by_id[i] for i in detected]
+    return whisper_generated(out.sequences, 3, hf_model.generation_config.eos_token_id), languages

@@ -1,0 +1,131 @@
+"""`seq2trt transcribe`: speech to text with a Whisper checkpoint or export, through any backend with a step model."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import click
+
+from seq2trt.reference_model.errors import InputError
+from seq2trt.runtime.transcription import MAX_SECONDS, TRANSCRIBE_BACKENDS
+
+FORMATS = ("text", "json", "srt", "vtt")
+
+
+def _clock(seconds: float, separator: str) -> str:
+    """HH:MM:SS,mmm (SubRip) or HH:MM:SS.mmm (WebVTT)."""
+    ms = int(round(max(seconds, 0.0) * 1000))
+    return f"{ms // 3600000:02d}:{ms // 60000 % 60:02d}:{ms // 1000 % 60:02d}{separator}{ms % 1000:03d}"
+
+
+def _text(text: str | None, tokens: list[int]) -> str:
+    return text if text is not None else json.dumps(tokens)
+
+
+def subtitles(transcription, fmt: str) -> str:
+    """The segments of one transcription as a SubRip (srt) or WebVTT (vtt) document; without a tokenizer each cue
+    holds its ids."""
+    separator = "," if fmt == "srt" else "."
+    cues = [f"{_clock(s.start, separator)} --> {_clock(s.end, separator)}\n{_text(s.text, s.tokens).strip()}\n"
+            for s in transcription.segments]
+    if fmt == "srt":
+        return "".join(f"{n}\n{cue}\n" for n, cue in enumerate(cues, 1))
+    return "WEBVTT\n\n" + "".join(f"{cue}\n" for cue in cues)
+
+
+def as_json(name: str, transcription) -> str:
+    """One file's JSON line: {file, language, text, tokens, segments: [{start, end, text, tokens}]}."""
+    t = transcription
+    return json.dumps({"file": name, "language": t.language, "text": t.text, "tokens": t.tokens,
+                       "segments": [{"start": round(s.start, 3), "end": round(s.end, 3), "text": s.text,
+                                     "tokens": s.tokens} for s in t.segments]}, ensure_ascii=False)
+
+
+def _check_output_path(output: Path, audio: tuple[Path, ...], read: list[Path]) -> None:
+    """--output-ids must not replace an audio file or a file of the model folders (model_commands' rule for
+    translate's inputs)."""
+    from seq2trt.cli.model_commands import _check_output_ids
+
+    _check_output_ids(output, None, read)
+    if output.exists():
+        for path in audio:
+            if path.exists() and os.path.samefile(output, path):
+                raise InputError(f"--output-ids {output} is the audio file {path}; writing the ids there would "
+                                 "replace it; choose another file")
+
+
+@click.command()
+@click.argument("source", type=click.Path(path_type=Path))
+@click.argument("audio", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--language", help="Language code of the speech (en, de, ...). Default: the model's, else detected "
+                                 "per file.")
+@click.option("--task", type=click.Choice(["transcribe", "translate"]), default=None,
+              help="transcribe, or translate into English (multilingual models). Default: the model's, else "
+                   "transcribe.")
+@click.option("--timestamps", is_flag=True, help="Decode timestamps: segments with their times (srt, vtt, json).")
+@click.option("--backend", type=click.Choice(TRANSCRIBE_BACKENDS), default="eager", show_default=True,
+              help="eager runs the checkpoint's model; the others run an export directory's graphs or engines.")
+@click.option("--beam", type=int, default=None, help="Beam size; 1 is greedy. Default: the model's num_beams.")
+@click.option("--max-new-tokens", type=int, default=None, help="Tokens to generate at most a window, eos included.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True,
+              help="text: a line a file; json: a JSON line a file; srt/vtt: subtitles of one file.")
+@click.option("--output-ids", type=click.Path(path_type=Path), help="Write each file's token ids here as JSON lines.")
+@click.option("--batch-size", type=int, default=16, show_default=True, help="Files decoded together.")
+@click.option("--max-seconds", type=float, default=MAX_SECONDS, show_default=True,
+              help="Refuse an audio file longer than this.")
+@click.option("--checkpoint", type=click.Path(path_type=Path), help="The export's checkpoint, if it moved.")
+@click.option("--threads", type=int, default=1, show_default=True, help="CPU threads (ONNX Runtime's and torch's).")
+def transcribe(source: Path, audio: tuple[Path, ...], language: str | None, task: str | None, timestamps: bool,
+               backend: str, beam: int | None, max_new_tokens: int | None, fmt: str, output_ids: Path | None,
+               batch_size: int, max_seconds: float, checkpoint: Path | None, threads: int) -> None:
+    """Transcribe AUDIO files (WAV, FLAC, OGG; any rate, any channels) with SOURCE: a Whisper checkpoint (eager) or
+    its export directory (any --backend).
+
+    Prints, in input order as each batch finishes: with --format text one line a file (its text, or its ids as a
+    JSON list when the checkpoint has no tokenizer), with json one line a file ({file, language, text, tokens,
+    segments}), with srt or vtt the subtitles of the one file given. Every file is read and checked before the first
+    is decoded; progress goes to stderr."""
+    from seq2trt.reference_model.atomic_files import write_plain_output
+    from seq2trt.runtime.transcription import open_transcriber, read_clips
+
+    if fmt in ("srt", "vtt") and len(audio) > 1:
+        raise InputError(f"--format {fmt} writes the subtitles of one file and {len(audio)} were given; give one "
+                         "AUDIO file, or use --format json for many")
+    if not max_seconds > 0:
+        raise InputError(f"--max-seconds must be a number > 0, got {max_seconds}")
+    with open_transcriber(source, backend, checkpoint, threads) as transcriber:
+        transcriber.check(language, task, beam, max_new_tokens, batch_size)
+        if output_ids is not None:
+            _check_output_path(output_ids, audio, [source, transcriber.opened.folder])
+        clips = read_clips(audio, max_seconds)
+        lines: list[str] = []
+        with _progress(len(audio)) as update:
+            for name, t in zip(audio, transcriber.transcribe(
+                    clips, language=language, task=task, timestamps=timestamps, beam=beam,
+                    max_new_tokens=max_new_tokens, batch_size=batch_size, names=[str(a) for a in audio],
+                    progress=update)):
+                lines.append(json.dumps(t.tokens))
+                if fmt == "text":
+                    click.echo(_text(t.text, t.tokens))
+                elif fmt == "json":
+                    click.echo(as_json(str(name), t))
+                else:
+                    click.echo(subtitles(t, fmt), nl=False)
+    if output_ids is not None:
+        write_plain_output(output_ids, "".join(line + "\n" for line in lines).encode(), "--output-ids")
+
+
+def _progress(total: int):
+    """A progress bar on stderr for many files; nothing for one."""
+    import contextlib
+
+    if total < 2:
+        return contextlib.nullcontext(lambda done: None)
+    from seq2trt.cli.progress import progress_bar
+
+    return progress_bar("transcribing", total)
+
+
+COMMANDS = [transcribe]

@@ -1,0 +1,180 @@
+"""`seq2trt transcribe`, judged by transformers: a small random Whisper (with a tiny WhisperTokenizer and the default
+feature extractor saved beside it) transcribes speech spoken by espeak-ng and synthetic signals (a tone at 8 kHz, a
+44.1 kHz stereo FLAC); its tokens equal `WhisperForConditionalGeneration.generate` on `WhisperFeatureExtractor`'s
+features of the same audio (greedy and beam 4, language given and detected), its text the tokenizer's decoding of
+them. Also the output formats, a checkpoint without tokenizer files, and what is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
+
+from helpers.audio import (SENTENCES, generate_tokens, judge_clip, speak, synthetic,  # noqa: E402
+                           whisper_checkpoint, whisper_source)
+from helpers.cli import invoke, one_error_line  # noqa: E402
+
+MAX_NEW = 12
+
+
+@pytest.fixture(scope="module")
+def whisper(tmp_path_factory):
+    """(transformers source directory, its checkpoint, transformers' model of it)."""
+    from seq2trt.reference_model.hf_verify import load_transformers_model
+
+    root = tmp_path_factory.mktemp("whisper")
+    src = whisper_source(root / "hf", seed=0, std=1.0)  # varied tokens; detects fr and de on these clips
+    return src, whisper_checkpoint(src, root / "ckpt"), load_transformers_model(src, speech=True)
+
+
+@pytest.fixture(scope="module")
+def audio(tmp_path_factory):
+    """Speech at espeak-ng's 22.05 kHz, a tone at 8 kHz (WAV) and noise + tone at 44.1 kHz stereo (FLAC)."""
+    root = tmp_path_factory.mktemp("audio")
+    files = [speak(root, SENTENCES[0], "fox.wav"), speak(root, SENTENCES[2], "numbers.wav")]
+    sf.write(root / "tone-8k.wav", synthetic("tone", rate=8000, seconds=1.5), 8000)
+    stereo = np.stack([synthetic("noise", rate=44100), synthetic("tone", rate=44100)], axis=1)
+    sf.write(root / "stereo-44k.flac", stereo, 44100)
+    return files + [root / "tone-8k.wav", root / "stereo-44k.flac"]
+
+
+def stdout_of(*args) -> str:
+    """`seq2trt ARGS...`, which must exit 0: its standard output alone (progress goes to stderr)."""
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def json_lines(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("beams", [1, 4], ids=["greedy", "beam4"])
+@pytest.mark.parametrize("language", ["de", None], ids=["given", "detected"])
+def test_tokens_equal_transformers_generate(whisper, audio, beams, language):
+    src, ckpt, hf_model = whisper
+    audio = audio if beams == 1 else [audio[0], audio[3]]  # beam on speech and the 44.1 kHz stereo file
+    flags = ["--language", language] if language else []
+    result = invoke("transcribe", ckpt, *audio, "--format", "json", "--beam", beams, "--max-new-tokens", MAX_NEW,
+                    *flags)
+    assert result.exit_code == 0, result.output
+    rows = json_lines(result.stdout)
+    want, languages = generate_tokens(hf_model, src, [judge_clip(a) for a in audio], language, beams, MAX_NEW)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(src))
+    assert [r["file"] for r in rows] == [str(a) for a in audio]
+    assert [r["tokens"] for r in rows] == want
+    assert [r["language"] for r in rows] == languages
+    assert [r["text"] for r in rows] == [tokenizer.decode(t, skip_special_tokens=True) for t in want]
+    assert "transcribing" in result.stderr  # progress on stderr for many files, none on stdout
+
+
+def test_formats_and_output_ids(whisper, audio, tmp_path):
+    src, ckpt, _ = whisper
+    one = audio[0]
+    row = json_lines(stdout_of("transcribe", ckpt, one, "--format", "json", "--max-new-tokens", MAX_NEW))[0]
+    duration = sf.info(str(one)).frames / sf.info(str(one)).samplerate
+    assert row["segments"] == [{"start": 0.0, "end": round(duration, 3), "text": row["text"], "tokens": row["tokens"]}]
+    text = stdout_of("transcribe", ckpt, one, "--max-new-tokens", MAX_NEW, "--output-ids", tmp_path / "ids.jsonl")
+    assert text == row["text"] + "\n"
+    assert (tmp_path / "ids.jsonl").read_text() == json.dumps(row["tokens"]) + "\n"
+    ms = round(duration * 1000)
+    clock = f"00:00:{ms // 1000:02d}{{}}{ms % 1000:03d}"
+    srt = stdout_of("transcribe", ckpt, one, "--max-new-tokens", MAX_NEW, "--format", "srt")
+    assert srt == f"1\n00:00:00,000 --> {clock.format(',')}\n{row['text'].strip()}\n\n"
+    vtt = stdout_of("transcribe", ckpt, one, "--max-new-tokens", MAX_NEW, "--format", "vtt")
+    assert vtt == f"WEBVTT\n\n00:00:00.000 --> {clock.format('.')}\n{row['text'].strip()}\n\n"
+
+
+@pytest.mark.parametrize("keep", ["preprocessor_config", "nothing"])
+def test_without_tokenizer_files_ids_are_printed(whisper, audio, tmp_path, keep):
+    """Without a vocabulary the ids are printed (the extractor's defaults stand in for a missing
+    preprocessor_config.json: the same features)."""
+    src, ckpt, hf_model = whisper
+    bare = tmp_path / "ckpt"
+    shutil.copytree(ckpt, bare)
+    for path in (bare / "tokenizer").iterdir():
+        if not (keep == "preprocessor_config" and path.name in ("preprocessor_config.json", "config.json")):
+            path.unlink()
+    if keep == "nothing":
+        (bare / "tokenizer").rmdir()
+    out = stdout_of("transcribe", bare, audio[0], "--max-new-tokens", MAX_NEW, "--language", "en")
+    want, _ = generate_tokens(hf_model, src, [judge_clip(audio[0])], "en", 1, MAX_NEW)
+    assert [json.loads(line) for line in out.splitlines()] == want
+    row = json_lines(stdout_of("transcribe", bare, audio[0], "--format", "json", "--max-new-tokens", MAX_NEW,
+                               "--language", "en"))[0]
+    assert row["text"] is None and row["tokens"] == want[0]
+
+
+@pytest.fixture(scope="module")
+def english_only(tmp_path_factory):
+    root = tmp_path_factory.mktemp("english")
+    return whisper_checkpoint(whisper_source(root / "hf", multilingual=False), root / "ckpt")
+
+
+@pytest.fixture(scope="module")
+def text_model(tmp_path_factory, make_model):
+    from seq2trt.reference_model.checkpoint import save_checkpoint
+
+    return save_checkpoint(tmp_path_factory.mktemp("text") / "ckpt", make_model(seed=1))
+
+
+def test_english_only_model_transcribes_and_refuses_translate(english_only, audio, tmp_path):
+    src = english_only.parent / "hf"
+    from seq2trt.reference_model.hf_verify import load_transformers_model
+
+    hf_model = load_transformers_model(src, speech=True)
+    row = json_lines(stdout_of("transcribe", english_only, audio[0], "--format", "json", "--max-new-tokens",
+                               MAX_NEW))[0]
+    import torch
+    from seq2trt.reference_model.hf_verify import whisper_generated
+
+    features = transformers.WhisperFeatureExtractor.from_pretrained(str(src))(
+        [judge_clip(audio[0])], sampling_rate=16000, return_tensors="pt")["input_features"]
+    with torch.inference_mode():
+        out = hf_model.generate(input_features=features, max_new_tokens=MAX_NEW, return_dict_in_generate=True)
+    assert row["tokens"] == whisper_generated(out.sequences, 1, 100)[0]  # prompt: <|notimestamps|>
+    assert row["language"] == "en"
+    one_error_line(invoke("transcribe", english_only, audio[0], "--task", "translate"), 2, "English-only",
+                   "--task translate")
+    one_error_line(invoke("transcribe", english_only, audio[0], "--language", "de"), 2, "English-only")
+
+
+def test_errors(whisper, audio, text_model, tmp_path):
+    """Each refusal is one error line, exit 2, and --output-ids is not written."""
+    _, ckpt, _ = whisper
+    (tmp_path / "empty.wav").write_bytes(b"")
+    (tmp_path / "corrupt.wav").write_bytes(b"RIFF" + bytes(range(256)) * 4)
+    ids = tmp_path / "ids.jsonl"
+    cases = [
+        ((ckpt, tmp_path / "missing.wav"), ("missing.wav does not exist",)),
+        ((ckpt, audio[0], tmp_path / "empty.wav"), ("empty.wav is empty",)),
+        ((ckpt, tmp_path / "corrupt.wav"), ("corrupt.wav is corrupt",)),
+        ((ckpt, audio[2], "--max-seconds", 1), ("over the limit of 1 s",)),
+        ((ckpt, audio[0], "--language", "xx"), ("unknown language 'xx'", "knows 3")),
+        ((ckpt, *audio[:2], "--format", "srt"), ("--format srt", "one AUDIO file")),
+        ((ckpt, audio[0], "--timestamps"), ("timestamp",)),
+        ((ckpt, audio[0], "--max-new-tokens", 1000), ("max_new_tokens 1000 does not fit",)),
+        ((ckpt, audio[0], "--backend", "ort"), ("--backend ort runs exported graphs",)),
+        ((text_model, audio[0]), ("reads token ids; use translate",)),
+    ]
+    for args, fragments in cases:
+        one_error_line(invoke("transcribe", *args, "--output-ids", ids), 2, *fragments)
+        assert not ids.exists()
+    one_error_line(invoke("translate", ckpt, "hello"), 2, "speech model", "seq2trt transcribe")
+    assert invoke("transcribe", ckpt, audio[0], "--backend", "ort-generate").exit_code == 2  # not a choice
+
+
+def test_backends_are_the_registry_step_model_backends():
+    from seq2trt.cli.transcribe_commands import transcribe
+    from seq2trt.runtime import registry
+
+    param = next(p for p in transcribe.params if "--backend" in p.opts)
+    assert tuple(param.type.choices) == registry.names(translate=True, whole_search=False)
+    assert "ort-generate" not in param.type.choices and {"eager", "ort", "ort-fused", "tensorrt"} <= set(
+        param.type.choices)
