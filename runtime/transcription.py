@@ -236,8 +236,9 @@ class Transcriber:
                 progress(start + len(batch))
             for clip, t in zip(batch, found):
                 duration = len(clip) / rate
-                # a window's segment ends at the end of the audio, not of its 30 s padding
-                segments = [TranscribedSegment(s.start, min(s.end, duration), list(s.tokens),
+                # one window without timestamps: its one segment ends where the audio does, not its 30 s padding
+                plain = not timestamps and len(clip) <= self.front_end.params.n_samples
+                segments = [TranscribedSegment(s.start, min(s.end, duration) if plain else s.end, list(s.tokens),
                                                self.decode_text(list(s.tokens))) for s in t.segments]
                 language_ = t.language if self.speech.multilingual else "en"
                 yield Transcription(list(t.tokens), self.decode_text(list(t.tokens)), language_, segments, duration)

@@ -16,8 +16,12 @@ import soundfile as sf
 
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
 
+# save_pretrained of a Whisper whose config.json names suppress_tokens: transformers' note, not a problem here
+pytestmark = pytest.mark.filterwarnings("ignore:Moving the following attributes:UserWarning")
+
 from helpers.audio import (SENTENCES, generate_tokens, judge_clip, speak, synthetic,  # noqa: E402
                            whisper_checkpoint, whisper_source)
+from helpers.hf_models import WHISPER_IDS  # noqa: E402
 from helpers.cli import invoke, one_error_line  # noqa: E402
 
 MAX_NEW = 12
@@ -29,7 +33,7 @@ def whisper(tmp_path_factory):
     from seq2trt.reference_model.hf_verify import load_transformers_model
 
     root = tmp_path_factory.mktemp("whisper")
-    src = whisper_source(root / "hf", seed=0, std=1.0)  # varied tokens; detects fr and de on these clips
+    src = whisper_source(root / "hf", seed=3, std=1.0, suppress_timestamps=True)  # varied tokens, de and en detected
     return src, whisper_checkpoint(src, root / "ckpt"), load_transformers_model(src, speech=True)
 
 
@@ -114,7 +118,7 @@ def test_without_tokenizer_files_ids_are_printed(whisper, audio, tmp_path, keep)
 @pytest.fixture(scope="module")
 def english_only(tmp_path_factory):
     root = tmp_path_factory.mktemp("english")
-    return whisper_checkpoint(whisper_source(root / "hf", multilingual=False), root / "ckpt")
+    return whisper_checkpoint(whisper_source(root / "hf", multilingual=False, suppress_timestamps=True), root / "ckpt")
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +162,6 @@ def test_errors(whisper, audio, text_model, tmp_path):
         ((ckpt, audio[2], "--max-seconds", 1), ("over the limit of 1 s",)),
         ((ckpt, audio[0], "--language", "xx"), ("unknown language 'xx'", "knows 3")),
         ((ckpt, *audio[:2], "--format", "srt"), ("--format srt", "one AUDIO file")),
-        ((ckpt, audio[0], "--timestamps"), ("timestamp",)),
         ((ckpt, audio[0], "--max-new-tokens", 1000), ("max_new_tokens 1000 does not fit",)),
         ((ckpt, audio[0], "--backend", "ort"), ("--backend ort runs exported graphs",)),
         ((text_model, audio[0]), ("reads token ids; use translate",)),
@@ -178,3 +181,55 @@ def test_backends_are_the_registry_step_model_backends():
     assert tuple(param.type.choices) == registry.names(translate=True, whole_search=False)
     assert "ort-generate" not in param.type.choices and {"eager", "ort", "ort-fused", "tensorrt"} <= set(
         param.type.choices)
+
+
+# --- timestamps and long-form ---------------------------------------------------------------------------------------
+
+BEGIN = WHISPER_IDS["no_timestamps"] + 1  # <|0.00|>
+
+
+@pytest.fixture(scope="module")
+def timed(tmp_path_factory):
+    """A random Whisper that emits timestamps freely (max_initial_timestamp_index 50, as released checkpoints), its
+    checkpoint, transformers' model, and about 40 s of espeak-ng speech beside a short clip."""
+    from seq2trt.reference_model.hf_verify import load_transformers_model
+
+    root = tmp_path_factory.mktemp("timed")
+    src = whisper_source(root / "hf", generation=dict(max_initial_timestamp_index=50))
+    long = speak(root, " ".join(SENTENCES * 4), "long.wav")
+    assert 32 < sf.info(str(long)).duration < 70, sf.info(str(long)).duration
+    return src, whisper_checkpoint(src, root / "ckpt"), load_transformers_model(src, speech=True), \
+        [speak(root, SENTENCES[1], "short.wav"), long]
+
+
+def hf_segments(hf_model, src, clip: np.ndarray) -> list[tuple]:
+    """transformers' segments of one clip transcribed alone with timestamps: (start, end, text tokens)."""
+    import torch
+
+    fe = transformers.WhisperFeatureExtractor.from_pretrained(str(src))
+    whole = dict(truncation=False, padding="longest") if len(clip) > fe.n_samples else {}
+    features = fe([clip], sampling_rate=16000, return_tensors="pt", **whole)["input_features"]
+    with torch.inference_mode():
+        out = hf_model.generate(input_features=features, return_timestamps=True, return_segments=True,
+                                language="en", task="transcribe", max_new_tokens=MAX_NEW)
+    return [(round(float(s["start"]), 3), round(float(s["end"]), 3), [t for t in s["tokens"].tolist() if t < BEGIN])
+            for s in out["segments"][0]]
+
+
+def test_timestamps_and_long_form_equal_generate(timed):
+    """--timestamps on a short clip, and a clip past 30 s (long-form: window by window from seek): every segment's
+    start, end and tokens equal generate(return_timestamps=True, return_segments=True) on the clip alone; srt has a
+    cue a segment."""
+    src, ckpt, hf_model, files = timed
+    rows = json_lines(stdout_of("transcribe", ckpt, *files, "--timestamps", "--language", "en", "--format", "json",
+                                "--max-new-tokens", MAX_NEW))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(src))
+    for path, row in zip(files, rows):
+        want = hf_segments(hf_model, src, judge_clip(path))
+        assert [(s["start"], s["end"], s["tokens"]) for s in row["segments"]] == want
+        assert row["tokens"] == [t for _, _, tokens in want for t in tokens]
+        assert [s["text"] for s in row["segments"]] == [tokenizer.decode(t, skip_special_tokens=True)
+                                                        for _, _, t in want]
+    assert len(rows[1]["segments"]) > 1 and rows[1]["segments"][-1]["end"] > 30.0
+    srt = stdout_of("transcribe", ckpt, files[1], "--language", "en", "--format", "srt", "--max-new-tokens", MAX_NEW)
+    assert srt.count(" --> ") == len(rows[1]["segments"])  # long-form decodes timestamps with or without the flag

@@ -73,17 +73,26 @@ def whisper_tokenizer(folder: Path, timestamps: int = 0) -> Path:
     return folder
 
 
-def whisper_source(path: Path, **kwargs) -> Path:
-    """A random transformers Whisper (hf_models.whisper_model_dir with `kwargs`) with the files an import copies
-    beside it: the tokenizer of `whisper_tokenizer` and the default feature extractor at its mel bins."""
+STAMPS = 1501  # a released checkpoint's timestamp tokens: <|0.00|> .. <|30.00|>
+
+
+def whisper_source(path: Path, timestamps: int = STAMPS, suppress_timestamps: bool = False, **kwargs) -> Path:
+    """A random transformers Whisper (hf_models.whisper_model_dir with `timestamps` timestamp tokens and `kwargs`)
+    with the files an import copies beside it: the tokenizer of `whisper_tokenizer` and the default feature extractor
+    at its mel bins. `suppress_timestamps`: the timestamps join suppress_tokens (config and generation config), so
+    that a random model never emits one where no timestamps are asked for: transformers' generate would cut the
+    decode at them and re-seek inside the window even for a short clip (its long-form loop runs for every input)."""
     from transformers import WhisperFeatureExtractor
 
-    from helpers.hf_models import WHISPER_SMALL, whisper_model_dir
+    from helpers.hf_models import WHISPER_IDS, WHISPER_SMALL, whisper_model_dir
 
-    src = whisper_model_dir(path, **kwargs)
-    whisper_tokenizer(src, kwargs.get("timestamps", 0))
-    mels = (kwargs.get("config") or {}).get("num_mel_bins", WHISPER_SMALL["num_mel_bins"])
-    WhisperFeatureExtractor(feature_size=mels).save_pretrained(src)
+    config = dict(kwargs.pop("config", None) or {})
+    if suppress_timestamps:
+        begin = WHISPER_IDS["no_timestamps"] + 1
+        config["suppress_tokens"] = [*WHISPER_SMALL["suppress_tokens"], *range(begin, begin + timestamps)]
+    src = whisper_model_dir(path, config=config, timestamps=timestamps, **kwargs)
+    whisper_tokenizer(src, timestamps)
+    WhisperFeatureExtractor(feature_size=config.get("num_mel_bins", WHISPER_SMALL["num_mel_bins"])).save_pretrained(src)
     return Path(src)
 
 
