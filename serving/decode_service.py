@@ -37,6 +37,7 @@ from seq2trt.reference_model.errors import InputError
 
 from seq2trt.runtime.decode_jobs import (batch_rows, check_sources, choose_search, decode_batches, decode_settings, generation_config,
                           has_tokenizer, open_decoder, OpenedDecoder)
+from seq2trt.runtime.transcription import refuse_speech_model
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,9 @@ class DecodeService:
         if opened is None:
             opened = self._stack.enter_context(open_decoder(Path(out), backend, checkpoint, threads))
         self.model, self.cfg, self.folder = opened.model, opened.config, opened.folder
+        if getattr(self.cfg, "audio", False):  # a speech model is served as transcribe
+            self._stack.close()
+            refuse_speech_model(self.cfg, "the generate and translate models")
         self.src_limit, self.max_batch = opened.src_limit, opened.max_batch
         self.generation = generation_config(self.folder)
         self.alpha = alpha

@@ -123,6 +123,10 @@ def write_repository(settings: ServeSettings, folder: Path, repository_backend: 
     out = Path(settings.out)
     manifest = verify(out, [kind.filename for kind in spec.GraphKind])
     cfg, limits = manifest.config, manifest.limits
+    if getattr(cfg, "audio", False):
+        raise InputError(f"{out} is a speech model: --write-repository writes the BLS models of text exports "
+                         "(generate, translate), not transcribe yet; serve it with `seq2trt serve "
+                         f"{out}` (Triton with the transcribe model) instead")
     graphs = _graph_files(out, settings, repository_backend, manifest)
     source = checkpoint_folder(out, manifest, settings.checkpoint)
     text = has_tokenizer(source)

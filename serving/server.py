@@ -1,6 +1,7 @@
 """`seq2trt serve`: the real Triton Inference Server that the `nvidia-pytriton` wheel bundles (2.51, Python backend),
 started on a model repository of Python-backend models (`generate`, and `translate` when the checkpoint has a
-tokenizer) whose code is `serving.triton_model.TritonPythonModel`.
+tokenizer, whose code is `serving.triton_model.TritonPythonModel`; for a Whisper export `transcribe` alone,
+`serving.triton_model.TranscribeModel`).
 
 Two facts of the bundled server (measured, see docs/DESIGN): the Python-backend stub must be the one for the running
 interpreter's version, and it loads `libpython3.X.so` through the dynamic loader — the running interpreter's
@@ -153,6 +154,13 @@ def request_inputs(kind: str) -> list[str]:
 
     limits = [tensor_block("max_new_tokens", "TYPE_INT32", [1], optional=True),
               tensor_block("num_beams", "TYPE_INT32", [1], optional=True)]
+    if kind == "transcribe":  # serving.transcribe_service: file bytes, or samples and their rate
+        return [tensor_block("audio", "TYPE_STRING", [1], optional=True),
+                tensor_block("samples", "TYPE_FP32", [-1], optional=True, allow_ragged_batch=True),
+                tensor_block("sampling_rate", "TYPE_INT32", [1], optional=True),
+                tensor_block("language", "TYPE_STRING", [1], optional=True),
+                tensor_block("task", "TYPE_STRING", [1], optional=True),
+                tensor_block("timestamps", "TYPE_BOOL", [1], optional=True)] + limits
     limits += [tensor_block(name, dtype, [1], optional=True) for name, (_, dtype) in REQUEST_OPTIONS.items()]
     if kind == "generate":
         return [tensor_block("input_ids", "TYPE_INT64", [-1], allow_ragged_batch=True)] + limits
@@ -161,7 +169,11 @@ def request_inputs(kind: str) -> list[str]:
 
 
 def request_outputs(kind: str) -> list[str]:
-    """The best hypothesis (ids or text); `hypotheses` (JSON) and `scores` when a request asks n_best or scores."""
+    """The best hypothesis (ids or text); `hypotheses` (JSON) and `scores` when a request asks n_best or scores.
+    transcribe: the text, its segments (JSON), the language and the token ids."""
+    if kind == "transcribe":
+        return [tensor_block("text", "TYPE_STRING", [1]), tensor_block("segments", "TYPE_STRING", [1]),
+                tensor_block("language", "TYPE_STRING", [1]), tensor_block("tokens", "TYPE_INT64", [-1])]
     best = [tensor_block("output_ids", "TYPE_INT64", [-1])] if kind == "generate" else \
         [tensor_block("text", "TYPE_STRING", [1])]
     return best + [tensor_block("hypotheses", "TYPE_STRING", [1]), tensor_block("scores", "TYPE_FP32", [-1])]
@@ -178,15 +190,28 @@ def write_python_model(repository: Path, kind: str, max_batch: int, delay_us: in
     return folder
 
 
-def write_local_repository(repository: Path, settings: ServeSettings, max_batch: int, text: bool) -> list[str]:
+def model_kinds(text: bool, audio: bool) -> list[str]:
+    """The models served for an export: `transcribe` alone for a speech model (it reads audio, never ids), else
+    `generate`, and `translate` when the checkpoint has a tokenizer."""
+    if audio:
+        return ["transcribe"]
+    return ["generate", "translate"] if text else ["generate"]
+
+
+_MODEL_CODE = {
+    "transcribe": "from seq2trt.serving.triton_model import TranscribeModel as TritonPythonModel  # noqa: F401\n"}
+
+
+def write_local_repository(repository: Path, settings: ServeSettings, max_batch: int, text: bool,
+                           audio: bool = False) -> list[str]:
     """The Python-backend models `serve` runs; returns their names."""
     parameters = {"export": str(Path(settings.out).resolve()), "backend": settings.backend,
                   "checkpoint": str(settings.checkpoint.resolve()) if settings.checkpoint else "",
                   "threads": str(settings.threads), "alpha": repr(settings.alpha)}
-    code = '"""seq2trt serve: the decoding lives in the installed package."""\n' \
-           "from seq2trt.serving.triton_model import TritonPythonModel  # noqa: F401\n"
-    kinds = ["generate", "translate"] if text else ["generate"]
+    kinds = model_kinds(text, audio)
     for kind in kinds:
+        code = '"""seq2trt serve: the decoding lives in the installed package."""\n' + _MODEL_CODE.get(
+            kind, "from seq2trt.serving.triton_model import TritonPythonModel  # noqa: F401\n")
         write_python_model(repository, kind, max_batch, settings.max_queue_delay_us, settings.instances, parameters, code)
     return kinds
 
@@ -326,17 +351,26 @@ def check_backend(out: Path, backend: str, manifest) -> None:
         engine_runners(out, backend, manifest)
 
 
-def served_models(settings: ServeSettings) -> tuple[int, bool]:
-    """(the export's max_batch, whether its checkpoint has a tokenizer), read from the verified manifest, once the
-    backend's graphs are checked."""
+def served_models(settings: ServeSettings) -> tuple[int, bool, bool]:
+    """(the export's max_batch, whether its checkpoint has a tokenizer, whether it is a speech model), read from the
+    verified manifest, once the backend's graphs are checked (and, for a speech model, that the backend can
+    transcribe)."""
     from seq2trt.exporters import spec
     from seq2trt.exporters.manifest import verify
 
     from seq2trt.runtime.decode_jobs import checkpoint_folder, has_tokenizer
 
     manifest = verify(Path(settings.out), [kind.filename for kind in spec.GraphKind])
+    audio = bool(getattr(manifest.config, "audio", False))
+    if audio:
+        from seq2trt.runtime.transcription import TRANSCRIBE_BACKENDS
+
+        if settings.backend not in TRANSCRIBE_BACKENDS:
+            raise InputError(f"--backend {settings.backend} cannot serve a speech model (transcribe runs seq2trt's "
+                             f"search over a step model); choose one of {', '.join(TRANSCRIBE_BACKENDS)}")
     check_backend(Path(settings.out), settings.backend, manifest)
-    return manifest.limits.max_batch, has_tokenizer(checkpoint_folder(settings.out, manifest, settings.checkpoint))
+    return (manifest.limits.max_batch, has_tokenizer(checkpoint_folder(settings.out, manifest, settings.checkpoint)),
+            audio)
 
 
 def serve(settings: ServeSettings, on_ready, ready_timeout_s: float = 300, exit_timeout_s: int = 60,
@@ -361,7 +395,8 @@ def serve(settings: ServeSettings, on_ready, ready_timeout_s: float = 300, exit_
         binary, backends, env = bundled_server(Path(tmp))
         if served is not None:
             repository = Path(tmp) / "models"
-            models = write_local_repository(repository, settings, settings.max_batch or served[0], served[1])
+            models = write_local_repository(repository, settings, settings.max_batch or served[0], served[1],
+                                            served[2])
         else:  # a repository written by --write-repository
             models = sorted(p.parent.name for p in Path(repository).glob("*/config.pbtxt"))
         command = server_command(binary, Path(repository).resolve(), backends, settings, exit_timeout_s, server_id)

@@ -85,11 +85,7 @@ class TritonPythonModel:
 
     def _response(self, result, codec, pb_utils):
         if isinstance(result, Exception):
-            if isinstance(result, Seq2TrtError):  # the request's fault: HTTP 400, gRPC INVALID_ARGUMENT
-                error = pb_utils.TritonError(str(result), pb_utils.TritonError.INVALID_ARG)
-            else:
-                error = pb_utils.TritonError(f"internal error: {result!r}")
-            return pb_utils.InferenceResponse(output_tensors=[], error=error)
+            return error_response(result, pb_utils)
         n_best = bool(result) and isinstance(result[0], Hypothesis)  # a plain result is one token list
         best = result[0].tokens if n_best else result
         if self.kind == "generate":
@@ -101,6 +97,16 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
 
+def error_response(exc: Exception, pb_utils):
+    """An error response: the request's fault (a Seq2TrtError) as HTTP 400 / gRPC INVALID_ARGUMENT with its message,
+    anything else as an internal error."""
+    if isinstance(exc, Seq2TrtError):
+        error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
+    else:
+        error = pb_utils.TritonError(f"internal error: {exc!r}")
+    return pb_utils.InferenceResponse(output_tensors=[], error=error)
+
+
 def hypotheses_outputs(hypotheses: list[Hypothesis], codec=None) -> dict[str, np.ndarray]:
     """The `hypotheses` (JSON text, with each one's text when `codec` is given) and `scores` outputs of an n-best
     result, batched as [1, ...]."""
@@ -109,3 +115,77 @@ def hypotheses_outputs(hypotheses: list[Hypothesis], codec=None) -> dict[str, np
         record = {"text": [codec.decode(h.tokens) for h in hypotheses], **record}
     return {"hypotheses": np.array([[json.dumps(record).encode("utf-8")]], dtype=np.object_),
             "scores": np.array([[h.score for h in hypotheses]], dtype=np.float32)}
+
+
+class TranscribeModel:
+    """`transcribe` (a Whisper export): audio in (`audio` file bytes, or `samples` with `sampling_rate`), optional
+    `language`, `task`, `num_beams`, `max_new_tokens`, `timestamps` -> `text` BYTES [1] (empty without a tokenizer),
+    `segments` BYTES [1] (JSON: [{start, end, text, tokens}]), `language` BYTES [1] and `tokens` INT64 [-1]
+    (`serving.transcribe_service`)."""
+
+    def initialize(self, args: dict) -> None:
+        from seq2trt.serving.transcribe_service import TranscribeService
+
+        config = json.loads(args["model_config"])
+        params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
+        self.service = TranscribeService(Path(params["export"]), params["backend"],
+                                         Path(params["checkpoint"]) if params.get("checkpoint") else None,
+                                         int(params.get("threads", "1")))
+
+    def finalize(self) -> None:
+        self.service.close()
+
+    def _job(self, request, pb_utils):
+        from seq2trt.serving.transcribe_service import SpeechJob, request_clip
+
+        def get(name):
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            return None if tensor is None else tensor.as_numpy()
+
+        clip = request_clip(get("audio"), get("samples"), scalar(get("sampling_rate"), "sampling_rate"))
+        timestamps = option_value(get("timestamps"), "timestamps")
+        return SpeechJob(clip, language=text_of(get("language"), "language", False) or None,
+                         task=text_of(get("task"), "task", False) or None,
+                         num_beams=scalar(get("num_beams"), "num_beams"),
+                         max_new_tokens=scalar(get("max_new_tokens"), "max_new_tokens"), timestamps=bool(timestamps))
+
+    def execute(self, requests: list) -> list:
+        import triton_python_backend_utils as pb_utils
+
+        jobs, errors = {}, {}
+        for n, request in enumerate(requests):
+            try:
+                jobs[n] = self._job(request, pb_utils)
+            except Exception as exc:  # noqa: BLE001 - an escaping exception would reach the client with its frames
+                if not isinstance(exc, Seq2TrtError):
+                    logger.exception("reading request %d failed", n)
+                errors[n] = exc
+        results = dict(zip(jobs, self.service.run(list(jobs.values())))) if jobs else {}
+        results.update(errors)
+        responses = []
+        for n in range(len(requests)):
+            try:
+                responses.append(self._response(results[n], pb_utils))
+            except Exception as exc:  # noqa: BLE001 - as above
+                logger.exception("answering request %d failed", n)
+                responses.append(self._response(exc, pb_utils))
+        return responses
+
+    def _response(self, result, pb_utils):
+        if isinstance(result, Exception):
+            return error_response(result, pb_utils)
+        return pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor(name, value) for name, value in transcription_outputs(result).items()])
+
+
+def transcription_outputs(t) -> dict[str, np.ndarray]:
+    """A Transcription as the `transcribe` model's outputs, batched as [1, ...]."""
+    from seq2trt.serving.transcribe_service import transcription_record
+
+    record = transcription_record(t)
+
+    def string(value: str) -> np.ndarray:
+        return np.array([[value.encode("utf-8")]], dtype=np.object_)
+
+    return {"text": string(t.text or ""), "segments": string(json.dumps(record["segments"], ensure_ascii=False)),
+            "language": string(t.language or ""), "tokens": np.array([t.tokens], dtype=np.int64).reshape(1, -1)}

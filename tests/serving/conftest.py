@@ -133,3 +133,33 @@ def text_inputs(text, **langs):
         inputs.append(http.InferInput(name, [1, 1], "BYTES"))
         inputs[-1].set_data_from_numpy(np.array([[value]], dtype=np.object_))
     return inputs
+
+
+WHISPER_MAX_BATCH = 8
+
+
+@pytest.fixture(scope="package")
+def whisper_exported(tmp_path_factory) -> Path:
+    """A small random Whisper (a tiny tokenizer and the default feature extractor beside it: helpers.audio's
+    whisper_source) in ../hf, its checkpoint in ../ckpt, and its export (max_batch WHISPER_MAX_BATCH) fused for ONNX
+    Runtime, made by `seq2trt export` and `seq2trt fuse`."""
+    from helpers.audio import whisper_checkpoint, whisper_source
+
+    root = tmp_path_factory.mktemp("whisper")
+    # varied tokens, more than one language detected; timestamps suppressed where none are asked for, so that
+    # transformers' generate decodes a short clip in one window (as tests/cli/test_transcribe.py's model)
+    src = whisper_source(root / "hf", seed=3, std=1.0, suppress_timestamps=True)
+    ckpt = whisper_checkpoint(src, root / "ckpt")
+    for args in (("export", ckpt, "-o", root / "out", "--max-batch", WHISPER_MAX_BATCH),
+                 ("fuse", root / "out", "--target", "ort")):
+        result = invoke(*args)
+        assert result.exit_code == 0, result.output
+    return root / "out"
+
+
+@pytest.fixture(scope="package")
+def whisper_served(whisper_exported):
+    """(Whisper export dir, a running Server of it) for the package's tests."""
+    server = Server(whisper_exported, whisper_exported.parent / "server.log", "--max-queue-delay-us", "20000")
+    yield whisper_exported, server
+    assert server.stop() == 0, "".join(server.lines)

@@ -1,0 +1,203 @@
+"""What a served `transcribe` request gets (`seq2trt serve` of a Whisper export), without Triton in it so that it can
+be tested alone: `runtime.transcription`'s Transcriber (the decoding of `seq2trt transcribe`) over a dynamically
+batched list of requests.
+
+A request's audio is the bytes of a WAV, FLAC or OGG file (`audio` BYTES [1]), or float samples (`samples` FP32
+[-1], mono) with their rate (`sampling_rate` INT32 [1]); either way made into 16 kHz mono as `transcribe` reads a
+file (`reference_model.audio`: channels' mean, soxr HQ). Its options are `transcribe`'s flags of the same meaning:
+
+  language BYTES [1]       the speech's language code (default: the model's, else detected)   --language
+  task BYTES [1]           transcribe, or translate into English                               --task
+  num_beams INT32 [1]      beam size, 1 greedy (default: the model's num_beams)                --beam
+  max_new_tokens INT32 [1] tokens a window at most                                             --max-new-tokens
+  timestamps BOOL [1]      decode timestamps: segments with their times                        --timestamps
+
+Each request is checked alone (a bad one gets its own error naming the request parameter, the others go on), then
+the requests are grouped by their options and each group is transcribed in the batches the export's max_batch allows;
+rows are independent in every search, so a request gets what `seq2trt transcribe --backend B` gives for its audio (a
+clip over 30 s long-form, as there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from seq2trt.reference_model.errors import InputError, Seq2TrtError, first_line
+
+from seq2trt.runtime.transcription import MAX_SECONDS, Transcriber, Transcription, open_transcriber
+
+logger = logging.getLogger(__name__)
+
+# transcribe's flags, as its messages name them, and the request parameters of the same meaning.
+PARAMETER_NAMES = {"--language": "language", "--task": "task", "--beam": "num_beams",
+                   "--max-new-tokens": "max_new_tokens", "--timestamps": "timestamps", "--max-seconds": "max_seconds"}
+_FLAG = re.compile(r"--[a-z][a-z-]*")
+FORMATS = "WAV, FLAC or OGG"
+
+
+def request_message(message: str) -> str:
+    """A library message with transcribe's flags named as the request parameters of the same meaning."""
+    return _FLAG.sub(lambda m: PARAMETER_NAMES.get(m.group(0), m.group(0)), message)
+
+
+@dataclass(frozen=True)
+class SpeechJob:
+    """One request: its 16 kHz mono clip and its own options (None: the model's defaults)."""
+    clip: np.ndarray
+    language: str | None = None
+    task: str | None = None
+    num_beams: int | None = None
+    max_new_tokens: int | None = None
+    timestamps: bool = False
+
+    @property
+    def key(self) -> tuple:
+        return (self.language, self.task, self.num_beams, self.max_new_tokens, self.timestamps)
+
+
+class TranscribeService:
+    """The Whisper export opened once for transcription; `run(jobs)` transcribes a batch of requests, one
+    Transcription or error per request."""
+
+    def __init__(self, out: Path, backend: str, checkpoint: Path | None = None, threads: int = 1,
+                 transcriber: Transcriber | None = None):
+        self._stack = contextlib.ExitStack()
+        if transcriber is None:
+            transcriber = self._stack.enter_context(open_transcriber(Path(out), backend, checkpoint, threads))
+        self.transcriber = transcriber
+        self.max_batch = transcriber.opened.max_batch
+
+    def close(self) -> None:
+        self._stack.close()
+
+    @property
+    def max_beams(self) -> int:
+        return self.max_batch or 64
+
+    @property
+    def sampling_rate(self) -> int:
+        return self.transcriber.front_end.params.sampling_rate
+
+    def check(self, job: SpeechJob) -> None:
+        """Raise an InputError naming what is wrong with the job's options."""
+        if job.num_beams is not None and not 1 <= job.num_beams <= self.max_beams:
+            raise InputError(f"num_beams must be in [1, {self.max_beams}] (the export's max_batch), got "
+                             f"{job.num_beams}")
+        if job.max_new_tokens is not None and job.max_new_tokens < 1:
+            raise InputError(f"max_new_tokens must be an integer >= 1, got {job.max_new_tokens}; give the most "
+                             "tokens a window may take")
+        try:
+            self.transcriber.check(job.language, job.task, job.num_beams, job.max_new_tokens, 1)
+        except Seq2TrtError as exc:
+            raise InputError(request_message(str(exc))) from None
+
+    def _transcribe(self, jobs: list[SpeechJob]) -> list[Transcription]:
+        first = jobs[0]
+        try:
+            return list(self.transcriber.transcribe(
+                [j.clip for j in jobs], language=first.language, task=first.task, timestamps=first.timestamps,
+                beam=first.num_beams, max_new_tokens=first.max_new_tokens, batch_size=len(jobs)))
+        except Seq2TrtError as exc:  # the request's fault (an input or what this model cannot do): HTTP 400
+            raise InputError(request_message(str(exc))) from None
+
+    def run(self, jobs: list[SpeechJob]) -> list[Transcription | Exception]:
+        """Each job's Transcription, or the error that refused it, in order."""
+        results: list[Transcription | Exception | None] = [None] * len(jobs)
+        groups: dict[tuple, list[int]] = {}
+        for n, job in enumerate(jobs):
+            try:
+                self.check(job)
+            except InputError as exc:
+                results[n] = exc
+                continue
+            groups.setdefault(job.key, []).append(n)
+        for members in groups.values():
+            try:
+                found = self._transcribe([jobs[n] for n in members])
+            except InputError as exc:
+                found = [exc] * len(members)
+            except Exception as exc:  # a failed group must not take the batch's other groups with it
+                logger.exception("transcribing %d requests failed", len(members))
+                found = [exc] * len(members)
+            for n, result in zip(members, found):
+                results[n] = result
+        return results
+
+
+def _check_seconds(frames: int, rate: int, max_seconds: float | None) -> None:
+    if frames == 0:
+        raise InputError("the request's audio holds no samples; give audio at least one sample long")
+    if max_seconds is not None and frames > max_seconds * rate:
+        raise InputError(f"the request's audio is {frames / rate:.2f} s long, over the server's limit of "
+                         f"{max_seconds:g} s; send it in pieces of {max_seconds:g} s or less")
+
+
+def clip_from_bytes(data: bytes, max_seconds: float | None = MAX_SECONDS) -> np.ndarray:
+    """16 kHz mono float32 samples of an audio file's bytes (WAV, FLAC, OGG), as `transcribe` reads that file."""
+    from seq2trt.reference_model.audio import _soundfile, prepare_audio
+
+    if not data:
+        raise InputError(f"audio is empty (0 bytes); give the bytes of a {FORMATS} file")
+    sf = _soundfile()
+    try:
+        info = sf.info(io.BytesIO(data))
+        if info.frames == 0:
+            raise InputError(f"audio holds no samples libsndfile can read (a header alone, or a cut-off stream); "
+                             f"give the bytes of a {FORMATS} file that holds audio")
+        _check_seconds(info.frames, info.samplerate, max_seconds)
+        samples, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    except (sf.SoundFileError, RuntimeError, TypeError) as exc:
+        why = getattr(exc, "error_string", None) or first_line(exc)  # libsndfile's reason
+        raise InputError(f"audio is corrupt or in a format libsndfile cannot read ({why}); give the bytes of a "
+                         f"{FORMATS} file, or float samples as `samples` with `sampling_rate`") from None
+    return prepare_audio(samples, rate, max_seconds, "the request's audio")
+
+
+def clip_from_samples(samples: np.ndarray, sampling_rate: int | None,
+                      max_seconds: float | None = MAX_SECONDS) -> np.ndarray:
+    """16 kHz mono float32 samples of a request's `samples` ([1, N] once batched) at `sampling_rate` Hz."""
+    from seq2trt.reference_model.audio import prepare_audio
+
+    if sampling_rate is None:
+        raise InputError("input 'sampling_rate' is missing; give the rate of `samples` in Hz as INT32 [1, 1], "
+                         "e.g. 16000")
+    if samples.ndim != 2 or samples.shape[0] != 1:
+        raise InputError(f"samples must hold one mono clip per request (shape [1, N]), got shape "
+                         f"{list(samples.shape)}")
+    if sampling_rate <= 0:
+        raise InputError(f"sampling_rate must be a positive whole number of Hz, got {sampling_rate}; give the rate "
+                         "the samples were recorded at, e.g. 16000")
+    _check_seconds(samples.shape[1], sampling_rate, max_seconds)
+    return prepare_audio(samples[0], int(sampling_rate), max_seconds, "the request's samples")
+
+
+def request_clip(audio: np.ndarray | None, samples: np.ndarray | None, sampling_rate: int | None,
+                 max_seconds: float | None = MAX_SECONDS) -> np.ndarray:
+    """A request's clip: from `audio` (file bytes, BYTES [1, 1]) or `samples` with `sampling_rate`, not both."""
+    if audio is not None and samples is not None:
+        raise InputError("the request gives both `audio` and `samples`; give one: the file's bytes as `audio`, or "
+                         "its float samples as `samples` with `sampling_rate`")
+    if audio is not None:
+        if audio.size != 1:
+            raise InputError(f"audio must hold one file per request, got shape {list(audio.shape)}")
+        value = audio.reshape(-1)[0]
+        return clip_from_bytes(value if isinstance(value, bytes) else str(value).encode("utf-8"), max_seconds)
+    if samples is not None:
+        return clip_from_samples(samples, sampling_rate, max_seconds)
+    raise InputError(f"input 'audio' is missing; give the bytes of a {FORMATS} file as BYTES [1, 1], or float "
+                     "samples as `samples` FP32 [1, N] with `sampling_rate` INT32 [1, 1]")
+
+
+def transcription_record(t: Transcription) -> dict:
+    """A transcription as `seq2trt transcribe --format json` prints it (less the file): language, text, tokens and
+    segments [{start, end, text, tokens}], times rounded to the millisecond."""
+    return {"language": t.language, "text": t.text, "tokens": t.tokens,
+            "segments": [{"start": round(s.start, 3), "end": round(s.end, 3), "text": s.text, "tokens": s.tokens}
+                         for s in t.segments]}
