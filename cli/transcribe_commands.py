@@ -37,10 +37,7 @@ def subtitles(transcription, fmt: str) -> str:
 
 def as_json(name: str, transcription) -> str:
     """One file's JSON line: {file, language, text, tokens, segments: [{start, end, text, tokens}]}."""
-    t = transcription
-    return json.dumps({"file": name, "language": t.language, "text": t.text, "tokens": t.tokens,
-                       "segments": [{"start": round(s.start, 3), "end": round(s.end, 3), "text": s.text,
-                                     "tokens": s.tokens} for s in t.segments]}, ensure_ascii=False)
+    return json.dumps({"file": name, **transcription.as_dict()}, ensure_ascii=False)
 
 
 def _check_output_path(output: Path, audio: tuple[Path, ...], read: list[Path]) -> None:

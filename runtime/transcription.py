@@ -22,6 +22,7 @@ import numpy as np
 
 from seq2trt.reference_model import layout
 from seq2trt.reference_model.errors import ConfigError, InputError
+from seq2trt.reference_model.hf_families.whisper import FEATURE_EXTRACTOR
 from seq2trt.runtime.decode_jobs import OpenedDecoder, batch_rows, generation_config, open_decoder
 from seq2trt.runtime.registry import names
 
@@ -30,7 +31,6 @@ logger = logging.getLogger(__name__)
 # A speech model runs seq2trt's search over a step model: a whole-search graph (generate.onnx) has no prompt input.
 TRANSCRIBE_BACKENDS = names(translate=True, whole_search=False)
 MAX_SECONDS = 4 * 3600.0  # the default longest clip: 4 h of 16 kHz float32 is 920 MB of samples
-FEATURE_EXTRACTOR = "preprocessor_config.json"  # hf_families.whisper.FEATURE_EXTRACTOR
 _NOT_TEXT_FILES = (FEATURE_EXTRACTOR, "normalizer.json")  # tokenizer/ files that hold no vocabulary
 
 
@@ -57,6 +57,13 @@ class Transcription:
     language: str | None
     segments: list[TranscribedSegment]
     duration: float
+
+    def as_dict(self) -> dict:
+        """{language, text, tokens, segments: [{start, end, text, tokens}]}, times rounded to the millisecond: what
+        `seq2trt transcribe --format json` prints for a file (beside its name)."""
+        return {"language": self.language, "text": self.text, "tokens": self.tokens,
+                "segments": [{"start": round(s.start, 3), "end": round(s.end, 3), "text": s.text,
+                              "tokens": s.tokens} for s in self.segments]}
 
 
 def refuse_speech_model(cfg, verb: str = "translate") -> None:
@@ -218,7 +225,9 @@ class Transcriber:
         rows = self.check(language, task, beam, max_new_tokens, batch_size)
         beams = self.beams(beam)
         gen = self.generation or {}
-        rate = self.front_end.params.sampling_rate
+        rate, window = self.front_end.params.sampling_rate, self.front_end.params.n_samples
+        if timestamps or any(len(c) > window for c in clips):  # a model without timestamp tokens: before any decode
+            self.speech.timestamp_begin(self.config)
         for start in range(0, len(clips), rows):
             batch = clips[start: start + rows]
             features = self.front_end(batch)
@@ -237,7 +246,7 @@ class Transcriber:
             for clip, t in zip(batch, found):
                 duration = len(clip) / rate
                 # one window without timestamps: its one segment ends where the audio does, not its 30 s padding
-                plain = not timestamps and len(clip) <= self.front_end.params.n_samples
+                plain = not timestamps and len(clip) <= window
                 segments = [TranscribedSegment(s.start, min(s.end, duration) if plain else s.end, list(s.tokens),
                                                self.decode_text(list(s.tokens))) for s in t.segments]
                 language_ = t.language if self.speech.multilingual else "en"

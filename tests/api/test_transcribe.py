@@ -49,7 +49,7 @@ def audio(tmp_path_factory):
 
 
 def as_rows(files, results) -> list[dict]:
-    """The API's results in the CLI's --format json shape."""
+    """The API's results in the CLI's --format json shape, field by field."""
     return [{"file": str(f), "language": r.language, "text": r.text, "tokens": r.tokens,
              "segments": [{"start": round(s.start, 3), "end": round(s.end, 3), "text": s.text, "tokens": s.tokens}
                           for s in r.segments]} for f, r in zip(files, results)]

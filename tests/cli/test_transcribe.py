@@ -149,9 +149,17 @@ def test_english_only_model_transcribes_and_refuses_translate(english_only, audi
     one_error_line(invoke("transcribe", english_only, audio[0], "--language", "de"), 2, "English-only")
 
 
-def test_errors(whisper, audio, text_model, tmp_path):
+@pytest.fixture(scope="module")
+def no_timestamps(tmp_path_factory):
+    """A Whisper whose vocabulary ends at <|notimestamps|>."""
+    root = tmp_path_factory.mktemp("no-timestamps")
+    return whisper_checkpoint(whisper_source(root / "hf", timestamps=0), root / "ckpt")
+
+
+def test_errors(whisper, audio, text_model, no_timestamps, tmp_path):
     """Each refusal is one error line, exit 2, and --output-ids is not written."""
     _, ckpt, _ = whisper
+    sf.write(tmp_path / "long.wav", synthetic("tone", rate=8000, seconds=31.0), 8000)
     (tmp_path / "empty.wav").write_bytes(b"")
     (tmp_path / "corrupt.wav").write_bytes(b"RIFF" + bytes(range(256)) * 4)
     ids = tmp_path / "ids.jsonl"
@@ -165,10 +173,15 @@ def test_errors(whisper, audio, text_model, tmp_path):
         ((ckpt, audio[0], "--max-new-tokens", 1000), ("max_new_tokens 1000 does not fit",)),
         ((ckpt, audio[0], "--backend", "ort"), ("--backend ort runs exported graphs",)),
         ((text_model, audio[0]), ("reads token ids; use translate",)),
+        ((no_timestamps, audio[0], "--timestamps"), ("no timestamp tokens",)),
+        ((no_timestamps, audio[0], tmp_path / "long.wav"), ("no timestamp tokens", "at most 30 s")),
     ]
     for args, fragments in cases:
         one_error_line(invoke("transcribe", *args, "--output-ids", ids), 2, *fragments)
         assert not ids.exists()
+    before = audio[0].read_bytes()
+    one_error_line(invoke("transcribe", ckpt, audio[0], "--output-ids", audio[0]), 2, "is the audio file")
+    assert audio[0].read_bytes() == before
     one_error_line(invoke("translate", ckpt, "hello"), 2, "speech model", "seq2trt transcribe")
     assert invoke("transcribe", ckpt, audio[0], "--backend", "ort-generate").exit_code == 2  # not a choice
 
