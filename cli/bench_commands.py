@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from seq2trt.reference_model.decoding import GNMT_ALPHA
-from seq2trt.validation.bench.settings import KNOWN_BACKENDS, BenchSettings
+from seq2trt.validation.bench.settings import KNOWN_BACKENDS, SEARCHES, BenchSettings
 
 
 @click.command()
@@ -31,15 +31,25 @@ from seq2trt.validation.bench.settings import KNOWN_BACKENDS, BenchSettings
               "limits; each past is built by a prefill, slow with a large vocabulary).")
 @click.option("--checkpoint", type=click.Path(path_type=Path), default=None,
               help="The checkpoint OUT was exported from (default: the one its manifest names).")
-@click.option("--search", type=click.Choice(["greedy", "beam"]), default="greedy", show_default=True,
+@click.option("--search", type=click.Choice(SEARCHES), default="greedy", show_default=True,
               help="greedy: forced length (above); beam: a real beam search of --beam K on held-out sources, at most "
                    "--new-tokens, every backend (CTranslate2 too) with --length-penalty (score / length ** penalty). "
-                   "Exports for beam need max_batch >= B x K.")
+                   "Exports for beam need max_batch >= B x K. sample: forced-length sampling with --temperature, "
+                   "--top-k, --top-p (CTranslate2: sampling_temperature/topk/topp), each backend's greedy decode of "
+                   "the same rows timed in the same turn: sampling's extra cost per step.")
 @click.option("--beam", type=int, default=4, show_default=True, help="Beam size of --search beam.")
 @click.option("--length-penalty", type=float, default=GNMT_ALPHA, show_default=True, help="Length penalty of --search beam.")
+@click.option("--temperature", type=float, default=BenchSettings.temperature, show_default=True,
+              help="Sampling temperature of --search sample.")
+@click.option("--top-k", type=int, default=BenchSettings.top_k, show_default=True,
+              help="Top-k of --search sample (Hugging Face's default 50; 0: the whole vocabulary).")
+@click.option("--top-p", type=float, default=BenchSettings.top_p, show_default=True, help="Top-p of --search sample.")
+@click.option("--n-best", type=int, default=1, show_default=True,
+              help="Sequences returned a source, with their scores: --search beam's n-best (num_return_sequences; "
+                   "CTranslate2's num_hypotheses, return_scores), or --search sample's samples a source.")
 def bench(out: Path, backends: str, batch_sizes: str, threads: str, repeats: int, warmup: int, src_len: int,
           new_tokens: int, curves: bool, checkpoint: Path | None, search: str, beam: int,
-          length_penalty: float) -> None:
+          length_penalty: float, temperature: float, top_k: int, top_p: float, n_best: int) -> None:
     """Time the backends on the export in OUT; write OUT/reports/latency.json, latency.md and plots."""
     from seq2trt.validation.bench.measure import run_bench
     from seq2trt.validation.bench.settings import parse_backends, parse_ints
@@ -49,7 +59,8 @@ def bench(out: Path, backends: str, batch_sizes: str, threads: str, repeats: int
     settings = BenchSettings(backends=parse_backends(backends), batch_sizes=parse_ints(batch_sizes, "--batch-sizes"),
                              threads=parse_ints(threads, "--threads"), repeats=repeats, warmup=warmup,
                              src_len=src_len, new_tokens=new_tokens, curves=curves, search=search, beam=beam,
-                             length_penalty=length_penalty)
+                             length_penalty=length_penalty, temperature=temperature, top_k=top_k, top_p=top_p,
+                             n_best=n_best)
     total = len(settings.threads) * (settings.warmup + settings.repeats)
     with progress_bar("bench", total) as update:
         done = [0]
@@ -67,8 +78,12 @@ def bench(out: Path, backends: str, batch_sizes: str, threads: str, repeats: int
                 vs = ", ".join(f"{k} {v:.2f}x" for k, v in ratio.items() if v is not None)
                 steps = f", step p50 {r['step_ms_p50']:.3f} ms, p99 {r['step_ms_p99']:.3f} ms" \
                     if r.get("step_ms_p50") is not None else ""  # a whole search (beam, ort-generate) has no steps
+                extra = f", sampling +{r['sampling_extra_fraction']:.1%} of a greedy step " \
+                    f"({r['sampling_extra_ms_per_step'] * 1e3:.1f} us)" if "sampling_extra_fraction" in r else ""
                 click.echo(f"{t} thread(s) {backend:>12} B={batch:>3}" + (f" beam {r['beam']}" if "beam" in r else "") +
-                           f": {r['tokens_per_s']:9.1f} tokens/s, decode p50 {r['decode_ms_p50']:.2f} ms{steps}"
+                           (" sample" if r["search"] == "sample" else "") +
+                           (f" n-best {r['n_best']}" if "n_best" in r else "") +
+                           f": {r['tokens_per_s']:9.1f} tokens/s, decode p50 {r['decode_ms_p50']:.2f} ms{steps}{extra}"
                            + (f" ({vs})" if vs else ""))
     click.echo(f"reports in {out / 'reports'} (latency.json, latency.md, plots)")
 

@@ -4,7 +4,8 @@ In-process backends (eager, ORT, TensorRT) are `StepModel`s driven by the shared
 `reference_model.decoding`, so every one pays the same Python loop. CTranslate2 runs in a worker process of its
 own (`ct2_worker.py`, one Translator per process) and is timed inside that process.
 
-Every backend answers: `decode` (greedy, exactly `new_tokens` tokens per source: eos never stops a row, so each
+Every backend answers: `sample` (`bench --search sample`: forced length too, N samples a source), `search`
+(`--search beam`), `decode` (greedy, exactly `new_tokens` tokens per source: eos never stops a row, so each
 backend does the same work whatever its model predicts), `encode_seconds`, `step_seconds(past_len)` and
 `memory()` and `threading()`. A backend that cannot time something returns None.
 """
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode, hf_beam_search
+from seq2trt.reference_model.decoding import DecodeSettings, Hypothesis, greedy_decode, hf_beam_search
 from seq2trt.reference_model.errors import DependencyError
 
 NEVER = -1  # an eos id no argmax returns: forced-length decoding
@@ -52,6 +53,17 @@ def start_turn(threads: int, set_threads=None) -> None:
     settle(threads)
     if set_threads is not None:
         set_threads(threads)
+
+
+def sequences(outputs: list) -> list[list[int]]:
+    """Every returned sequence, in order: a search's token lists, or its n-best lists of Hypothesis flattened."""
+    flat = []
+    for o in outputs:
+        if o and isinstance(o[0], Hypothesis):
+            flat += [h.tokens for h in o]
+        else:
+            flat.append(o)
+    return flat
 
 
 class TimedSteps:
@@ -99,15 +111,28 @@ class StepModelBackend:
         greedy_decode(timed, input_ids, attention_mask, settings)
         return time.perf_counter() - start, timed.times
 
+    def sample(self, input_ids: np.ndarray, attention_mask: np.ndarray, new_tokens: int, sampling
+               ) -> tuple[float, list[float], list[list[int]]]:
+        """`bench --search sample`: the shared loop sampling exactly `new_tokens` a row (eos never ends one),
+        `sampling.n` samples a source (with their scores when n > 1). Returns (seconds, step seconds, every sample)."""
+        timed = TimedSteps(self.model)
+        settings = DecodeSettings(self.cfg.bos_id, NEVER, self.cfg.pad_id, new_tokens, do_sample=True,
+                                  temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                                  seed=sampling.seed, num_return_sequences=sampling.n, output_scores=sampling.n > 1)
+        start = time.perf_counter()
+        outputs = greedy_decode(timed, input_ids, attention_mask, settings)
+        return time.perf_counter() - start, timed.times, sequences(outputs)
+
     def search(self, input_ids: np.ndarray, attention_mask: np.ndarray, settings: DecodeSettings, beam: int,
                length_penalty: float) -> tuple[float, list[list[int]]]:
-        """`bench --search beam`: a real search (eos stops), Hugging Face's with early_stopping=True (ort-generate's)."""
+        """`bench --search beam`: a real search (eos stops), Hugging Face's with early_stopping=True (ort-generate's);
+        `settings.num_return_sequences` hypotheses a source (with scores when more than one)."""
         start = time.perf_counter()
         if beam == 1:
             outputs = greedy_decode(self.model, input_ids, attention_mask, settings)
         else:
             outputs = hf_beam_search(self.model, input_ids, attention_mask, settings, beam, length_penalty, True)
-        return time.perf_counter() - start, outputs
+        return time.perf_counter() - start, sequences(outputs)
 
     def encode_seconds(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> float:
         start = time.perf_counter()
@@ -205,13 +230,22 @@ class Ct2Backend:
                            "step_times": True})
         return plain["seconds"], timed["step_s"]
 
+    def sample(self, input_ids, attention_mask, new_tokens, sampling):
+        """`bench --search sample`: CTranslate2's random sampling (beam 1, `sampling.ct2()`: its own random stream,
+        seeded), exactly `new_tokens` a row, `num_hypotheses` samples a source (scores when more than one)."""
+        reply = self._ask({"op": "decode", "sources": self._sources(input_ids, attention_mask), "forced": True,
+                           "new_tokens": new_tokens, "step_times": False, **sampling.ct2()})
+        return reply["seconds"], [], reply["tokens"]
+
     def search(self, input_ids, attention_mask, settings, beam, length_penalty):
         """`bench --search beam`: CTranslate2's beam search, same beam size, length penalty (score / length **
         penalty) and max length; eos stops, and a source ends once `beam` hypotheses ended (its default patience 1), as
-        Hugging Face's early_stopping=True (the loops' and ort-generate's) ends it."""
+        Hugging Face's early_stopping=True (the loops' and ort-generate's) ends it. `num_return_sequences` of the
+        settings is its num_hypotheses (return_scores with it)."""
+        n = settings.num_return_sequences
         reply = self._ask({"op": "decode", "sources": self._sources(input_ids, attention_mask), "forced": False,
                            "new_tokens": settings.max_new_tokens, "step_times": False, "beam_size": beam,
-                           "length_penalty": length_penalty})
+                           "length_penalty": length_penalty, "num_hypotheses": n, "return_scores": n > 1})
         return reply["seconds"], reply["tokens"]
 
     def encode_seconds(self, input_ids, attention_mask):

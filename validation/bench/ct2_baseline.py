@@ -306,3 +306,42 @@ def check_agreement(model, translator: Ct2Translator, input_ids: np.ndarray, att
                           "greedy sequences: " + "; ".join(agreement.mismatches[:5]) +
                           "; its timings would not be comparable")
     return agreement
+
+
+def first_token_counts(translator: Ct2Translator, input_ids: np.ndarray, attention_mask: np.ndarray, sampling,
+                       draws: int, vocab_size: int) -> np.ndarray:
+    """(S, V): `draws` first tokens of each source sampled by CTranslate2 (one decoding step, eos allowed: an empty
+    hypothesis), seeded with `sampling.seed`, in our ids."""
+    import_ctranslate2().set_random_seed(sampling.seed)
+    options = {k: v for k, v in sampling.ct2().items() if k not in ("seed", "num_hypotheses", "return_scores")}
+    counts = np.zeros((len(input_ids), vocab_size), np.int64)
+    for s, source in enumerate(translator.sources(input_ids, attention_mask)):
+        results = translator.translator.translate_batch([source] * draws, beam_size=1, max_decoding_length=1,
+                                                        min_decoding_length=0, max_input_length=0, **options)
+        picked = [translator.target_ids[r.hypotheses[0][0]] if r.hypotheses[0] else translator.eos_id for r in results]
+        np.add.at(counts[s], picked, 1)
+    return counts
+
+
+def check_sampling(model, translator: Ct2Translator, input_ids: np.ndarray, attention_mask: np.ndarray, sampling,
+                   sources: int = 4, draws: int = 2000, require: bool = True):
+    """CTranslate2's sampling (its own random stream) against the eager model's first-token probabilities with the
+    same warpers: the chi-square test of validation/sampling.py on the first `sources` sources, `draws` each; raise
+    `CheckFailed` (when `require`) if it fails."""
+    from dataclasses import replace
+
+    from seq2trt.reference_model.decoding import DecodeSettings
+    from seq2trt.reference_model.eager import EagerStepModel
+
+    from seq2trt.validation import sampling as judge
+
+    settings = replace(DecodeSettings.for_model(model.cfg, 1), do_sample=True, temperature=sampling.temperature,
+                       top_k=sampling.top_k, top_p=sampling.top_p)
+    ids, mask = input_ids[:sources], attention_mask[:sources]
+    trimmed = [row[m != 0].tolist() for row, m in zip(ids, mask)]
+    probs = judge.first_token_probs(EagerStepModel(model), trimmed, settings)
+    result = judge.chi_square(first_token_counts(translator, ids, mask, sampling, draws, probs.shape[1]), probs)
+    if require and not result:
+        raise CheckFailed(f"CTranslate2 ({translator.quantization}) samples another distribution than the eager model: "
+                          + result.failures()[0] + "; its timings would not be comparable")
+    return result

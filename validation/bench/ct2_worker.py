@@ -7,9 +7,11 @@ runs with CTranslate2's defaults and the parent's environment (see bench_backend
 
 Requests (one JSON object per line) and replies:
 - {"op": "decode", "sources": [[token, ...], ...], "new_tokens": N, "forced": bool, "step_times": bool,
-   optional "beam_size" (1), "length_penalty" (1.0)}
+   optional "beam_size" (1), "length_penalty" (1.0), "num_hypotheses" (1), "return_scores" (false),
+   "sampling_topk" (1: none), "sampling_temperature" (1.0), "sampling_topp" (1.0), "seed" (set_random_seed first)}
   -> {"seconds": wall time of translate_batch, "step_s": [seconds between steps 1..N-1] or null,
-      "tokens": [[token, ...], ...]}. `forced` makes every source decode exactly N tokens (eos masked until N).
+      "tokens": [[token, ...], ...] (every hypothesis of every source, in order), "scores": [...] or null}.
+  `forced` makes every source decode exactly N tokens (eos masked until N).
 - {"op": "memory"} -> {"peak_rss_mb": ...};  {"op": "quit"} -> exit.
 """
 
@@ -20,8 +22,16 @@ import sys
 import time
 
 
+OPTIONS = {"beam_size": 1, "length_penalty": 1.0, "num_hypotheses": 1, "return_scores": False, "sampling_topk": 1,
+           "sampling_temperature": 1.0, "sampling_topp": 1.0}
+
+
 def decode(translator, request: dict) -> dict:
+    import ctranslate2
+
     n = request["new_tokens"]
+    if request.get("seed") is not None:
+        ctranslate2.set_random_seed(request["seed"])
     marks: dict[int, float] = {}
 
     def on_token(step_result) -> bool:
@@ -30,13 +40,13 @@ def decode(translator, request: dict) -> dict:
 
     start = time.perf_counter()
     results = translator.translate_batch(
-        request["sources"], beam_size=request.get("beam_size", 1), length_penalty=request.get("length_penalty", 1.0),
-        max_decoding_length=n, min_decoding_length=n if request["forced"] else 0,
-        max_input_length=0, callback=on_token if request["step_times"] else None)
+        request["sources"], **{k: request.get(k, v) for k, v in OPTIONS.items()}, max_decoding_length=n,
+        min_decoding_length=n if request["forced"] else 0, max_input_length=0, callback=on_token if request["step_times"] else None)
     seconds = time.perf_counter() - start
     steps = [marks[s] for s in sorted(marks)]
     step_s = [b - a for a, b in zip(steps, steps[1:])] if request["step_times"] else None
-    return {"seconds": seconds, "step_s": step_s, "tokens": [r.hypotheses[0] for r in results]}
+    return {"seconds": seconds, "step_s": step_s, "tokens": [h for r in results for h in r.hypotheses],
+            "scores": [s for r in results for s in r.scores] if request.get("return_scores") else None}
 
 
 def peak_rss_mb() -> float:

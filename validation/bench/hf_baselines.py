@@ -155,16 +155,23 @@ def _torch(ids: np.ndarray, mask: np.ndarray):
 
 
 def generate_tokens(model, input_ids: np.ndarray, attention_mask: np.ndarray, max_new_tokens: int, eos_id: int,
-                    beam: int = 1, length_penalty: float = 1.0) -> list[list[int]]:
-    """`generate` with the model's own generation rules, greedy or `beam` beams (early_stopping=True): each source's
-    tokens after the start, without eos."""
+                    beam: int = 1, length_penalty: float = 1.0, n_best: int = 1, sampling=None) -> list[list[int]]:
+    """`generate` with the model's own generation rules, greedy or `beam` beams (early_stopping=True), `n_best`
+    sequences a source (with their scores when more than one), or sampling (`settings.Sampling`, seeded through
+    torch.manual_seed, its n samples a source): every returned sequence's tokens after the start, without eos."""
     import torch
 
     ids, mask = _torch(input_ids, attention_mask)
     beams = {} if beam == 1 else {"length_penalty": length_penalty, "early_stopping": True}
+    options = {"do_sample": False, "num_return_sequences": n_best} if sampling is None else sampling.hf()
+    if options["num_return_sequences"] > 1:
+        options.update(return_dict_in_generate=True, output_scores=True)
     with torch.inference_mode():
-        rows = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, num_beams=beam,
-                              do_sample=False, **beams)[:, 1:].tolist()
+        if sampling is not None:
+            torch.manual_seed(sampling.seed)
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, num_beams=beam,
+                             **beams, **options)
+    rows = (out.sequences if hasattr(out, "sequences") else out)[:, 1:].tolist()
     return [row[: row.index(eos_id)] if eos_id in row else row for row in rows]
 
 
@@ -211,12 +218,36 @@ class TransformersBackend:
                               "its time would not be comparable")
         return seconds, list(np.diff(marks.times))
 
+    def sample(self, input_ids: np.ndarray, attention_mask: np.ndarray, new_tokens: int, sampling
+               ) -> tuple[float, list[float], list[list[int]]]:
+        """`bench --search sample`: generate(do_sample=True) with the warpers, exactly `new_tokens` a row, `sampling.n`
+        samples a source (num_return_sequences; with output_scores when more than one), seeded by torch.manual_seed."""
+        import torch
+
+        ids, mask = _torch(input_ids, attention_mask)
+        marks = _Marks()
+        options = sampling.hf()
+        if sampling.n > 1:
+            options.update(return_dict_in_generate=True, output_scores=True)
+        with torch.inference_mode():
+            torch.manual_seed(sampling.seed)
+            start = time.perf_counter()
+            out = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
+                                      min_new_tokens=new_tokens, num_beams=1, streamer=marks, **options)
+            seconds = time.perf_counter() - start
+        rows = (out.sequences if hasattr(out, "sequences") else out)[:, 1:]
+        if rows.shape != (len(ids) * sampling.n, new_tokens):
+            raise CheckFailed(f"{self.name}: generate returned {tuple(rows.shape)} sampled tokens, not "
+                              f"{(len(ids) * sampling.n, new_tokens)}; its time would not be comparable")
+        return seconds, list(np.diff(marks.times)), rows.tolist()
+
     def search(self, input_ids: np.ndarray, attention_mask: np.ndarray, settings, beam: int,
                length_penalty: float) -> tuple[float, list[list[int]]]:
-        """`bench --search beam`: generate's own search, eos stops, at most `settings.max_new_tokens`."""
+        """`bench --search beam`: generate's own search, eos stops, at most `settings.max_new_tokens`, its
+        num_return_sequences hypotheses a source."""
         start = time.perf_counter()
         outputs = generate_tokens(self.model, input_ids, attention_mask, settings.max_new_tokens, settings.eos_id,
-                                  beam, length_penalty)
+                                  beam, length_penalty, settings.num_return_sequences)
         return time.perf_counter() - start, outputs
 
     def encode_seconds(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> float:
@@ -264,8 +295,10 @@ def prepare(name: str, source: ImportedSource, out: Path, reference, input_ids: 
             attention_mask: np.ndarray, max_new_tokens: int, want: dict) -> tuple[dict, dict | None]:
     """Export (optimum) and check one backend before timing against our eager `reference` model on the same
     sources, with the model's generation rules. `want`: the eager model's outputs, {"greedy": eager_greedy(...)}
-    and, for a beam bench, {"beam": (K, length_penalty, tokens of hf_beam_search with early_stopping=True)}.
-    Greedy tokens must agree (near-ties aside), beam tokens exactly. Returns (the check, the build or None)."""
+    and, for a beam bench, {"beam": (K, length_penalty, n-best, every hypothesis of hf_beam_search with
+    early_stopping=True)}, for a sampling bench {"sample": (settings.Sampling, the eager samples under its seed)}.
+    Greedy tokens must agree (near-ties aside), beam tokens and samples exactly (sampling with the same seed draws
+    the same q: reference_model/decoding.py). Returns (the check, the build or None)."""
     from seq2trt.validation.ties import compare_greedy
 
     build = export_optimum(source, Path(out) / OPTIMUM_DIR) if name == "optimum" else None
@@ -275,9 +308,13 @@ def prepare(name: str, source: ImportedSource, out: Path, reference, input_ids: 
         backend.activate()
         got = generate_tokens(backend.model, input_ids, attention_mask, max_new_tokens, eos)
         if "beam" in want:
-            beam, length_penalty, beam_want = want["beam"]
+            beam, length_penalty, n_best, beam_want = want["beam"]
             beam_got = generate_tokens(backend.model, input_ids, attention_mask, max_new_tokens, eos, beam,
-                                       length_penalty)
+                                       length_penalty, n_best)
+        if "sample" in want:
+            sampling, sample_want = want["sample"]
+            sample_got = generate_tokens(backend.model, input_ids, attention_mask, max_new_tokens, eos,
+                                         sampling=sampling)
     finally:
         backend.close()
     comparison = compare_greedy(want["greedy"], got, eos)
@@ -289,10 +326,17 @@ def prepare(name: str, source: ImportedSource, out: Path, reference, input_ids: 
                         "; ".join(comparison.mismatches[:5]) + ")")
     if "beam" in want:
         differ = [i for i, (a, b) in enumerate(zip(beam_want, beam_got)) if a != b]
-        check["beam"] = {"beam": beam, "length_penalty": length_penalty, "identical": len(beam_want) - len(differ),
-                         "sequences": len(beam_want), "mismatches": differ[:10]}
+        check["beam"] = {"beam": beam, "length_penalty": length_penalty, "n_best": n_best,
+                         "identical": len(beam_want) - len(differ), "sequences": len(beam_want), "mismatches": differ[:10]}
         if differ:
-            failures.append(f"beam {beam}: sources {differ[:10]} differ from hf_beam_search")
+            failures.append(f"beam {beam}: sequences {differ[:10]} differ from hf_beam_search")
+    if "sample" in want:
+        differ = [i for i, (a, b) in enumerate(zip(sample_want, sample_got)) if a != b]
+        check["sample"] = {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
+                           "n": sampling.n, "seed": sampling.seed, "identical": len(sample_want) - len(differ),
+                           "sequences": len(sample_want), "mismatches": differ[:10]}
+        if differ or len(sample_want) != len(sample_got):
+            failures.append(f"sampling (seed {sampling.seed}): samples {differ[:10]} differ from the eager model's")
     if failures:
         raise CheckFailed(f"{name} disagrees with the eager model: {'; '.join(failures)}; its timings would not be "
                           "comparable")

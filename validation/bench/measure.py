@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import platform
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
 
@@ -23,12 +23,12 @@ import numpy as np
 from seq2trt.reference_model import layout
 from seq2trt.exporters.manifest import Manifest, verify
 from seq2trt.reference_model.decoding import DecodeSettings
-from seq2trt.reference_model.errors import DependencyError, InputError
+from seq2trt.reference_model.errors import CheckFailed, DependencyError, InputError
 
 from seq2trt.validation.bench import backends as bb
 from seq2trt.validation.bench import prepare as bench_prepare
 from seq2trt.runtime import registry
-from seq2trt.validation.bench.settings import BenchSettings, available_backends, unavailable
+from seq2trt.validation.bench.settings import BenchSettings, Sampling, available_backends, unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +82,11 @@ class Bench:
             raise InputError(f"--search beam --beam {settings.beam} at batch {max(settings.batch_sizes)} runs {max(rows)} "
                              f"rows, over the export's max_batch {self.limits.max_batch}: exports for beam need "
                              "max_batch >= B x K; re-export with a larger --max-batch or lower --batch-sizes")
+        rows = max(settings.batch_sizes) * settings.n_best
+        if settings.search == "sample" and rows > self.limits.max_batch:
+            raise InputError(f"--search sample --n-best {settings.n_best} at batch {max(settings.batch_sizes)} runs "
+                             f"{rows} rows, over the export's max_batch {self.limits.max_batch}; re-export with a larger "
+                             "--max-batch or lower --batch-sizes")
         self.src_len = min(settings.src_len, self.limits.max_src_len)
         self.new_tokens = min(settings.new_tokens, self.limits.max_tgt_len - 1)
         self.checkpoint = checkpoint
@@ -89,6 +94,8 @@ class Bench:
         self.model = self.task = None
         self.ct2_models: dict[str, dict] = {}
         self.doc: dict = {}
+        self.sampling = Sampling.of(settings) if settings.search == "sample" else None
+        self._turns = 0  # --search sample: which of sampling and greedy runs first in a turn alternates
 
     # -- preparation ----------------------------------------------------------------------------------------
     def _reference(self):
@@ -140,7 +147,7 @@ class Bench:
         self.doc = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     "artifact": str(self.out), "settings": {**asdict(s), "src_len": self.src_len,
                                                             "new_tokens": self.new_tokens,
-                                                            "forced_length": s.search == "greedy"},
+                                                            "forced_length": s.search != "beam"},
                     "model": {k: getattr(self.cfg, k) for k in ("d_model", "num_heads", "num_encoder_layers",
                                                                 "num_decoder_layers", "d_ff", "tgt_vocab_size")},
                     "dtype": self.manifest.dtype, "machine": _machine("before"), "builds": _engine_builds(self.out)}
@@ -148,7 +155,8 @@ class Bench:
         if any(bench_prepare.is_anchor(n) for n in s.backends):
             prepared = bench_prepare.prepare(s.backends, self.out, self._reference(), self.task, self.source,
                                              s.check_samples, s.seed, self.limits.max_tgt_len - 1, self.progress,
-                                             (s.beam, s.length_penalty) if s.search == "beam" else None)
+                                             (s.beam, s.length_penalty, s.n_best) if s.search == "beam" else None,
+                                             self.sampling)
             self.doc["checks"], self.ct2_models = prepared.checks, prepared.ct2_models
             self.doc["builds"].update(prepared.builds)
         for key in ("results", "encoder_ms", "step_ms_by_past", "ratios", "memory"):
@@ -169,9 +177,9 @@ class Bench:
                 before = bb.rss_mb()
                 backends.append(self._make(name, threads))
                 self.doc["memory"].setdefault(name, {})["load_rss_delta_mb"] = round(bb.rss_mb() - before, 1)
-            inputs = {b: _sources(self.cfg, b, self.src_len, rng) if s.search == "greedy" else self._held_out(b)
+            inputs = {b: _sources(self.cfg, b, self.src_len, rng) if s.search != "beam" else self._held_out(b)
                       for b in s.batch_sizes}
-            raw = {"decode": {}, "steps": {}, "encoder": {}, "by_past": {}, "tokens": {}}
+            raw = {"decode": {}, "steps": {}, "encoder": {}, "by_past": {}, "tokens": {}, "greedy": {}}
             for rep in range(s.warmup + s.repeats):
                 self.progress(f"{threads} thread(s): repetition {rep + 1}/{s.warmup + s.repeats}"
                               + ("" if rep >= s.warmup else " (warm-up)"))
@@ -209,14 +217,18 @@ class Bench:
             b.activate()
             if self.settings.search == "beam":
                 settings = DecodeSettings.for_model(self.cfg, self.new_tokens)
+                if self.settings.n_best > 1:
+                    settings = replace(settings, num_return_sequences=self.settings.n_best, output_scores=True)
                 seconds, outputs = b.search(ids, mask, settings, self.settings.beam, self.settings.length_penalty)
-                record("tokens", (b.name, batch), [sum(len(o) + 1 for o in outputs)])  # eos counted
+                record("tokens", (b.name, batch), [sum(len(o) + 1 for o in outputs)])  # eos counted, every hypothesis
                 steps = None
+            elif self.settings.search == "sample":
+                seconds, steps = self._sample_turn(b, batch, ids, mask, record)
             else:
                 seconds, steps = b.decode(ids, mask, self.new_tokens)
             record("decode", (b.name, batch), [seconds])
             record("steps", (b.name, batch), steps or [])
-        if not self.settings.curves or self.settings.search == "beam":  # curves do not depend on the search
+        if not self.settings.curves or self.settings.search != "greedy":  # curves do not depend on the search
             return
         for length in _grid(self.limits.max_src_len, 1):
             src = _sources(self.cfg, batch, length, rng)
@@ -234,18 +246,41 @@ class Bench:
                 if 1 <= past <= len(ct2_steps):
                     record("by_past", (b.name, batch, past), [ct2_steps[past - 1]])
 
+    def _sample_turn(self, b, batch: int, ids: np.ndarray, mask: np.ndarray, record) -> tuple[float, list[float]]:
+        """One backend's `--search sample` turn: sampling, and its greedy decode of the same rows (each source n
+        times) right before or after it (alternating), both forced-length. Returns the sampling's times."""
+        n, rows = self.sampling.n, batch * self.sampling.n
+        self._turns += 1
+        greedy_first = self._turns % 2 == 0
+        if greedy_first:
+            greedy_s, _ = b.decode(np.repeat(ids, n, 0), np.repeat(mask, n, 0), self.new_tokens)
+            b.activate()
+        seconds, steps, outputs = b.sample(ids, mask, self.new_tokens, self.sampling)
+        if not greedy_first:
+            b.activate()
+            greedy_s, _ = b.decode(np.repeat(ids, n, 0), np.repeat(mask, n, 0), self.new_tokens)
+        if len(outputs) != rows or any(len(o) != self.new_tokens for o in outputs):
+            raise CheckFailed(f"{b.name} returned {len(outputs)} samples of lengths {sorted({len(o) for o in outputs})} "
+                              f"for {batch} sources x {n}, not {rows} of {self.new_tokens} tokens; its time would not "
+                              "be comparable")
+        record("greedy", (b.name, batch), [greedy_s])
+        return seconds, steps
+
     def _summarise(self, t: str, raw: dict) -> None:
         results = self.doc["results"].setdefault(t, {})
+        s = self.settings
         for (name, batch), seconds in raw["decode"].items():
-            generated = raw["tokens"].get((name, batch))  # beam: what it generated; greedy: forced length
-            tokens = float(np.median(generated)) if generated else batch * self.new_tokens
+            generated = raw["tokens"].get((name, batch))  # beam: what it generated; greedy, sample: forced length
+            tokens = float(np.median(generated)) if generated else \
+                batch * self.new_tokens * (s.n_best if s.search == "sample" else 1)
             decode = _stats_ms(seconds)
             steps = _stats_ms(raw["steps"].get((name, batch), []))
             results.setdefault(name, {})[str(batch)] = {
                 "tokens_per_s": round(tokens / float(np.median(seconds)), 2),
                 **{f"step_ms_{k}": v for k, v in steps.items()}, **{f"decode_ms_{k}": v for k, v in decode.items()},
-                "repeats": len(seconds), "search": self.settings.search,
-                **({"beam": self.settings.beam} if self.settings.search == "beam" else {})}
+                "repeats": len(seconds), "search": s.search, **({"beam": s.beam} if s.search == "beam" else {}),
+                **({"n_best": s.n_best} if s.n_best > 1 else {}),
+                **(self._sampling_cost(seconds, raw["greedy"][name, batch]) if s.search == "sample" else {})}
         for key, table in (("encoder", "encoder_ms"), ("by_past", "step_ms_by_past")):
             if not raw[key]:  # --no-curves
                 continue
@@ -258,6 +293,17 @@ class Bench:
                 "vs_" + ref.replace("-", "_"): paired_ratio(raw["decode"].get((ref, batch)), seconds)
                 for ref in REFERENCES if ref in self.settings.backends}
         logger.debug("summarised %d decode series for %s thread(s)", len(raw["decode"]), t)
+
+
+    def _sampling_cost(self, seconds: list[float], greedy: list[float]) -> dict:
+        """The warpers, and sampling's extra cost over greedy: per step (ms, and as a share of a greedy step), the
+        median over repetitions of the two decodes timed in the same turn on the same rows."""
+        sample, greedy = np.asarray(seconds), np.asarray(greedy)
+        s = self.sampling
+        return {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "seed": s.seed,
+                **{f"greedy_decode_ms_{k}": v for k, v in _stats_ms(list(greedy)).items()},
+                "sampling_extra_ms_per_step": round(float(np.median(sample - greedy)) / self.new_tokens * 1e3, 5),
+                "sampling_extra_fraction": round(float(np.median(sample / greedy - 1)), 4)}
 
 
 def paired_ratio(reference_seconds: list[float] | None, seconds: list[float]) -> float | None:

@@ -67,9 +67,12 @@ def check_sources(cfg, task: str | None, source, samples: int, seed: int) -> tup
 
 
 def prepare(backends: tuple[str, ...], out: Path, reference, task: str | None, source, samples: int, seed: int,
-            max_new_tokens: int, progress: Callable[[str], None], beam: tuple[int, float] | None = None) -> Prepared:
+            max_new_tokens: int, progress: Callable[[str], None], beam: tuple[int, float, int] | None = None,
+            sampling=None) -> Prepared:
     """Build and check every anchor among `backends` against the eager `reference` model; `beam` (K, length
-    penalty) for a beam bench, whose hf and optimum are checked on beam tokens too."""
+    penalty, n-best) for a beam bench, whose hf and optimum are checked on beam tokens too (every hypothesis);
+    `sampling` (settings.Sampling) for a sampling bench: hf and optimum must sample the eager model's tokens under the
+    same seed, CTranslate2 (its own random stream) its first-token distribution (validation/sampling.py)."""
     done = Prepared()
     ids, mask, origin = check_sources(reference.cfg, task, source, samples, seed)
     want: dict = {}
@@ -78,35 +81,47 @@ def prepare(backends: tuple[str, ...], out: Path, reference, task: str | None, s
             from seq2trt.validation.bench import hf_baselines
 
             progress(f"preparing {name} and checking its tokens")
-            want = want or _eager_outputs(reference, ids, mask, max_new_tokens, beam)
+            want = want or _eager_outputs(reference, ids, mask, max_new_tokens, beam, sampling)
             check, build = hf_baselines.prepare(name, source, out, reference, ids, mask, max_new_tokens, want)
             done.checks[name] = {"sources": origin, **check}
             if build is not None:
                 done.builds[name] = build
         elif registry.BACKENDS[name].runs == "ctranslate2":
-            _prepare_ct2(name, out, reference, source, ids, mask, origin, max_new_tokens, progress, done)
+            _prepare_ct2(name, out, reference, source, ids, mask, origin, max_new_tokens, progress, done, sampling)
     return done
 
 
 def _eager_outputs(reference, ids: np.ndarray, mask: np.ndarray, max_new_tokens: int,
-                   beam: tuple[int, float] | None) -> dict:
+                   beam: tuple[int, float, int] | None, sampling=None) -> dict:
     """What hf and optimum must reproduce: the eager model's greedy (with logits) and, for a beam bench, beam
-    tokens (Hugging Face's beam search, early_stopping=True), the model's generation rules applied."""
-    from seq2trt.reference_model.decoding import DecodeSettings, hf_beam_search
+    tokens (Hugging Face's beam search, early_stopping=True, every one of the n-best), for a sampling bench its
+    samples under the seed, the model's generation rules applied."""
+    from dataclasses import replace
+
+    from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode, hf_beam_search
     from seq2trt.reference_model.eager import EagerStepModel
 
+    from seq2trt.validation.bench.backends import sequences
     from seq2trt.validation.bench.ct2_baseline import eager_greedy
 
     want = {"greedy": eager_greedy(reference, ids, mask, max_new_tokens)}
+    settings = DecodeSettings.for_model(reference.cfg, max_new_tokens)
     if beam is not None and beam[0] > 1:
-        settings = DecodeSettings.for_model(reference.cfg, max_new_tokens)
-        want["beam"] = (*beam, hf_beam_search(EagerStepModel(reference), ids, mask, settings, beam[0], beam[1], True))
+        k, length_penalty, n = beam
+        nbest = replace(settings, num_return_sequences=n, output_scores=n > 1)
+        want["beam"] = (k, length_penalty, n, sequences(hf_beam_search(EagerStepModel(reference), ids, mask, nbest, k,
+                                                                       length_penalty, True)))
+    if sampling is not None:
+        sampled = replace(settings, do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k,
+                          top_p=sampling.top_p, seed=sampling.seed, num_return_sequences=sampling.n)
+        want["sample"] = (sampling, sequences(greedy_decode(EagerStepModel(reference), ids, mask, sampled)))
     return want
 
 
 def _prepare_ct2(name: str, out: Path, reference, source, ids, mask, origin: str, max_new_tokens: int,
-                 progress: Callable[[str], None], done: Prepared) -> None:
-    """Convert for one CTranslate2 variant, check its greedy tokens, note where its model lies."""
+                 progress: Callable[[str], None], done: Prepared, sampling=None) -> None:
+    """Convert for one CTranslate2 variant, check its greedy tokens (and for a sampling bench the distribution of its
+    sampled first tokens: float32 must pass), note where its model lies."""
     from seq2trt.validation.bench import ct2_baseline
 
     quantization = "int8" if name == "ct2-int8" else "float32"
@@ -121,7 +136,11 @@ def _prepare_ct2(name: str, out: Path, reference, source, ids, mask, origin: str
                                             require=quantization == "float32")
     done.ct2_models[name] = {"dir": model_dir, "compute_type": ct2_baseline.compute_type(quantization),
                              "source_tokens": translator.source_tokens}
-    del translator  # one Translator per process while timing
     done.checks[name] = {"sources": origin, **agreement.to_dict()}
+    if sampling is not None:
+        progress(f"checking CTranslate2 {quantization}'s sampled first tokens against the eager probabilities")
+        done.checks[name]["sampling"] = ct2_baseline.check_sampling(reference, translator, ids, mask, sampling,
+                                                                    require=quantization == "float32").to_dict()
+    del translator  # one Translator per process while timing
     done.builds[name] = {"convert_seconds": round(seconds, 3), "model_bytes": (model_dir / "model.bin").stat().st_size,
                          "converter": "ours" if source is None else "CTranslate2's TransformersConverter"}

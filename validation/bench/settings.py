@@ -15,7 +15,7 @@ from seq2trt.runtime.decode_jobs import check_threads
 from seq2trt.runtime.registry import BACKENDS, unavailable  # noqa: F401  (unavailable: re-exported)
 
 KNOWN_BACKENDS = tuple(BACKENDS)
-SEARCHES = ("greedy", "beam")
+SEARCHES = ("greedy", "beam", "sample")
 
 
 def parse_backends(text: str) -> tuple[str, ...]:
@@ -54,6 +54,14 @@ class BenchSettings:
     search: str = "greedy"
     beam: int = 4
     length_penalty: float = GNMT_ALPHA
+    # --search sample: forced length like greedy (every backend samples exactly new_tokens a row), Hugging Face's
+    # warpers (CTranslate2's sampling_temperature / sampling_topk / sampling_topp), and each backend's greedy decode of
+    # the same rows timed in the same turn: sampling's extra cost per step, side by side.
+    temperature: float = 1.0
+    top_k: int = 50  # Hugging Face's default; 0: the whole vocabulary
+    top_p: float = 1.0
+    # --n-best N: N sequences a source with their scores, from beam search (N <= --beam) or N samples a source.
+    n_best: int = 1
 
     def __post_init__(self) -> None:
         parse_backends(",".join(self.backends))
@@ -70,8 +78,47 @@ class BenchSettings:
         if self.search not in SEARCHES or self.beam < 1:
             raise InputError(f"--search must be one of {', '.join(SEARCHES)} and --beam >= 1, got {self.search!r} and "
                              f"{self.beam}")
+        if not (self.temperature > 0 and self.top_k >= 0 and 0 < self.top_p <= 1 and self.n_best >= 1):
+            raise InputError(f"--temperature must be > 0, --top-k >= 0, --top-p in (0, 1] and --n-best >= 1, got "
+                             f"{self.temperature}, {self.top_k}, {self.top_p} and {self.n_best}")
+        if self.n_best > 1 and self.search == "greedy":
+            raise InputError(f"--n-best {self.n_best}: greedy search returns one sequence a source; use --search beam "
+                             "or --search sample")
+        if self.search == "beam" and self.n_best > self.beam:
+            raise InputError(f"--n-best {self.n_best} is more than the {self.beam} beams; ask for at most --beam")
+        whole = [b for b in self.backends if BACKENDS[b].runs == "ort-search"]  # one hypothesis, no sampling
+        if whole and (self.search == "sample" or self.n_best > 1):
+            raise InputError(f"{', '.join(whole)}: generate.onnx returns one beam-search hypothesis a source and does not "
+                             "sample (ONNX Runtime's Sampling operator refuses encoder-decoder models); drop it from "
+                             "--backends for --search sample or --n-best")
         if self.src_len < 1 or self.new_tokens < 1:
             raise InputError(f"--src-len and --new-tokens must be >= 1, got {self.src_len} and {self.new_tokens}")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What `--search sample` asks of every backend: Hugging Face's warpers, N samples a source, one seed."""
+
+    temperature: float
+    top_k: int  # 0: the whole vocabulary (CTranslate2's sampling_topk 0 too)
+    top_p: float
+    n: int
+    seed: int
+
+    @classmethod
+    def of(cls, settings: "BenchSettings") -> "Sampling":
+        return cls(settings.temperature, settings.top_k, settings.top_p, settings.n_best, settings.seed)
+
+    def ct2(self) -> dict:
+        """translate_batch's options: CTranslate2 applies top-k, then temperature, then top-p; the kept set is the
+        same as Hugging Face's temperature -> top-k -> top-p (a temperature keeps the order of the logits)."""
+        return {"sampling_topk": self.top_k, "sampling_temperature": self.temperature, "sampling_topp": self.top_p,
+                "num_hypotheses": self.n, "return_scores": self.n > 1, "seed": self.seed}
+
+    def hf(self) -> dict:
+        """generate's options (the seed goes to torch.manual_seed)."""
+        return {"do_sample": True, "temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
+                "num_return_sequences": self.n}
 
 
 def available_backends(out: Path) -> tuple[str, ...]:

@@ -197,3 +197,118 @@ def test_no_curves_times_decoding_only(exported, tmp_path):
     assert doc["encoder_ms"] == {} and doc["step_ms_by_past"] == {}
     md = (copy / "reports" / "latency.md").read_text()
     assert "Encoder p50" not in md and not (copy / "reports" / "step_latency.png").exists()
+
+
+@pytest.fixture(scope="module")
+def sample_report(exported, tmp_path_factory):
+    """`bench --search sample --n-best 2` (temperature 0.8, top-k 5) of eager, ort and ct2 through the CLI."""
+    pytest.importorskip("ctranslate2")
+    import shutil
+
+    out, _ = exported
+    copy = shutil.copytree(out, tmp_path_factory.mktemp("sample") / "out", ignore=shutil.ignore_patterns("reports"))
+    result = invoke("bench", copy, "--backends", "eager,ort,ct2", "--search", "sample", "--n-best", 2,
+                    "--temperature", 0.8, "--top-k", 5, "--batch-sizes", "1,2", "--repeats", 2, "--warmup", 0,
+                    "--src-len", 8, "--new-tokens", 5)
+    assert result.exit_code == 0, result.output
+    return json.loads((copy / "reports" / "latency.json").read_text()), result.output
+
+
+def test_sample_bench_rows_beside_greedy(sample_report):
+    """Sampling rows: forced length (B x n x new_tokens tokens), the warpers as asked, and each backend's greedy
+    decode of the same rows timed in the same turns, with sampling's extra cost per step."""
+    doc, output = sample_report
+    assert doc["settings"]["search"] == "sample" and doc["settings"]["forced_length"]
+    for name in ("eager", "ort", "ct2"):
+        for batch in ("1", "2"):
+            r = doc["results"]["1"][name][batch]
+            assert (r["search"], r["n_best"], r["temperature"], r["top_k"], r["top_p"]) == ("sample", 2, 0.8, 5, 1.0)
+            assert r["tokens_per_s"] == pytest.approx(int(batch) * 2 * 5 / (r["decode_ms_p50"] / 1e3), rel=1e-2)
+            assert r["greedy_decode_ms_p50"] > 0 and np.isfinite(r["sampling_extra_fraction"])
+            assert np.isfinite(r["sampling_extra_ms_per_step"])
+    assert doc["ratios"]["1"]["ort"]["2"]["vs_ct2"] > 0 and doc["ratios"]["1"]["ort"]["2"]["vs_eager"] > 0
+    assert "ort B=  2 sample n-best 2:" in output and "of a greedy step" in output
+
+
+def test_sample_bench_checks_ct2_sampling_as_a_distribution(sample_report):
+    """CTranslate2 samples from its own random stream: its first tokens pass the chi-square test against the eager
+    model's probabilities (temperature 0.8, top-k 5) before it is timed."""
+    doc, _ = sample_report
+    check = doc["checks"]["ct2"]["sampling"]
+    assert check["passed"] and check["draws"] == 2000 and check["sources"] == 4 and check["impossible"] == 0
+    assert check["p_value"] >= check["alpha"] == 1e-3
+
+
+def test_sampling_options_reach_each_backend(exported):
+    """The warpers and the seed reach the shared loop and CTranslate2: eager samples are the loop's own under the seed
+    (and differ from greedy); CTranslate2 with top-k 1 is its greedy search, with n samples a source it returns n; a
+    planted wrong temperature fails the chi-square test of its first tokens."""
+    pytest.importorskip("ctranslate2")
+    from dataclasses import replace
+
+    from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode
+    from seq2trt.reference_model.vocab import pad_batch
+    from seq2trt.validation import sampling as judge
+    from seq2trt.validation.bench import ct2_baseline
+    from seq2trt.validation.bench.settings import Sampling
+
+    out, model = exported
+    cfg = model.cfg
+    ids, mask = bench._sources(cfg, 3, 6, np.random.default_rng(1))
+    eager = bench_backends.StepModelBackend("eager", EagerStepModel(model), cfg, threads=1)
+    options = Sampling(temperature=1.5, top_k=0, top_p=0.9, n=2, seed=7)
+    _, steps, got = eager.sample(ids, mask, 6, options)
+    want = DecodeSettings(cfg.bos_id, bench_backends.NEVER, cfg.pad_id, 6, do_sample=True, temperature=1.5, top_k=0,
+                          top_p=0.9, seed=7, num_return_sequences=2, output_scores=True)
+    assert got == bench_backends.sequences(greedy_decode(EagerStepModel(model), ids, mask, want)) and len(steps) == 6
+    _, greedy = eager.search(ids, mask, DecodeSettings(cfg.bos_id, bench_backends.NEVER, cfg.pad_id, 6), 1, 1.0)
+    assert len(got) == 6 and got[::2] != greedy
+    folder = ct2_baseline.convert(model, out / "ct2-options", force=True)
+    translator = ct2_baseline.Ct2Translator(folder)
+    worker = bench_backends.Ct2Backend("ct2", folder, translator.source_tokens, 1, "float32")
+    try:
+        _, _, top1 = worker.sample(ids, mask, 6, replace(options, top_k=1, n=1))
+        forced_greedy = worker._ask({"op": "decode", "sources": worker._sources(ids, mask), "new_tokens": 6,
+                                     "forced": True, "step_times": False})["tokens"]
+        assert top1 == forced_greedy and len(top1) == 3
+        _, _, two = worker.sample(ids, mask, 6, options)
+        assert len(two) == 6 and all(len(row) == 6 for row in two)
+    finally:
+        worker.close()
+    settings = replace(DecodeSettings.for_model(cfg, 1), do_sample=True, temperature=0.8, top_k=5)
+    sources = [row.tolist() for row in ids]
+    probs = judge.first_token_probs(EagerStepModel(model), sources, settings)
+    wrong = Sampling(temperature=1.2, top_k=5, top_p=1.0, n=1, seed=3)
+    failed = judge.chi_square(ct2_baseline.first_token_counts(translator, ids, mask, wrong, 2000, probs.shape[1]), probs)
+    assert not failed, failed
+    right = replace(wrong, temperature=0.8)
+    assert judge.chi_square(ct2_baseline.first_token_counts(translator, ids, mask, right, 2000, probs.shape[1]), probs)
+
+
+def test_beam_n_best_rows(exported, tmp_path):
+    """--search beam --n-best 2: every backend returns two hypotheses a source (CTranslate2 num_hypotheses with
+    return_scores); tokens/s counts every returned sequence."""
+    pytest.importorskip("ctranslate2")
+    import shutil
+
+    out, _ = exported
+    copy = shutil.copytree(out, tmp_path / "out", ignore=shutil.ignore_patterns("reports"))
+    settings = BenchSettings(backends=("eager", "ort", "ct2"), batch_sizes=(1, 2), repeats=1, warmup=0, src_len=8,
+                             new_tokens=6, check_samples=8, search="beam", beam=2, n_best=2, curves=False)
+    doc = bench.run_bench(copy, settings)
+    for name in ("eager", "ort", "ct2"):
+        for batch in ("1", "2"):
+            r = doc["results"]["1"][name][batch]
+            assert r["search"] == "beam" and r["beam"] == 2 and r["n_best"] == 2 and r["tokens_per_s"] > 0
+            assert "sampling_extra_fraction" not in r
+
+
+def test_sampling_and_n_best_settings_are_checked():
+    with pytest.raises(InputError, match="greedy search returns one sequence"):
+        BenchSettings(n_best=2)
+    with pytest.raises(InputError, match="more than the 2 beams"):
+        BenchSettings(search="beam", beam=2, n_best=3)
+    with pytest.raises(InputError, match="--temperature must be > 0"):
+        BenchSettings(search="sample", temperature=0.0)
+    with pytest.raises(InputError, match="ort-generate: generate.onnx returns one beam-search hypothesis"):
+        BenchSettings(backends=("ort", "ort-generate"), search="sample")
