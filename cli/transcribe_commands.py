@@ -82,8 +82,9 @@ def transcribe(source: Path, audio: tuple[Path, ...], language: str | None, task
 
     Prints, in input order as each batch finishes: with --format text one line a file (its text, or its ids as a
     JSON list when the checkpoint has no tokenizer), with json one line a file ({file, language, text, tokens,
-    segments}), with srt or vtt the subtitles of the one file given. Every file is read and checked before the first
-    is decoded; progress goes to stderr."""
+    segments}), with srt or vtt the subtitles of the one file given. A file past 30 s is transcribed window by
+    window (long-form: with timestamps, as transformers does). Every file is read and checked before the first is
+    decoded; progress goes to stderr."""
     from seq2trt.reference_model.atomic_files import write_plain_output
     from seq2trt.runtime.transcription import open_transcriber, read_clips
 
