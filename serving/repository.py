@@ -4,6 +4,7 @@
                              `seq2trt build`), or `python` (ONNX Runtime inside the Python backend, `triton_bls.OnnxModel`)
   DIR/generate, DIR/translate  Python-backend BLS models running seq2trt's search over the two (`serving.triton_bls`), with
                              dynamic batching, the export's manifest and the checkpoint's tokenizer beside their code
+  DIR/transcribe             instead of those for a Whisper export: the same over audio, features.onnx beside its code
   DIR/README.md              how to start it
   DIR/seq2trt.json           what it was written from: the mark `--force` looks for before replacing a folder
 """
@@ -18,10 +19,11 @@ from seq2trt.exporters import spec
 from seq2trt.exporters.manifest import verify
 from seq2trt.reference_model.errors import InputError
 from seq2trt.reference_model.atomic_files import refuse_existing
+from seq2trt.reference_model.layout import FEATURES
 from seq2trt.reference_model.swap import staged_directory
 
 from seq2trt.runtime.decode_jobs import checkpoint_folder, has_tokenizer
-from seq2trt.serving.server import ServeSettings, model_config, tensor_block, write_python_model
+from seq2trt.serving.server import ServeSettings, model_config, model_kinds, tensor_block, write_python_model
 
 REPOSITORY_BACKENDS = ("onnxruntime", "tensorrt_plan", "python")
 MARKER = "seq2trt.json"
@@ -65,15 +67,7 @@ README = """# Triton model repository for {out}
 
 Written by `seq2trt serve --write-repository` (graphs: {what}). Models:
 
-- `generate`: input `input_ids` INT64 [-1] (one source per request), optional `max_new_tokens` INT32 [1] and
-  `num_beams` INT32 [1] -> `output_ids` INT64 [-1]. Dynamic batching (up to {max_batch} requests,
-  {delay} us queue delay); each request gets what `seq2trt translate --ids-file` gives for its ids.
-- Both models take the optional search options of `translate` as [1] inputs: `do_sample` BOOL, `temperature` FP32,
-  `top_k` INT32, `top_p` FP32, `seed` INT64, `min_new_tokens` INT32, `no_repeat_ngram_size` INT32,
-  `repetition_penalty` FP32, `n_best` INT32, `output_scores` BOOL; with n_best > 1 or output_scores the response
-  also holds `hypotheses` BYTES [1] (JSON: "ids", "scores", and "text" from translate) and `scores` FP32 [-1].
-{translate}- `encoder`, `decoder`: the export's graphs; `generate` calls them through BLS every decoding step.
-
+{models}
 ## Start it
 
 The Python-backend models import seq2trt (the search, the request checks), so the server's Python needs it: put
@@ -88,12 +82,45 @@ docker run --gpus all --rm -p 8000:8000 -p 8001:8001 -p 8002:8002 -v $PWD:/model
 (or bake that install into an image FROM the Triton image). The BLS models pass the KV cache to the decoder model
 and back as host arrays every step. Then
 `curl localhost:8000/v2/health/ready` and, for example,
-`curl -X POST localhost:8000/v2/models/generate/infer -d '{{"inputs":[{{"name":"input_ids","shape":[1,3],"datatype":"INT64","data":[4,5,2]}}]}}'`.
+{example}
 
 {notes}
 Scale out by running more copies of this server behind a load balancer (Kubernetes Service, KServe
 InferenceService with the Triton runtime); each replica is independent, no shared state.
 """
+
+TEXT_MODELS = """- `generate`: input `input_ids` INT64 [-1] (one source per request), optional `max_new_tokens` INT32 [1] and
+  `num_beams` INT32 [1] -> `output_ids` INT64 [-1]. Dynamic batching (up to {max_batch} requests,
+  {delay} us queue delay); each request gets what `seq2trt translate --ids-file` gives for its ids.
+- Both models take the optional search options of `translate` as [1] inputs: `do_sample` BOOL, `temperature` FP32,
+  `top_k` INT32, `top_p` FP32, `seed` INT64, `min_new_tokens` INT32, `no_repeat_ngram_size` INT32,
+  `repetition_penalty` FP32, `n_best` INT32, `output_scores` BOOL; with n_best > 1 or output_scores the response
+  also holds `hypotheses` BYTES [1] (JSON: "ids", "scores", and "text" from translate) and `scores` FP32 [-1].
+{translate}- `encoder`, `decoder`: the export's graphs; `generate` calls them through BLS every decoding step.
+"""
+
+SPEECH_MODELS = """- `transcribe` (a Whisper export): input `audio` BYTES [1] (a WAV, FLAC or OGG file's bytes) or
+  `samples` FP32 [-1] (mono) with `sampling_rate` INT32 [1]; optional `language` BYTES [1], `task` BYTES [1]
+  (transcribe or translate), `num_beams` INT32 [1], `max_new_tokens` INT32 [1], `timestamps` BOOL [1] -> `text`
+  BYTES [1], `segments` BYTES [1] (JSON: [{{"start", "end", "text", "tokens"}}]), `language` BYTES [1], `tokens`
+  INT64 [-1]. Dynamic batching (up to {max_batch} requests, {delay} us queue delay); each request gets what
+  `seq2trt transcribe` gives for its audio. The log-mel features run in the model itself (its features.onnx).
+- `encoder`, `decoder`: the export's graphs; `transcribe` calls them through BLS every decoding step.
+"""
+
+TEXT_EXAMPLE = ("`curl -X POST localhost:8000/v2/models/generate/infer -d "
+                """'{"inputs":[{"name":"input_ids","shape":[1,3],"datatype":"INT64","data":[4,5,2]}]}'`.""")
+SPEECH_EXAMPLE = ("`curl -X POST localhost:8000/v2/models/transcribe/infer -d "
+                  """'{"inputs":[{"name":"samples","shape":[1,4],"datatype":"FP32","data":[0,0.1,0.2,0]},"""
+                  """{"name":"sampling_rate","shape":[1,1],"datatype":"INT32","data":[16000]}]}'`"""
+                  "\n(a file's bytes go as `audio` in the binary tensor extension, as tritonclient sends them).")
+
+_BLS_CODE = {
+    "generate": '"""seq2trt generate over the encoder and decoder models (BLS)."""\n'
+                "from seq2trt.serving.triton_bls import TritonPythonModel  # noqa: F401\n",
+    "transcribe": '"""seq2trt transcribe over the encoder and decoder models (BLS)."""\n'
+                  "from seq2trt.serving.triton_bls import TranscribeModel as TritonPythonModel  # noqa: F401\n"}
+_BLS_CODE["translate"] = _BLS_CODE["generate"]
 
 _NOTES = {
     "onnxruntime": "The onnxruntime backend of the image must run the graphs' opset ({opset}) and their ops (fused "
@@ -123,10 +150,7 @@ def write_repository(settings: ServeSettings, folder: Path, repository_backend: 
     out = Path(settings.out)
     manifest = verify(out, [kind.filename for kind in spec.GraphKind])
     cfg, limits = manifest.config, manifest.limits
-    if getattr(cfg, "audio", False):
-        raise InputError(f"{out} is a speech model: --write-repository writes the BLS models of text exports "
-                         "(generate, translate), not transcribe yet; serve it with `seq2trt serve "
-                         f"{out}` (Triton with the transcribe model) instead")
+    audio = bool(getattr(cfg, "audio", False))
     graphs = _graph_files(out, settings, repository_backend, manifest)
     source = checkpoint_folder(out, manifest, settings.checkpoint)
     text = has_tokenizer(source)
@@ -144,12 +168,13 @@ def write_repository(settings: ServeSettings, folder: Path, repository_backend: 
             if repository_backend == "python":
                 (tmp / kind.value / "1" / "model.py").write_text(
                     "from seq2trt.serving.triton_bls import OnnxModel as TritonPythonModel  # noqa: F401\n")
-        code = '"""seq2trt generate over the encoder and decoder models (BLS)."""\n' \
-               "from seq2trt.serving.triton_bls import TritonPythonModel  # noqa: F401\n"
-        for kind in ["generate", "translate"] if text else ["generate"]:
+        for kind in model_kinds(text, audio):
+            parameters = {"alpha": repr(settings.alpha), "threads": str(settings.threads)}
             model = write_python_model(tmp, kind, max_batch, settings.max_queue_delay_us, settings.instances,
-                                       {"alpha": repr(settings.alpha)}, code)
+                                       parameters, _BLS_CODE[kind])
             shutil.copyfile(out / "manifest.json", model / "1" / "manifest.json")
+            if audio:  # the feature extractor graph, checked against the manifest where it loads
+                shutil.copyfile(out / FEATURES, model / "1" / FEATURES)
             (model / "1" / "checkpoint").mkdir()
             for name in ("vocab.json", "generation.json", "tokenizer"):
                 if (source / name).is_dir():
@@ -158,10 +183,12 @@ def write_repository(settings: ServeSettings, folder: Path, repository_backend: 
                     shutil.copyfile(source / name, model / "1" / "checkpoint" / name)
         translate = "- `translate`: input `text` BYTES [1] (optional `src_lang`, `tgt_lang`) -> `text` BYTES [1].\n" \
             if text else ""
+        models = (SPEECH_MODELS if audio else TEXT_MODELS).format(
+            max_batch=max_batch, delay=settings.max_queue_delay_us, translate=translate)
         what = {"onnxruntime": f"ONNX, {settings.backend}", "tensorrt_plan": "TensorRT engines",
                 "python": f"ONNX in the Python backend, {settings.backend}"}[repository_backend]
         (tmp / "README.md").write_text(README.format(
-            out=out.name, what=what, max_batch=max_batch, delay=settings.max_queue_delay_us, translate=translate,
+            out=out.name, what=what, models=models, example=SPEECH_EXAMPLE if audio else TEXT_EXAMPLE,
             notes=_NOTES[repository_backend].format(opset=manifest.data.get("settings", {}).get("opset", "?"))))
         (tmp / MARKER).write_text(json.dumps({"export": str(out.resolve()), "backend": settings.backend,
                                               "repository_backend": repository_backend}, indent=2) + "\n")

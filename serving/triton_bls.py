@@ -1,7 +1,8 @@
-"""The models of a written Triton repository (`seq2trt serve --write-repository`): `generate`/`translate` as
-Python-backend BLS models whose step model calls the repository's `encoder` and `decoder` models (served by the
-onnxruntime or tensorrt_plan backend, or by `OnnxModel` below in the Python backend), and the same request handling
-as `seq2trt serve` (`serving.triton_model.TritonPythonModel`, `decode_service.DecodeService`).
+"""The models of a written Triton repository (`seq2trt serve --write-repository`): `generate`/`translate` (for a
+Whisper export `transcribe`) as Python-backend BLS models whose step model calls the repository's `encoder` and
+`decoder` models (served by the onnxruntime or tensorrt_plan backend, or by `OnnxModel` below in the Python
+backend), and the same request handling as `seq2trt serve` (`serving.triton_model.TritonPythonModel` and
+`TranscribeModel`, `decode_service.DecodeService`, `transcribe_service.TranscribeService`).
 
 The search loop is `reference_model.decoding`'s, fed by `step_model.RunnerStepModel` over two `BlsRunner`s: the KV cache
 goes to the decoder model and back each step as numpy arrays.
@@ -18,6 +19,7 @@ from seq2trt.reference_model.decoding import GNMT_ALPHA
 from seq2trt.exporters import spec
 
 from seq2trt.runtime.runners import Runner
+from seq2trt.serving.triton_model import TranscribeModel as ServedTranscribeModel
 from seq2trt.serving.triton_model import TritonPythonModel as ServedModel
 
 
@@ -40,25 +42,45 @@ class TritonPythonModel(ServedModel):
     """generate / translate over the repository's encoder and decoder models."""
 
     def initialize(self, args: dict) -> None:
-        from seq2trt.exporters.manifest import Manifest
-
-        from seq2trt.runtime.decode_jobs import OpenedDecoder
-        from seq2trt.runtime.step_model import RunnerStepModel
         from seq2trt.serving.decode_service import DecodeService
 
-        config = json.loads(args["model_config"])
-        params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
+        params, here, opened = bls_decoder(args)
         self.kind = params["kind"]
-        here = Path(args["model_repository"]) / args["model_version"]
-        manifest = Manifest(here, json.loads((here / "manifest.json").read_text()))
-        cfg, limits = manifest.config, manifest.limits
-        runners = [BlsRunner(params[f"{kind.value}_model"] if f"{kind.value}_model" in params else kind.value, cfg, kind,
-                             manifest.dtype, limits) for kind in spec.GraphKind]
-        for runner in runners:
-            runner.__enter__()
-        opened = OpenedDecoder(RunnerStepModel(*runners), cfg, here / "checkpoint",
-                               (limits.max_src_len, "the export's max_src_len"), limits.max_batch)
         self.service = DecodeService(here, "bls", alpha=float(params.get("alpha", GNMT_ALPHA)), opened=opened)
+
+
+def bls_decoder(args: dict):
+    """(the model's parameters, its version folder, an OpenedDecoder whose step model calls the repository's
+    encoder and decoder models): the manifest and the checkpoint files beside the model's code."""
+    from seq2trt.exporters.manifest import Manifest
+
+    from seq2trt.runtime.decode_jobs import OpenedDecoder
+    from seq2trt.runtime.step_model import RunnerStepModel
+
+    config = json.loads(args["model_config"])
+    params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
+    here = Path(args["model_repository"]) / args["model_version"]
+    manifest = Manifest(here, json.loads((here / "manifest.json").read_text()))
+    cfg, limits = manifest.config, manifest.limits
+    runners = [BlsRunner(params[f"{kind.value}_model"] if f"{kind.value}_model" in params else kind.value, cfg, kind,
+                         manifest.dtype, limits) for kind in spec.GraphKind]
+    for runner in runners:
+        runner.__enter__()
+    opened = OpenedDecoder(RunnerStepModel(*runners), cfg, here / "checkpoint",
+                           (limits.max_src_len, "the export's max_src_len"), limits.max_batch)
+    return params, here, opened
+
+
+class TranscribeModel(ServedTranscribeModel):
+    """transcribe over the repository's encoder and decoder models, the features from the features.onnx beside it."""
+
+    def initialize(self, args: dict) -> None:
+        from seq2trt.runtime.transcription import Transcriber
+        from seq2trt.serving.transcribe_service import TranscribeService
+
+        params, here, opened = bls_decoder(args)
+        transcriber = Transcriber(opened, here, int(params.get("threads", "1")))
+        self.service = TranscribeService(here, "bls", transcriber=transcriber)
 
 
 class OnnxModel:

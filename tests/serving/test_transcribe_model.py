@@ -145,8 +145,10 @@ def test_batched_requests_get_what_transcribe_gives(whisper_served, audio, refer
               (dict(samples=mix, sampling_rate=22050), prepare_audio(mix, 22050))]
     variants = [dict(), dict(language="de"), dict(num_beams=4), dict(task="translate", language="fr"),
                 dict(num_beams=2, language="en")]
-    cases = [(form, clip, dict(variant, max_new_tokens=MAX_NEW if n % 2 else 4))
-             for n, variant in enumerate(variants) for form, clip in forms]
+    # every form with the model's defaults, each other option set on two forms in turn
+    cases = [(form, clip, dict(max_new_tokens=MAX_NEW)) for form, clip in forms]
+    cases += [(*forms[(2 * n + k) % len(forms)], dict(variant, max_new_tokens=MAX_NEW if k % 2 else 4))
+              for n, variant in enumerate(variants[1:]) for k in range(2)]
     before = batch_sizes(server)
     with ThreadPoolExecutor(len(cases)) as pool:
         got = list(pool.map(lambda case: transcribe(server, request_inputs(**case[0], **case[2])), cases))
@@ -251,3 +253,32 @@ def test_timestamps_and_long_form_are_transcribes(whisper_served, audio, referen
     want = [expected(reference, clip, max_new_tokens=MAX_NEW, **options) for _, clip, options in cases]
     assert got == want
     assert got[2]["segments"][-1]["end"] == pytest.approx(35.0, abs=1e-3) and len(got[2]["segments"]) > 1
+
+
+def test_a_written_python_repository_transcribes_as_transcribe(whisper_exported, audio, reference, tmp_path):
+    """`serve --write-repository --repository-backend python` of the Whisper export, served by `--repository`:
+    transcribe over BLS calls to the encoder and decoder models answers what runtime.transcription gives."""
+    from helpers.cli import invoke
+
+    from .conftest import Server
+
+    out = whisper_exported
+    result = invoke("serve", out, "--write-repository", tmp_path / "repo", "--repository-backend", "python")
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (tmp_path / "repo").iterdir() if p.is_dir()) == ["decoder", "encoder", "transcribe"]
+    assert "models/transcribe/infer" in (tmp_path / "repo" / "README.md").read_text()
+    tone = synthetic("tone", rate=8000, seconds=1.5)
+    cases = [(dict(audio=audio["fox"].read_bytes()), load_audio(audio["fox"]), dict()),
+             (dict(samples=tone, sampling_rate=8000, num_beams=2, language="de"), prepare_audio(tone, 8000),
+              dict(beam=2, language="de")),
+             (dict(audio=audio["stereo"].read_bytes(), timestamps=True), load_audio(audio["stereo"]),
+              dict(timestamps=True))]
+    server = Server(out, tmp_path / "server.log", "--repository", str(tmp_path / "repo"), "--max-queue-delay-us",
+                    "20000")
+    try:
+        with ThreadPoolExecutor(len(cases)) as pool:
+            got = list(pool.map(lambda case: transcribe(server, request_inputs(**case[0], max_new_tokens=MAX_NEW)),
+                                cases))
+    finally:
+        assert server.stop(timeout_s=150) == 0
+    assert got == [expected(reference, clip, max_new_tokens=MAX_NEW, **options) for _, clip, options in cases]
