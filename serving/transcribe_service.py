@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 # transcribe's flags, as its messages name them, and the request parameters of the same meaning.
 PARAMETER_NAMES = {"--language": "language", "--task": "task", "--beam": "num_beams",
-                   "--max-new-tokens": "max_new_tokens", "--timestamps": "timestamps", "--max-seconds": "max_seconds"}
+                   "--max-new-tokens": "max_new_tokens", "--timestamps": "timestamps"}
 _FLAG = re.compile(r"--[a-z][a-z-]*")
 FORMATS = "WAV, FLAC or OGG"
 
@@ -81,10 +81,6 @@ class TranscribeService:
     def max_beams(self) -> int:
         return self.max_batch or 64
 
-    @property
-    def sampling_rate(self) -> int:
-        return self.transcriber.front_end.params.sampling_rate
-
     def check(self, job: SpeechJob) -> None:
         """Raise an InputError naming what is wrong with the job's options."""
         if job.num_beams is not None and not 1 <= job.num_beams <= self.max_beams:
@@ -95,6 +91,10 @@ class TranscribeService:
                              "tokens a window may take")
         try:
             self.transcriber.check(job.language, job.task, job.num_beams, job.max_new_tokens, 1)
+            if job.timestamps or len(job.clip) > self.transcriber.front_end.params.n_samples:
+                # timestamps, and a clip past 30 s (long-form), need timestamp tokens: refused alone, not with the
+                # requests it would be grouped with
+                self.transcriber.speech.timestamp_begin(self.transcriber.config)
         except Seq2TrtError as exc:
             raise InputError(request_message(str(exc))) from None
 

@@ -282,3 +282,20 @@ def test_a_written_python_repository_transcribes_as_transcribe(whisper_exported,
     finally:
         assert server.stop(timeout_s=150) == 0
     assert got == [expected(reference, clip, max_new_tokens=MAX_NEW, **options) for _, clip, options in cases]
+
+
+def test_without_timestamp_tokens_a_long_clip_is_refused_alone(tmp_path):
+    """On a model without timestamp tokens, timestamps and a clip past 30 s (long-form) are refused request by
+    request, before the batch is grouped (so a long clip does not take the short ones of its group with it)."""
+    from helpers.audio import whisper_checkpoint, whisper_source
+    from seq2trt.serving.transcribe_service import SpeechJob, TranscribeService
+
+    ckpt = whisper_checkpoint(whisper_source(tmp_path / "hf", timestamps=0), tmp_path / "ckpt")
+    service = TranscribeService(ckpt, "eager")
+    try:
+        service.check(SpeechJob(synthetic("tone")))
+        for job in (SpeechJob(synthetic("tone"), timestamps=True), SpeechJob(synthetic("noise", seconds=31.0))):
+            with pytest.raises(InputError, match="no timestamp tokens"):
+                service.check(job)
+    finally:
+        service.close()
