@@ -220,3 +220,31 @@ def test_generate_bench_on_an_imported_model_applies_its_rules(imported, tmp_pat
     for batch in ("1", "3"):
         for name in ("ort-fused", "ort-generate"):
             assert doc["results"]["1"][name][batch]["tokens_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_sample_and_n_best_bench_against_transformers(imported, tmp_path):
+    """--search sample --n-best 2: transformers' generate(do_sample=True, num_return_sequences=2) must sample the eager
+    model's tokens under the same seed before it is timed (the same q stream), CTranslate2 its first-token
+    distribution; --search beam --n-best 2: generate's two hypotheses equal hf_beam_search's."""
+    import shutil
+
+    out = shutil.copytree(imported / "out", tmp_path / "out", ignore=shutil.ignore_patterns("reports"))
+    result = invoke("bench", out, "--backends", "ort-fused,hf,ct2", "--search", "sample", "--n-best", 2, "--top-k", 8,
+                    "--top-p", 0.9, "--temperature", 0.9, "--batch-sizes", "1,2", "--repeats", 1, "--warmup", 0,
+                    "--new-tokens", 6)
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "reports" / "latency.json").read_text())
+    sample = doc["checks"]["hf"]["sample"]
+    assert sample["identical"] == sample["sequences"] == 80 and (sample["top_k"], sample["n"]) == (8, 2)
+    assert doc["checks"]["ct2"]["sampling"]["passed"]
+    for name in ("ort-fused", "hf", "ct2"):
+        row = doc["results"]["1"][name]["2"]
+        assert row["search"] == "sample" and row["n_best"] == 2 and row["greedy_decode_ms_p50"] > 0
+    result = invoke("bench", out, "--backends", "ort-fused,hf,ct2", "--search", "beam", "--beam", 3, "--n-best", 2,
+                    "--batch-sizes", "1", "--repeats", 1, "--warmup", 0, "--new-tokens", 8)
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "reports" / "latency.json").read_text())
+    beam = doc["checks"]["hf"]["beam"]
+    assert beam["n_best"] == 2 and beam["identical"] == beam["sequences"] == 80
+    assert doc["results"]["1"]["hf"]["1"]["n_best"] == 2
