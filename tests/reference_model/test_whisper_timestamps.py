@@ -54,12 +54,13 @@ def models(tmp_path_factory):
             load_transformers_model(src, speech=True))
 
 
-def hf_segments(hf_model, features: np.ndarray, beams: int = 1, attention_mask=None) -> list:
+def hf_segments(hf_model, features: np.ndarray, beams: int = 1, attention_mask=None, language: str | None = "en"
+                ) -> list:
     """transformers' segments of each clip of a (B, n_mels, frames) batch: [(start, end, tokens)], and the first
     window's whole decode of each (its `result`)."""
     extra = {} if attention_mask is None else dict(attention_mask=torch.as_tensor(attention_mask))
     with torch.inference_mode():
-        out = hf_model.generate(input_features=torch.as_tensor(features), return_timestamps=True, language="en",
+        out = hf_model.generate(input_features=torch.as_tensor(features), return_timestamps=True, language=language,
                                 task="transcribe", num_beams=beams, max_new_tokens=NEW, return_segments=True,
                                 **extra)
     return [[(float(s["start"]), float(s["end"]), s["tokens"].tolist()) for s in clip] for clip in out["segments"]], \
@@ -70,12 +71,12 @@ def ours_segments(transcript) -> list:
     return [(s.start, s.end, s.decoded) for s in transcript.segments]
 
 
-def check_transcripts(ours, theirs) -> None:
-    for transcript, segments in zip(ours, theirs):
+def check_transcripts(ours, theirs, languages=None) -> None:
+    for transcript, segments, language in zip(ours, theirs, languages or ["en"] * len(theirs)):
         assert ours_segments(transcript) == segments
         text = [t for _, _, tokens in segments for t in tokens if t < BEGIN]
         assert transcript.tokens == text and [t for s in transcript.segments for t in s.tokens] == text
-        assert transcript.language == "en"
+        assert transcript.language == language
 
 
 # --- the rule and the cuts, one call of transformers' own each ------------------------------------------------------
@@ -201,16 +202,20 @@ def test_long_form_equals_generate(models, long_clip, beams):
 
 def test_long_form_batch_of_two_lengths_equals_generate(models, long_clip):
     """A long clip and a shorter long one in one batch (transformers: padded features and their attention mask;
-    ours: each clip's own features), decoded without asking for timestamps: long-form decodes them all the same."""
+    ours: each clip's own features), decoded without asking for timestamps (long-form decodes them all the same)
+    and with no language: each clip's is detected on its first window, as transformers' detect_language does."""
     step_model, cfg, speech, gen, hf_model = models
     clips = [long_clip, long_clip[: 36 * 16000] * 0.5]
     features, mask = long_features(clips)
     frames = mask.sum(-1)
     assert frames[1] < frames[0] and frames[1] > 3000
-    theirs, _ = hf_segments(hf_model, features, attention_mask=mask)
-    ours = transcribe(step_model, cfg, speech, [f[:, :n] for f, n in zip(features, frames)], language="en",
-                      task="transcribe", max_new_tokens=NEW, generation=gen)
-    check_transcripts(ours, theirs)
+    theirs, _ = hf_segments(hf_model, features, attention_mask=mask, language=None)
+    with torch.inference_mode():
+        detected = hf_model.detect_language(input_features=torch.as_tensor(features[:, :, :3000])).tolist()
+    by_id = {i: code for code, i in speech.languages.items()}
+    ours = transcribe(step_model, cfg, speech, [f[:, :n] for f, n in zip(features, frames)], task="transcribe",
+                      max_new_tokens=NEW, generation=gen)
+    check_transcripts(ours, theirs, [by_id[i] for i in detected])
 
 
 # --- what is refused ------------------------------------------------------------------------------------------------
