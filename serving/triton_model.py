@@ -8,6 +8,10 @@ request that asks n_best > 1 or output_scores also gets `hypotheses` BYTES [1], 
 and `scores` FP32 [-1], each hypothesis's score (beam: Hugging Face's sequences_scores, GNMT's for models trained
 here; greedy and sampling: the sum of its tokens' log-probabilities), best first.
 
+`TranscribeModel` is the same for `transcribe` (a Whisper export): each request parsed into a
+`transcribe_service.SpeechJob` (its audio decoded and resampled while it is read), answered by
+`TranscribeService`; outputs `text`, `segments` (JSON), `language` and `tokens`.
+
 `triton_python_backend_utils` exists only inside Triton's Python-backend stub, so it is imported there.
 """
 
