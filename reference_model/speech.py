@@ -264,8 +264,9 @@ def transcribe(model: StepModel, cfg, speech: SpeechTokens, features: Sequence[n
         for i, tokens in zip(plain, found):
             out[i] = Transcript(tokens, codes[i] if speech.multilingual else None,
                                 [Segment(0.0, seconds, tokens, list(tokens))])
-    for i, segments in zip(timed, _sequential(model, cfg, speech, [clips[i] for i in timed],
-                                              [codes[i] for i in timed], task, options)):
+    windows = _sequential(model, cfg, speech, [clips[i] for i in timed], [codes[i] for i in timed], task,
+                          options) if timed else []
+    for i, segments in zip(timed, windows):
         out[i] = Transcript([t for s in segments for t in s.tokens], codes[i] if speech.multilingual else None,
                             segments)
     return out

@@ -116,3 +116,24 @@ def test_scale_embedding_is_refused_by_name(tmp_path):
     src = whisper_model_dir(tmp_path / "hf", config=dict(scale_embedding=True))
     with pytest.raises(ConfigError, match="scale_embedding"):
         config_from_hf(src)
+
+
+def test_transcribe_without_timestamp_tokens(tmp_path):
+    """A model whose vocabulary has no timestamp tokens transcribes 30 s clips (one window each, one segment) as
+    transformers' generate does; only timestamps and clips past 30 s need those tokens."""
+    from seq2trt.reference_model.speech import transcribe
+
+    src = whisper_model_dir(tmp_path / "hf", seed=2)
+    _, model, gen, _ = load_hf_as_model(src)
+    features = source_kind(model.cfg).random(np.random.default_rng(1), 3)
+    speech = SpeechTokens.from_record(gen["speech"])
+    found = transcribe(EagerStepModel(model), model.cfg, speech, features, language="en", max_new_tokens=10,
+                       generation=gen)
+    hf_model = load_transformers_model(src, speech=True)
+    with torch.inference_mode():
+        theirs = hf_model.generate(input_features=torch.as_tensor(np.stack(features)), max_new_tokens=10,
+                                   language="en", task="transcribe", return_dict_in_generate=True).sequences
+    assert [t.tokens for t in found] == whisper_generated(theirs, 3, WHISPER_IDS["eot"])
+    assert all(len(t.segments) == 1 and t.segments[0].start == 0.0 and t.language == "en" for t in found)
+    with pytest.raises(ConfigError, match="timestamp"):
+        transcribe(EagerStepModel(model), model.cfg, speech, features[:1], timestamps=True, generation=gen)
