@@ -131,30 +131,60 @@ def transcribe_features(model: StepModel, cfg, speech: SpeechTokens, features: n
     language (given or detected). The model's other generation options (`generation`) apply as in translate.
     `timestamps`: decoded under the timestamp rule, its tokens among the ids returned (one window's decode)."""
     language, task = speech.check_language(language), speech.check_task(task)
-    codes = row_languages(model, cfg, speech, features, language)
+    state = None  # encoded once when detection needs it, and reused by the decode
+    if needs_detection(speech, language):
+        state = model.encode(features, np.ones((len(features), cfg.max_src_len), dtype=np.int64))
+    codes = row_languages(model, cfg, speech, features, language, state)
     if languages_out is not None:
         languages_out.extend(c if speech.multilingual else "en" for c in codes)
     return decode_windows(model, cfg, speech, features, codes, task, timestamps, beam_size=beam_size,
                           length_penalty=length_penalty, early_stopping=early_stopping,
-                          max_new_tokens=max_new_tokens, generation=generation)
+                          max_new_tokens=max_new_tokens, generation=generation, state=state)
+
+
+class Preencoded:
+    """A step model whose `encode` returns an encoder state already computed (for the same rows): a batch that
+    language detection encoded is not encoded again for its decode, as transformers encodes a batch once."""
+
+    def __init__(self, model: StepModel, state: Any):
+        self.model, self.state = model, state
+
+    def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> Any:
+        return self.state
+
+    def empty_past(self, batch: int) -> Any:
+        return self.model.empty_past(batch)
+
+    def step(self, input_ids, encoder_attention_mask, encoder_state, past):
+        return self.model.step(input_ids, encoder_attention_mask, encoder_state, past)
+
+    def select(self, state: Any, index: np.ndarray) -> Any:
+        return self.model.select(state, index)
+
+
+def needs_detection(speech: SpeechTokens, language: str | None) -> bool:
+    return speech.multilingual and language is None and speech.default_language is None
 
 
 def row_languages(model: StepModel, cfg, speech: SpeechTokens, windows: np.ndarray,
-                  language: str | None) -> list[str | None]:
+                  language: str | None, state: Any = None) -> list[str | None]:
     """Each row's language code from its first window (B, n_mels, frames): `language` (a code `check_language`
-    returned) when given, else the model's default, else detected; None on an English-only model."""
-    if speech.multilingual and language is None and speech.default_language is None:
+    returned) when given, else the model's default, else detected (on `state`, the windows' encoder state, when
+    given); None on an English-only model."""
+    if needs_detection(speech, language):
         mask = np.ones((len(windows), cfg.max_src_len), dtype=np.int64)
-        return detect_languages(model, model.encode(windows, mask), mask, cfg.bos_id, speech)
+        return detect_languages(model, model.encode(windows, mask) if state is None else state, mask, cfg.bos_id,
+                                speech)
     return [language] * len(windows)
 
 
 def decode_windows(model: StepModel, cfg, speech: SpeechTokens, windows: np.ndarray, codes: Sequence[str | None],
                    task: str | None, timestamps: bool, *, beam_size: int = 1, length_penalty: float = 1.0,
                    early_stopping: bool | str = False, max_new_tokens: int | None = None,
-                   generation: dict | None = None) -> list:
+                   generation: dict | None = None, state: Any = None) -> list:
     """Each window's tokens (B, n_mels, frames) decoded with the prompt of its row's language `codes[i]`, in
-    groups of one prompt each; with `timestamps`, under the timestamp rule."""
+    groups of one prompt each; with `timestamps`, under the timestamp rule. `state`: the windows' encoder state
+    when already computed (language detection's), else each group encodes its rows."""
     mask = np.ones((len(windows), cfg.max_src_len), dtype=np.int64)
     stamps = {}
     if timestamps:
@@ -166,10 +196,11 @@ def decode_windows(model: StepModel, cfg, speech: SpeechTokens, windows: np.ndar
         prompt = speech.prompt(code, task, timestamps)
         settings = dataclasses.replace(DecodeSettings.for_model(cfg, 1, generation), prompt=prompt,
                                        max_new_tokens=generation_limit(cfg, prompt, max_new_tokens), **stamps)
+        group = model if state is None else Preencoded(model, model.select(state, rows))
         if beam_size == 1:
-            found = greedy_decode(model, windows[rows], mask[rows], settings)
+            found = greedy_decode(group, windows[rows], mask[rows], settings)
         else:
-            found = hf_beam_search(model, windows[rows], mask[rows], settings, beam_size, length_penalty,
+            found = hf_beam_search(group, windows[rows], mask[rows], settings, beam_size, length_penalty,
                                    early_stopping)
         for row, tokens in zip(rows, found):
             results[row] = tokens
@@ -254,12 +285,17 @@ def transcribe(model: StepModel, cfg, speech: SpeechTokens, features: Sequence[n
         speech.timestamp_begin(cfg)  # refused before any decoding
     options = dict(beam_size=beam_size, length_penalty=length_penalty, early_stopping=early_stopping,
                    max_new_tokens=max_new_tokens, generation=generation)
-    codes = row_languages(model, cfg, speech, np.stack([f[:, :window] for f in clips]), language)
+    first = np.stack([f[:, :window] for f in clips])
+    state = None  # the first windows' encoder state, when detection computes it: the one-window clips reuse it
+    if needs_detection(speech, language):
+        state = model.encode(first, np.ones((len(first), cfg.max_src_len), dtype=np.int64))
+    codes = row_languages(model, cfg, speech, first, language, state)
     out: list = [None] * len(clips)
     plain = [i for i in range(len(clips)) if i not in set(timed)]
     if plain:
         found = decode_windows(model, cfg, speech, np.stack([clips[i] for i in plain]), [codes[i] for i in plain],
-                               task, False, **options)
+                               task, False, **options,
+                               state=None if state is None else model.select(state, np.asarray(plain)))
         seconds = window * SECONDS_PER_FRAME
         for i, tokens in zip(plain, found):
             out[i] = Transcript(tokens, codes[i] if speech.multilingual else None,
