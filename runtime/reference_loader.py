@@ -37,7 +37,8 @@ def load_reference(manifest: Manifest, checkpoint: Path | None):
 
 
 def e2e_sources(cfg, task_name: str | None, samples: int, seed: int) -> tuple[list[list[int]], str]:
-    """Held-out sources of the checkpoint's task (eos included), or seeded random ids for a model without one."""
+    """Held-out sources of the checkpoint's task (eos included), or seeded random sources of the model's source kind
+    (ids, or audio features) for a model without one."""
     if task_name:
         from seq2trt.reference_model.tasks import get_task
 
@@ -46,5 +47,5 @@ def e2e_sources(cfg, task_name: str | None, samples: int, seed: int) -> tuple[li
         return [task.source_vocab.encode(s) + [cfg.eos_id] for s, _ in pairs], f"held-out {task_name}"
     from seq2trt.reference_model.sources import source_kind
 
-    rng = np.random.default_rng(seed)
-    return source_kind(cfg).random(rng, samples, min(16, cfg.max_src_len - 1)), "random ids"
+    rng, kind = np.random.default_rng(seed), source_kind(cfg)
+    return kind.random(rng, samples, min(16, cfg.max_src_len - 1)), f"random {kind.name}"

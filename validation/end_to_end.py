@@ -197,13 +197,14 @@ class EndToEndResult:
 Decoder = Callable[..., list[list[int]]]  # (model, ids, mask, hook or trace) -> each source's tokens
 
 
-def _decode_all(model: StepModel, sources: list[list[int]], decode: Decoder, batch_size: int,
-                pad_id: int, on_step: Callable[[int], Any] | None = None) -> list[list[int]]:
-    """Decode in batches; `on_step(offset)` makes the step hook (greedy) or the model wrapper (beam:
-    `beam_ties.BeamTrace`) of the batch starting at source `offset`."""
+def _decode_all(model: StepModel, sources: list, decode: Decoder, batch_size: int,
+                pad: Callable[[list], tuple[np.ndarray, np.ndarray]],
+                on_step: Callable[[int], Any] | None = None) -> list[list[int]]:
+    """Decode in batches (`pad`: the source kind's batch and mask); `on_step(offset)` makes the step hook (greedy)
+    or the model wrapper (beam: `beam_ties.BeamTrace`) of the batch starting at source `offset`."""
     outputs: list[list[int]] = []
     for i in range(0, len(sources), batch_size):
-        ids, mask = pad_batch(sources[i: i + batch_size], pad_id)
+        ids, mask = pad(sources[i: i + batch_size])
         outputs += decode(model, ids, mask, on_step(i) if on_step else None)
     return outputs
 
@@ -220,12 +221,17 @@ def _margin_recorder(settings: DecodeSettings, margins: dict[tuple[int, int], fl
     return for_batch
 
 
-def end_to_end(candidate: StepModel, reference: StepModel, sources: list[list[int]], settings: DecodeSettings,
+def end_to_end(candidate: StepModel, reference: StepModel, sources: list, settings: DecodeSettings,
                dtype: str, beam_size: int = 4, batch_size: int = 100,
                progress: Callable[[str], None] | None = None,
-               task_metric: tuple[str, Callable[[list[list[int]]], float]] | None = None) -> EndToEndResult:
-    """Greedy and beam decoding of `sources` (id lists, eos included) on both models, compared. `dtype` names
-    the TARGETS row; `task_metric` (name, score of the greedy outputs in source order) is reported for both."""
+               task_metric: tuple[str, Callable[[list[list[int]]], float]] | None = None,
+               source_kind=None) -> EndToEndResult:
+    """Greedy and beam decoding of `sources` (id lists, eos included; or what `source_kind` says a source is) on
+    both models, compared. `dtype` names the TARGETS row; `task_metric` (name, score of the greedy outputs in source
+    order) is reported for both. Beam near-ties re-score a source as token ids (validation/ties.py): audio sources
+    count every beam divergence as one (stricter, never looser)."""
+    pad = source_kind.pad if source_kind is not None else (lambda batch: pad_batch(batch, settings.pad_id))
+    id_sources = source_kind is None or "input_ids" in source_kind.encoder_inputs
     greedy: Decoder = lambda m, ids, mask, hook: greedy_decode(m, ids, mask, settings, on_step=hook)
     beam: Decoder = lambda m, ids, mask, trace: beam_search(m if trace is None else trace(m), ids, mask, settings,
                                                             beam_size=beam_size, alpha=BEAM_ALPHA)
@@ -236,13 +242,13 @@ def end_to_end(candidate: StepModel, reference: StepModel, sources: list[list[in
         paired, margins, traces = PairedStepModel(reference, candidate), {}, ({}, {})
         hooks = (_margin_recorder(settings, margins), None) if name == "greedy" else \
             tuple(beam_tracer(beam_size, settings.pad_id, t) for t in traces)
-        want = _decode_all(paired, sources, decode, size, settings.pad_id, hooks[0])  # the reference's tokens
-        got = _decode_all(candidate, sources, decode, size, settings.pad_id, hooks[1])
+        want = _decode_all(paired, sources, decode, size, pad, hooks[0])  # the reference's tokens
+        got = _decode_all(candidate, sources, decode, size, pad, hooks[1])
         agreements[name] = agreement(want, got, settings.eos_id)
         max_err[name] = paired.max_abs_err
         if name == "greedy":
             agreements[name] = with_near_ties(agreements[name], want, got, settings.eos_id, margins, max_err[name])
-        else:
+        elif id_sources:
             ties = beam_near_ties(agreements[name].divergent_steps, reference, candidate, sources, want, got,
                                   traces, settings, beam_size, near_tie_cap(dtype, TARGETS["fp32"].max_logit_abs_err))
             agreements[name] = _judged_without(agreements[name], ties, want, got, settings.eos_id)

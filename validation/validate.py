@@ -22,9 +22,10 @@ from seq2trt.exporters.manifest import Manifest, generation, verify, writing_int
 from seq2trt.exporters.quantize import quantized_dir, verify_quantized
 from seq2trt.reference_model.decoding import DecodeSettings
 from seq2trt.reference_model.errors import ArtifactError, CheckFailed, InputError
+from seq2trt.reference_model.sources import source_kind
 
 from seq2trt.runtime.step_model import RunnerStepModel
-from seq2trt.runtime.decode_jobs import check_threads
+from seq2trt.runtime.decode_jobs import check_threads, checkpoint_folder, generation_config
 from seq2trt.validation.end_to_end import EndToEndResult, end_to_end
 from seq2trt.validation.localize import localise_export
 from seq2trt.validation.parity import GraphParity, graph_parity
@@ -156,6 +157,17 @@ def _undecodable_text(message, where: str = "") -> str | None:
     return None
 
 
+def speech_prompt(out: Path, manifest: Manifest, checkpoint: Path | None) -> tuple[int, ...]:
+    """The decoder prompt of a speech model's end-to-end check (its first language, transcribe, no timestamps, as
+    `reference_model.speech` builds it); () for a text model."""
+    if not spec.audio_source(manifest.config):
+        return ()
+    from seq2trt.reference_model.speech import SpeechTokens
+
+    speech = SpeechTokens.from_record((generation_config(checkpoint_folder(out, manifest, checkpoint)) or {}).get("speech"))
+    return speech.prompt(next(iter(speech.languages), None) if speech.multilingual else None, "transcribe")
+
+
 def heldout_exact_match(task_name: str, samples: int) -> tuple[str, Callable[[list[list[int]]], float]]:
     """The task's metric on greedy outputs of its first `samples` held-out sources: exact match of the text."""
     from seq2trt.reference_model.tasks import get_task
@@ -219,11 +231,13 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
         e2e = None
         if settings.samples:
             sources, origin = e2e_sources(cfg, task_name, settings.samples, settings.seed)
-            cap = limits.max_tgt_len - 1 if task_name else min(32, limits.max_tgt_len - 1)
-            decode = DecodeSettings.for_model(cfg, settings.max_new_tokens or cap)
+            prompt = speech_prompt(out, manifest, checkpoint)
+            cap = limits.max_tgt_len - 1 if task_name else min(32, limits.max_tgt_len - 1 - len(prompt))
+            decode = replace(DecodeSettings.for_model(cfg, settings.max_new_tokens or cap), prompt=prompt)
             e2e = end_to_end(RunnerStepModel(*candidates), RunnerStepModel(*references), sources, decode, precision,
                              beam_size=settings.beam_size, batch_size=limits.max_batch, progress=progress,
-                             task_metric=heldout_exact_match(task_name, settings.samples) if task_name else None)
+                             task_metric=heldout_exact_match(task_name, settings.samples) if task_name else None,
+                             source_kind=source_kind(cfg))
     document = parity_document(manifest, settings, graphs, e2e, origin if settings.samples else None)
     document["localisation"] = []
     if engines and settings.localize_budget_s > 0:  # localisation reads ONNX graphs' intermediate values

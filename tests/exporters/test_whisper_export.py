@@ -150,6 +150,16 @@ def test_graph_level_validate(whisper, graphs):
     assert doc["passed"] and doc["cases"] == 2 * (1 + 6)  # per batch size: the encoder, 6 decoder cases
 
 
+def test_end_to_end_validate(whisper):
+    """validate's end-to-end check on audio: random features, the model's prompt (first language, transcribe), the
+    fused graphs' greedy and beam tokens against the float64 eager model's."""
+    doc = run_validation(whisper["out"], ValidateSettings(graphs="fused-ort", samples=2, beam_size=2,
+                                                          localize_budget_s=0))
+    e2e = doc["end_to_end"]
+    assert doc["passed"] and e2e["inputs"] == "random audio features" and e2e["samples"] == 2
+    assert e2e["greedy"]["sequence_match"] == e2e["beam"]["sequence_match"] == 1.0
+
+
 def test_features_onnx_equals_the_extractor(whisper, tmp_path):
     """The export's features.onnx (from the checkpoint's preprocessor_config.json, listed in the manifest) and the
     default one made from n_mels both give WhisperFeatureExtractor's features on synthetic clips; an extractor of
