@@ -238,8 +238,12 @@ def generate_artifacts(out: Path, force: bool = False, int8: bool = False) -> di
 
     out = Path(out)
     manifest = verify(out, [kind.filename for kind in spec.GraphKind])
-    folder, fusion, _ = _source_graphs(out, int8, manifest)
     cfg = manifest.config
+    if spec.audio_source(cfg):
+        raise InputError(f"{out} is a speech model (its encoder reads audio features) and generate.onnx wraps an "
+                         "encoder of token ids (BeamSearch's model_type 1); decode it through the step graphs: "
+                         "--backend ort-fused, ort or ort-int8")
+    folder, fusion, _ = _source_graphs(out, int8, manifest)
     graphs = {kind: load_graph(folder / kind.filename, cfg, kind, manifest.dtype) for kind in spec.GraphKind}
     model = build_generate(graphs[spec.GraphKind.ENCODER], graphs[spec.GraphKind.DECODER], cfg, manifest.dtype)
     record = {"op": "com.microsoft.BeamSearch", "model_type": 1, "onnxruntime": onnxruntime.__version__,

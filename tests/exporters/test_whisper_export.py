@@ -23,7 +23,8 @@ from seq2trt.exporters.quantize import quantize_artifacts  # noqa: E402
 from seq2trt.exporters.whisper_features import run_features, write_model_features  # noqa: E402
 from seq2trt.reference_model import layout  # noqa: E402
 from seq2trt.reference_model.checkpoint import load_checkpoint, source_record  # noqa: E402
-from seq2trt.reference_model.errors import ConfigError  # noqa: E402
+from seq2trt.exporters.ort_search import generate_artifacts  # noqa: E402
+from seq2trt.reference_model.errors import ConfigError, InputError  # noqa: E402
 from seq2trt.reference_model.hf_verify import load_transformers_model, whisper_generated  # noqa: E402
 from seq2trt.reference_model.sources import source_kind  # noqa: E402
 from seq2trt.reference_model.speech import SpeechTokens, transcribe_features  # noqa: E402
@@ -78,6 +79,8 @@ def test_the_encoder_graph_reads_features_alone(whisper):
     assert {s[1] for s in profiles[spec.GraphKind.DECODER]["encoder_attention_mask"]} == {cfg.max_src_len}
     with pytest.raises(ConfigError, match="drop --max-src-len"):
         spec.Limits.for_model(cfg, max_src_len=100)
+    with pytest.raises(InputError, match="speech model .* --backend ort-fused"):
+        generate_artifacts(out)
 
 
 @pytest.mark.parametrize("backend", ["ort", "ort-fused"])
