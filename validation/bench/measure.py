@@ -94,7 +94,7 @@ class Bench:
         self.model = self.task = None
         self.ct2_models: dict[str, dict] = {}
         self.doc: dict = {}
-        self.sampling = Sampling.of(settings) if settings.search == "sample" else None
+        self.sampling = Sampling.of(settings, self.cfg.tgt_vocab_size) if settings.search == "sample" else None
         self._turns = 0  # --search sample: which of sampling and greedy runs first in a turn alternates
 
     # -- preparation ----------------------------------------------------------------------------------------

@@ -104,15 +104,19 @@ class Sampling:
     top_p: float
     n: int
     seed: int
+    vocab_size: int | None = None  # the target vocabulary: a top-k at least this large keeps every token
 
     @classmethod
-    def of(cls, settings: "BenchSettings") -> "Sampling":
-        return cls(settings.temperature, settings.top_k, settings.top_p, settings.n_best, settings.seed)
+    def of(cls, settings: "BenchSettings", vocab_size: int | None = None) -> "Sampling":
+        return cls(settings.temperature, settings.top_k, settings.top_p, settings.n_best, settings.seed, vocab_size)
 
     def ct2(self) -> dict:
         """translate_batch's options: CTranslate2 applies top-k, then temperature, then top-p; the kept set is the
-        same as Hugging Face's temperature -> top-k -> top-p (a temperature keeps the order of the logits)."""
-        return {"sampling_topk": self.top_k, "sampling_temperature": self.temperature, "sampling_topp": self.top_p,
+        same as Hugging Face's temperature -> top-k -> top-p (a temperature keeps the order of the logits). A top-k
+        of the whole vocabulary or more is its 0 (CTranslate2 refuses one above its vocabulary size; Hugging Face
+        keeps min(k, V))."""
+        whole = self.vocab_size is not None and self.top_k >= self.vocab_size
+        return {"sampling_topk": 0 if whole else self.top_k, "sampling_temperature": self.temperature, "sampling_topp": self.top_p,
                 "num_hypotheses": self.n, "return_scores": self.n > 1, "seed": self.seed}
 
     def hf(self) -> dict:

@@ -303,6 +303,14 @@ def test_beam_n_best_rows(exported, tmp_path):
             assert "sampling_extra_fraction" not in r
 
 
+def test_ct2_top_k_over_the_vocabulary_is_the_whole_vocabulary():
+    """Hugging Face keeps min(k, V) tokens; CTranslate2 refuses a sampling_topk above its vocabulary: k >= V is its 0."""
+    from seq2trt.validation.bench.settings import Sampling
+
+    assert Sampling(1.0, 50, 1.0, 1, 0, vocab_size=34).ct2()["sampling_topk"] == 0
+    assert Sampling(1.0, 33, 1.0, 1, 0, vocab_size=34).ct2()["sampling_topk"] == 33
+
+
 def test_sampling_and_n_best_settings_are_checked():
     with pytest.raises(InputError, match="greedy search returns one sequence"):
         BenchSettings(n_best=2)
