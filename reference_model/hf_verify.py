@@ -154,6 +154,24 @@ def _scaled_err(ours: np.ndarray, theirs: np.ndarray) -> tuple[float, float]:
     return err, err / max(1.0, float(np.abs(theirs).max()) if theirs.size else 1.0)
 
 
+def _step_logits(recorded: list[tuple[int, np.ndarray, np.ndarray]], ours_greedy: list[list[int]],
+                 theirs_greedy: list[list[int]], their_logits, eos_id: int) -> tuple[int, float, float]:
+    """(rows compared, max abs error, scaled error) of our greedy search's step logits (`recorded`: step, live rows,
+    logits) against generate's own (`their_logits`: one (B, V) tensor a step), wherever both searches fed the same
+    tokens so far (everywhere, when the tokens agree)."""
+    theirs = torch.stack(their_logits, 1).double().numpy()  # (B, steps, V): generate's own steps, raw
+    ours_steps, theirs_steps = [], []
+    for step, rows, logits in recorded:
+        if step >= theirs.shape[1]:  # ours ran longer (a limit read wrong): the tokens tell
+            break
+        same = [i for i, r in enumerate(rows)
+                if (ours_greedy[r] + [eos_id])[:step] == (theirs_greedy[r] + [eos_id])[:step]]
+        ours_steps.append(logits[same])
+        theirs_steps.append(theirs[rows[same], step])
+    ours_steps, theirs_steps = np.concatenate(ours_steps), np.concatenate(theirs_steps)
+    return (int(len(ours_steps)), *_scaled_err(ours_steps, theirs_steps))
+
+
 def compare(hf_model, model: Seq2SeqTransformer, sources: list[list[int]], gen: dict[str, Any],
             max_new_tokens: int | None) -> dict[str, Any]:
     """Encoder states, step logits, greedy and beam tokens of ours vs transformers on `sources`; `max_new_tokens`
@@ -183,22 +201,11 @@ def compare(hf_model, model: Seq2SeqTransformer, sources: list[list[int]], gen: 
         theirs_beam = _generated(hf_model.generate(**common, num_beams=BEAM_SIZE, length_penalty=gen["length_penalty"],
                                                    early_stopping=gen["early_stopping"]), cfg.eos_id)
     theirs_greedy = _generated(greedy.sequences, cfg.eos_id)
-    theirs_logits = torch.stack(greedy.logits, 1).double().numpy()  # (B, steps, V): generate's own steps, raw
-    # Step logits compared wherever both searches fed the same tokens so far (everywhere, when the tokens agree).
-    ours_steps, theirs_steps = [], []
-    for step, rows, logits in recorded:
-        if step >= theirs_logits.shape[1]:  # ours ran longer (a limit read wrong): the tokens tell
-            break
-        same = [i for i, r in enumerate(rows)
-                if (ours_greedy[r] + [cfg.eos_id])[:step] == (theirs_greedy[r] + [cfg.eos_id])[:step]]
-        ours_steps.append(logits[same])
-        theirs_steps.append(theirs_logits[rows[same], step])
-    ours_steps, theirs_steps = np.concatenate(ours_steps), np.concatenate(theirs_steps)
-    logit_err, logit_rel = _scaled_err(ours_steps, theirs_steps)
+    compared, logit_err, logit_rel = _step_logits(recorded, ours_greedy, theirs_greedy, greedy.logits, cfg.eos_id)
 
     ours_beam = hf_beam_search(step_model, ids, mask, settings, BEAM_SIZE, gen["length_penalty"], gen["early_stopping"])
     return {"sources": len(sources), "encoder_max_abs_err": enc_err, "encoder_scaled_err": enc_rel,
-            "step_logits_compared": int(len(ours_steps)), "logits_max_abs_err": logit_err, "logits_scaled_err": logit_rel,
+            "step_logits_compared": compared, "logits_max_abs_err": logit_err, "logits_scaled_err": logit_rel,
             "greedy_equal": sum(a == b for a, b in zip(ours_greedy, theirs_greedy)),
             "beam_equal": sum(a == b for a, b in zip(ours_beam, theirs_beam)),
             "greedy_mismatches": [i for i, (a, b) in enumerate(zip(ours_greedy, theirs_greedy)) if a != b],
@@ -247,20 +254,10 @@ def compare_speech(hf_model, model: Seq2SeqTransformer, features: np.ndarray, ge
         beam = hf_model.generate(**common, num_beams=BEAM_SIZE, length_penalty=gen["length_penalty"],
                                  early_stopping=gen["early_stopping"], return_dict_in_generate=True)
     theirs_greedy, theirs_beam = (whisper_generated(out.sequences, len(prompt), cfg.eos_id) for out in (greedy, beam))
-    theirs_logits = torch.stack(greedy.logits, 1).double().numpy()
-    ours_steps, theirs_steps = [], []
-    for step, rows, logits in recorded:
-        if step >= theirs_logits.shape[1]:
-            break
-        same = [i for i, r in enumerate(rows)
-                if (ours_greedy[r] + [cfg.eos_id])[:step] == (theirs_greedy[r] + [cfg.eos_id])[:step]]
-        ours_steps.append(logits[same])
-        theirs_steps.append(theirs_logits[rows[same], step])
-    ours_steps, theirs_steps = np.concatenate(ours_steps), np.concatenate(theirs_steps)
-    logit_err, logit_rel = _scaled_err(ours_steps, theirs_steps)
+    compared, logit_err, logit_rel = _step_logits(recorded, ours_greedy, theirs_greedy, greedy.logits, cfg.eos_id)
     result = {"sources": len(features), "language": language, "prompt": list(prompt),
               "encoder_max_abs_err": enc_err, "encoder_scaled_err": enc_rel,
-              "step_logits_compared": int(len(ours_steps)), "logits_max_abs_err": logit_err,
+              "step_logits_compared": compared, "logits_max_abs_err": logit_err,
               "logits_scaled_err": logit_rel,
               "greedy_equal": sum(a == b for a, b in zip(ours_greedy, theirs_greedy)),
               "beam_equal": sum(a == b for a, b in zip(ours_beam, theirs_beam)),

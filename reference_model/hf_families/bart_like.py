@@ -29,6 +29,19 @@ SINUSOID_TABLES = tuple(f"{side}.embed_positions.{name}" for side in ("encoder",
                         for name in ("weight", "_float_tensor"))
 
 
+def layer_options(config: Path, hf: dict, problems: list[str]) -> str:
+    """BART-style config.json's dropouts checked (transformers' eval forward checks them: a bad one raises) and its
+    activation_function, returned; an unsupported activation is appended to `problems`."""
+    for key in ("dropout", "attention_dropout", "activation_dropout"):
+        value = hf.get(key, 0.0)
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1):
+            raise ConfigError(f"{config}: {key} must be a number in [0, 1], got {show(value)}")
+    act = hf.get("activation_function", "gelu")
+    if not isinstance(act, str) or act not in ACTIVATIONS:
+        problems.append(f"activation_function={act!r} (supported: {', '.join(ACTIVATIONS)})")
+    return act
+
+
 class BartLikeAdapter(FamilyAdapter):
     sizes: ClassVar[dict[str, str]] = {
         "vocab_size": "src_vocab_size", "d_model": "d_model", "encoder_layers": "num_encoder_layers",
@@ -50,13 +63,7 @@ class BartLikeAdapter(FamilyAdapter):
         if fields["d_model"] % fields["num_heads"]:
             problems.append(f"d_model={fields['d_model']} is not divisible by "
                             f"encoder_attention_heads={fields['num_heads']}")
-        for key in ("dropout", "attention_dropout", "activation_dropout"):  # transformers' eval forward checks them
-            value = hf.get(key, 0.0)
-            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1):
-                raise ConfigError(f"{config}: {key} must be a number in [0, 1], got {show(value)}")
-        act = hf.get("activation_function", "gelu")
-        if not isinstance(act, str) or act not in ACTIVATIONS:
-            problems.append(f"activation_function={act!r} (supported: {', '.join(ACTIVATIONS)})")
+        act = layer_options(config, hf, problems)
         pre_norm = self.architecture["pre_norm"]
         if hf.get("normalize_before", pre_norm) != pre_norm:
             problems.append(f"normalize_before={hf['normalize_before']!r} (a {self.model_type} model is "

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from seq2trt.reference_model.errors import ConfigError
 from seq2trt.reference_model.hf_families import ACTIVATIONS, COMMON_TOKENIZER_FILES, FamilyAdapter, register
-from seq2trt.reference_model.hf_families.bart_like import FINAL_NORMS, LAYER_RENAMES
+from seq2trt.reference_model.hf_families.bart_like import FINAL_NORMS, LAYER_RENAMES, layer_options
 from seq2trt.reference_model.hf_families.values import flag, integer, show
 
 FEATURE_EXTRACTOR = "preprocessor_config.json"
@@ -59,13 +59,7 @@ class WhisperAdapter(FamilyAdapter):
         if fields["d_model"] % fields["num_heads"]:
             problems.append(f"d_model={fields['d_model']} is not divisible by "
                             f"encoder_attention_heads={fields['num_heads']}")
-        for key in ("dropout", "attention_dropout", "activation_dropout"):
-            value = hf.get(key, 0.0)
-            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1):
-                raise ConfigError(f"{config}: {key} must be a number in [0, 1], got {show(value)}")
-        act = hf.get("activation_function", "gelu")
-        if not isinstance(act, str) or act not in ACTIVATIONS:
-            problems.append(f"activation_function={act!r} (supported: {', '.join(ACTIVATIONS)})")
+        act = layer_options(config, hf, problems)
         if flag(config, hf, "scale_embedding", False):
             problems.append("scale_embedding=true (no released Whisper scales its embeddings)")
         if flag(config, hf, "use_weighted_layer_sum", False):
