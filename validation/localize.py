@@ -304,7 +304,8 @@ def localise_export(graph_dir: Path, plain_dir: Path, model, dtype: str, limits:
         # The automatic pass is a diagnosis: a graph it cannot mark must not fail a validation that passed.
         logger.warning("per-layer localisation skipped: %s", exc)
         return {"localisation": [], "localisation_error": str(exc)}
-    feeds = replay_feeds(model, limits, spec.sweep(limits), dtype, seed)
+    # the cases validate swept (spec.sweep by the model: an audio model has one source length)
+    feeds = replay_feeds(model, limits, spec.sweep(limits, cfg=model.cfg), dtype, seed)
     found, unchecked = localise(localisers, feeds, parity, max(0.0, budget_s - (time.perf_counter() - start)),
                                 requested)
     if unchecked:
