@@ -3,6 +3,8 @@ spoken by espeak-ng, synthetic signals, files at 8 and 44.1 kHz through the whol
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 import onnx
 import pytest
@@ -17,7 +19,7 @@ from seq2trt.exporters.whisper_features import (FeatureParams, LogMel, features_
 from seq2trt.reference_model.audio import load_audio
 from seq2trt.reference_model.errors import ConfigError, InputError
 
-ATOL = 1e-4  # fp32 features, as the issue asks
+ATOL = 1e-4  # fp32 features, as the issue asks, against the extractor's float64 arithmetic
 N_SAMPLES = 480000
 
 
@@ -29,8 +31,14 @@ def front_end(request, tmp_path_factory):
     return fe, path
 
 
-def judge(fe, clips) -> np.ndarray:
-    return fe(list(clips), sampling_rate=16000, return_tensors="np")["input_features"]
+def judge(fe, clips, exact: bool = True) -> np.ndarray:
+    """The extractor's features. `exact`: its numpy implementation (float64 STFT, what it runs without torch);
+    otherwise its default torch one, whose float32 STFT is itself up to ~1e-4 off on bins 8 decades below a loud
+    frame's peak (measured 2e-5 to 1.1e-4 by machine and clip): a judge that far from exact cannot hold 1e-4."""
+    if not exact:
+        return fe(list(clips), sampling_rate=16000, return_tensors="np")["input_features"]
+    with mock.patch.object(fe, "_torch_extract_fbank_features", fe._np_extract_fbank_features):
+        return fe(list(clips), sampling_rate=16000, return_tensors="np")["input_features"]
 
 
 def assert_close(got, want):
@@ -102,7 +110,11 @@ def test_files_at_other_rates_through_the_whole_path(front_end, tmp_path, rate, 
     read, read_rate = sf.read(str(file), dtype="float32", always_2d=True)
     mono = read.astype(np.float64).mean(axis=1).astype(np.float32)
     want = judge(fe, [soxr.resample(mono, read_rate, 16000, quality="HQ")])
-    assert_close(run_features(path, [load_audio(file)]), want)
+    got = run_features(path, [load_audio(file)])
+    assert_close(got, want)
+    # The default (torch, float32) judge: within ATOL plus its own distance from its exact path, element by element.
+    default = judge(fe, [soxr.resample(mono, read_rate, 16000, quality="HQ")], exact=False)
+    assert (np.abs(got - default) <= ATOL + np.abs(default - want) + 1e-6).all()
 
 
 def test_the_mel_filters_are_the_extractors(front_end):

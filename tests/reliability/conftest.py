@@ -178,7 +178,7 @@ def quick_validation(monkeypatch):
     """Validation over one shape case: the files are fuzzed, not the sweep."""
     from seq2trt.validation.validate import ValidateSettings, run_validation
 
-    monkeypatch.setattr(spec, "sweep", lambda limits, batches=None: [spec.ShapeCase(2, 3, 1, 1, True)])
+    monkeypatch.setattr(spec, "sweep", lambda limits, batches=None, cfg=None: [spec.ShapeCase(2, 3, 1, 1, True)])
     return lambda out, graphs="plain": run_validation(out, ValidateSettings(graphs=graphs, samples=0,
                                                                             localize_budget_s=2.0))
 

@@ -32,7 +32,7 @@ def test_validate_refuses_to_write_into_an_export_replaced_meanwhile(work, monke
         return result
 
     monkeypatch.setattr(validate, "graph_parity", replaced_meanwhile)
-    monkeypatch.setattr(validate.spec, "sweep", lambda limits, batches=None: [validate.spec.ShapeCase(2, 3, 1, 1, True)])
+    monkeypatch.setattr(validate.spec, "sweep", lambda limits, batches=None, cfg=None: [validate.spec.ShapeCase(2, 3, 1, 1, True)])
     before = snapshot(work / "out" / "reports")
     one_error_line(invoke("validate", work / "out", "--samples", "0"), 2, "was replaced while validate ran",
                    "were not written")
