@@ -41,6 +41,7 @@ def demo(out: Path, samples: int, force: bool) -> None:
     from seq2trt.validation.bench.settings import BenchSettings, unavailable
     from seq2trt.validation.reports.report import write_report
     from seq2trt.validation.validate import ValidateSettings, run_validation
+    from seq2trt.validation.sampling import sampling_summary
 
     from seq2trt.cli.export_commands import quiet_exporters
     from seq2trt.cli.progress import progress_bar
@@ -95,7 +96,8 @@ def demo(out: Path, samples: int, force: bool) -> None:
         _done(t, f"passed: {doc['cases']} graph cases; greedy token agreement "
                  f"{e2e['greedy']['token_agreement']:.4f}, beam {e2e['beam']['token_agreement']:.4f} on "
                  f"{e2e['samples']} held-out sources" +
-                 (f"; exact match {metric['candidate']:.3f}" if metric else ""))
+                 (f"; exact match {metric['candidate']:.3f}" if metric else "") +
+                 (f"; {s}" if (s := sampling_summary(doc.get("sampling"))) else ""))
 
     t = _step("bench (interleaved, 1 thread)")
     wanted = registry.names(demo=True)

@@ -41,6 +41,7 @@ def validate(out: Path, backend: str, graphs: str, samples: int, beam_size: int,
     """Check OUT's graphs against the eager model: graph-level parity over the spec's shape sweep, then greedy
     and beam decoding end to end. Writes OUT/reports/parity.json and parity.md; exits 1 on any failure."""
     import seq2trt
+    from seq2trt.validation.sampling import sampling_summary
 
     start = time.perf_counter()
     doc = seq2trt.validate(out, backend=backend, graphs=graphs, samples=samples, beam_size=beam_size,
@@ -53,7 +54,8 @@ def validate(out: Path, backend: str, graphs: str, samples: int, beam_size: int,
         f"sequence_match {e2e['sequence_match']:.6f}, max_logit_abs_err {e2e['max_logit_abs_err']:.3g}"
         + "".join(f", {s} near-ties {a['near_ties']} (judged token_agreement {a['judged_token_agreement']:.6f})"
                   for s in ("greedy", "beam") if (a := e2e.get(s) or {}).get("near_ties"))
-        + (f", {m['name']} {m['candidate']:.4f} (eager {m['reference']:.4f})" if (m := e2e.get("task_metric")) else ""))
+        + (f", {m['name']} {m['candidate']:.4f} (eager {m['reference']:.4f})" if (m := e2e.get("task_metric")) else "")
+        + (f", {s}" if (s := sampling_summary(doc.get("sampling"))) else ""))
     click.echo(f"parity passed ({doc['cases']} graph cases{summary}) in {time.perf_counter() - start:.0f} s; "
                f"report in {out}/reports/{doc.get('report', 'parity.md')}")
 

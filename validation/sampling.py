@@ -13,19 +13,25 @@ the eager ones under top-k / top-p (a tie at the warpers' boundary); in both cas
 allows (`ties.near_tie_cap`): a larger error excuses nothing. Any other divergence fails.
 
 Distributional (reduced precision, or any sampler with its own random stream: CTranslate2). The first sampled token
-of a few sources, drawn thousands of times, against the eager model's probabilities with the same rules and warpers
-applied: Pearson's chi-square test, categories whose expected count is below 5 pooled into one (an impossible token, p
-= 0, lands in that pool; a pool still under 5 joins the smallest category), the statistic summed over sources with
-sum(categories - 1) degrees of freedom. It fails when the p-value is below the significance level `alpha` (1e-3 by
-default): the bound is the test's arithmetic, not a figure fitted to a model. A model whose first token is forced
-(forced bos) is judged on the token after it.
+of a few sources, drawn thousands of times, against a model's probabilities with the same rules and warpers applied.
+A float32 candidate is tested against the eager model's probabilities. A reduced-precision one samples, by design,
+from probabilities its logit error moved (int8 by far more than fp16), and thousands of draws detect shifts that
+small: there the null is the candidate's own probabilities (its logits at that step, warped and softmaxed in float64
+as for the eager ones), which tests its sampling (the loop, the warpers, the random stream) on its graphs; how far
+those probabilities are from the eager ones is the logit error that graph-level and end-to-end parity judge, and the
+total variation distance between the two is reported beside. The test is Pearson's chi-square test, categories whose
+expected count is below 5 pooled into one (an impossible token, p = 0, lands in that pool; a pool still under 5
+joins the smallest category), the statistic summed over sources with sum(categories - 1) degrees of freedom. It
+fails when the p-value is below the significance level `alpha` (1e-6 by default): the bound is the test's
+arithmetic, not a figure fitted to a model. A model whose first token is forced (forced bos) is judged on the token
+after it.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -36,8 +42,12 @@ from seq2trt.reference_model.vocab import pad_batch
 from seq2trt.validation.end_to_end import TARGETS
 from seq2trt.validation.ties import near_tie_cap
 
-ALPHA = 1e-3  # the chi-square test's significance level
+# The chi-square test's significance level: the chance that a correct sampler fails is alpha, for any model (a demo
+# model trained on another CPU is another draw of it), so it is small; a temperature 5% off still fails a trained
+# demo model at p ~ 1e-27 with DRAWS x SOURCES draws.
+ALPHA = 1e-6
 MIN_EXPECTED = 5.0  # categories expected fewer times are pooled (the usual rule for Pearson's test)
+Pad = Callable[[list], tuple]  # sources -> (encoder input, mask): the model's source kind's pad (token ids by default)
 DRAWS = 4000  # first tokens drawn per source by the distributional test
 SOURCES = 4  # sources of the distributional test
 UNIT_ROUNDOFF32 = 2.0 ** -24
@@ -47,6 +57,10 @@ def sampling_settings(settings: DecodeSettings, seed: int = 0, **warpers: Any) -
     """`settings` sampling one sequence a source with `seed`; `warpers` (temperature, top_k, top_p) override the
     model's own (its generation defaults, else Hugging Face's: temperature 1, top-k 50, top-p 1)."""
     return replace(settings, do_sample=True, seed=seed, num_return_sequences=1, output_scores=False, **warpers)
+
+
+def _pad(pad: Pad | None, settings: DecodeSettings) -> Pad:
+    return pad if pad is not None else (lambda batch: pad_batch(batch, settings.pad_id))
 
 
 # -- exact: token for token under the same seed -------------------------------------------------------------------
@@ -146,7 +160,7 @@ class _Decisions:
 
 
 def exact_sampling(candidate: StepModel, reference: StepModel, sources: list[list[int]], settings: DecodeSettings,
-                   dtype: str = "fp32", batch_size: int = 32, seed: int = 0) -> ExactSampling:
+                   dtype: str = "fp32", batch_size: int = 32, seed: int = 0, pad: Pad | None = None) -> ExactSampling:
     """Sample `sources` (id lists, eos included) on both models with the same seed (`seed` + the batch's index) and
     compare token for token, near-ties (module docstring) counted apart."""
     if not settings.do_sample:
@@ -157,7 +171,7 @@ def exact_sampling(candidate: StepModel, reference: StepModel, sources: list[lis
     identical = ties = 0
     max_err, mismatches = 0.0, []
     for start in range(0, len(sources), batch_size):
-        ids, mask = pad_batch(sources[start: start + batch_size], settings.pad_id)
+        ids, mask = _pad(pad, settings)(sources[start: start + batch_size])
         batch_seed = seed + start // batch_size
         beside = _Beside(reference, candidate)
         decisions = _Decisions(beside, settings, len(ids), batch_seed)
@@ -194,7 +208,9 @@ class ChiSquare:
     p_value: float
     alpha: float
     categories: int  # after pooling, over every source
-    impossible: int  # draws of tokens the eager model gives probability 0 (under its rules and warpers)
+    impossible: int  # draws of tokens the null gives probability 0 (under its rules and warpers)
+    null: str = "eager"  # whose probabilities the draws are tested against: "eager", or the "candidate"'s own
+    total_variation: float | None = None  # worst source's TV distance, candidate vs eager probabilities (reported)
 
     def __bool__(self) -> bool:
         return self.p_value >= self.alpha
@@ -262,7 +278,8 @@ def first_free_step(settings: DecodeSettings) -> DecodeSettings:
     return one
 
 
-def first_token_probs(reference: StepModel, sources: list[list[int]], settings: DecodeSettings) -> np.ndarray:
+def first_token_probs(reference: StepModel, sources: list[list[int]], settings: DecodeSettings,
+                      pad: Pad | None = None) -> np.ndarray:
     """(S, V) float64: the eager model's probabilities of the first free token of each source, its rules and the
     sampling warpers applied as the search applies them (float32 warpers, then a float64 softmax)."""
     import torch
@@ -270,7 +287,7 @@ def first_token_probs(reference: StepModel, sources: list[list[int]], settings: 
     one = first_free_step(settings)
     rows = []
     for source in sources:
-        ids, mask = pad_batch([source], one.pad_id)
+        ids, mask = _pad(pad, one)([source])
         state = reference.encode(ids, mask)
         logits, _ = reference.step(np.asarray([one.start], np.int64), mask, state, reference.empty_past(1))
         warped = one.warp(torch.from_numpy(np.asarray(one.constrain(logits, 0), np.float32)))
@@ -279,7 +296,7 @@ def first_token_probs(reference: StepModel, sources: list[list[int]], settings: 
 
 
 def first_token_counts(model: StepModel, sources: list[list[int]], settings: DecodeSettings, vocab_size: int,
-                       draws: int = DRAWS, batch_size: int = 32, seed: int = 0) -> np.ndarray:
+                       draws: int = DRAWS, batch_size: int = 32, seed: int = 0, pad: Pad | None = None) -> np.ndarray:
     """(S, V): `draws` first free tokens of each source sampled by the shared loop on `model` with `settings`'
     warpers (the source repeated `batch_size` rows a call, one generator seeded with `seed`)."""
     import torch
@@ -289,7 +306,7 @@ def first_token_counts(model: StepModel, sources: list[list[int]], settings: Dec
     counts = np.zeros((len(sources), vocab_size), np.int64)
     for s, source in enumerate(sources):
         for start in range(0, draws, batch_size):
-            ids, mask = pad_batch([source] * min(batch_size, draws - start), one.pad_id)
+            ids, mask = _pad(pad, one)([source] * min(batch_size, draws - start))
             tokens = greedy_decode(model, ids, mask, one, generator=generator)
             np.add.at(counts[s], [t[0] if t else one.eos_id for t in tokens], 1)  # an empty output: eos sampled
     return counts
@@ -297,11 +314,18 @@ def first_token_counts(model: StepModel, sources: list[list[int]], settings: Dec
 
 def distributional_sampling(candidate: StepModel, reference: StepModel, sources: list[list[int]],
                             settings: DecodeSettings, draws: int = DRAWS, batch_size: int = 32, seed: int = 0,
-                            alpha: float = ALPHA) -> ChiSquare:
-    """The chi-square test of the candidate's sampled first tokens of `sources` against the eager probabilities."""
-    probs = first_token_probs(reference, sources, settings)
-    return chi_square(first_token_counts(candidate, sources, settings, probs.shape[1], draws, batch_size, seed), probs,
-                      alpha)
+                            alpha: float = ALPHA, pad: Pad | None = None, null: str = "eager") -> ChiSquare:
+    """The chi-square test of the candidate's sampled first tokens of `sources` against the eager probabilities, or
+    (`null` "candidate") against the candidate's own, its distance from the eager ones reported beside."""
+    if null not in ("eager", "candidate"):
+        raise ConfigError(f"unknown null {null!r} of the chi-square test; choose eager or candidate")
+    probs = first_token_probs(reference, sources, settings, pad)
+    own = first_token_probs(candidate, sources, settings, pad)
+    counts = first_token_counts(candidate, sources, settings, probs.shape[1], draws, batch_size, seed, pad)
+    result = chi_square(counts, own if null == "candidate" else probs, alpha)
+    result.null = null
+    result.total_variation = float(0.5 * np.abs(own - probs).sum(1).max(initial=0.0))
+    return result
 
 
 # -- both, as validate reports them -------------------------------------------------------------------------------
@@ -333,9 +357,21 @@ class SamplingAgreement:
                 "passed": bool(self)}
 
 
+def sampling_summary(doc: dict | None) -> str:
+    """One clause for a command's summary line from a SamplingAgreement's to_dict ("" without one)."""
+    if not doc:
+        return ""
+    if doc.get("exact"):
+        e = doc["exact"]
+        return f"sampling {e['identical']}/{e['sequences']} identical under one seed ({e['near_ties']} near-ties)"
+    d = doc["distribution"]
+    return f"sampling chi-square p-value {d['p_value']:.3g} ({d['draws']} draws x {d['sources']} sources)"
+
+
 def sampling_agreement(candidate: StepModel, reference: StepModel, sources: list[list[int]],
                        settings: DecodeSettings, dtype: str, batch_size: int = 32, seed: int = 0,
-                       mode: str | None = None, draws: int = DRAWS, alpha: float = ALPHA) -> SamplingAgreement:
+                       mode: str | None = None, draws: int = DRAWS, alpha: float = ALPHA,
+                       pad: Pad | None = None) -> SamplingAgreement:
     """Judge the candidate's sampling (`settings` made to sample with `seed`: the model's own warpers, else Hugging
     Face's defaults) on `sources`: `mode` "exact" (token for token, near-ties apart) on every source, or
     "distribution" (the chi-square test on the first SOURCES sources, `draws` each); None: exact for fp32,
@@ -346,8 +382,9 @@ def sampling_agreement(candidate: StepModel, reference: StepModel, sources: list
     sampled = sampling_settings(settings, seed)
     result = SamplingAgreement(dtype, mode, sampled.temperature, sampled.top_k, sampled.top_p, seed)
     if mode == "exact":
-        result.exact = exact_sampling(candidate, reference, sources, sampled, dtype, batch_size, seed)
+        result.exact = exact_sampling(candidate, reference, sources, sampled, dtype, batch_size, seed, pad)
     else:
         result.distribution = distributional_sampling(candidate, reference, sources[:SOURCES], sampled, draws,
-                                                      batch_size, seed, alpha)
+                                                      batch_size, seed, alpha, pad,
+                                                      null="eager" if dtype == "fp32" else "candidate")
     return result

@@ -30,6 +30,7 @@ from seq2trt.validation.end_to_end import EndToEndResult, end_to_end
 from seq2trt.validation.localize import localise_export
 from seq2trt.validation.parity import GraphParity, graph_parity
 from seq2trt.validation.precision import judge_for
+from seq2trt.validation.sampling import SamplingAgreement, sampling_agreement
 from seq2trt.runtime.reference_loader import e2e_sources, load_reference
 from seq2trt.validation.reports.parity_table import write_reports
 from seq2trt.runtime import registry
@@ -74,6 +75,7 @@ GRAPH_SETS: dict[str, GraphSet] = {
 BACKENDS = registry.VALIDATE_BACKENDS
 
 
+SAMPLING_SOURCES = 256  # end-to-end sources also sampled token for token (fp32); the chi-square test takes 4 of them
 MAX_SAMPLES = 100_000  # end-to-end sources; the demo task's held-out class alone has ~20 M members
 
 
@@ -228,7 +230,7 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
         if progress:
             progress("graph-level parity over the spec sweep")
         graphs = graph_parity(judged, references, spec.sweep(limits, cfg=cfg), seed=settings.seed, judge=judge)
-        e2e = None
+        e2e = sampled = None
         if settings.samples:
             sources, origin = e2e_sources(cfg, task_name, settings.samples, settings.seed)
             prompt = speech_prompt(out, manifest, checkpoint)
@@ -238,7 +240,13 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
                              beam_size=settings.beam_size, batch_size=limits.max_batch, progress=progress,
                              task_metric=heldout_exact_match(task_name, settings.samples) if task_name else None,
                              source_kind=source_kind(cfg))
-    document = parity_document(manifest, settings, graphs, e2e, origin if settings.samples else None)
+            if progress:
+                progress("sampling agreement (" + ("exact, same seed" if precision == "fp32" else "chi-square of "
+                                                   "first tokens") + ")")
+            sampled = sampling_agreement(RunnerStepModel(*candidates), RunnerStepModel(*references),
+                                         sources[:SAMPLING_SOURCES], decode, precision, batch_size=limits.max_batch,
+                                         seed=settings.seed, pad=source_kind(cfg).pad)
+    document = parity_document(manifest, settings, graphs, e2e, origin if settings.samples else None, sampled)
     document["localisation"] = []
     if engines and settings.localize_budget_s > 0:  # localisation reads ONNX graphs' intermediate values
         document["localisation_skipped"] = "engines: localise the graphs they were built from with --backend ort"
@@ -250,7 +258,8 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
                                         fp32_options))
     with writing_into(out, started, "validate"):
         write_reports(out, document)
-    failures = graphs.failures() + (e2e.failures() if e2e is not None else [])
+    failures = graphs.failures() + (e2e.failures() if e2e is not None else []) + (
+        sampled.failures() if sampled is not None else [])
     if failures:
         raise CheckFailed(f"parity failed for {out} ({len(failures)} failing checks; see "
                           f"{out}/reports/parity.md):\n  " + "\n  ".join(failures) + _int8_hint(out, graph_set))
@@ -268,10 +277,11 @@ def _int8_hint(out: Path, graph_set: GraphSet) -> str:
 
 
 def parity_document(manifest: Manifest, settings: ValidateSettings, graphs: GraphParity,
-                    e2e: EndToEndResult | None, e2e_origin: str | None) -> dict:
+                    e2e: EndToEndResult | None, e2e_origin: str | None,
+                    sampled: SamplingAgreement | None = None) -> dict:
     e2e_doc = None if e2e is None else {**e2e.to_dict(), "inputs": e2e_origin}
     return {
-        "passed": bool(graphs) and (e2e is None or bool(e2e)),
+        "passed": bool(graphs) and (e2e is None or bool(e2e)) and (sampled is None or bool(sampled)),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "backend": settings.backend, "graphs_set": settings.graphs, "dtype": manifest.dtype,
         "settings": {k: v for k, v in vars(settings).items()},
@@ -280,4 +290,5 @@ def parity_document(manifest: Manifest, settings: ValidateSettings, graphs: Grap
         "graph_failures": graphs.failures(),
         "cases": len(graphs.cases),
         "end_to_end": e2e_doc,
+        "sampling": None if sampled is None else sampled.to_dict(),
     }

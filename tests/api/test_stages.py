@@ -67,6 +67,10 @@ def test_validate_fused_graphs_through_the_api(staged):
     assert result.report.is_file() and result.report.parent == root / "out" / "reports"
     assert result.end_to_end is not None and result.end_to_end["samples"] == 4
     assert result.end_to_end["token_agreement"] == parity["end_to_end"]["token_agreement"]
+    sampled = parity["sampling"]  # float32 graphs: sampled token for token under one seed, beside greedy and beam
+    assert sampled["mode"] == "exact" and sampled["passed"] and sampled["exact"]["sequences"] == 4
+    assert sampled["exact"]["identical"] + sampled["exact"]["near_ties"] == 4 and sampled["distribution"] is None
+    assert "## Sampling (temperature 1, top-k 50, top-p 1, seed 0): passed" in result.report.read_text()
     assert any("parity" in m for m in messages)
 
 

@@ -190,6 +190,8 @@ def test_cli_quantize_and_validate(exported, tmp_path):
     # end-to-end verdict may go either way here; the exit code must follow it, and the graphs must pass.
     assert result.exit_code == (0 if doc["passed"] else 1), result.output
     assert doc["graph_failures"] == [] and doc["graphs_set"] == "int8-ort"
+    sampled = doc["sampling"]["distribution"]  # int8 samples from its own (shifted) probabilities: tested on them
+    assert doc["sampling"]["mode"] == "distribution" and sampled["null"] == "candidate" and doc["sampling"]["passed"]
     assert doc["end_to_end"]["greedy"]["token_agreement"] > 0.9
     from seq2trt.validation.parity import TOLERANCES
 

@@ -111,7 +111,7 @@ def test_chi_square_passes_the_eager_sampling_and_fails_a_wrong_temperature(mode
         counts = sampling.first_token_counts(EagerStepModel(model), sources[:4], wrong, probs.shape[1], draws=2048,
                                              batch_size=256)
         failed = sampling.chi_square(counts, probs)
-        assert not failed and failed.p_value < 1e-3 and "below the significance level" in failed.failures()[0]
+        assert not failed and failed.p_value < sampling.ALPHA and "below the significance level" in failed.failures()[0]
 
 
 def test_distribution_mode_for_reduced_precision(models):
@@ -119,6 +119,27 @@ def test_distribution_mode_for_reduced_precision(models):
     result = sampling.sampling_agreement(ort_model, reference, sources, settings_of(model.cfg), "fp16", draws=2000)
     assert result.mode == "distribution" and result.exact is None and result, result.failures()
     assert result.distribution.sources == sampling.SOURCES and result.distribution.draws == 2000
+    assert result.distribution.null == "candidate" and 0 <= result.distribution.total_variation < 0.01
+
+
+def test_reduced_precision_is_tested_against_its_own_probabilities(models):
+    """A shifted distribution (as int8 shifts it) passes the candidate-null test and is reported as a total
+    variation distance; against the eager null the same draws fail, which is why reduced precision is not judged
+    there. A planted wrong temperature in the sampling still fails the candidate-null test."""
+    model, ort_model, reference, sources = models
+    settings = sampling.sampling_settings(settings_of(model.cfg), seed=2)
+    shifted = Biased(ort_model, token=int(sampling.first_token_probs(reference, sources[:1], settings)[0].argmax()),
+                     bias=-1.0)
+    own = sampling.distributional_sampling(shifted, reference, sources[:4], settings, draws=2000, null="candidate")
+    assert own and own.total_variation > 0.05, own
+    eager = sampling.distributional_sampling(shifted, reference, sources[:4], settings, draws=2000, null="eager")
+    assert not eager and eager.p_value < sampling.ALPHA
+    probs = sampling.first_token_probs(ort_model, sources[:4], settings)
+    wrong = replace(settings, temperature=settings.temperature * 1.25)
+    counts = sampling.first_token_counts(ort_model, sources[:4], wrong, probs.shape[1], draws=2000)
+    assert not sampling.chi_square(counts, probs)
+    with pytest.raises(sampling.ConfigError, match="unknown null 'x'"):
+        sampling.distributional_sampling(ort_model, reference, sources[:1], settings, draws=10, null="x")
 
 
 def test_chi2_survival_function_against_closed_forms():

@@ -45,11 +45,37 @@ def markdown(doc: dict) -> str:
                          else "(reported; judged per case at graph level)") + "; along the eager beam search: "
                       f"{e2e['beam_max_logit_abs_err']:.3g} (reported); targets: token agreement >= "
                       f"{t['token_agreement']}, sequence match >= {t['sequence_match']}"]
+    lines += _sampling(doc.get("sampling"))
     lines += _localisation(doc)
-    failures = doc["graph_failures"] + ([] if not e2e or e2e["passed"] else ["end to end below target"])
+    sampled = doc.get("sampling")
+    failures = doc["graph_failures"] + ([] if not e2e or e2e["passed"] else ["end to end below target"]) + (
+        [] if not sampled or sampled["passed"] else ["sampling disagrees with the eager model"])
     if failures:
         lines += ["", "## Failures", ""] + [f"- {f}" for f in failures]
     return "\n".join(lines) + "\n"
+
+
+def _sampling(s: dict | None) -> list[str]:
+    """Sampling agreement (parity.json files from before it have none): exact under one seed on float32 graphs, a
+    chi-square test of first tokens otherwise."""
+    if not s:
+        return []
+    warpers = f"temperature {s['temperature']:g}, top-k {s['top_k']}, top-p {s['top_p']:g}, seed {s['seed']}"
+    lines = ["", f"## Sampling ({warpers}): {'passed' if s['passed'] else 'FAILED'}", ""]
+    if s.get("exact"):
+        e = s["exact"]
+        lines.append(f"Exact under the same seed: {e['identical']} of {e['sequences']} sampled sequences identical "
+                     f"to the eager model's, {e['near_ties']} near-tie(s); max_logit_abs_err along the eager sampled "
+                     f"path {e['max_logit_abs_err']:.3g}")
+    if s.get("distribution"):
+        d = s["distribution"]
+        lines.append(f"Chi-square of first tokens: {d['draws']} draws of each of {d['sources']} sources, statistic "
+                     f"{d['statistic']:.1f} on {d['dof']} degrees of freedom, p-value {d['p_value']:.3g} (fails below "
+                     f"{d['alpha']:g}) against the {d.get('null', 'eager')} model's probabilities; "
+                     f"{d['impossible']} draws of tokens of probability 0"
+                     + (f"; total variation distance from the eager probabilities {d['total_variation']:.3g} "
+                        "(reported)" if d.get("total_variation") is not None else ""))
+    return lines
 
 
 def _near_ties(e2e: dict) -> list[str]:
