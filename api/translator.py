@@ -47,7 +47,8 @@ CONCURRENT_BACKENDS = ("eager", "ort", "ort-fused", "ort-int8")
 # CLI's flags of the same names).
 SEARCH_OPTIONS = {"sample": "do_sample", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
                   "seed": "seed", "min_length": "min_length", "min_new_tokens": "min_new_tokens",
-                  "no_repeat_ngram_size": "no_repeat_ngram_size", "repetition_penalty": "repetition_penalty"}
+                  "no_repeat_ngram_size": "no_repeat_ngram_size", "repetition_penalty": "repetition_penalty",
+                  "token_logprobs": "output_token_logprobs"}
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,9 @@ class Hypothesis:
     ids: list[int]
     text: str | None = None
     score: float | None = None
+    # Asked with `token_logprobs=True`: each generated token's log-probability where the search chose it, the
+    # closing eos included when one was generated (transformers' compute_transition_scores).
+    token_logprobs: tuple[float, ...] | None = None
 
 
 def check_decode_options(alpha: float, batch_size: int) -> None:
@@ -146,7 +150,8 @@ class Translator:
         for models trained here (imported ones use their own); `max_new_tokens`: tokens generated at most, eos
         included (None: the model's limit); `scores`: fill each Hypothesis's score. `search`: SEARCH_OPTIONS
         (sample, temperature, top_k, top_p, seed, min_length, min_new_tokens, no_repeat_ngram_size,
-        repetition_penalty), as `seq2trt translate`'s flags of those names; None or absent: the model's own."""
+        repetition_penalty, token_logprobs), as `seq2trt translate`'s flags of those names; None or absent: the
+        model's own."""
         refuse_speech_model(self.config, "Translator.translate")
         if isinstance(texts, str):
             raise InputError("texts must be a list of strings, got one string; wrap it in a list")
@@ -195,12 +200,13 @@ class Translator:
                                            max_new_tokens, batch_size, forced, options)
             outputs = list(decoded)
         found = [[self._hypothesis(out, None)] if settings.plain else
-                 [self._hypothesis(h.tokens, h.score if settings.output_scores else None) for h in out]
+                 [self._hypothesis(h.tokens, h.score if settings.output_scores else None, h.token_logprobs)
+                  for h in out]
                  for out in outputs]
         return found if lists else [hyps[0] for hyps in found]
 
-    def _hypothesis(self, ids: list[int], score: float | None) -> Hypothesis:
-        return Hypothesis(ids, self._codec.decode(ids) if self._codec is not None else None, score)
+    def _hypothesis(self, ids: list[int], score: float | None, token_logprobs=None) -> Hypothesis:
+        return Hypothesis(ids, self._codec.decode(ids) if self._codec is not None else None, score, token_logprobs)
 
     def transcribe(self, audio: Audio | Sequence[Audio], sampling_rate: int | None = None, *,
                    language: str | None = None, task: str | None = None, timestamps: bool = False,

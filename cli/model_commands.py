@@ -144,6 +144,8 @@ def _check_output_ids(output: Path, ids_file: Path | None, read: list[Path]) -> 
                    "(default: the model's num_return_sequences, else 1).")
 @click.option("--scores", is_flag=True, help="Print each hypothesis's score (beam: Hugging Face's sequences_scores, "
                    "GNMT's for models trained here; greedy and sampling: the sum of its tokens' log-probabilities).")
+@click.option("--token-logprobs", is_flag=True, help="Also write each hypothesis's per-token log-probabilities to "
+                   "--output-ids (transformers' compute_transition_scores; the closing eos has one).")
 @click.option("--min-length", type=int, help="transformers' min_length: no eos before it (the start token counts).")
 @click.option("--min-new-tokens", type=int, help="No eos before this many generated tokens.")
 @click.option("--no-repeat-ngram-size", type=int, help="No n-gram of this size twice in a hypothesis; 0: off.")
@@ -157,7 +159,8 @@ def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path
     Prints one line per source (text when the checkpoint has a tokenizer, else the ids), in input order, as
     each batch finishes; --output-ids also writes the ids as JSON lines. With --n-best N, N lines a source; with
     --scores each line starts with its score and a tab; either way the JSON lines are {"ids": [...], "scores":
-    [...]}. Without the search flags, an imported model's own generation settings apply."""
+    [...]}, with --token-logprobs also "token_logprobs": [[...]]. Without the search flags, an imported model's
+    own generation settings apply."""
     from seq2trt.reference_model.atomic_files import write_plain_output
 
     if bool(texts) == bool(ids_file):
@@ -178,9 +181,11 @@ def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path
                                        codec.forced_bos_id if codec is not None else None, _search_options(flags))
         outputs: list[str] = []
         for out in decoded:
-            outputs.append(json.dumps(out if settings.plain else {"ids": [h.tokens for h in out],
-                                                                    "scores": [h.score for h in out]}))
-            for tokens, score in [(out, None)] if settings.plain else out:
+            outputs.append(json.dumps(out if settings.plain else {
+                "ids": [h.tokens for h in out], "scores": [h.score for h in out],
+                **({"token_logprobs": [list(h.token_logprobs) for h in out]} if settings.output_token_logprobs
+                   else {})}))
+            for tokens, score, *_ in [(out, None)] if settings.plain else out:
                 line = codec.decode(tokens) if codec is not None else json.dumps(tokens)
                 click.echo(f"{score:.6g}\t{line}" if settings.output_scores else line)
     if output_ids is not None:
@@ -192,7 +197,8 @@ def _search_options(flags: dict) -> dict:
     named = ("temperature", "top_k", "top_p", "seed", "min_length", "min_new_tokens", "no_repeat_ngram_size",
              "repetition_penalty")
     return {"do_sample": flags["sample"], "num_return_sequences": flags["n_best"],
-            "output_scores": flags["scores"] or None, **{k: flags[k] for k in named}}
+            "output_scores": flags["scores"] or None, "output_token_logprobs": flags["token_logprobs"] or None,
+            **{k: flags[k] for k in named}}
 
 
 COMMANDS = [train, translate]

@@ -40,6 +40,11 @@ GENERATION_OPTIONS = ("min_length", "min_new_tokens", "no_repeat_ngram_size", "r
 class Hypothesis(NamedTuple):
     tokens: list[int]  # without bos/eos
     score: float  # beam: Hugging Face's sequences_scores (GNMT's for models trained here); else the sum of log-probs
+    # With `output_token_logprobs`: the log-probability of each generated token where the search chose it, the
+    # closing eos included when one was generated (so one more than `tokens` then): transformers'
+    # compute_transition_scores (greedy and sampling: normalize_logits=True over the processed scores; beam: with
+    # beam_indices). Greedy and sampling scores are their sum; a beam score is it length-penalised.
+    token_logprobs: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,7 @@ class DecodeSettings:
     seed: int | None = None  # None: a fresh seed from the system
     num_return_sequences: int = 1
     output_scores: bool = False
+    output_token_logprobs: bool = False
     # A decoder prompt after the start token, fed as one prefill and not returned (Whisper's language, task and
     # <|notimestamps|>), and the ids the first generated token may not be (Whisper's begin_suppress_tokens).
     prompt: tuple[int, ...] = ()
@@ -113,7 +119,7 @@ class DecodeSettings:
     @property
     def plain(self) -> bool:
         """Whether a search returns one token list a source (else lists of Hypothesis)."""
-        return self.num_return_sequences == 1 and not self.output_scores
+        return self.num_return_sequences == 1 and not self.output_scores and not self.output_token_logprobs
 
     def constrain(self, scores: np.ndarray, step: int, inplace: bool = False,
                   tokens: np.ndarray | None = None) -> np.ndarray:
@@ -278,6 +284,7 @@ def greedy_decode(model: StepModel, input_ids: np.ndarray, attention_mask: np.nd
     generated = np.zeros((B, 0), np.int64) if settings.reads_tokens else None  # live rows' tokens, for the rules
     sample = _Sampler(settings, B, generator) if settings.do_sample else None
     totals = None if settings.plain else np.zeros(B)
+    per_token: list[np.ndarray] | None = [] if settings.output_token_logprobs else None  # each step's chosen logp
     constrained = settings.constrained
     for step in range(settings.max_new_tokens):
         logits, past = model.step(next_ids, mask, encoder_state, past)
@@ -290,7 +297,10 @@ def greedy_decode(model: StepModel, input_ids: np.ndarray, attention_mask: np.nd
             tokens = scores.argmax(-1)  # (b,) int64
             logp = None if totals is None else _log_softmax32(scores).numpy()
         if totals is not None:
-            totals[rows] += logp[np.arange(len(rows)), tokens]
+            chosen = logp[np.arange(len(rows)), tokens]
+            totals[rows] += chosen
+            if per_token is not None:
+                per_token.append(chosen)
         history.append((rows, tokens))
         if generated is not None:
             generated = np.concatenate([generated, tokens[:, None]], 1)
@@ -309,7 +319,14 @@ def greedy_decode(model: StepModel, input_ids: np.ndarray, attention_mask: np.nd
     if totals is None:
         return found
     n = settings.num_return_sequences if settings.do_sample else 1
-    hyps = [Hypothesis(tokens, float(score)) for tokens, score in zip(found, totals)]
+    logprobs: list = [None] * B
+    if per_token is not None:
+        table = np.zeros((B, len(history)))
+        for step, ((step_rows, _), chosen) in enumerate(zip(history, per_token)):
+            table[step_rows, step] = chosen
+        # A row shorter than the decode ended with eos (its step is kept); a row as long never did.
+        logprobs = [tuple(table[b, :min(len(tokens) + 1, len(history))].tolist()) for b, tokens in enumerate(found)]
+    hyps = [Hypothesis(tokens, float(score), lp) for tokens, score, lp in zip(found, totals, logprobs)]
     return [hyps[i: i + n] for i in range(0, B, n)]
 
 
@@ -351,9 +368,10 @@ class _Finished:
     alpha: float
     hyps: list[tuple[float, list[int]]] = field(default_factory=list)
 
-    def add(self, tokens: list[int], logprob: float, ended: bool) -> None:
+    def add(self, tokens: list[int], logprob: float, ended: bool, token_logprobs: list[float] | None = None) -> None:
         """Keep a hypothesis; `ended` when it closed with eos (which then counts in its length)."""
-        self.hyps.append((logprob / length_penalty(len(tokens) + ended, self.alpha), tokens))
+        self.hyps.append((logprob / length_penalty(len(tokens) + ended, self.alpha), tokens,
+                          None if token_logprobs is None else tuple(token_logprobs)))
         self.hyps.sort(key=lambda h: -h[0])
         del self.hyps[self.capacity:]
 
@@ -383,6 +401,8 @@ def beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndar
     scores = np.full((B, K), -np.inf)
     scores[:, 0] = 0.0  # all beams start identical: expand only the first
     beams: list[list[int]] = [[] for _ in range(B * K)]  # tokens of each live beam, row b*K + k
+    # Each live beam's per-token log-probabilities (output_token_logprobs), beside `beams`.
+    beam_lp: list[list[float]] | None = [[] for _ in range(B * K)] if settings.output_token_logprobs else None
     finished = [_Finished(K, alpha) for _ in range(B)]
     next_ids = np.tile(np.asarray(settings.start, np.int64), (B, 1))
     for step in range(settings.max_new_tokens):
@@ -410,7 +430,8 @@ def beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndar
                     break
                 if token == settings.eos_id:
                     if rank < K:
-                        kept.add(beams[b * K + beam], score, ended=True)
+                        kept.add(beams[b * K + beam], score, ended=True, token_logprobs=None if beam_lp is None else
+                                 beam_lp[b * K + beam] + [float(logp[b * K + beam, token])])
                     continue
                 new_scores[b, slot], origin[b, slot], new_tokens[b, slot] = score, b * K + beam, token
                 slot += 1
@@ -418,6 +439,9 @@ def beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndar
                     break
             done[b] = kept.is_done(new_scores[b].max(), step + 1)
         gather = origin.reshape(-1)
+        if beam_lp is not None:
+            chosen = logp[gather, new_tokens.reshape(-1)]
+            beam_lp = [beam_lp[i] + [float(c)] for i, c in zip(gather, chosen)]
         beams = [beams[i] + [int(t)] for i, t in zip(gather, new_tokens.reshape(-1))]
         scores = new_scores
         if done.all():
@@ -427,16 +451,18 @@ def beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndar
             rows = _rows_of(stay, K)
             sources, scores, new_tokens, gather = sources[stay], scores[stay], new_tokens[stay], gather[rows]
             beams, mask, encoder_state = [beams[r] for r in rows], mask[rows], model.select(encoder_state, rows)
+            beam_lp = None if beam_lp is None else [beam_lp[r] for r in rows]
         past = model.select(past, gather // K if step == 0 else gather)
         next_ids = new_tokens.reshape(-1, 1)
     else:
         for b, source in enumerate(sources):  # the length limit: live beams join their source's hypotheses
             for k in range(K):
                 if np.isfinite(scores[b, k]):
-                    finished[source].add(beams[b * K + k], scores[b, k], ended=False)
+                    finished[source].add(beams[b * K + k], scores[b, k], ended=False,
+                                         token_logprobs=None if beam_lp is None else beam_lp[b * K + k])
     if settings.plain:
         return [kept.hyps[0][1] if kept.hyps else [] for kept in finished]
-    return [[Hypothesis(tokens, float(score)) for score, tokens in kept.hyps[:n_best]] for kept in finished]
+    return [[Hypothesis(tokens, float(score), lp) for score, tokens, lp in kept.hyps[:n_best]] for kept in finished]
 
 
 def _check_beams(settings: DecodeSettings, beam_size: int) -> int:
@@ -549,6 +575,11 @@ def hf_beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.n
     finished_scores = np.full((B, K), -1e9, dtype=np.float32)
     is_finished = np.zeros((B, K), dtype=bool)
     finished: list[list[list[int]]] = [[[] for _ in range(K)] for _ in range(B)]
+    # output_token_logprobs: each live beam's per-token log-probabilities beside `running`, each kept one's beside
+    # `finished` (the step's processed log-probabilities at the chosen token: compute_transition_scores).
+    want_lp = settings.output_token_logprobs
+    running_lp = np.zeros((B * K, 0), dtype=np.float32)
+    finished_lp: list[list[list[float]]] = [[[] for _ in range(K)] for _ in range(B)]
     improvable = np.ones(B, dtype=bool)  # HF's is_early_stop_heuristic_unsatisfied
     masked = np.float32(-1e9)
     eos = settings.eos_id
@@ -556,7 +587,11 @@ def hf_beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.n
 
     def result(b: int) -> list:
         cut = [tokens[: tokens.index(eos)] if eos in tokens else tokens for tokens in finished[b][:n_best]]
-        return cut[0] if settings.plain else [Hypothesis(t, float(s)) for t, s in zip(cut, finished_scores[b])]
+        if settings.plain:
+            return cut[0]
+        lps = [tuple(lp[: len(t) + (eos in full)]) if want_lp else None
+               for t, full, lp in zip(cut, finished[b], finished_lp[b])]
+        return [Hypothesis(t, float(s), lp) for t, s, lp in zip(cut, finished_scores[b], lps)]
 
     for step in range(N):
         b_live = len(sources)
@@ -567,6 +602,7 @@ def hf_beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.n
             logp = logp.repeat_interleave(K, dim=0)
             encoder_state, mask = model.select(encoder_state, expand), mask[expand]
         settings.constrain(logp.numpy(), step, inplace=True, tokens=running)  # logp is this step's own array
+        step_lp = logp.numpy().copy() if want_lp else None  # before the beam scores are added in place
         V = logp.shape[-1]
         acc = logp.view(b_live, K, V).add_(torch.from_numpy(running_scores)[:, :, None]).view(b_live, K * V)  # in place
         top = _top_wide(acc, 2 * K)  # (b, 2K), best first
@@ -580,6 +616,10 @@ def hf_beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.n
         running_scores = live_scores[live, keep]
         origin = (top_beam[live, keep] + live * K).reshape(-1)
         previous, running = running, np.concatenate([running[origin], top_token[live, keep].reshape(-1, 1)], 1)
+        if want_lp:
+            previous_lp = running_lp
+            running_lp = np.concatenate([running_lp[origin], step_lp[origin, top_token[live, keep].reshape(-1)][:, None]],
+                                        1)
         # Ended ones among the K best join the kept hypotheses (a live source is never blocked: see below). Where
         # none of a source's K best ended, every candidate scores below -1e9 and Hugging Face's merge keeps its list.
         ends_k = ends[:, :K]
@@ -593,9 +633,14 @@ def hf_beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.n
                 tokens = finished[b] + [None] * (2 * K)
                 done = np.concatenate([is_finished[b], np.zeros(2 * K, dtype=bool)])
                 done[K:][:K] = ends_k[b]
+                lps = finished_lp[b] + [None] * (2 * K)
                 for j in best[best >= K] - K:
-                    tokens[K + j] = previous[b * K + top_beam[b, j]].tolist() + [int(top_token[b, j])]
+                    row = b * K + top_beam[b, j]
+                    tokens[K + j] = previous[row].tolist() + [int(top_token[b, j])]
+                    if want_lp:
+                        lps[K + j] = previous_lp[row].tolist() + [float(step_lp[row, top_token[b, j]])]
                 finished[b] = [tokens[i] if tokens[i] is not None else [] for i in best]
+                finished_lp[b] = [lps[i] if lps[i] is not None else [] for i in best]
                 finished_scores[b], is_finished[b] = merged[best], done[best]
         # Can a live beam still beat the worst kept hypothesis? (HF's heuristic, per source.)
         best_length = N if early_stopping == "never" and length_penalty > 0 else step + 1
@@ -615,6 +660,7 @@ def hf_beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.n
             rows = _rows_of(stay, K)
             sources, running, running_scores = sources[stay], running[rows], running_scores[stay]
             finished, finished_scores = [finished[b] for b in stay], finished_scores[stay]
+            running_lp, finished_lp = running_lp[rows], [finished_lp[b] for b in stay]
             is_finished, improvable, mask = is_finished[stay], improvable[stay], mask[rows]
             encoder_state, origin = model.select(encoder_state, rows), origin.reshape(b_live, K)[stay].reshape(-1)
         past = model.select(past, origin // K if step == 0 else origin)

@@ -16,6 +16,7 @@ are checked by `decode_jobs.decode_settings` / `choose_search`, their errors nam
   min_new_tokens INT32       no eos before this many tokens                    --min-new-tokens
   no_repeat_ngram_size INT32, repetition_penalty FP32                          --no-repeat-ngram-size, ...
   n_best INT32, output_scores BOOL  hypotheses a source, their scores      --n-best, --scores
+  output_token_logprobs BOOL  each hypothesis's per-token log-probabilities  --token-logprobs
 
 Without them a request gets the model's stored settings, searched (one deterministic output), as before. A seeded
 sampling request is decoded alone, so that its output is `translate --sample --seed S` on its ids alone whatever
@@ -48,7 +49,8 @@ REQUEST_OPTIONS = {"do_sample": ("do_sample", "TYPE_BOOL"), "temperature": ("tem
                    "no_repeat_ngram_size": ("no_repeat_ngram_size", "TYPE_INT32"),
                    "repetition_penalty": ("repetition_penalty", "TYPE_FP32"),
                    "n_best": ("num_return_sequences", "TYPE_INT32"),
-                   "output_scores": ("output_scores", "TYPE_BOOL")}
+                   "output_scores": ("output_scores", "TYPE_BOOL"),
+                   "output_token_logprobs": ("output_token_logprobs", "TYPE_BOOL")}
 # What decode_jobs' messages call each option in a request (its flag names in translate's).
 PARAMETER_NAMES = {"beam": "num_beams", **{field: param for param, (field, _) in REQUEST_OPTIONS.items()}}
 

@@ -3,8 +3,9 @@ interface: initialize, execute on a dynamically batched list of requests, finali
 `serving.Job`; a bad one gets an error response naming the problem and the batch's others are answered.
 
 Outputs: `output_ids` INT64 [-1] (generate) or `text` BYTES [1] (translate), the best hypothesis, as ever. A
-request that asks n_best > 1 or output_scores also gets `hypotheses` BYTES [1], a JSON object — generate:
-{"ids": [[...], ...], "scores": [...]}, translate's `--output-ids` line; translate: the same with "text": [...] —
+request that asks n_best > 1, output_scores or output_token_logprobs also gets `hypotheses` BYTES [1], a JSON
+object — generate: {"ids": [[...], ...], "scores": [...]} (and "token_logprobs": [[...], ...] when asked),
+translate's `--output-ids` line; translate: the same with "text": [...] —
 and `scores` FP32 [-1], each hypothesis's score (beam: Hugging Face's sequences_scores, GNMT's for models trained
 here; greedy and sampling: the sum of its tokens' log-probabilities), best first.
 
@@ -115,6 +116,8 @@ def hypotheses_outputs(hypotheses: list[Hypothesis], codec=None) -> dict[str, np
     """The `hypotheses` (JSON text, with each one's text when `codec` is given) and `scores` outputs of an n-best
     result, batched as [1, ...]."""
     record = {"ids": [h.tokens for h in hypotheses], "scores": [h.score for h in hypotheses]}
+    if hypotheses and hypotheses[0].token_logprobs is not None:
+        record["token_logprobs"] = [list(h.token_logprobs) for h in hypotheses]
     if codec is not None:
         record = {"text": [codec.decode(h.tokens) for h in hypotheses], **record}
     return {"hypotheses": np.array([[json.dumps(record).encode("utf-8")]], dtype=np.object_),

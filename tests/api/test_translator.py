@@ -186,3 +186,11 @@ def test_an_imported_model_translates_as_transformers_generate(make_hf_model, ma
     assert [h.text for h in got] == want == [h.text for h in scored]
     assert all(h.score is None for h in got)
     assert [h.score for h in scored] == pytest.approx(want_scores, abs=1e-4)
+    with seq2trt.Translator(tmp_path / "out", backend="ort") as translator:
+        logged = translator.translate(texts, beam=beam, max_new_tokens=20, token_logprobs=True)
+    steps = (original.compute_transition_scores(out.sequences, out.scores, out.beam_indices) if beam > 1 else
+             original.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)).numpy()
+    for h, row in zip(logged, steps):
+        assert h.text in want and len(h.token_logprobs) == len(h.ids) + (len(h.ids) < 20)
+        np.testing.assert_allclose(h.token_logprobs, row[: len(h.token_logprobs)], rtol=1e-4, atol=1e-4)
+    assert all(h.token_logprobs is None for h in scored)

@@ -97,6 +97,25 @@ def test_an_ort_export_decodes_the_options_as_the_checkpoint(bart):
     np.testing.assert_allclose([row["scores"] for row in ort], [row["scores"] for row in eager], rtol=1e-4)
 
 
+@pytest.mark.parametrize("source", ["ckpt", "out"])
+def test_token_logprobs_are_transformers_transition_scores(bart, source):
+    """--token-logprobs on the stored beam settings (beam 4, length_penalty 2.0): compute_transition_scores with
+    beam_indices, the closing eos included; eager and ORT alike."""
+    got, lines = _translate(bart, "--token-logprobs", "--n-best", 2,
+                            *(["--backend", "ort"] if source == "out" else []), source=source)
+    want, out = _generate(bart, num_return_sequences=2, output_scores=True)
+    assert [ids for row in got for ids in row["ids"]] == want
+    steps = load_transformers_model(bart / "src").compute_transition_scores(out.sequences, out.scores,
+                                                                            out.beam_indices).numpy()
+    lps = [lp for row in got for lp in row["token_logprobs"]]
+    assert [len(lp) for lp in lps] == [len(w) + (len(w) < NEW) for w in want]
+    for lp, w, row in zip(lps, want, steps):
+        np.testing.assert_allclose(lp, row[: len(w) + (len(w) < NEW)], rtol=1e-4, atol=1e-4)
+    assert len(lines) == 2 * len(SOURCES) and "\t" not in lines[0]  # no --scores: plain lines
+    plain, _ = _translate(bart)
+    assert "token_logprobs" not in json.dumps(plain)
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--temperature", 0.5], "--temperature sets how sampling draws, and this decode does not sample; add --sample"),
     (["--sample", "--top-p", 0], "--top-p must be a number in (0, 1] such as 0.9, got 0.0"),

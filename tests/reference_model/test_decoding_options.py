@@ -121,6 +121,62 @@ def test_greedy_scores_are_the_transition_scores(models):
     np.testing.assert_allclose([row[0].score for row in ours], totals, rtol=1e-5)
 
 
+def _transitions(hf_model, out, want, beams: bool) -> list[list[float]]:
+    """transformers' per-token scores of each returned sequence, cut after its eos (compute_transition_scores)."""
+    steps = (hf_model.compute_transition_scores(out.sequences, out.scores, out.beam_indices) if beams else
+             hf_model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)).numpy()
+    return [steps[i, : len(row) + (len(row) < steps.shape[1])].tolist() for i, row in enumerate(want)]
+
+
+def test_greedy_and_sampled_token_logprobs_are_the_transition_scores(models):
+    model, hf_model, ids, mask = models
+    eos, step = model.cfg.eos_id, EagerStepModel(model)
+    for opts, extra in ((dict(repetition_penalty=1.3), {}), (dict(temperature=0.7, top_k=5), dict(do_sample=True))):
+        torch.manual_seed(5)
+        want, out = _generate(hf_model, ids, mask, eos, num_beams=1, output_scores=True, do_sample=bool(extra),
+                              **opts)
+        ours = greedy_decode(step, ids, mask, _settings(model, opts, output_token_logprobs=True, seed=5, **extra))
+        assert [row[0].tokens for row in ours] == want
+        got = [list(row[0].token_logprobs) for row in ours]
+        assert [len(g) for g in got] == [len(w) + (len(w) < NEW) for w in want]  # the closing eos has one too
+        for g, w, row in zip(got, _transitions(hf_model, out, want, beams=False), ours):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+            assert abs(sum(g) - row[0].score) <= 1e-6 * max(1.0, abs(row[0].score))  # the score is their sum
+    assert greedy_decode(step, ids, mask, _settings(model, {}, output_scores=True))[0][0].token_logprobs is None
+
+
+@pytest.mark.parametrize("early_stopping", [False, True])
+def test_beam_token_logprobs_are_the_transition_scores(models, early_stopping):
+    model, hf_model, ids, mask = models
+    eos, step = model.cfg.eos_id, EagerStepModel(model)
+    opts = dict(min_length=4, no_repeat_ngram_size=2)
+    want, out = _generate(hf_model, ids, mask, eos, do_sample=False, num_beams=4, num_return_sequences=3,
+                          early_stopping=early_stopping, output_scores=True, **opts)
+    ours = hf_beam_search(step, ids, mask, _settings(model, opts, num_return_sequences=3, output_token_logprobs=True),
+                          4, 1.0, early_stopping)
+    hyps = [h for row in ours for h in row]
+    assert [h.tokens for h in hyps] == want
+    for h, w in zip(hyps, _transitions(hf_model, out, want, beams=True)):
+        np.testing.assert_allclose(h.token_logprobs, w, rtol=1e-5, atol=1e-5)
+        # the beam score is their sum over the length (eos counted), to the length_penalty 1.0
+        assert abs(sum(h.token_logprobs) / len(h.token_logprobs) - h.score) <= 1e-5 * max(1.0, abs(h.score))
+
+
+def test_gnmt_beam_token_logprobs_sum_to_the_unpenalised_score(make_model):
+    from seq2trt.reference_model.decoding import beam_search, length_penalty
+
+    model = make_model(seed=2, dtype=torch.float32)
+    ids, mask = pad_batch(seeded_sources(model.cfg, 4, seed=1), model.cfg.pad_id)
+    settings = dataclasses.replace(DecodeSettings.for_model(model.cfg, 12), num_return_sequences=2,
+                                   output_token_logprobs=True)
+    for row in beam_search(EagerStepModel(model), ids, mask, settings, beam_size=3, alpha=0.6):
+        for h in row:
+            ended = len(h.token_logprobs) == len(h.tokens) + 1
+            assert len(h.token_logprobs) in (len(h.tokens), len(h.tokens) + 1)
+            penalised = sum(h.token_logprobs) / length_penalty(len(h.tokens) + ended, 0.6)
+            assert abs(penalised - h.score) <= 1e-9 * max(1.0, abs(h.score)), (penalised, h.score)
+
+
 SAMPLING = {"default-top50": {}, "temperature": dict(temperature=0.7), "top_k": dict(top_k=5),
             "top_p": dict(top_p=0.8, top_k=0), "all": dict(temperature=1.3, top_k=20, top_p=0.9)}
 

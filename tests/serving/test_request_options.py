@@ -64,7 +64,10 @@ def test_seeded_sampling_is_translate_whatever_the_batch(exported, service, monk
     (dict(max_new_tokens=12, options=dict(min_new_tokens=10)), ["--max-new-tokens", "12", "--min-new-tokens", "10"]),
     (dict(options=dict(do_sample=True, seed=3, num_return_sequences=4, output_scores=True, top_p=0.9)),
      ["--sample", "--seed", "3", "--n-best", "4", "--scores", "--top-p", "0.9"]),
-], ids=["beam-n-best-scores", "greedy-scores", "no-repeat", "repetition-penalty", "min-new-tokens", "sample-n-best"])
+    (dict(num_beams=3, options=dict(num_return_sequences=2, output_token_logprobs=True)),
+     ["--beam", "3", "--n-best", "2", "--token-logprobs"]),
+], ids=["beam-n-best-scores", "greedy-scores", "no-repeat", "repetition-penalty", "min-new-tokens", "sample-n-best",
+        "token-logprobs"])
 def test_each_option_is_translates_flag_in_a_mixed_batch(exported, service, monkeypatch, job, flags):
     sources = SOURCES if "--seed" not in flags else SOURCES[:1]  # translate samples its sources in one stream
     want = translate_ids(exported, sources, *flags)
@@ -81,6 +84,9 @@ def test_each_option_is_translates_flag_in_a_mixed_batch(exported, service, monk
         assert all(isinstance(h, Hypothesis) for out in got for h in out)
         assert [[h.tokens for h in out] for out in got] == [w["ids"] for w in want]
         assert [[h.score for h in out] for out in got] == [pytest.approx(w["scores"], rel=1e-6) for w in want]
+        if "token_logprobs" in want[0]:
+            assert [[list(h.token_logprobs) for h in out] for out in got] == [
+                [pytest.approx(lp, rel=1e-6) for lp in w["token_logprobs"]] for w in want]
         if len(want[0]["ids"]) > 1:
             assert any(len({json.dumps(t) for t in w["ids"]}) > 1 for w in want)
     else:
