@@ -22,8 +22,11 @@ from seq2trt.validation.bench.settings import KNOWN_BACKENDS, SEARCHES, BenchSet
 @click.option("--repeats", type=int, default=BenchSettings.repeats, show_default=True,
               help="Measured repetitions (each one round-robin over the backends).")
 @click.option("--warmup", type=int, default=BenchSettings.warmup, show_default=True, help="Unmeasured repetitions first.")
-@click.option("--src-len", type=int, default=BenchSettings.src_len, show_default=True,
-              help="Source length of the decoding runs (clipped to the export's limit).")
+@click.option("--src-len", type=int, default=None,
+              help="Source length of the decoding runs of a text model (default 32, clipped to the export's limit).")
+@click.option("--clip-seconds", default=None,
+              help="A Whisper export: comma-separated lengths of the synthetic clips, each within one 30 s window "
+                   "(default 10,30).")
 @click.option("--new-tokens", type=int, default=BenchSettings.new_tokens, show_default=True,
               help="Tokens decoded per source (eos does not stop a row, so every backend does the same work).")
 @click.option("--curves/--no-curves", default=True, show_default=True,
@@ -47,12 +50,12 @@ from seq2trt.validation.bench.settings import KNOWN_BACKENDS, SEARCHES, BenchSet
 @click.option("--n-best", type=int, default=1, show_default=True,
               help="Sequences returned a source, with their scores: --search beam's n-best (num_return_sequences; "
                    "CTranslate2's num_hypotheses, return_scores), or --search sample's samples a source.")
-def bench(out: Path, backends: str, batch_sizes: str, threads: str, repeats: int, warmup: int, src_len: int,
-          new_tokens: int, curves: bool, checkpoint: Path | None, search: str, beam: int,
+def bench(out: Path, backends: str, batch_sizes: str, threads: str, repeats: int, warmup: int, src_len: int | None,
+          clip_seconds: str | None, new_tokens: int, curves: bool, checkpoint: Path | None, search: str, beam: int,
           length_penalty: float, temperature: float, top_k: int, top_p: float, n_best: int) -> None:
     """Time the backends on the export in OUT; write OUT/reports/latency.json, latency.md and plots."""
     from seq2trt.validation.bench.measure import run_bench
-    from seq2trt.validation.bench.settings import parse_backends, parse_ints
+    from seq2trt.validation.bench.settings import parse_backends, parse_ints, parse_seconds
 
     from seq2trt.cli.progress import progress_bar
 
@@ -60,7 +63,8 @@ def bench(out: Path, backends: str, batch_sizes: str, threads: str, repeats: int
                              threads=parse_ints(threads, "--threads"), repeats=repeats, warmup=warmup,
                              src_len=src_len, new_tokens=new_tokens, curves=curves, search=search, beam=beam,
                              length_penalty=length_penalty, temperature=temperature, top_k=top_k, top_p=top_p,
-                             n_best=n_best)
+                             n_best=n_best,
+                             clip_seconds=None if clip_seconds is None else parse_seconds(clip_seconds, "--clip-seconds"))
     total = len(settings.threads) * (settings.warmup + settings.repeats)
     with progress_bar("bench", total) as update:
         done = [0]
@@ -71,6 +75,10 @@ def bench(out: Path, backends: str, batch_sizes: str, threads: str, repeats: int
             update(min(done[0], total), message)
 
         doc = run_bench(out, settings, checkpoint, progress)
+    if doc.get("kind") == "speech":
+        _echo_speech(doc)
+        click.echo(f"reports in {out / 'reports'} (latency.json, latency.md)")
+        return
     for t, by_backend in doc["results"].items():
         for backend, by_batch in by_backend.items():
             for batch, r in by_batch.items():
@@ -86,6 +94,16 @@ def bench(out: Path, backends: str, batch_sizes: str, threads: str, repeats: int
                            f": {r['tokens_per_s']:9.1f} tokens/s, decode p50 {r['decode_ms_p50']:.2f} ms{steps}{extra}"
                            + (f" ({vs})" if vs else ""))
     click.echo(f"reports in {out / 'reports'} (latency.json, latency.md, plots)")
+
+
+def _echo_speech(doc: dict) -> None:
+    for r in doc["rows"]:
+        vs = ", ".join(f"{k[3:]} {r[k]:.2f}x" for k in r if k.startswith("vs_") and r[k] is not None
+                       and not k.endswith("_with_front_end"))
+        search = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
+        click.echo(f"{r['threads']} thread(s) {r['backend']:>9} {r['clip_seconds']:>4g} s B={r['batch']:>2} {search}: "
+                   f"{r['tokens_per_s']:8.1f} tokens/s, RTF {r['rtf']:.4f} ({r['rtf_with_front_end']:.4f} with "
+                   f"{r['front_end']})" + (f" ({vs})" if vs else ""))
 
 
 COMMANDS = [bench]

@@ -28,7 +28,8 @@ from seq2trt.reference_model.errors import CheckFailed, DependencyError, InputEr
 from seq2trt.validation.bench import backends as bb
 from seq2trt.validation.bench import prepare as bench_prepare
 from seq2trt.runtime import registry
-from seq2trt.validation.bench.settings import BenchSettings, Sampling, available_backends, unavailable
+from seq2trt.validation.bench.settings import (TEXT_SRC_LEN, BenchSettings, Sampling, available_backends,
+                                              unavailable)
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +88,9 @@ class Bench:
             raise InputError(f"--search sample --n-best {settings.n_best} at batch {max(settings.batch_sizes)} runs "
                              f"{rows} rows, over the export's max_batch {self.limits.max_batch}; re-export with a larger "
                              "--max-batch or lower --batch-sizes")
-        self.src_len = min(settings.src_len, self.limits.max_src_len)
+        if settings.clip_seconds is not None:
+            raise InputError("--clip-seconds applies to a Whisper export; give a text model --src-len")
+        self.src_len = min(settings.src_len or TEXT_SRC_LEN, self.limits.max_src_len)
         self.new_tokens = min(settings.new_tokens, self.limits.max_tgt_len - 1)
         self.checkpoint = checkpoint
         self.source = bench_prepare.imported_source(self.manifest, checkpoint, settings.backends)
@@ -351,7 +354,34 @@ def run_bench(out: Path, settings: BenchSettings, checkpoint: Path | None = None
     from seq2trt.validation.reports.bench_table import write_reports
 
     started = generation(out)  # the figures must describe the export measured, not one that replaced it
+    if _is_speech(out):
+        return _run_speech(out, settings, checkpoint, progress, started)
     doc = Bench(out, settings, checkpoint, progress).run()
     with writing_into(out, started, "bench"):
         write_reports(layout.reports_dir(out), doc)
+    return doc
+
+
+def _is_speech(out: Path) -> bool:
+    from seq2trt.exporters.manifest import read_manifest
+
+    from seq2trt.validation.bench.speech import is_speech
+
+    return is_speech(read_manifest(out).config)
+
+
+def _run_speech(out: Path, settings: BenchSettings, checkpoint: Path | None, progress: Progress | None,
+                started) -> dict:
+    """A Whisper export: validation/bench/speech_bench.py measures and writes its reports."""
+    from seq2trt.exporters.manifest import writing_into
+
+    from seq2trt.validation.bench import speech_bench
+
+    missing = unavailable(settings.backends)
+    if missing:
+        raise DependencyError("cannot bench " + "; ".join(f"{n}: {why}" for n, why in missing.items()))
+    manifest = verify(out, ["encoder.onnx", "decoder.onnx", layout.FEATURES])
+    doc = speech_bench.SpeechBench(out, settings, manifest, checkpoint, progress).run()
+    with writing_into(out, started, "bench"):
+        speech_bench.write_reports(layout.reports_dir(out), doc)
     return doc

@@ -15,6 +15,7 @@ from seq2trt.runtime.decode_jobs import check_threads
 from seq2trt.runtime.registry import BACKENDS, unavailable  # noqa: F401  (unavailable: re-exported)
 
 KNOWN_BACKENDS = tuple(BACKENDS)
+TEXT_SRC_LEN = 32  # the source length of a text bench without --src-len
 SEARCHES = ("greedy", "beam", "sample")
 
 
@@ -36,6 +37,14 @@ def parse_ints(text: str, what: str) -> tuple[int, ...]:
     return tuple(sorted(set(values)))
 
 
+def parse_seconds(text: str, what: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise InputError(f"{what} must be comma-separated numbers of seconds, got {text!r}") from None
+    return tuple(sorted(set(values)))
+
+
 @dataclass(frozen=True)
 class BenchSettings:
     backends: tuple[str, ...] = ("eager", "ort", "ct2")
@@ -43,7 +52,7 @@ class BenchSettings:
     threads: tuple[int, ...] = (1,)
     repeats: int = 10
     warmup: int = 2
-    src_len: int = 32  # clipped to the export's limits
+    src_len: int | None = None  # None: TEXT_SRC_LEN; clipped to the export's limits (a Whisper export refuses it)
     new_tokens: int = 32  # clipped to the export's limits
     step_calls: int = 2  # decoder calls per past length per repetition
     curves: bool = True  # encoder by source length and step by past length (a big vocabulary's prefills are slow)
@@ -62,6 +71,9 @@ class BenchSettings:
     top_p: float = 1.0
     # --n-best N: N sequences a source with their scores, from beam search (N <= --beam) or N samples a source.
     n_best: int = 1
+    # A Whisper export: the lengths of the synthetic clips (None: speech.DEFAULT_CLIPS, 10 s and 30 s); a text
+    # export refuses them.
+    clip_seconds: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         parse_backends(",".join(self.backends))
@@ -91,8 +103,11 @@ class BenchSettings:
             raise InputError(f"{', '.join(whole)}: generate.onnx returns one beam-search hypothesis a source and does not "
                              "sample (ONNX Runtime's Sampling operator refuses encoder-decoder models); drop it from "
                              "--backends for --search sample or --n-best")
-        if self.src_len < 1 or self.new_tokens < 1:
+        if (self.src_len is not None and self.src_len < 1) or self.new_tokens < 1:
             raise InputError(f"--src-len and --new-tokens must be >= 1, got {self.src_len} and {self.new_tokens}")
+        if self.clip_seconds is not None and (not self.clip_seconds or not all(0 < c <= 30 for c in self.clip_seconds)):
+            raise InputError(f"--clip-seconds must be lengths in (0, 30] s (one 30 s window a clip), got "
+                             f"{self.clip_seconds}")
 
 
 @dataclass(frozen=True)
