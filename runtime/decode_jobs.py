@@ -215,13 +215,35 @@ def batch_rows(batch_size: int, max_batch: int | None, beams: int, flag: str = "
     return rows
 
 
+SORT_WINDOW = 16  # batches sorted by source length together (CTranslate2's translate_iterable reads 16 batches)
+
+
 def decode_batches(step_model, sources: Sequence[Sequence[int]], pad_id: int, decode: Decode,
                    settings: DecodeSettings, rows: int) -> Iterator[list]:
-    """Each source's generated ids (without bos/eos), or its Hypothesis list when `settings.plain` is not, in order,
-    decoded in padded batches of `rows` sources."""
-    for start in range(0, len(sources), rows):
-        ids, mask = pad_batch([list(s) for s in sources[start: start + rows]], pad_id)
-        yield from decode(step_model, ids, mask, settings)
+    """Each source's generated ids (without bos/eos), or its Hypothesis list when `settings.plain` is not, in input
+    order, decoded in padded batches of `rows` sources.
+
+    When the sources fill more than one batch they are batched by length, longest first, within windows of
+    SORT_WINDOW batches (as CTranslate2's translate_iterable does): a batch pads to its longest source and runs
+    until its longest output, and similar lengths waste less of both. Outputs still come in input order, a window
+    at a time, so a long input streams and at most one window's outputs are held. A sampling search keeps the
+    input order: its random stream follows the batch's rows, as transformers' does, so the same seed gives the same
+    samples as `generate` on the same batch."""
+    if len(sources) <= rows or settings.do_sample:
+        for start in range(0, len(sources), rows):
+            ids, mask = pad_batch([list(s) for s in sources[start: start + rows]], pad_id)
+            yield from decode(step_model, ids, mask, settings)
+        return
+    window = rows * SORT_WINDOW
+    for first in range(0, len(sources), window):
+        part = range(first, min(first + window, len(sources)))
+        order = sorted(part, key=lambda i: -len(sources[i]))  # stable: equal lengths keep input order
+        done: dict[int, list] = {}
+        for start in range(0, len(order), rows):
+            chunk = order[start: start + rows]
+            ids, mask = pad_batch([list(sources[i]) for i in chunk], pad_id)
+            done.update(zip(chunk, decode(step_model, ids, mask, settings)))
+        yield from (done[i] for i in part)
 
 
 def decode_job(opened: OpenedDecoder, backend: str, sources: Sequence[Sequence[int]], origin: str, beam: int | None,

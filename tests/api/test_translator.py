@@ -53,6 +53,28 @@ def test_translate_is_the_eager_decode_and_the_cli(numbers_export, source, backe
     assert result.output.splitlines() == [h.text for h in got]
 
 
+@pytest.mark.parametrize("beam", [1, 3])
+def test_batches_are_formed_by_length_and_outputs_come_in_input_order(numbers_export, monkeypatch, beam):
+    """Six sources of mixed lengths in batches of 2: each batch holds sources of similar length (longest first),
+    and the outputs are the eager model's, in input order."""
+    from seq2trt.runtime import decode_jobs
+
+    root, model, task = numbers_export
+    texts = ["7", "40213", "31", "999999", "120", "5550"]
+    batches = []
+    real = decode_jobs.pad_batch
+    monkeypatch.setattr(decode_jobs, "pad_batch", lambda batch, pad: batches.append([len(s) for s in batch]) or
+                        real(batch, pad))
+    with seq2trt.Translator(root / "out", backend="ort-fused", threads=1) as translator:
+        got = translator.translate(texts, beam=beam, batch_size=2)
+        sampled = translator.translate(texts, batch_size=2, sample=True, seed=3)
+    assert [h.ids for h in got] == eager_decode(model, task, texts, beam)
+    lengths = [len(task.source_vocab.encode(t)) + 1 for t in texts]
+    assert batches[:3] == [sorted(lengths, reverse=True)[i: i + 2] for i in (0, 2, 4)]
+    assert batches[3:] == [lengths[i: i + 2] for i in (0, 2, 4)]  # sampling keeps the input order (its stream)
+    assert len(sampled) == 6
+
+
 def test_max_new_tokens_bounds_the_output(numbers_export):
     root, model, task = numbers_export
     with seq2trt.Translator(root / "out", backend="ort-fused") as translator:

@@ -155,7 +155,8 @@ def test_translate_text_without_a_tokenizer_names_ids_file(make_hf_model, tmp_pa
 
 def test_many_sources_decode_in_bounded_batches_and_stream(numbers_export, tmp_path, monkeypatch):
     """20,000 sources with --beam 4 once went into one batch and died of memory: each batch holds at most
-    --batch-size sources, and a source's line is printed before the next batch is decoded."""
+    --batch-size sources, and the lines stream: those of a window of SORT_WINDOW batches (sorted by length inside
+    it) are printed before the next window is decoded."""
     import seq2trt.runtime.decode_jobs as jobs
 
     root, model, task = numbers_export
@@ -182,7 +183,9 @@ def test_many_sources_decode_in_bounded_batches_and_stream(numbers_export, tmp_p
     assert result.exit_code == 0, result.output
     assert len(result.output.splitlines()) == 2000
     assert max(batches) <= 64 and sum(batches) == 2000
-    assert printed_before == [64 * i for i in range(len(batches))]  # streamed: batch i starts after 64 x i lines
+    window = 64 * jobs.SORT_WINDOW  # streamed: batch i starts after the windows before its own
+    assert printed_before == [window * (i // jobs.SORT_WINDOW) for i in range(len(batches))]
+    assert len(batches) == 32 and batches[-1] == 2000 - 1024 - 15 * 64
 
 
 @pytest.mark.skipif(not HAS_HF, reason="the hf extra is not installed")
