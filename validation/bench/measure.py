@@ -68,6 +68,8 @@ class Bench:
     def __init__(self, out: Path, settings: BenchSettings, checkpoint: Path | None = None,
                  progress: Progress | None = None):
         self.out, self.settings, self.progress = Path(out), settings, progress or (lambda message: None)
+        if settings.clip_seconds is not None:
+            raise InputError("--clip-seconds applies to a Whisper export; give a text model --src-len")
         missing = unavailable(settings.backends)
         if missing:
             raise DependencyError("cannot bench " + "; ".join(f"{n}: {why}" for n, why in missing.items()) +
@@ -88,8 +90,6 @@ class Bench:
             raise InputError(f"--search sample --n-best {settings.n_best} at batch {max(settings.batch_sizes)} runs "
                              f"{rows} rows, over the export's max_batch {self.limits.max_batch}; re-export with a larger "
                              "--max-batch or lower --batch-sizes")
-        if settings.clip_seconds is not None:
-            raise InputError("--clip-seconds applies to a Whisper export; give a text model --src-len")
         self.src_len = min(settings.src_len or TEXT_SRC_LEN, self.limits.max_src_len)
         self.new_tokens = min(settings.new_tokens, self.limits.max_tgt_len - 1)
         self.checkpoint = checkpoint
