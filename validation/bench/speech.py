@@ -15,21 +15,19 @@ rotating; ratios are medians of per-repetition paired ratios (measure.py's rule)
 
 from __future__ import annotations
 
-import datetime
 import json
 import logging
 import time
 import warnings
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from seq2trt.reference_model import layout
 from seq2trt.reference_model.errors import CheckFailed, DependencyError, InputError
 from seq2trt.runtime import registry
 
-from seq2trt.validation.bench.backends import peak_rss_mb, start_turn
+from seq2trt.validation.bench.backends import start_turn
 
 logger = logging.getLogger(__name__)
 
@@ -153,8 +151,8 @@ class GenerateBackend:
             seconds = time.perf_counter() - start
         head = out.sequences[:, : 1 + len(work.prompt)].tolist()
         if any(row != [work.bos_id, *work.prompt] for row in head):
-            raise CheckFailed(f"{self.name} decoded after the prompt {head[0]}, not ours {[work.bos_id, *work.prompt]}; "
-                              "its time would not be comparable")
+            raise CheckFailed(f"{self.name} decoded after the prompt {head[0]}, not ours "
+                              f"{[work.bos_id, *work.prompt]}; its time would not be comparable")
         return seconds, _checked(self.name, out.sequences[:, 1 + len(work.prompt):].tolist(), len(features), work)
 
     def close(self) -> None:

@@ -28,6 +28,7 @@ from seq2trt.reference_model.errors import CheckFailed, InputError
 from seq2trt.runtime import registry
 
 from seq2trt.validation.bench import speech as sp
+from seq2trt.validation.bench.backends import peak_rss_mb
 
 logger = logging.getLogger(__name__)
 
@@ -243,14 +244,15 @@ class SpeechBench:
                             for key, seconds in timed.items():
                                 raw.setdefault((key, c, batch), []).append(seconds)
             doc.setdefault("threading", {})[str(threads)] = {b.name: f"{b.threads} thread(s)" for b in backends}
-            doc.setdefault("memory", {})["peak_rss_mb"] = round(sp.peak_rss_mb(), 1)
+            doc.setdefault("memory", {})["peak_rss_mb"] = round(peak_rss_mb(), 1)
         self._summarise(threads, backends, raw, doc)
 
     def _summarise(self, threads: int, backends, raw: dict, doc: dict) -> None:
         s, n = self.settings, self.work.new_tokens
         for c in self.clip_seconds:
             for batch in s.batch_sizes:
-                per_clip = {f: [x / batch for x in raw[("front:" + f, c, batch)]] for f in ("features.onnx", "extractor")}
+                per_clip = {f: [x / batch for x in raw[("front:" + f, c, batch)]]
+                            for f in ("features.onnx", "extractor")}
                 doc["front_end"][str(c)].setdefault(str(threads), {})[str(batch)] = {
                     "features_onnx_ms_per_clip": sp._stats_ms(per_clip["features.onnx"]),
                     "extractor_ms_per_clip": sp._stats_ms(per_clip["extractor"])}
@@ -297,15 +299,15 @@ def markdown(doc: dict) -> str:
              f"{doc['artifact']}: {s['new_tokens']} new tokens a clip (forced), prompt {doc['prompt']['ids']}, "
              f"repeats {s['repeats']}, warm-up {s['warmup']}; load {doc['machine'].get('loadavg_before')} -> "
              f"{doc['machine'].get('loadavg_after')}", "",
-             "| threads | backend | clip s | B | search | tokens/s | decode p50 ms | RTF | RTF + front end | vs optimum "
-             "| vs optimum (+front end) | vs hf | vs ct2 |", "|" + "---|" * 13]
+             "| threads | backend | clip s | B | search | tokens/s | decode p50 ms | RTF | RTF + front end "
+             "| vs optimum | vs optimum (+front end) | vs hf | vs ct2 |", "|" + "---|" * 13]
     fmt = lambda v: "" if v is None else f"{v:.2f}x"  # noqa: E731
     for r in doc["rows"]:
         search = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
         lines.append(f"| {r['threads']} | {r['backend']} | {r['clip_seconds']:g} | {r['batch']} | {search} | "
-                     f"{r['tokens_per_s']:.1f} | {r['decode_ms_p50']:.1f} | {r['rtf']:.4f} | {r['rtf_with_front_end']:.4f} "
-                     f"| {fmt(r.get('vs_optimum'))} | {fmt(r.get('vs_optimum_with_front_end'))} | {fmt(r.get('vs_hf'))} "
-                     f"| {fmt(r.get('vs_ct2'))} |")
+                     f"{r['tokens_per_s']:.1f} | {r['decode_ms_p50']:.1f} | {r['rtf']:.4f} | "
+                     f"{r['rtf_with_front_end']:.4f} | {fmt(r.get('vs_optimum'))} | "
+                     f"{fmt(r.get('vs_optimum_with_front_end'))} | {fmt(r.get('vs_hf'))} | {fmt(r.get('vs_ct2'))} |")
     lines += ["", "| clip s | threads | B | features.onnx ms/clip p50 | extractor ms/clip p50 | max abs diff |",
               "|---|---|---|---|---|---|"]
     for c, by in doc["front_end"].items():
@@ -319,7 +321,8 @@ def markdown(doc: dict) -> str:
     lines += ["", "Checks (greedy tokens against the eager model):", ""]
     for name, entries in doc["checks"].items():
         parts = [f"{e['clip_seconds']:g} s: {e['identical']}/{e['sequences']} identical, {e['ties']} near-ties"
-                 + (f", beam {e['beam']['identical']}/{e['beam']['sequences']}" if "beam" in e else "") for e in entries]
+                 + (f", beam {e['beam']['identical']}/{e['beam']['sequences']}" if "beam" in e else "")
+                 for e in entries]
         lines.append(f"- {name}: " + "; ".join(parts))
     return "\n".join(lines) + "\n"
 
