@@ -34,8 +34,14 @@ def hf(src: Path, out: Path, force: bool) -> None:
     what = "random log-mel inputs" if speech else "sources"
     detected = " and detected languages" if "languages_equal" in v["seeded"] else ""
     missing = "transcribe prints ids" if speech else "translate takes --ids-file"
+    own = [v[s]["judge_fp32_error"] for s in sets if "judge_fp32_error" in v[s]]
+    if own:  # ill-conditioned: judged within twice transformers' own float32 error (hf_verify._judge_own_error)
+        logits = f"{logits:.1e}" + (f", inside twice transformers' own float32 error of "
+                                    f"{max(e['logits'] for e in own):.1e} (scaled) on this model")
+    else:
+        logits = f"{logits:.1e}"
     click.echo(f"imported {record['family']} from {src}: equal to transformers on {n} {what} ({' + '.join(sets)}; "
-               f"greedy and beam-{v['beam_size']} tokens{detected} identical, step logits within {logits:.1e}); "
+               f"greedy and beam-{v['beam_size']} tokens{detected} identical, step logits within {logits}); "
                f"checkpoint in {out}" + ("" if record["tokenizer_files"] else f" (no tokenizer in the source: "
                                           f"{missing})"))
 

@@ -160,6 +160,47 @@ def test_a_wrong_reading_fails_the_proof_and_writes_nothing(tmp_path, monkeypatc
     assert not (tmp_path / "ckpt").exists()
 
 
+# Six gated layers of width 64 at std 0.7: T5's unscaled attention amplifies float32 rounding so far that
+# transformers' own float32 run is ~3e-3 (scaled) from its float64 one, and ours ~8e-4 from its float32 one.
+ILL_CONDITIONED = dict(num_layers=6, num_decoder_layers=6, d_model=64, feed_forward_proj="gated-gelu",
+                       tie_word_embeddings=False)
+
+
+def test_an_ill_conditioned_model_is_judged_by_transformers_own_float32_error(tmp_path):
+    """The fixed 1e-4 would refuse this model for rounding alone; the bound becomes twice transformers' own float32
+    error on the same sources, measured against its float64 run, and the tokens must still be equal."""
+    src = t5_model_dir(tmp_path / "src", "t5", ILL_CONDITIONED, std=0.7)
+    result = _import(src, tmp_path / "ckpt")
+    assert result.exit_code == 0, result.output
+    assert "inside twice transformers' own float32 error" in result.output
+    seeded = json.loads((tmp_path / "ckpt" / "import.json").read_text())["verification"]["seeded"]
+    own = seeded["judge_fp32_error"]
+    assert seeded["logits_scaled_err"] > 1e-4, "the fixed tolerance would have passed: the case tests nothing"
+    assert seeded["logits_scaled_err"] <= own["tolerance_scaled"]["logits"] == 2 * own["logits"]
+    assert seeded["greedy_equal"] == seeded["beam_equal"] == seeded["sources"]
+    _judge(src, tmp_path / "ckpt", seeded_sources(load_checkpoint(tmp_path / "ckpt")[0].cfg, 4))
+
+
+def test_an_ill_conditioned_model_read_wrong_is_still_refused(tmp_path, monkeypatch):
+    """The widened bound is the judge's own noise, not a pass: the same model without the final RMSNorm's weight
+    computes another model, and the proof still fails, naming transformers' own error beside it."""
+    from seq2trt.reference_model import hf_import
+
+    src = t5_model_dir(tmp_path / "src", "t5", ILL_CONDITIONED, std=0.7)
+    real = hf_import.map_weights
+
+    def wrong(adapter, cfg, hf_state):
+        state = real(adapter, cfg, hf_state)
+        norm = next(k for k in state if "decoder" in k and "norm" in k and k.endswith("weight") and "layers" not in k)
+        state[norm] = torch.ones_like(state[norm])
+        return state
+
+    monkeypatch.setattr(hf_import, "map_weights", wrong)
+    result = _import(src, tmp_path / "ckpt")
+    assert result.exit_code == 1 and "failed its verification against transformers" in result.output, result.output
+    assert "transformers' own float32 error here" in result.output and not (tmp_path / "ckpt").exists()
+
+
 @pytest.mark.parametrize("family, config_class, differs", [
     ("longt5", "LongT5Config", "local or transient-global attention"),
     ("switch_transformers", "SwitchTransformersConfig", "mixture-of-experts"),
