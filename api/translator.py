@@ -48,7 +48,7 @@ CONCURRENT_BACKENDS = ("eager", "ort", "ort-fused", "ort-int8")
 SEARCH_OPTIONS = {"sample": "do_sample", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
                   "seed": "seed", "min_length": "min_length", "min_new_tokens": "min_new_tokens",
                   "no_repeat_ngram_size": "no_repeat_ngram_size", "repetition_penalty": "repetition_penalty",
-                  "token_logprobs": "output_token_logprobs"}
+                  "token_logprobs": "output_token_logprobs", "fast_sampling": "fast_sampling"}
 
 
 @dataclass(frozen=True)
@@ -150,8 +150,8 @@ class Translator:
         for models trained here (imported ones use their own); `max_new_tokens`: tokens generated at most, eos
         included (None: the model's limit); `scores`: fill each Hypothesis's score. `search`: SEARCH_OPTIONS
         (sample, temperature, top_k, top_p, seed, min_length, min_new_tokens, no_repeat_ngram_size,
-        repetition_penalty, token_logprobs), as `seq2trt translate`'s flags of those names; None or absent: the
-        model's own."""
+        repetition_penalty, token_logprobs, fast_sampling), as `seq2trt translate`'s flags of those names; None or
+        absent: the model's own."""
         refuse_speech_model(self.config, "Translator.translate")
         if isinstance(texts, str):
             raise InputError("texts must be a list of strings, got one string; wrap it in a list")

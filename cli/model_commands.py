@@ -144,6 +144,9 @@ def _check_output_ids(output: Path, ids_file: Path | None, read: list[Path]) -> 
                    "(default: the model's num_return_sequences, else 1).")
 @click.option("--scores", is_flag=True, help="Print each hypothesis's score (beam: Hugging Face's sequences_scores, "
                    "GNMT's for models trained here; greedy and sampling: the sum of its tokens' log-probabilities).")
+@click.option("--fast-sampling", is_flag=True, help="With --sample: draw by the inverse CDF, one number a row and "
+                   "step (the same distribution; not transformers' samples for a seed; much cheaper over a large "
+                   "vocabulary).")
 @click.option("--token-logprobs", is_flag=True, help="Also write each hypothesis's per-token log-probabilities to "
                    "--output-ids (transformers' compute_transition_scores; the closing eos has one).")
 @click.option("--min-length", type=int, help="transformers' min_length: no eos before it (the start token counts).")
@@ -198,6 +201,7 @@ def _search_options(flags: dict) -> dict:
              "repetition_penalty")
     return {"do_sample": flags["sample"], "num_return_sequences": flags["n_best"],
             "output_scores": flags["scores"] or None, "output_token_logprobs": flags["token_logprobs"] or None,
+            "fast_sampling": flags["fast_sampling"] or None,
             **{k: flags[k] for k in named}}
 
 

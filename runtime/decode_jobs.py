@@ -154,7 +154,7 @@ def choose_search(generation: dict | None, beam: int | None, alpha: float,
 # Search options a caller may set (DecodeSettings fields), the flag that sets each, and the values it takes.
 OPTION_FLAGS = {"do_sample": "--sample", "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p",
                 "seed": "--seed", "num_return_sequences": "--n-best", "output_scores": "--scores",
-                "output_token_logprobs": "--token-logprobs",
+                "output_token_logprobs": "--token-logprobs", "fast_sampling": "--fast-sampling",
                 "min_length": "--min-length", "min_new_tokens": "--min-new-tokens",
                 "no_repeat_ngram_size": "--no-repeat-ngram-size", "repetition_penalty": "--repetition-penalty"}
 _RULES = {"temperature": (lambda v: v > 0 and math.isfinite(v), "a number > 0 such as 0.7"),
@@ -165,7 +165,7 @@ _RULES = {"temperature": (lambda v: v > 0 and math.isfinite(v), "a number > 0 su
           "min_length": (lambda v: v >= 0, "an integer >= 0"), "min_new_tokens": (lambda v: v >= 0, "an integer >= 0"),
           "no_repeat_ngram_size": (lambda v: v >= 0, "an integer >= 0 (0: off)"),
           "repetition_penalty": (lambda v: v > 0 and math.isfinite(v), "a number > 0 such as 1.2 (1: off)")}
-SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed")
+SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed", "fast_sampling")
 
 
 def decode_settings(cfg, max_new_tokens: int | None, forced_bos_id: int | None = None,

@@ -17,6 +17,7 @@ are checked by `decode_jobs.decode_settings` / `choose_search`, their errors nam
   no_repeat_ngram_size INT32, repetition_penalty FP32                          --no-repeat-ngram-size, ...
   n_best INT32, output_scores BOOL  hypotheses a source, their scores      --n-best, --scores
   output_token_logprobs BOOL  each hypothesis's per-token log-probabilities  --token-logprobs
+  fast_sampling BOOL         sample by the inverse CDF (not transformers' stream)  --fast-sampling
 
 Without them a request gets the model's stored settings, searched (one deterministic output), as before. A seeded
 sampling request is decoded alone, so that its output is `translate --sample --seed S` on its ids alone whatever
@@ -50,7 +51,8 @@ REQUEST_OPTIONS = {"do_sample": ("do_sample", "TYPE_BOOL"), "temperature": ("tem
                    "repetition_penalty": ("repetition_penalty", "TYPE_FP32"),
                    "n_best": ("num_return_sequences", "TYPE_INT32"),
                    "output_scores": ("output_scores", "TYPE_BOOL"),
-                   "output_token_logprobs": ("output_token_logprobs", "TYPE_BOOL")}
+                   "output_token_logprobs": ("output_token_logprobs", "TYPE_BOOL"),
+                   "fast_sampling": ("fast_sampling", "TYPE_BOOL")}
 # What decode_jobs' messages call each option in a request (its flag names in translate's).
 PARAMETER_NAMES = {"beam": "num_beams", **{field: param for param, (field, _) in REQUEST_OPTIONS.items()}}
 

@@ -94,9 +94,9 @@ TEXT_MODELS = """- `generate`: input `input_ids` INT64 [-1] (one source per requ
   {delay} us queue delay); each request gets what `seq2trt translate --ids-file` gives for its ids.
 - Both models take the optional search options of `translate` as [1] inputs: `do_sample` BOOL, `temperature` FP32,
   `top_k` INT32, `top_p` FP32, `seed` INT64, `min_new_tokens` INT32, `no_repeat_ngram_size` INT32,
-  `repetition_penalty` FP32, `n_best` INT32, `output_scores` BOOL, `output_token_logprobs` BOOL; with n_best > 1,
-  output_scores or output_token_logprobs the response also holds `hypotheses` BYTES [1] (JSON: "ids", "scores",
-  "token_logprobs" when asked, and "text" from translate) and `scores` FP32 [-1].
+  `repetition_penalty` FP32, `n_best` INT32, `output_scores` BOOL, `output_token_logprobs` BOOL, `fast_sampling`
+  BOOL; with n_best > 1, output_scores or output_token_logprobs the response also holds `hypotheses` BYTES [1]
+  (JSON: "ids", "scores", "token_logprobs" when asked, and "text" from translate) and `scores` FP32 [-1].
 {translate}- `encoder`, `decoder`: the export's graphs; `generate` calls them through BLS every decoding step.
 """
 

@@ -142,6 +142,28 @@ def test_reduced_precision_is_tested_against_its_own_probabilities(models):
         sampling.distributional_sampling(ort_model, reference, sources[:1], settings, draws=10, null="x")
 
 
+def test_fast_sampling_draws_the_same_distribution_by_another_stream(models):
+    """--fast-sampling (the inverse CDF, one uniform a row and step): its first tokens pass the chi-square test
+    against the eager probabilities under the warpers, a planted wrong temperature fails it, a seed repeats its
+    samples, and they are not transformers' stream's."""
+    model, ort_model, reference, sources = models
+    for options in ({}, {"temperature": 0.7, "top_k": 5}, {"temperature": 1.3, "top_p": 0.8, "top_k": 0}):
+        settings = settings_of(model.cfg, do_sample=True, fast_sampling=True, **options)
+        probs = sampling.first_token_probs(reference, sources[:4], settings)
+        counts = sampling.first_token_counts(ort_model, sources[:4], settings, probs.shape[1], draws=2048)
+        result = sampling.chi_square(counts, probs)
+        assert result and result.impossible == 0, (options, result)
+        wrong = replace(settings, temperature=settings.temperature * 1.25)
+        failed = sampling.chi_square(sampling.first_token_counts(ort_model, sources[:4], wrong, probs.shape[1],
+                                                                 draws=2048), probs)
+        assert not failed, options
+    ids, mask = pad_batch(sources[:12], model.cfg.pad_id)
+    fast = settings_of(model.cfg, do_sample=True, fast_sampling=True, seed=4)
+    first = greedy_decode(ort_model, ids, mask, fast)
+    assert first == greedy_decode(ort_model, ids, mask, fast)
+    assert first != greedy_decode(ort_model, ids, mask, replace(fast, fast_sampling=False))
+
+
 def test_chi2_survival_function_against_closed_forms():
     for x in (0.1, 1.0, 3.841458820694124, 10.0, 40.0):
         assert sampling.chi2_sf(x, 2) == pytest.approx(math.exp(-x / 2), rel=1e-12)  # dof 2: exp(-x/2)
