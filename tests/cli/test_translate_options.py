@@ -97,6 +97,14 @@ def test_an_ort_export_decodes_the_options_as_the_checkpoint(bart):
     np.testing.assert_allclose([row["scores"] for row in ort], [row["scores"] for row in eager], rtol=1e-4)
 
 
+def test_fast_sampling_is_seeded_and_its_own_stream(bart):
+    flags = ["--sample", "--top-k", 12, "--seed", 7, "--n-best", 2]
+    ids = lambda rows: [row["ids"] for row in rows]
+    fast, _ = _translate(bart, *flags, "--fast-sampling")
+    assert ids(fast) == ids(_translate(bart, *flags, "--fast-sampling", "--backend", "ort", source="out")[0])
+    assert ids(fast) != ids(_translate(bart, *flags)[0])  # not transformers' stream
+
+
 @pytest.mark.parametrize("source", ["ckpt", "out"])
 def test_token_logprobs_are_transformers_transition_scores(bart, source):
     """--token-logprobs on the stored beam settings (beam 4, length_penalty 2.0): compute_transition_scores with
@@ -124,7 +132,9 @@ def test_token_logprobs_are_transformers_transition_scores(bart, source):
     (["--sample", "--beam", 4], "--beam 4 with sampling"),
     (["--repetition-penalty", -1], "--repetition-penalty must be a number > 0"),
     (["--no-repeat-ngram-size", -2], "--no-repeat-ngram-size must be an integer >= 0"),
-], ids=["temperature-no-sample", "top-p", "temperature", "n-best-over-beams", "sample-beam", "penalty", "ngram"])
+    (["--fast-sampling"], "--fast-sampling sets how sampling draws, and this decode does not sample; add --sample"),
+], ids=["temperature-no-sample", "top-p", "temperature", "n-best-over-beams", "sample-beam", "penalty", "ngram",
+        "fast-no-sample"])
 def test_bad_search_options_are_one_error_line(bart, flags, message):
     result = invoke("translate", bart / "ckpt", "--ids-file", bart / "ids.jsonl", "--output-ids", bart / "bad.jsonl",
                     *flags)
