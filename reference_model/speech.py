@@ -300,8 +300,8 @@ def transcribe(model: StepModel, cfg, speech: SpeechTokens, features: Sequence[n
         for i, tokens in zip(plain, found):
             out[i] = Transcript(tokens, codes[i] if speech.multilingual else None,
                                 [Segment(0.0, seconds, tokens, list(tokens))])
-    windows = _sequential(model, cfg, speech, [clips[i] for i in timed], [codes[i] for i in timed], task,
-                          options) if timed else []
+    windows = _sequential(model, cfg, speech, [clips[i] for i in timed], [codes[i] for i in timed], task, options,
+                          None if state is None else model.select(state, np.asarray(timed))) if timed else []
     for i, segments in zip(timed, windows):
         out[i] = Transcript([t for s in segments for t in s.tokens], codes[i] if speech.multilingual else None,
                             segments)
@@ -309,9 +309,10 @@ def transcribe(model: StepModel, cfg, speech: SpeechTokens, features: Sequence[n
 
 
 def _sequential(model: StepModel, cfg, speech: SpeechTokens, clips: list[np.ndarray], codes: list, task: str | None,
-                options: dict) -> list[list[Segment]]:
+                options: dict, first_state: Any = None) -> list[list[Segment]]:
     """transformers' sequential transcription of each clip: every live clip's window at its `seek` decoded in one
-    batch with timestamps, its segments kept, `seek` moved on; until every clip's frames are spent."""
+    batch with timestamps, its segments kept, `seek` moved on; until every clip's frames are spent. `first_state`:
+    the encoder state of the clips' first windows when language detection computed it (not encoded again)."""
     window, begin = cfg.source_frames, speech.timestamp_begin(cfg)
     stride = window // cfg.max_src_len
     seek, segments = [0] * len(clips), [[] for _ in clips]
@@ -320,7 +321,9 @@ def _sequential(model: StepModel, cfg, speech: SpeechTokens, clips: list[np.ndar
         batch = np.zeros((len(live), clips[0].shape[0], window), np.float32)  # the last window padded with zeros
         for row, (i, n) in enumerate(zip(live, frames)):
             batch[row, :, :n] = clips[i][:, seek[i]: seek[i] + n]
-        found = decode_windows(model, cfg, speech, batch, [codes[i] for i in live], task, True, **options)
+        state, first_state = first_state, None  # every clip is at seek 0 in the first round, and only then
+        found = decode_windows(model, cfg, speech, batch, [codes[i] for i in live], task, True, **options,
+                               state=state)
         for i, n, tokens in zip(live, frames, found):
             got, advance = window_segments(tokens, begin, seek[i] * TIME_PRECISION / stride, n, stride)
             segments[i] += got

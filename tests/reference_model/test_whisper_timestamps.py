@@ -11,6 +11,8 @@ decodes that end inside a segment (the case where transformers drops the tail an
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 import pytest
 import torch
@@ -213,9 +215,31 @@ def test_long_form_batch_of_two_lengths_equals_generate(models, long_clip):
     with torch.inference_mode():
         detected = hf_model.detect_language(input_features=torch.as_tensor(features[:, :, :3000])).tolist()
     by_id = {i: code for code, i in speech.languages.items()}
-    ours = transcribe(step_model, cfg, speech, [f[:, :n] for f, n in zip(features, frames)], task="transcribe",
-                      max_new_tokens=NEW, generation=gen)
+    from seq2trt.reference_model import speech as speech_module
+
+    encoded, rounds = [], []
+
+    class Counting:  # the windows each encode call takes
+        def __getattr__(self, name):
+            return getattr(step_model, name)
+
+        def encode(self, features, mask):
+            encoded.append(len(features))
+            return step_model.encode(features, mask)
+
+    real = speech_module.decode_windows
+
+    def recording(model, cfg, speech, windows, *args, **kwargs):
+        rounds.append(len(windows))
+        return real(model, cfg, speech, windows, *args, **kwargs)
+
+    with mock.patch.object(speech_module, "decode_windows", recording):
+        ours = transcribe(Counting(), cfg, speech, [f[:, :n] for f, n in zip(features, frames)], task="transcribe",
+                          max_new_tokens=NEW, generation=gen)
     check_transcripts(ours, theirs, [by_id[i] for i in detected])
+    # Detection encodes both first windows once; the first round decodes from that state; each later round encodes
+    # its windows once (one group: both clips are English here).
+    assert encoded == [2] + rounds[1:] and rounds[0] == 2 and len(rounds) > 1, (encoded, rounds)
 
 
 # --- what is refused ------------------------------------------------------------------------------------------------
