@@ -1,5 +1,5 @@
 """seq2trt as a library: one function per stage (`seq2trt.export`, `fuse`, `quantize`, `build`, `validate`,
-`import_hf`, `bench`, each returning a typed result), `seq2trt.Translator` decodes with a checkpoint or an export
+`import_hf`, `bench`, `serve`, each returning a typed result; `serve` the running server), `seq2trt.Translator` decodes with a checkpoint or an export
 through any backend (and transcribes speech with a Whisper one: `Translator.transcribe`, typed `Transcription`s),
 and `seq2trt.hf.Seq2TrtModelForSeq2SeqLM` lets transformers' `generate()` and `pipeline()` drive an export's graphs.
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-_STAGES = ["train", "import_hf", "export", "fuse", "quantize", "generate", "build", "validate", "bench", "report",
+_STAGES = ["train", "import_hf", "export", "fuse", "quantize", "generate", "build", "validate", "bench", "report", "serve",
            "TrainResult", "ImportResult", "ExportResult", "FuseResult", "QuantizeResult", "GenerateResult",
            "BuildResult", "ValidationResult", "BenchResult", "ReportResult"]
 
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from seq2trt.stages import (BenchResult, BuildResult, ExportResult, FuseResult, GenerateResult, ImportResult,
                                 QuantizeResult, ReportResult, TrainResult, ValidationResult, bench, build, export,
-                                fuse, generate, import_hf, quantize, report, train, validate)
+                                fuse, generate, import_hf, quantize, report, serve, train, validate)
     from seq2trt.runtime.transcription import TranscribedSegment, Transcription
     from seq2trt.translator import Hypothesis, Translator
 

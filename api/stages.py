@@ -1,5 +1,5 @@
 """One function per pipeline stage (train, import, export, fuse, quantize, generate, build, validate, bench,
-report) with typed results; `seq2trt serve` is a long-running server and stays a CLI verb.
+report, serve) with typed results; `serve` returns the running server (a context manager that drains it).
 
 Each calls the same library functions, with the same checks, as the CLI verb of its name (the CLI's export, fuse
 and import verbs call these). Errors are the project's typed errors (`seq2trt.InputError`, `seq2trt.CheckFailed`,
@@ -338,3 +338,27 @@ def report(out: str | Path) -> ReportResult:
 
     md, html = write_report(Path(out))
     return ReportResult(Path(md), Path(html))
+
+
+def serve(out: str | Path, backend: str = "ort-fused", *, http_port: int = 8000, grpc_port: int = 8001,
+          metrics_port: int = 8002, host: str = "127.0.0.1", max_batch: int | None = None,
+          max_queue_delay_us: int = 2000, instances: int = 1, threads: int = 1, checkpoint: str | Path | None = None,
+          log: str | Path | None = None, ready_timeout_s: float = 300, exit_timeout_s: int = 60):
+    """Serve the export OUT with Triton Inference Server in the background, as `seq2trt serve` does (models
+    `generate` and `translate`, or `transcribe` for Whisper; dynamic batching), and return the ready
+    `serving.server.RunningServer`: `.endpoints` (URLs by protocol), `.models`, `.stop()` (drain; the exit code).
+    Use it as a context manager to stop it at the block's end. Ports must be free; the server dies with this
+    process. Raises InputError for bad settings (before anything starts), ServerError if it does not come up."""
+    from seq2trt.serving.server import RunningServer, ServeSettings
+    from seq2trt.reference_model.decoding import GNMT_ALPHA
+    from seq2trt.reference_model.errors import InputError
+    from seq2trt.runtime import registry
+
+    registry.declared(backend, registry.SERVE_BACKENDS)
+    for name, value, least in (("threads", threads, 1), ("instances", instances, 1), ("max_batch", max_batch, 1),
+                               ("max_queue_delay_us", max_queue_delay_us, 0)):
+        if value is not None and value < least:
+            raise InputError(f"{name} must be >= {least}, got {value}")
+    settings = ServeSettings(Path(out), backend, None if checkpoint is None else Path(checkpoint), threads, max_batch,
+                             max_queue_delay_us, instances, GNMT_ALPHA, host, http_port, grpc_port, metrics_port)
+    return RunningServer(settings, ready_timeout_s, exit_timeout_s, None if log is None else Path(log))

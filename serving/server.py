@@ -33,6 +33,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from seq2trt.reference_model.decoding import GNMT_ALPHA
 from seq2trt.reference_model.errors import DependencyError, InputError, Seq2TrtError
@@ -373,11 +374,9 @@ def served_models(settings: ServeSettings) -> tuple[int, bool, bool]:
             audio)
 
 
-def serve(settings: ServeSettings, on_ready, ready_timeout_s: float = 300, exit_timeout_s: int = 60,
-          log: Path | None = None, repository: Path | None = None) -> int:
-    """Run Triton on `settings` until SIGINT/SIGTERM, then drain it: Triton refuses new requests, answers the ones in
-    flight (up to `exit_timeout_s`) and exits. Calls on_ready(models, endpoints) once every model is ready. Returns
-    the server's exit code (0 after a clean drain). What can be checked before the start is (ports, host, graphs)."""
+def _prepare(settings: ServeSettings, log: Path | None, repository: Path | None) -> tuple[ServeSettings, Any]:
+    """What can be checked before a start (ports, host, the log, the graphs or the repository): (the settings with
+    the host resolved, what `served_models` says, or None for a repository of --write-repository)."""
     settings = replace(settings, host=check_listen(settings))
     if log is not None:
         try:
@@ -390,33 +389,104 @@ def serve(settings: ServeSettings, on_ready, ready_timeout_s: float = 300, exit_
         raise InputError(f"--repository {repository} holds no model (no */config.pbtxt); write one with "
                          "`seq2trt serve OUT --write-repository DIR --repository-backend python`")
     remove_dead_workdirs()
+    return settings, served
+
+
+def _launch(settings: ServeSettings, served, tmp: Path, log: Path | None, repository: Path | None,
+            exit_timeout_s: int, server_id: str) -> tuple[subprocess.Popen, list[str], Path, int]:
+    """Start tritonserver from the working folder `tmp`: (the process, its models, its log file, where this start's
+    lines begin in it)."""
+    binary, backends, env = bundled_server(tmp)
+    if served is not None:
+        repository = tmp / "models"
+        models = write_local_repository(repository, settings, settings.max_batch or served[0], served[1], served[2])
+    else:  # a repository written by --write-repository
+        models = sorted(p.parent.name for p in Path(repository).glob("*/config.pbtxt"))
+    command = server_command(binary, Path(repository).resolve(), backends, settings, exit_timeout_s, server_id)
+    logger.debug("starting %s", " ".join(command))
+    log_file = Path(log) if log else tmp / "server.log"  # kept to quote its errors
+    with open(log_file, "ab") as sink:
+        start = sink.tell()
+        # Its own session: a terminal's Ctrl-C reaches only us, and we pass one SIGTERM on.
+        process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+                                   preexec_fn=die_with(os.getpid()))
+    return process, models, log_file, start
+
+
+def _with_log(exc: ServerError, log_file: Path, start: int, log: Path | None) -> ServerError:
+    errors = log_errors(log_file, start)
+    said = f": {' | '.join(errors)}" if errors else ""
+    where = f"its whole log is in {log}" if log else "pass --log FILE to keep its whole log"
+    return ServerError(f"{exc}{said}; {where}")
+
+
+def serve(settings: ServeSettings, on_ready, ready_timeout_s: float = 300, exit_timeout_s: int = 60,
+          log: Path | None = None, repository: Path | None = None) -> int:
+    """Run Triton on `settings` until SIGINT/SIGTERM, then drain it: Triton refuses new requests, answers the ones in
+    flight (up to `exit_timeout_s`) and exits. Calls on_ready(models, endpoints) once every model is ready. Returns
+    the server's exit code (0 after a clean drain). What can be checked before the start is (ports, host, graphs)."""
+    settings, served = _prepare(settings, log, repository)
     server_id = f"{_WORKDIR_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
     with tempfile.TemporaryDirectory(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-") as tmp:
-        binary, backends, env = bundled_server(Path(tmp))
-        if served is not None:
-            repository = Path(tmp) / "models"
-            models = write_local_repository(repository, settings, settings.max_batch or served[0], served[1],
-                                            served[2])
-        else:  # a repository written by --write-repository
-            models = sorted(p.parent.name for p in Path(repository).glob("*/config.pbtxt"))
-        command = server_command(binary, Path(repository).resolve(), backends, settings, exit_timeout_s, server_id)
-        logger.debug("starting %s", " ".join(command))
-        log_file = Path(log) if log else Path(tmp) / "server.log"  # kept to quote its errors
-        with open(log_file, "ab") as sink:
-            start = sink.tell()
-            # Its own session: a terminal's Ctrl-C reaches only us, and we pass one SIGTERM on.
-            process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
-                                       preexec_fn=die_with(os.getpid()))
-            try:
-                code, stopped = _supervise(process, settings, models, server_id, on_ready, ready_timeout_s)
-                if not stopped:
-                    raise ServerError(f"tritonserver stopped by itself with code {code}")
-            except ServerError as exc:
-                errors = log_errors(log_file, start)
-                said = f": {' | '.join(errors)}" if errors else ""
-                where = f"its whole log is in {log}" if log else "pass --log FILE to keep its whole log"
-                raise ServerError(f"{exc}{said}; {where}") from None
+        process, models, log_file, start = _launch(settings, served, Path(tmp), log, repository, exit_timeout_s,
+                                                   server_id)
+        try:
+            code, stopped = _supervise(process, settings, models, server_id, on_ready, ready_timeout_s)
+            if not stopped:
+                raise ServerError(f"tritonserver stopped by itself with code {code}")
+        except ServerError as exc:
+            raise _with_log(exc, log_file, start, log) from None
     return code
+
+
+class RunningServer:
+    """Triton serving an export in the background, ready once constructed (what `seq2trt.serve` returns): its
+    `models`, `endpoints` (URLs by protocol) and `process`; `stop()` drains it (Triton refuses new requests,
+    answers the ones in flight within `exit_timeout_s`, exits) and returns its exit code. A context manager: the
+    block's end stops it. The server dies with this process however it dies, as `seq2trt serve`'s does."""
+
+    def __init__(self, settings: ServeSettings, ready_timeout_s: float = 300, exit_timeout_s: int = 60,
+                 log: Path | None = None):
+        self.settings, served = _prepare(settings, log, None)
+        self.exit_timeout_s, self.code = exit_timeout_s, None
+        server_id = f"{_WORKDIR_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+        self._tmp = tempfile.TemporaryDirectory(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-")
+        try:
+            self.process, self.models, log_file, start = _launch(self.settings, served, Path(self._tmp.name), log,
+                                                                 None, exit_timeout_s, server_id)
+            try:
+                wait_ready(self.settings.endpoints()["http"], self.process, ready_timeout_s, self.models, server_id)
+            except ServerError as exc:
+                raise _with_log(exc, log_file, start, log) from None
+        except BaseException:
+            if getattr(self, "process", None) is not None and self.process.poll() is None:
+                self.process.kill()
+                self.process.wait()
+            self._tmp.cleanup()
+            raise
+
+    @property
+    def endpoints(self) -> dict[str, str]:
+        return self.settings.endpoints()
+
+    def stop(self) -> int:
+        """Drain and stop the server (once; later calls return the same code)."""
+        if self.code is None:
+            if self.process.poll() is None:
+                self.process.send_signal(signal.SIGTERM)
+            try:
+                self.code = self.process.wait(self.exit_timeout_s + 30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.code = self.process.wait()
+            self._tmp.cleanup()
+        return self.code
+
+    def __enter__(self) -> "RunningServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
 
 def _supervise(process: subprocess.Popen, settings: ServeSettings, models: list[str], server_id: str, on_ready,
