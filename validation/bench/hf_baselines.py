@@ -100,16 +100,17 @@ def load_transformers(src: Path):
                                                              dtype=torch.float32).eval()
 
 
-def export_optimum(source: ImportedSource, folder: Path) -> dict:
-    """Optimum's ONNX export of the source into `folder`, kept while its record names the same weights and Optimum
-    version; returns the build's figures (seconds None when the cached export was reused)."""
+def export_optimum(source: ImportedSource, folder: Path, task: str = OPTIMUM_TASK) -> dict:
+    """Optimum's ONNX export of the source for `task` (a Whisper source: automatic-speech-recognition-with-past)
+    into `folder`, kept while its record names the same weights, task and Optimum version; returns the build's
+    figures (seconds None when the cached export was reused)."""
     from importlib.metadata import version
 
     try:
         from optimum.exporters.onnx import main_export
     except ImportError:
         raise DependencyError("the optimum backend needs optimum-onnx; pip install 'seq2trt[hf]'") from None
-    record = {"source": str(source.path), "weights_sha256": source.weights_sha256, "task": OPTIMUM_TASK,
+    record = {"source": str(source.path), "weights_sha256": source.weights_sha256, "task": task,
               "optimum_onnx": version("optimum-onnx")}
     try:
         cached = json.loads((folder / OPTIMUM_RECORD).read_text()) == record
@@ -120,10 +121,10 @@ def export_optimum(source: ImportedSource, folder: Path) -> dict:
         start = time.perf_counter()
         with staged_directory(folder, force=True, what="Optimum export") as tmp, warnings.catch_warnings():
             warnings.simplefilter("ignore")  # tracer warnings of the PyTorch export, one per traced branch
-            main_export(str(source.path), output=tmp, task=OPTIMUM_TASK, local_files_only=True, do_validation=False)
+            main_export(str(source.path), output=tmp, task=task, local_files_only=True, do_validation=False)
             atomic_write_text(tmp / OPTIMUM_RECORD, json.dumps(record, indent=2) + "\n")
         seconds = round(time.perf_counter() - start, 3)
-    return {"convert_seconds": seconds, "file": "*.onnx" + (" (cached)" if cached else ""),
+    return {"convert_seconds": seconds, "file": "*.onnx" + (" (cached)" if cached else ""), "cached": cached,
             "model_bytes": sum(p.stat().st_size for p in folder.glob("*.onnx*"))}
 
 

@@ -15,7 +15,6 @@ rotating; ratios are medians of per-repetition paired ratios (measure.py's rule)
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import warnings
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from seq2trt.reference_model.errors import CheckFailed, DependencyError, InputError
+from seq2trt.reference_model.errors import CheckFailed, InputError
 from seq2trt.runtime import registry
 
 from seq2trt.validation.bench.backends import start_turn
@@ -186,35 +185,6 @@ class Ct2WhisperBackend:
 
     def close(self) -> None:
         self.model = None
-
-
-def export_optimum(src: Path, folder: Path) -> dict:
-    """Optimum's ONNX export of the Whisper directory `src` (task automatic-speech-recognition-with-past) into
-    `folder`, kept while its record names the same source and optimum-onnx version."""
-    from importlib.metadata import version
-
-    from seq2trt.reference_model.atomic_files import atomic_write_text
-    from seq2trt.reference_model.swap import staged_directory
-
-    try:
-        from optimum.exporters.onnx import main_export
-    except ImportError:
-        raise DependencyError("the optimum backend needs optimum-onnx; pip install 'seq2trt[hf]'") from None
-    record = {"source": str(src), "task": OPTIMUM_TASK, "optimum_onnx": version("optimum-onnx")}
-    try:
-        cached = json.loads((folder / "seq2trt_source.json").read_text()) == record
-    except (OSError, json.JSONDecodeError):
-        cached = False
-    seconds = None
-    if not cached:
-        start = time.perf_counter()
-        with staged_directory(folder, force=True, what="Optimum export") as tmp, warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            main_export(str(src), output=tmp, task=OPTIMUM_TASK, local_files_only=True, do_validation=False)
-            atomic_write_text(tmp / "seq2trt_source.json", json.dumps(record, indent=2) + "\n")
-        seconds = round(time.perf_counter() - start, 3)
-    return {"convert_seconds": seconds, "cached": cached,
-            "model_bytes": sum(p.stat().st_size for p in folder.glob("*.onnx*"))}
 
 
 def _stats_ms(seconds) -> dict[str, float]:

@@ -105,7 +105,9 @@ class SpeechBench:
         names = self.settings.backends
         if "optimum" in names:
             self.progress("exporting the source with Optimum")
-            self.builds["optimum"] = sp.export_optimum(self.source.path, self.out / sp.OPTIMUM_DIR)
+            from seq2trt.validation.bench.hf_baselines import export_optimum
+
+            self.builds["optimum"] = export_optimum(self.source, self.out / sp.OPTIMUM_DIR, sp.OPTIMUM_TASK)
         if {"ct2", "ct2-int8"} & set(names):
             from ctranslate2.converters import TransformersConverter
 
