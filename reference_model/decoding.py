@@ -369,11 +369,11 @@ class _Sampler:
         u = u[torch.from_numpy(rows)] if len(rows) < self.batch else u
         k, index = self.settings.top_k, None
         if 0 < k < x.shape[-1]:
-            values, index = torch.topk(x, k)  # sorted, best first
-            if ((x >= values[:, -1:]).sum(-1) > k).any():  # a tie at the boundary: the warper keeps it too
+            values, index = torch.topk(x, k + 1)  # sorted, best first; one more to see a tie at the k-th
+            if (values[:, k] == values[:, k - 1]).any():  # a tie at the boundary: the warper keeps it too
                 index = None
             else:
-                x = values
+                x, index = values[:, :k], index[:, :k]
         warped = self.settings.warp(x)
         cdf = warped.softmax(dim=-1).double().cumsum(-1)
         picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0].clamp_(max=cdf.shape[-1] - 1)
