@@ -47,12 +47,15 @@ from seq2trt.validation.bench.settings import KNOWN_BACKENDS, SEARCHES, BenchSet
 @click.option("--top-k", type=int, default=BenchSettings.top_k, show_default=True,
               help="Top-k of --search sample (Hugging Face's default 50; 0: the whole vocabulary).")
 @click.option("--top-p", type=float, default=BenchSettings.top_p, show_default=True, help="Top-p of --search sample.")
+@click.option("--fast-sampling", is_flag=True, help="--search sample: our loops draw by the inverse CDF over the "
+              "kept tokens (translate --fast-sampling), not transformers' stream.")
 @click.option("--n-best", type=int, default=1, show_default=True,
               help="Sequences returned a source, with their scores: --search beam's n-best (num_return_sequences; "
                    "CTranslate2's num_hypotheses, return_scores), or --search sample's samples a source.")
 def bench(out: Path, backends: str, batch_sizes: str, threads: str, repeats: int, warmup: int, src_len: int | None,
           clip_seconds: str | None, new_tokens: int, curves: bool, checkpoint: Path | None, search: str, beam: int,
-          length_penalty: float, temperature: float, top_k: int, top_p: float, n_best: int) -> None:
+          length_penalty: float, temperature: float, top_k: int, top_p: float, fast_sampling: bool,
+          n_best: int) -> None:
     """Time the backends on the export in OUT; write OUT/reports/latency.json, latency.md and plots."""
     from seq2trt.validation.bench.measure import run_bench
     from seq2trt.validation.bench.settings import parse_backends, parse_ints, parse_seconds
@@ -63,7 +66,7 @@ def bench(out: Path, backends: str, batch_sizes: str, threads: str, repeats: int
                              threads=parse_ints(threads, "--threads"), repeats=repeats, warmup=warmup,
                              src_len=src_len, new_tokens=new_tokens, curves=curves, search=search, beam=beam,
                              length_penalty=length_penalty, temperature=temperature, top_k=top_k, top_p=top_p,
-                             n_best=n_best,
+                             n_best=n_best, fast_sampling=fast_sampling,
                              clip_seconds=None if clip_seconds is None else parse_seconds(clip_seconds, "--clip-seconds"))
     total = len(settings.threads) * (settings.warmup + settings.repeats)
     with progress_bar("bench", total) as update:

@@ -118,7 +118,8 @@ class StepModelBackend:
         timed = TimedSteps(self.model)
         settings = DecodeSettings(self.cfg.bos_id, NEVER, self.cfg.pad_id, new_tokens, do_sample=True,
                                   temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                                  seed=sampling.seed, num_return_sequences=sampling.n, output_scores=sampling.n > 1)
+                                  seed=sampling.seed, num_return_sequences=sampling.n, output_scores=sampling.n > 1,
+                                  fast_sampling=sampling.fast)
         start = time.perf_counter()
         outputs = greedy_decode(timed, input_ids, attention_mask, settings)
         return time.perf_counter() - start, timed.times, sequences(outputs)

@@ -304,6 +304,7 @@ class Bench:
         sample, greedy = np.asarray(seconds), np.asarray(greedy)
         s = self.sampling
         return {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "seed": s.seed,
+                "fast_sampling": s.fast,
                 **{f"greedy_decode_ms_{k}": v for k, v in _stats_ms(list(greedy)).items()},
                 "sampling_extra_ms_per_step": round(float(np.median(sample - greedy)) / self.new_tokens * 1e3, 5),
                 "sampling_extra_fraction": round(float(np.median(sample / greedy - 1)), 4)}

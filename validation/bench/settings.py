@@ -71,6 +71,7 @@ class BenchSettings:
     top_p: float = 1.0
     # --n-best N: N sequences a source with their scores, from beam search (N <= --beam) or N samples a source.
     n_best: int = 1
+    fast_sampling: bool = False  # --search sample: our loops draw by the inverse CDF (decoding._Sampler)
     # A Whisper export: the lengths of the synthetic clips (None: speech.DEFAULT_CLIPS, 10 s and 30 s); a text
     # export refuses them.
     clip_seconds: tuple[float, ...] | None = None
@@ -93,6 +94,8 @@ class BenchSettings:
         if not (self.temperature > 0 and self.top_k >= 0 and 0 < self.top_p <= 1 and self.n_best >= 1):
             raise InputError(f"--temperature must be > 0, --top-k >= 0, --top-p in (0, 1] and --n-best >= 1, got "
                              f"{self.temperature}, {self.top_k}, {self.top_p} and {self.n_best}")
+        if self.fast_sampling and self.search != "sample":
+            raise InputError("--fast-sampling sets how --search sample draws; add --search sample or drop it")
         if self.n_best > 1 and self.search == "greedy":
             raise InputError(f"--n-best {self.n_best}: greedy search returns one sequence a source; use --search beam "
                              "or --search sample")
@@ -120,10 +123,12 @@ class Sampling:
     n: int
     seed: int
     vocab_size: int | None = None  # the target vocabulary: a top-k at least this large keeps every token
+    fast: bool = False  # our loops' --fast-sampling (the baselines sample their own way)
 
     @classmethod
     def of(cls, settings: "BenchSettings", vocab_size: int | None = None) -> "Sampling":
-        return cls(settings.temperature, settings.top_k, settings.top_p, settings.n_best, settings.seed, vocab_size)
+        return cls(settings.temperature, settings.top_k, settings.top_p, settings.n_best, settings.seed, vocab_size,
+                   settings.fast_sampling)
 
     def ct2(self) -> dict:
         """translate_batch's options: CTranslate2 applies top-k, then temperature, then top-p; the kept set is the

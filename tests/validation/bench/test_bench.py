@@ -19,7 +19,7 @@ from seq2trt.validation.bench import backends as bench_backends
 from seq2trt.validation.bench.settings import BenchSettings, parse_backends, parse_ints
 
 from helpers.artifacts import checkpoint_and_export
-from helpers.cli import invoke
+from helpers.cli import invoke, one_error_line
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -228,6 +228,23 @@ def test_sample_bench_rows_beside_greedy(sample_report):
             assert np.isfinite(r["sampling_extra_ms_per_step"])
     assert doc["ratios"]["1"]["ort"]["2"]["vs_ct2"] > 0 and doc["ratios"]["1"]["ort"]["2"]["vs_eager"] > 0
     assert "ort B=  2 sample n-best 2:" in output and "of a greedy step" in output
+
+
+def test_fast_sampling_bench_rows_and_its_refusal(exported, tmp_path):
+    """--fast-sampling: our loops' rows say so beside their greedy decodes; without --search sample it is refused."""
+    import shutil
+
+    out, _ = exported
+    copy = shutil.copytree(out, tmp_path / "out", ignore=shutil.ignore_patterns("reports"))
+    result = invoke("bench", copy, "--backends", "eager,ort", "--search", "sample", "--fast-sampling", "--top-k", 5,
+                    "--batch-sizes", "2", "--repeats", 2, "--warmup", 0, "--src-len", 8, "--new-tokens", 5)
+    assert result.exit_code == 0, result.output
+    doc = json.loads((copy / "reports" / "latency.json").read_text())
+    for name in ("eager", "ort"):
+        r = doc["results"]["1"][name]["2"]
+        assert r["fast_sampling"] is True and np.isfinite(r["sampling_extra_fraction"])
+    one_error_line(invoke("bench", copy, "--fast-sampling"), 2,
+                   "--fast-sampling sets how --search sample draws")
 
 
 def test_sample_bench_checks_ct2_sampling_as_a_distribution(sample_report):
