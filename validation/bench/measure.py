@@ -37,7 +37,8 @@ REFERENCES = ("eager", "eager-cuda", *registry.BASELINES)  # each gets a vs_<nam
 Progress = Callable[[str], None]
 
 
-def _stats_ms(seconds: list[float]) -> dict[str, float]:
+def stats_ms(seconds: list[float]) -> dict[str, float]:
+    """p50 / p90 / p99 of `seconds`, in ms ({} for none)."""
     ms = np.asarray(seconds, dtype=np.float64) * 1e3
     return {f"p{q}": round(float(np.percentile(ms, q)), 4) for q in (50, 90, 99)} if len(ms) else {}
 
@@ -276,8 +277,8 @@ class Bench:
             generated = raw["tokens"].get((name, batch))  # beam: what it generated; greedy, sample: forced length
             tokens = float(np.median(generated)) if generated else \
                 batch * self.new_tokens * (s.n_best if s.search == "sample" else 1)
-            decode = _stats_ms(seconds)
-            steps = _stats_ms(raw["steps"].get((name, batch), []))
+            decode = stats_ms(seconds)
+            steps = stats_ms(raw["steps"].get((name, batch), []))
             results.setdefault(name, {})[str(batch)] = {
                 "tokens_per_s": round(tokens / float(np.median(seconds)), 2),
                 **{f"step_ms_{k}": v for k, v in steps.items()}, **{f"decode_ms_{k}": v for k, v in decode.items()},
@@ -289,7 +290,7 @@ class Bench:
                 continue
             out = self.doc[table].setdefault(t, {})
             for (name, batch, length), seconds in raw[key].items():
-                out.setdefault(name, {}).setdefault(str(batch), {})[str(length)] = _stats_ms(seconds)
+                out.setdefault(name, {}).setdefault(str(batch), {})[str(length)] = stats_ms(seconds)
         ratios = self.doc["ratios"].setdefault(t, {})
         for (name, batch), seconds in raw["decode"].items():
             ratios.setdefault(name, {})[str(batch)] = {
@@ -305,7 +306,7 @@ class Bench:
         s = self.sampling
         return {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "seed": s.seed,
                 "fast_sampling": s.fast,
-                **{f"greedy_decode_ms_{k}": v for k, v in _stats_ms(list(greedy)).items()},
+                **{f"greedy_decode_ms_{k}": v for k, v in stats_ms(list(greedy)).items()},
                 "sampling_extra_ms_per_step": round(float(np.median(sample - greedy)) / self.new_tokens * 1e3, 5),
                 "sampling_extra_fraction": round(float(np.median(sample / greedy - 1)), 4)}
 
@@ -313,7 +314,7 @@ class Bench:
 def paired_ratio(reference_seconds: list[float] | None, seconds: list[float]) -> float | None:
     """Speed of a backend relative to a reference (> 1: faster): the median over repetitions of the ratio of the
     two times measured in the same repetition, so a load spike that slows one round slows both sides of its pair."""
-    if not reference_seconds:
+    if reference_seconds is None or not len(reference_seconds):  # a list, or an array of per-repetition sums
         return None
     return round(float(np.median(np.asarray(reference_seconds) / np.asarray(seconds))), 4)
 

@@ -185,14 +185,3 @@ class Ct2WhisperBackend:
 
     def close(self) -> None:
         self.model = None
-
-
-def _stats_ms(seconds) -> dict[str, float]:
-    ms = np.asarray(seconds, dtype=np.float64) * 1e3
-    return {f"p{q}": round(float(np.percentile(ms, q)), 3) for q in (50, 90, 99)}
-
-
-def _paired(reference, seconds) -> float | None:
-    if reference is None or not len(reference):
-        return None
-    return round(float(np.median(np.asarray(reference) / np.asarray(seconds))), 4)

@@ -29,6 +29,7 @@ from seq2trt.runtime import registry
 
 from seq2trt.validation.bench import speech as sp
 from seq2trt.validation.bench.backends import peak_rss_mb
+from seq2trt.validation.bench.measure import paired_ratio, stats_ms
 
 logger = logging.getLogger(__name__)
 
@@ -256,8 +257,8 @@ class SpeechBench:
                 per_clip = {f: [x / batch for x in raw[("front:" + f, c, batch)]]
                             for f in ("features.onnx", "extractor")}
                 doc["front_end"][str(c)].setdefault(str(threads), {})[str(batch)] = {
-                    "features_onnx_ms_per_clip": sp._stats_ms(per_clip["features.onnx"]),
-                    "extractor_ms_per_clip": sp._stats_ms(per_clip["extractor"])}
+                    "features_onnx_ms_per_clip": stats_ms(per_clip["features.onnx"]),
+                    "extractor_ms_per_clip": stats_ms(per_clip["extractor"])}
                 audio = batch * c
                 for b in backends:
                     decode = np.asarray(raw[(b.name, c, batch)])
@@ -265,7 +266,7 @@ class SpeechBench:
                     row = {"threads": threads, "backend": b.name, "clip_seconds": c, "batch": batch,
                            "search": "beam" if self.beam > 1 else "greedy", "beam": self.beam, "new_tokens": n,
                            "tokens_per_s": round(batch * n / float(np.median(decode)), 2),
-                           **{f"decode_ms_{k}": v for k, v in sp._stats_ms(decode).items()},
+                           **{f"decode_ms_{k}": v for k, v in stats_ms(decode).items()},
                            "rtf": round(float(np.median(decode)) / audio, 5),
                            "front_end": b.front_end,
                            "rtf_with_front_end": round(float(np.median(decode + front)) / audio, 5),
@@ -275,8 +276,8 @@ class SpeechBench:
                             ref_b = next(x for x in backends if x.name == ref)
                             ref_decode = np.asarray(raw[(ref, c, batch)])
                             ref_front = np.asarray(raw[("front:" + ref_b.front_end, c, batch)])
-                            row["vs_" + ref] = sp._paired(ref_decode, decode)
-                            row[f"vs_{ref}_with_front_end"] = sp._paired(ref_decode + ref_front, decode + front)
+                            row["vs_" + ref] = paired_ratio(ref_decode, decode)
+                            row[f"vs_{ref}_with_front_end"] = paired_ratio(ref_decode + ref_front, decode + front)
                     doc["rows"].append(row)
 
 
