@@ -349,16 +349,12 @@ def serve(out: str | Path, backend: str = "ort-fused", *, http_port: int = 8000,
     `serving.server.RunningServer`: `.endpoints` (URLs by protocol), `.models`, `.stop()` (drain; the exit code).
     Use it as a context manager to stop it at the block's end. Ports must be free; the server dies with this
     process. Raises InputError for bad settings (before anything starts), ServerError if it does not come up."""
-    from seq2trt.serving.server import RunningServer, ServeSettings
+    from seq2trt.serving.server import RunningServer, ServeSettings, check_counts
     from seq2trt.reference_model.decoding import GNMT_ALPHA
-    from seq2trt.reference_model.errors import InputError
     from seq2trt.runtime import registry
 
     registry.declared(backend, registry.SERVE_BACKENDS)
-    for name, value, least in (("threads", threads, 1), ("instances", instances, 1), ("max_batch", max_batch, 1),
-                               ("max_queue_delay_us", max_queue_delay_us, 0)):
-        if value is not None and value < least:
-            raise InputError(f"{name} must be >= {least}, got {value}")
+    check_counts(threads, instances, max_batch, max_queue_delay_us)
     settings = ServeSettings(Path(out), backend, None if checkpoint is None else Path(checkpoint), threads, max_batch,
                              max_queue_delay_us, instances, GNMT_ALPHA, host, http_port, grpc_port, metrics_port)
     return RunningServer(settings, ready_timeout_s, exit_timeout_s, None if log is None else Path(log))

@@ -8,7 +8,6 @@ from pathlib import Path
 import click
 
 from seq2trt.reference_model.decoding import GNMT_ALPHA
-from seq2trt.reference_model.errors import InputError
 from seq2trt.runtime.registry import SERVE_BACKENDS
 
 
@@ -46,12 +45,9 @@ def serve(out: Path, backend: str, http_port: int, grpc_port: int, metrics_port:
     gets `transcribe` alone (audio file bytes, or samples and sampling_rate -> text, segments, language, tokens).
     Requests are batched dynamically; each gets what `seq2trt translate --ids-file` (`seq2trt transcribe`) gives.
     SIGINT/SIGTERM drain the server, then exit 0."""
-    from seq2trt.serving.server import ServeSettings, serve as run_server
+    from seq2trt.serving.server import ServeSettings, check_counts, serve as run_server
 
-    for flag, value, least in (("--threads", threads, 1), ("--instances", instances, 1), ("--max-batch", max_batch, 1),
-                               ("--max-queue-delay-us", max_queue_delay_us, 0)):
-        if value is not None and value < least:
-            raise InputError(f"{flag} must be >= {least}, got {value}")
+    check_counts(threads, instances, max_batch, max_queue_delay_us, lambda field: "--" + field.replace("_", "-"))
     settings = ServeSettings(out, backend, checkpoint, threads, max_batch, max_queue_delay_us, instances, alpha, host,
                              http_port, grpc_port, metrics_port)
     if write_repository is not None:

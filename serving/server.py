@@ -70,6 +70,15 @@ class ServeSettings:
 _PORT_FLAGS = {"http_port": "--http-port", "grpc_port": "--grpc-port", "metrics_port": "--metrics-port"}
 
 
+def check_counts(threads: int, instances: int, max_batch: int | None, max_queue_delay_us: int,
+                 name=lambda field: field) -> None:
+    """Refuse counts below their least value, each named by `name(field)` (the CLI's flags: --threads, ...)."""
+    for field, value, least in (("threads", threads, 1), ("instances", instances, 1), ("max_batch", max_batch, 1),
+                                ("max_queue_delay_us", max_queue_delay_us, 0)):
+        if value is not None and value < least:
+            raise InputError(f"{name(field)} must be >= {least}, got {value}")
+
+
 def check_listen(settings: ServeSettings) -> str:
     """Refuse, before anything starts, a port out of range or shared by two endpoints, a host this machine cannot
     listen on, and a port something else listens on (else the readiness poll would reach that other server).
