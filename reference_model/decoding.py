@@ -401,7 +401,8 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 class _Finished:
     capacity: int
     alpha: float
-    hyps: list[tuple[float, list[int]]] = field(default_factory=list)
+    # (score, tokens, per-token log-probabilities or None), best first
+    hyps: list[tuple[float, list[int], tuple[float, ...] | None]] = field(default_factory=list)
 
     def add(self, tokens: list[int], logprob: float, ended: bool, token_logprobs: list[float] | None = None) -> None:
         """Keep a hypothesis; `ended` when it closed with eos (which then counts in its length)."""

@@ -236,16 +236,15 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
             prompt = speech_prompt(out, manifest, checkpoint)
             cap = limits.max_tgt_len - 1 if task_name else min(32, limits.max_tgt_len - 1 - len(prompt))
             decode = replace(DecodeSettings.for_model(cfg, settings.max_new_tokens or cap), prompt=prompt)
-            e2e = end_to_end(RunnerStepModel(*candidates), RunnerStepModel(*references), sources, decode, precision,
+            candidate, eager = RunnerStepModel(*candidates), RunnerStepModel(*references)
+            e2e = end_to_end(candidate, eager, sources, decode, precision,
                              beam_size=settings.beam_size, batch_size=limits.max_batch, progress=progress,
                              task_metric=heldout_exact_match(task_name, settings.samples) if task_name else None,
                              source_kind=source_kind(cfg))
             if progress:
-                progress("sampling agreement (" + ("exact, same seed" if precision == "fp32" else "chi-square of "
-                                                   "first tokens") + ")")
-            sampled = sampling_agreement(RunnerStepModel(*candidates), RunnerStepModel(*references),
-                                         sources[:SAMPLING_SOURCES], decode, precision, batch_size=limits.max_batch,
-                                         seed=settings.seed, pad=source_kind(cfg).pad)
+                progress("sampling agreement")
+            sampled = sampling_agreement(candidate, eager, sources[:SAMPLING_SOURCES], decode, precision,
+                                         batch_size=limits.max_batch, seed=settings.seed, pad=source_kind(cfg).pad)
     document = parity_document(manifest, settings, graphs, e2e, origin if settings.samples else None, sampled)
     document["localisation"] = []
     if engines and settings.localize_budget_s > 0:  # localisation reads ONNX graphs' intermediate values
