@@ -159,6 +159,10 @@ def _latency(out: Path) -> list[str]:
     doc = _load(layout.reports_dir(out) / "latency.json")
     if not doc:
         return ["## Latency", "", "Not run (`seq2trt bench OUT`).", ""]
+    if doc.get("kind") == "speech":  # a Whisper export's bench: its own table (validation/bench/speech_bench.py)
+        from seq2trt.validation.bench.speech_bench import markdown as speech_markdown
+
+        return [_demote(speech_markdown(doc)), ""]
     images = {p.stem.replace("_", " "): p.name for p in sorted(layout.reports_dir(out).glob("*.png"))}
     return [_demote(bench_table.markdown(doc, images)), ""]
 

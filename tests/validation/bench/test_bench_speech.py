@@ -113,6 +113,9 @@ def test_the_bench_times_every_backend_on_the_tiny_whisper(whisper):
         assert set(front["1"]) == {"1", "2"} and front["1"]["2"]["extractor_ms_per_clip"]["p50"] > 0
     assert "ort-fused" in output and "RTF" in output
     assert "| ort-fused | 10 | 2 | greedy |" in (out / "reports" / "latency.md").read_text()
+    invoke_ok("report", out)  # the report shows the speech bench's table, not a "malformed" latency.json
+    report = (out / "reports" / "report.md").read_text()
+    assert "| ort-fused | 10 | 2 | greedy |" in report and "malformed" not in report
 
 
 def test_a_beam_bench_runs_beam_search_everywhere(whisper):
