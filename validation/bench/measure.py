@@ -23,6 +23,7 @@ import numpy as np
 from seq2trt.reference_model import layout
 from seq2trt.exporters.manifest import Manifest, verify
 from seq2trt.reference_model.decoding import DecodeSettings
+from seq2trt.validation.bench.stats import paired_ratio, stats_ms
 from seq2trt.reference_model.errors import CheckFailed, DependencyError, InputError
 
 from seq2trt.validation.bench import backends as bb
@@ -35,12 +36,6 @@ logger = logging.getLogger(__name__)
 
 REFERENCES = ("eager", "eager-cuda", *registry.BASELINES)  # each gets a vs_<name> ratio when it ran
 Progress = Callable[[str], None]
-
-
-def stats_ms(seconds: list[float]) -> dict[str, float]:
-    """p50 / p90 / p99 of `seconds`, in ms ({} for none)."""
-    ms = np.asarray(seconds, dtype=np.float64) * 1e3
-    return {f"p{q}": round(float(np.percentile(ms, q)), 4) for q in (50, 90, 99)} if len(ms) else {}
 
 
 def _grid(maximum: int, start: int) -> list[int]:
@@ -309,14 +304,6 @@ class Bench:
                 **{f"greedy_decode_ms_{k}": v for k, v in stats_ms(list(greedy)).items()},
                 "sampling_extra_ms_per_step": round(float(np.median(sample - greedy)) / self.new_tokens * 1e3, 5),
                 "sampling_extra_fraction": round(float(np.median(sample / greedy - 1)), 4)}
-
-
-def paired_ratio(reference_seconds: list[float] | None, seconds: list[float]) -> float | None:
-    """Speed of a backend relative to a reference (> 1: faster): the median over repetitions of the ratio of the
-    two times measured in the same repetition, so a load spike that slows one round slows both sides of its pair."""
-    if reference_seconds is None or not len(reference_seconds):  # a list, or an array of per-repetition sums
-        return None
-    return round(float(np.median(np.asarray(reference_seconds) / np.asarray(seconds))), 4)
 
 
 def _machine(when: str) -> dict:

@@ -29,7 +29,7 @@ from seq2trt.runtime import registry
 
 from seq2trt.validation.bench import speech as sp
 from seq2trt.validation.bench.backends import peak_rss_mb
-from seq2trt.validation.bench.measure import paired_ratio, stats_ms
+from seq2trt.validation.bench.stats import paired_ratio, stats_ms
 
 logger = logging.getLogger(__name__)
 
