@@ -369,7 +369,7 @@ class _Sampler:
         u = u[torch.from_numpy(rows)] if len(rows) < self.batch else u
         k, index = self.settings.top_k, None
         if 0 < k < x.shape[-1]:
-            values, index = torch.topk(x, k + 1)  # sorted, best first; one more to see a tie at the k-th
+            values, index = _top_n(x, k + 1)  # sorted, best first; one more to see a tie at the k-th
             if (values[:, k] == values[:, k - 1]).any():  # a tie at the boundary: the warper keeps it too
                 index = None
             else:
@@ -379,6 +379,32 @@ class _Sampler:
         picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0].clamp_(max=cdf.shape[-1] - 1)
         tokens = (picked if index is None else index.gather(1, picked[:, None])[:, 0]).numpy()
         return tokens, (_chosen(torch.log_softmax(warped, dim=-1), picked.numpy()) if want_logp else None)
+
+
+def _top_n(x, n: int, chunk: int = 32):
+    """torch.topk(x, n) of a float32 torch tensor (b, V), (values, indices) best first, in a fraction of its time at a
+    wide vocabulary: torch's topk costs 4.5 ns an entry over 58,101 and far more a row on a batch, its own time at
+    B=32 most of what sampling adds to a step. The row's n largest lie in the n chunks (of `chunk` entries; the row's
+    last partial chunk always taken) whose maxima are largest: with t the n-th largest chunk maximum, n entries are
+    at least t, so an entry of a chunk whose maximum is below t is below n others. Those n chunks and the tail are
+    then the only candidates: 1,653 entries a row at n = 51 (32 x 1,815 maxima, one pass of amax, which torch
+    vectorises from 32 entries a chunk). The values equal torch.topk's; among equal values the indices may come in
+    another order (topk's own order there is unspecified); an entry tied with the n-th may be another such one."""
+    import torch
+
+    b, width = x.shape
+    full = width // chunk
+    if full <= 2 * n:  # narrow: nothing to save
+        return torch.topk(x, n)
+    blocks = x[:, : full * chunk].unfold(1, chunk, chunk)  # (b, full, chunk), a view
+    best = torch.topk(blocks.amax(-1), n, sorted=False).indices  # (b, n)
+    candidates = blocks[torch.arange(b)[:, None], best].reshape(b, -1)
+    columns = (best[:, :, None] * chunk + torch.arange(chunk)).reshape(b, -1)
+    if full * chunk < width:
+        candidates = torch.cat([candidates, x[:, full * chunk:]], 1)
+        columns = torch.cat([columns, torch.arange(full * chunk, width).expand(b, -1)], 1)
+    values, at = torch.topk(candidates, n)
+    return values, columns.gather(1, at)
 
 
 def _chosen(logp, tokens: np.ndarray) -> np.ndarray:

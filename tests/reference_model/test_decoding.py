@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from seq2trt.reference_model.decoding import (DecodeSettings, _top, _top_wide, beam_search, greedy_decode,
+from seq2trt.reference_model.decoding import (DecodeSettings, _top, _top_n, _top_wide, beam_search, greedy_decode,
                                               length_penalty, log_softmax)
 from seq2trt.reference_model.eager import EagerStepModel, RecomputeStepModel
 from seq2trt.reference_model.vocab import pad_batch
@@ -138,6 +138,21 @@ def test_wide_top_k_equals_a_full_stable_sort(kind, k):
         expected = np.argsort(-x, axis=1, kind="stable")[:, :k]
         assert (_top_wide(torch.from_numpy(x), k) == expected).all(), (kind, n)
         assert (_top(x, k) == expected).all(), (kind, n)
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "constant", "forced", "beams", "tail"])
+@pytest.mark.parametrize("n", [1, 11, 51])
+def test_fast_sampling_top_n_equals_torch_topk(kind, n):
+    """Fast sampling's top-(k + 1) (candidates: the chunks with the largest maxima) gives torch.topk's values, best
+    first, at distinct indices holding them: at B=1 and B=32, narrow and wide rows, ties and -inf entries."""
+    rng = np.random.default_rng(n)
+    for b, width in ((1, 100), (1, 58101), (32, 4099), (32, 58101), (3, 32 * 2 * 51 + 33)):
+        x = torch.from_numpy(_wide_scores(kind, rng, b, width))
+        values, index = _top_n(x, n)
+        expected = torch.topk(x, n).values
+        assert torch.equal(values, expected), (kind, b, width)
+        assert torch.equal(x.gather(1, index), values), (kind, b, width)
+        assert all(len(set(row)) == n for row in index.tolist()), (kind, b, width)
 
 
 def test_wide_top_k_leaves_a_row_with_nan_to_the_exact_path():
