@@ -228,10 +228,8 @@ def end_to_end(candidate: StepModel, reference: StepModel, sources: list, settin
                source_kind=None) -> EndToEndResult:
     """Greedy and beam decoding of `sources` (id lists, eos included; or what `source_kind` says a source is) on
     both models, compared. `dtype` names the TARGETS row; `task_metric` (name, score of the greedy outputs in source
-    order) is reported for both. Beam near-ties re-score a source as token ids (validation/ties.py): audio sources
-    count every beam divergence as one (stricter, never looser)."""
+    order) is reported for both. Beam near-ties re-score a source through the same `pad` (validation/ties.py)."""
     pad = source_kind.pad if source_kind is not None else (lambda batch: pad_batch(batch, settings.pad_id))
-    id_sources = source_kind is None or "input_ids" in source_kind.encoder_inputs
     greedy: Decoder = lambda m, ids, mask, hook: greedy_decode(m, ids, mask, settings, on_step=hook)
     beam: Decoder = lambda m, ids, mask, trace: beam_search(m if trace is None else trace(m), ids, mask, settings,
                                                             beam_size=beam_size, alpha=BEAM_ALPHA)
@@ -248,9 +246,10 @@ def end_to_end(candidate: StepModel, reference: StepModel, sources: list, settin
         max_err[name] = paired.max_abs_err
         if name == "greedy":
             agreements[name] = with_near_ties(agreements[name], want, got, settings.eos_id, margins, max_err[name])
-        elif id_sources:
+        else:
             ties = beam_near_ties(agreements[name].divergent_steps, reference, candidate, sources, want, got,
-                                  traces, settings, beam_size, near_tie_cap(dtype, TARGETS["fp32"].max_logit_abs_err))
+                                  traces, settings, beam_size, near_tie_cap(dtype, TARGETS["fp32"].max_logit_abs_err),
+                                  pad)
             agreements[name] = _judged_without(agreements[name], ties, want, got, settings.eos_id)
         if name == "greedy" and task_metric is not None:
             label, score = task_metric

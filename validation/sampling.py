@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -40,14 +40,13 @@ from seq2trt.reference_model.errors import ConfigError
 from seq2trt.reference_model.vocab import pad_batch
 
 from seq2trt.validation.end_to_end import TARGETS
-from seq2trt.validation.ties import near_tie_cap
+from seq2trt.validation.ties import Pad, near_tie_cap
 
 # The chi-square test's significance level: the chance that a correct sampler fails is alpha, for any model (a demo
 # model trained on another CPU is another draw of it), so it is small; a temperature 5% off still fails a trained
 # demo model at p ~ 1e-27 with DRAWS x SOURCES draws.
 ALPHA = 1e-6
 MIN_EXPECTED = 5.0  # categories expected fewer times are pooled (the usual rule for Pearson's test)
-Pad = Callable[[list], tuple]  # sources -> (encoder input, mask): the model's source kind's pad (token ids by default)
 DRAWS = 4000  # first tokens drawn per source by the distributional test
 SOURCES = 4  # sources of the distributional test
 UNIT_ROUNDOFF32 = 2.0 ** -24

@@ -36,6 +36,8 @@ import numpy as np
 from seq2trt.reference_model.decoding import GNMT_ALPHA, DecodeSettings, StepModel, length_penalty, log_softmax
 from seq2trt.reference_model.vocab import pad_batch
 
+Pad = Callable[[list], tuple]  # sources -> (encoder input, mask): the model's source kind's pad (token ids by default)
+
 BEAM_ALPHA = GNMT_ALPHA  # the beam search end_to_end runs, and the rescoring of its hypotheses
 
 
@@ -182,26 +184,31 @@ def beam_tracer(beam_size: int, pad_id: int, traces: dict) -> Callable[[int], Ca
     return lambda offset: lambda model: BeamTrace(model, beam_size, pad_id, offset, traces)
 
 
-def _rescore(reference: StepModel, candidate: StepModel, source: list[int], rows: list[list[int]],
-             settings: DecodeSettings, batch: int) -> tuple[list[float], float, float]:
-    """Teacher-forces `rows` (token lists after bos, of one source) through both models, `batch` rows a call: each
-    row's eager log-probability as the search sums it (log-softmax under the model's rules), the largest
-    |logit difference| between the models over the positions the rows score, and the largest eager |logit| there."""
+def _rescore(reference: StepModel, candidate: StepModel, source, rows: list[list[int]], settings: DecodeSettings,
+             batch: int, pad: Pad | None = None) -> tuple[list[float], float, float]:
+    """Teacher-forces `rows` (token lists after the start token and the prompt, of one source) through both models,
+    `batch` rows a call: each row's eager log-probability as the search sums it (log-softmax under the model's rules,
+    which see the row's tokens before each step), the largest |logit difference| between the models over the
+    positions the rows score, and the largest eager |logit| there. `pad`: the source kind's batch and mask (token
+    ids, or audio features) of a list of sources; default token ids padded with the model's pad id."""
+    pad = pad or (lambda batch_: pad_batch(batch_, settings.pad_id))
     sums, err, scale = [], 0.0, 0.0
     for start in range(0, len(rows), batch):
         chunk = rows[start: start + batch]
-        ids, mask = pad_batch([source], settings.pad_id)
+        ids, mask = pad([source])
         index = np.zeros(len(chunk), dtype=np.int64)
         states = [m.select(m.encode(ids, mask), index) for m in (reference, candidate)]
         pasts = [m.empty_past(len(chunk)) for m in (reference, candidate)]
         mask, total = mask[index], np.zeros(len(chunk))
-        next_ids = np.full((len(chunk), 1), settings.bos_id, dtype=np.int64)
+        next_ids = np.tile(np.asarray(settings.start, dtype=np.int64), (len(chunk), 1))  # one prefill, as searched
         for t in range(max(map(len, chunk))):
             want, pasts[0] = reference.step(next_ids, mask, states[0], pasts[0])
             got, pasts[1] = candidate.step(next_ids, mask, states[1], pasts[1])
             live = np.array([t < len(r) for r in chunk])
             tokens = np.array([r[t] if t < len(r) else settings.pad_id for r in chunk], dtype=np.int64)
-            logp = settings.constrain(log_softmax(want), t)
+            before = np.array([(list(r[:t]) + [settings.pad_id] * t)[:t] for r in chunk], np.int64)
+            before = before.reshape(len(chunk), t)  # each row's tokens before step t (a finished row padded)
+            logp = settings.constrain(log_softmax(want), t, tokens=before if settings.reads_tokens else None)
             total[live] += logp[live, tokens[live]]
             diff = np.abs(got.astype(np.float64) - want.astype(np.float64))[live]
             err = max(err, float(np.nan_to_num(diff, nan=np.inf).max(initial=0.0)))
@@ -247,8 +254,9 @@ def _final_tie(want: list[int], got: list[int], step: int, settings: DecodeSetti
 
 
 def beam_near_ties(divergent_steps: dict[int, int], reference: StepModel, candidate: StepModel,
-                   sources: list[list[int]], want: list[list[int]], got: list[list[int]], traces: tuple[dict, dict],
-                   settings: DecodeSettings, beam_size: int, cap: tuple[float, float]) -> list[dict]:
+                   sources: list, want: list[list[int]], got: list[list[int]], traces: tuple[dict, dict],
+                   settings: DecodeSettings, beam_size: int, cap: tuple[float, float],
+                   pad: Pad | None = None) -> list[dict]:
     """The near-ties among the divergent samples (`divergent_steps`: sample -> first divergent token) of a beam
     search, by the "boundary" and "final" rules above: {sample, step, kind, eager_margin, tolerance} each.
     `traces`: the live beams of the eager and the candidate search (`beam_tracer`). Where the logit error measured
@@ -258,7 +266,7 @@ def beam_near_ties(divergent_steps: dict[int, int], reference: StepModel, candid
     ties = []
     for i, step in sorted(divergent_steps.items()):
         def score(rows: list[list[int]]) -> tuple[list[float], float]:
-            sums, err, scale = _rescore(reference, candidate, sources[i], rows, settings, beam_size)
+            sums, err, scale = _rescore(reference, candidate, sources[i], rows, settings, beam_size, pad)
             return sums, err if err <= cap[0] + cap[1] * scale else np.nan  # nan: every `gap <= tolerance` is False
         judged = _boundary_tie(traces[0].get(i, []), traces[1].get(i, []), score)
         if judged is None or not judged["tie"]:

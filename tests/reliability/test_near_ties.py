@@ -174,6 +174,24 @@ def test_beam_that_keeps_another_beam_at_a_tied_top_k_boundary_is_a_near_tie():
     assert beam_failures(result) == []  # ... but the search parted on a tie the error can flip
 
 
+class AudioKind:
+    """An audio source kind: a source is a (mels, frames) feature array, a batch their stack (the toy ignores it)."""
+    @staticmethod
+    def pad(batch):
+        return np.stack(batch), np.ones((len(batch), 4), dtype=np.int64)
+
+
+def test_beam_near_ties_on_audio_sources_rescore_through_the_source_kind():
+    """Beam near-ties re-score a source through the source kind's own batching: audio features get the same
+    judgement as token ids (a divergence within the measured error is a near-tie, not a failure)."""
+    table = lambda h: {3: 1.001, 4: 1.0, 5: -2.0} if not h else {EOS: 5.0, 3: 0.0, 4: 0.0, 5: 0.0}
+    features = [np.zeros((2, 8), np.float32)]
+    result = end_to_end(BeamToy(table, shift={(): {4: 0.002}}), BeamToy(table), features, BEAM_SETTINGS, "fp16",
+                        beam_size=2, batch_size=2, source_kind=AudioKind())
+    assert result.beam.sequence_match == 0.0 and result.beam.near_ties == 1
+    assert result.beam.near_tie_examples[0]["kind"] == "final" and beam_failures(result) == []
+
+
 def test_beam_boundary_only_an_error_beyond_the_target_could_flip_still_fails():
     first = {3: 2.5, 4: 2.2, 5: 1.9}  # 4 ahead of 5 by 0.3; the candidate's 5 is off by 0.5 (fp16's target: 0.05)
     result = beam_run(BeamToy(boundary_table(first), shift={(): {5: 0.5}}), boundary_table(first))
