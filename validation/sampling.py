@@ -294,33 +294,63 @@ def first_token_probs(reference: StepModel, sources: list[list[int]], settings: 
     return np.stack(rows)
 
 
+class _OneSource:
+    """A step model over `batch` copies of one source whose graphs run once: the source's encoder state and first
+    step on one row, those logits given to every row. A graph's output for a source does not depend on its copies
+    (graph-level parity judges the logits, at every batch size); what the draws test is the loop, the warpers and
+    the random stream, which run on all the rows. So thousands of draws cost one encode and one step a source,
+    not one per `batch_size` draws."""
+
+    def __init__(self, model: StepModel):
+        self.model, self.state, self.logits = model, None, None
+
+    def encode(self, input_ids, attention_mask):
+        if self.state is None:
+            self.state = self.model.encode(input_ids[:1], attention_mask[:1])
+        return len(input_ids)
+
+    def empty_past(self, batch: int):
+        return batch
+
+    def step(self, input_ids, encoder_attention_mask, rows: int, past):
+        if self.logits is None:
+            self.logits, _ = self.model.step(input_ids[:1], encoder_attention_mask[:1], self.state,
+                                             self.model.empty_past(1))
+        return np.repeat(np.asarray(self.logits), rows, 0), past
+
+    def select(self, state, index):
+        return len(index)
+
+
 def first_token_counts(model: StepModel, sources: list[list[int]], settings: DecodeSettings, vocab_size: int,
-                       draws: int = DRAWS, batch_size: int = 32, seed: int = 0, pad: Pad | None = None) -> np.ndarray:
-    """(S, V): `draws` first free tokens of each source sampled by the shared loop on `model` with `settings`'
-    warpers (the source repeated `batch_size` rows a call, one generator seeded with `seed`)."""
+                       draws: int = DRAWS, batch_size: int = 256, seed: int = 0, pad: Pad | None = None) -> np.ndarray:
+    """(S, V): `draws` first free tokens of each source sampled by the shared loop with `settings`' warpers, on
+    `model`'s first-step logits of the source (computed once, `_OneSource`), `batch_size` rows a call, one
+    generator seeded with `seed`."""
     import torch
 
     one = first_free_step(replace(settings, do_sample=True, seed=seed))
     generator = torch.Generator().manual_seed(seed)
     counts = np.zeros((len(sources), vocab_size), np.int64)
     for s, source in enumerate(sources):
+        repeated = _OneSource(model)
         for start in range(0, draws, batch_size):
             ids, mask = _pad(pad, one)([source] * min(batch_size, draws - start))
-            tokens = greedy_decode(model, ids, mask, one, generator=generator)
+            tokens = greedy_decode(repeated, ids, mask, one, generator=generator)
             np.add.at(counts[s], [t[0] if t else one.eos_id for t in tokens], 1)  # an empty output: eos sampled
     return counts
 
 
 def distributional_sampling(candidate: StepModel, reference: StepModel, sources: list[list[int]],
-                            settings: DecodeSettings, draws: int = DRAWS, batch_size: int = 32, seed: int = 0,
-                            alpha: float = ALPHA, pad: Pad | None = None, null: str = "eager") -> ChiSquare:
+                            settings: DecodeSettings, draws: int = DRAWS, seed: int = 0, alpha: float = ALPHA,
+                            pad: Pad | None = None, null: str = "eager") -> ChiSquare:
     """The chi-square test of the candidate's sampled first tokens of `sources` against the eager probabilities, or
     (`null` "candidate") against the candidate's own, its distance from the eager ones reported beside."""
     if null not in ("eager", "candidate"):
         raise ConfigError(f"unknown null {null!r} of the chi-square test; choose eager or candidate")
     probs = first_token_probs(reference, sources, settings, pad)
     own = first_token_probs(candidate, sources, settings, pad)
-    counts = first_token_counts(candidate, sources, settings, probs.shape[1], draws, batch_size, seed, pad)
+    counts = first_token_counts(candidate, sources, settings, probs.shape[1], draws, seed=seed, pad=pad)
     result = chi_square(counts, own if null == "candidate" else probs, alpha)
     result.null = null
     result.total_variation = float(0.5 * np.abs(own - probs).sum(1).max(initial=0.0))
@@ -383,7 +413,6 @@ def sampling_agreement(candidate: StepModel, reference: StepModel, sources: list
     if mode == "exact":
         result.exact = exact_sampling(candidate, reference, sources, sampled, dtype, batch_size, seed, pad)
     else:
-        result.distribution = distributional_sampling(candidate, reference, sources[:SOURCES], sampled, draws,
-                                                      batch_size, seed, alpha, pad,
-                                                      null="eager" if dtype == "fp32" else "candidate")
+        result.distribution = distributional_sampling(candidate, reference, sources[:SOURCES], sampled, draws, seed,
+                                                      alpha, pad, null="eager" if dtype == "fp32" else "candidate")
     return result
