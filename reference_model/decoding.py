@@ -80,6 +80,10 @@ class DecodeSettings:
     # <|notimestamps|>), and the ids the first generated token may not be (Whisper's begin_suppress_tokens).
     prompt: tuple[int, ...] = ()
     begin_suppress_ids: tuple[int, ...] = ()
+    # A decoder prefix before the start token, fed in the same prefill and not returned (Whisper's previous text
+    # under condition_on_prev_tokens: <|startofprev|> and the last tokens decoded). Every rule that counts
+    # positions counts it as Hugging Face counts its decoder_input_ids (min_length, the history rules' input_ids).
+    prefix: tuple[int, ...] = ()
     # Whisper's timestamp rule (`_timestamp_rule`): the timestamp tokens are the ids from `timestamp_begin` to the
     # vocabulary's end (<|notimestamps|> is the id before it); None: no timestamps. The first timestamp may be at
     # most `max_initial_timestamp_index` steps in (None: any).
@@ -101,8 +105,8 @@ class DecodeSettings:
 
     @property
     def start(self) -> list[int]:
-        """The decoder's first input: the start token, then the prompt (one prefill)."""
-        return [self.bos_id, *self.prompt]
+        """The decoder's first input: the prefix, the start token, then the prompt (one prefill)."""
+        return [*self.prefix, self.bos_id, *self.prompt]
 
     @property
     def uses_history(self) -> bool:
@@ -116,7 +120,7 @@ class DecodeSettings:
     @property
     def constrained(self) -> bool:
         return (self.forced_bos_id is not None or self.forced_eos or bool(self.suppress_ids) or self.uses_history
-                or self.min_length > 1 + len(self.prompt) or self.min_new_tokens > 0 or bool(self.begin_suppress_ids)
+                or self.min_length > len(self.start) or self.min_new_tokens > 0 or bool(self.begin_suppress_ids)
                 or self.timestamp_begin is not None)
 
     @property
@@ -132,14 +136,14 @@ class DecodeSettings:
         the last step the limit allows), suppressed ids, then Whisper's timestamp rule (transformers' generate
         puts its processor last). `tokens` (b, step): each row's generated tokens, needed by the first three and the
         timestamp rule (None at step 0). `inplace` writes into `scores` instead of a copy. min_length counts the
-        start token and the prompt, as Hugging Face counts its input_ids."""
+        prefix, the start token and the prompt, as Hugging Face counts its input_ids."""
         if not self.constrained:
             return scores
         if not inplace:
             scores = scores.copy()
         if self.uses_history:
             self._history_rules(scores, np.zeros((len(scores), 0), np.int64) if tokens is None else tokens)
-        if step + 1 + len(self.prompt) < self.min_length or step < self.min_new_tokens:
+        if step + len(self.start) < self.min_length or step < self.min_new_tokens:
             scores[:, self.eos_id] = -np.inf
         if step == 0 and self.begin_suppress_ids:
             scores[:, list(self.begin_suppress_ids)] = -np.inf
@@ -261,11 +265,16 @@ class DecodeSettings:
 StepHook = Callable[[int, np.ndarray, np.ndarray], None]  # (step, rows (b,), logits (b, V))
 
 
+ChoiceHook = Callable[[int, np.ndarray, np.ndarray, np.ndarray], None]  # (step, rows, processed scores, tokens)
+
+
 def greedy_decode(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndarray, settings: DecodeSettings,
-                  on_step: StepHook | None = None, generator=None) -> list:
+                  on_step: StepHook | None = None, generator=None, on_choice: ChoiceHook | None = None) -> list:
     """Greedy search, or sampling (`settings.do_sample`; `num_return_sequences` samples a source, drawn from
     `generator`, else from `settings.generator()`). Returns each source's tokens without bos/eos, or its
-    Hypothesis list when `settings.plain` is not. Finished rows leave the batch."""
+    Hypothesis list when `settings.plain` is not. Finished rows leave the batch. `on_choice` sees each step's
+    scores after the model's rules (before the sampling warpers: Hugging Face's processed scores are those, then
+    warped) and the tokens chosen from them."""
     if not settings.do_sample and settings.num_return_sequences > 1:
         raise ConfigError(f"greedy search returns one sequence a source, not num_return_sequences "
                           f"{settings.num_return_sequences}; use beam search with as many beams, or sampling")
@@ -299,6 +308,8 @@ def greedy_decode(model: StepModel, input_ids: np.ndarray, attention_mask: np.nd
         else:
             tokens = scores.argmax(-1)  # (b,) int64
             chosen = None if totals is None else _log_softmax32(scores).numpy()[np.arange(len(rows)), tokens]
+        if on_choice is not None:
+            on_choice(step, rows, scores, tokens)
         if totals is not None:
             totals[rows] += chosen
             if per_token is not None:

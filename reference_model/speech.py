@@ -44,14 +44,26 @@ class SpeechTokens:
     default_language: str | None = None
     default_task: str | None = None
     max_initial_timestamp_index: int | None = None
+    # <|startofprev|>, the token before the previous text under condition_on_prev_tokens: generation_config's
+    # prev_sot_token_id, else suppress_tokens[-2] (transformers' own fallback), else None (no such token).
+    prev_sot_id: int | None = None
+    prev_sot_recorded: bool = False  # whether the import wrote prev_sot_id (older ones did not)
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any] | None) -> "SpeechTokens":
         if not record:
             raise ConfigError("this checkpoint holds no speech settings (generation.json has no \"speech\" record); "
                               "re-import the Whisper model with this version of seq2trt")
-        fields = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in record.items() if k in fields})
+        fields = {f.name for f in dataclasses.fields(cls)} - {"prev_sot_recorded"}
+        return cls(**{k: v for k, v in record.items() if k in fields}, prev_sot_recorded="prev_sot_id" in record)
+
+    def previous_start(self) -> int | None:
+        """<|startofprev|>'s id (None: the model has none); refused on a checkpoint imported before it was kept."""
+        if not self.prev_sot_recorded:
+            raise ConfigError("this checkpoint's speech settings do not say which token is <|startofprev|> (imported "
+                              "by an older seq2trt); re-import the Whisper model with this version of seq2trt to use "
+                              "condition_on_prev_tokens")
+        return self.prev_sot_id
 
     def check_language(self, language: str | None) -> str | None:
         """`language` as a code this model has ("en"; "<|en|>" accepted), or None; refused on an English-only
@@ -108,17 +120,20 @@ def detect_languages(model: StepModel, encoder_state: Any, mask: np.ndarray, bos
     return [codes[i] for i in np.asarray(logits)[:, ids].argmax(-1)]
 
 
-def generation_limit(cfg, prompt: Sequence[int], max_new_tokens: int | None) -> int:
-    """Tokens a search may generate after the start token and `prompt`: `max_new_tokens` when given (refused past the
-    decoder's positions), else what the model's own limit leaves (max_length counts the prompt, as in transformers)."""
-    room = cfg.max_tgt_len - 1 - len(prompt)
+def generation_limit(cfg, prompt: Sequence[int], max_new_tokens: int | None, prefix: Sequence[int] = ()) -> int:
+    """Tokens a search may generate after `prefix`, the start token and `prompt`: `max_new_tokens` when given
+    (refused past the decoder's positions), else what the model's own limit leaves (max_length counts the prefix
+    and the prompt, as transformers counts its decoder_input_ids)."""
+    fed = len(prefix) + 1 + len(prompt)
+    room = cfg.max_tgt_len - fed
     if max_new_tokens is not None:
         if not 1 <= max_new_tokens <= room:
+            what = "the previous text, the start token and the prompt" if prefix else "the start token and the prompt"
             raise InputError(f"max_new_tokens {max_new_tokens} does not fit: the decoder holds {cfg.max_tgt_len} "
-                             f"positions, {1 + len(prompt)} of them the start token and the prompt; give 1 .. {room}")
+                             f"positions, {fed} of them {what}; give 1 .. {room}")
         return max_new_tokens
     own = cfg.max_new_tokens + 1 if cfg.max_new_tokens is not None else cfg.max_tgt_len
-    return max(1, min(room, own - 1 - len(prompt)))
+    return max(1, min(room, own - fed))
 
 
 def transcribe_features(model: StepModel, cfg, speech: SpeechTokens, features: np.ndarray, *,
@@ -178,33 +193,186 @@ def row_languages(model: StepModel, cfg, speech: SpeechTokens, windows: np.ndarr
     return [language] * len(windows)
 
 
+@dataclass(frozen=True)
+class WindowOptions:
+    """transformers' long-form options of `generate` (its `_set_thresholds_and_condition` and temperature
+    fallback), checked: each window decoded at `temperatures[0]` (0: greedy or beam search; > 0: sampling with one
+    beam), and again at the next temperature while it fails a threshold (its zlib compression ratio above
+    `compression_ratio_threshold`, its average log-probability below `logprob_threshold`), the last decode kept;
+    `condition_on_prev_tokens`: each window after a clip's first is decoded after its previous text. `seed`: the
+    one torch stream every sampling decode of a `transcribe` call draws from, as `torch.manual_seed(seed)` before
+    `generate` (None: a fresh seed)."""
+    temperatures: tuple[float, ...] = (0.0,)
+    compression_ratio_threshold: float | None = None
+    logprob_threshold: float | None = None
+    condition_on_prev_tokens: bool = False
+    seed: int | None = None
+
+    @classmethod
+    def checked(cls, temperature: float | Sequence[float] | None = None, compression_ratio_threshold=None,
+                logprob_threshold=None, condition_on_prev_tokens: bool = False, seed: int | None = None,
+                no_speech_threshold=None) -> "WindowOptions":
+        """The options as given to `transcribe`, a bad value refused (InputError naming it)."""
+        if no_speech_threshold is not None:
+            raise InputError("no_speech_threshold is not supported (transformers' WhisperNoSpeechDetection is not "
+                             "reproduced); drop it")
+        values = (0.0,) if temperature is None else \
+            (temperature,) if isinstance(temperature, (int, float)) else tuple(temperature)
+        if not values or not all(_number(t) and t >= 0 for t in values):
+            raise InputError(f"temperature must be a number >= 0 or a list of them (0: greedy), got {temperature!r}")
+        if compression_ratio_threshold is not None and not (_number(compression_ratio_threshold)
+                                                            and compression_ratio_threshold > 0):
+            raise InputError(f"compression_ratio_threshold must be a number > 0 (e.g. 2.4), got "
+                             f"{compression_ratio_threshold!r}")
+        if logprob_threshold is not None and not _number(logprob_threshold):
+            raise InputError(f"logprob_threshold must be a number (e.g. -1.0), got {logprob_threshold!r}")
+        if not isinstance(condition_on_prev_tokens, bool):
+            raise InputError(f"condition_on_prev_tokens must be true or false, got {condition_on_prev_tokens!r}")
+        if seed is not None and not (isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0):
+            raise InputError(f"seed must be an integer >= 0, got {seed!r}")
+        return cls(tuple(float(t) for t in values),
+                   None if compression_ratio_threshold is None else float(compression_ratio_threshold),
+                   None if logprob_threshold is None else float(logprob_threshold), condition_on_prev_tokens, seed)
+
+    @property
+    def thresholds(self) -> bool:
+        return self.compression_ratio_threshold is not None or self.logprob_threshold is not None
+
+    def generator(self):
+        """The torch generator every sampling decode of one call draws from (None: no temperature samples)."""
+        import torch
+
+        if not any(t > 0 for t in self.temperatures):
+            return None
+        gen = torch.Generator()
+        if self.seed is None:
+            gen.seed()
+        else:
+            gen.manual_seed(self.seed)
+        return gen
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and bool(np.isfinite(value))
+
+
+def compression_ratio(tokens: Sequence[int], vocab_size: int) -> float:
+    """transformers' `_retrieve_compression_ratio`: the tokens' little-endian bytes over their zlib-compressed
+    bytes."""
+    import math
+    import zlib
+
+    length = int(math.log2(vocab_size) / 8) + 1
+    raw = b"".join(int(t).to_bytes(length, "little") for t in tokens)
+    return len(raw) / len(zlib.compress(raw))
+
+
+class _LogProbs:
+    """Each row's summed log-probability of its chosen tokens as transformers' `_retrieve_avg_logprobs` sums it:
+    log_softmax over the processed scores (after the model's rules and, sampling, the warpers) multiplied back by
+    the temperature, in float32 and then the scores' dtype, added in that dtype token by token (eos included)."""
+
+    def __init__(self, settings: DecodeSettings, batch: int):
+        self.settings, self.sums = settings, [0] * batch
+
+    def __call__(self, step: int, rows: np.ndarray, scores: np.ndarray, tokens: np.ndarray) -> None:
+        import torch
+
+        x = torch.from_numpy(np.array(scores))
+        if self.settings.do_sample:
+            x = self.settings.warp(x) * self.settings.temperature
+        logp = torch.log_softmax(x.float(), dim=-1).to(x.dtype)
+        for row, token, value in zip(rows.tolist(), tokens.tolist(), logp[torch.arange(len(rows)), tokens]):
+            self.sums[row] = self.sums[row] + value
+
+
 def decode_windows(model: StepModel, cfg, speech: SpeechTokens, windows: np.ndarray, codes: Sequence[str | None],
                    task: str | None, timestamps: bool, *, beam_size: int = 1, length_penalty: float = 1.0,
                    early_stopping: bool | str = False, max_new_tokens: int | None = None,
-                   generation: dict | None = None, state: Any = None) -> list:
-    """Each window's tokens (B, n_mels, frames) decoded with the prompt of its row's language `codes[i]`, in
-    groups of one prompt each; with `timestamps`, under the timestamp rule. `state`: the windows' encoder state
-    when already computed (language detection's), else each group encodes its rows."""
+                   generation: dict | None = None, state: Any = None, prefixes: Sequence[tuple] | None = None,
+                   temperature: float = 0.0, generator=None, measures: list | None = None) -> list:
+    """Each window's tokens (B, n_mels, frames) decoded with the prompt of its row's language `codes[i]` after its
+    decoder prefix `prefixes[i]` (none by default), in groups of one prompt and prefix each; with `timestamps`,
+    under the timestamp rule. `state`: the windows' encoder state when already computed (language detection's),
+    else each group encodes its rows. `temperature` > 0 samples (one beam, from `generator`). `measures`, when
+    given, receives each row's (compression ratio, average log-probability) as transformers' `_need_fallback`
+    computes them: over the tokens with eos when one was generated; beam search's log-probability is its
+    sequences_scores."""
     mask = np.ones((len(windows), cfg.max_src_len), dtype=np.int64)
+    prefixes = [()] * len(windows) if prefixes is None else [tuple(p) for p in prefixes]
     stamps = {}
     if timestamps:
         stamps = dict(timestamp_begin=speech.timestamp_begin(cfg),
                       max_initial_timestamp_index=speech.max_initial_timestamp_index)
+    sampled = temperature > 0
+    if sampled:
+        stamps.update(do_sample=True, temperature=temperature, num_return_sequences=1)
     results: list = [None] * len(windows)
-    for code in dict.fromkeys(codes):
-        rows = np.asarray([i for i, c in enumerate(codes) if c == code])
+    scored: list = [None] * len(windows)
+    for key in dict.fromkeys(zip(codes, prefixes)):
+        rows = np.asarray([i for i, k in enumerate(zip(codes, prefixes)) if k == key])
+        code, prefix = key
         prompt = speech.prompt(code, task, timestamps)
-        settings = dataclasses.replace(DecodeSettings.for_model(cfg, 1, generation), prompt=prompt,
-                                       max_new_tokens=generation_limit(cfg, prompt, max_new_tokens), **stamps)
+        settings = dataclasses.replace(DecodeSettings.for_model(cfg, 1, generation), prompt=prompt, prefix=prefix,
+                                       max_new_tokens=generation_limit(cfg, prompt, max_new_tokens, prefix), **stamps)
         group = model if state is None else Preencoded(model, model.select(state, rows))
-        if beam_size == 1:
-            found = greedy_decode(group, windows[rows], mask[rows], settings)
+        if beam_size == 1 or sampled:
+            sums = _LogProbs(settings, len(rows)) if measures is not None else None
+            found = greedy_decode(group, windows[rows], mask[rows], settings, generator=generator, on_choice=sums)
+            if sums is not None:
+                scored_rows = [(tokens, s) for tokens, s in zip(found, sums.sums)]
         else:
-            found = hf_beam_search(group, windows[rows], mask[rows], settings, beam_size, length_penalty,
-                                   early_stopping)
-        for row, tokens in zip(rows, found):
+            found = hf_beam_search(group, windows[rows], mask[rows],
+                                   dataclasses.replace(settings, output_scores=measures is not None), beam_size,
+                                   length_penalty, early_stopping)
+            if measures is not None:
+                scored_rows = [(h[0].tokens, h[0].score) for h in found]
+                found = [h[0].tokens for h in found]
+        for j, (row, tokens) in enumerate(zip(rows, found)):
             results[row] = tokens
+            if measures is not None:
+                ended = list(tokens) + ([cfg.eos_id] if len(tokens) < settings.max_new_tokens else [])
+                total = scored_rows[j][1]
+                average = float(total / len(ended)) if beam_size == 1 or sampled else float(total)
+                scored[row] = (compression_ratio(ended, cfg.tgt_vocab_size), average)
+    if measures is not None:
+        measures.extend(scored)
     return results
+
+
+def decode_with_fallback(model: StepModel, cfg, speech: SpeechTokens, windows: np.ndarray,
+                         codes: Sequence[str | None], task: str | None, timestamps: bool, options: dict,
+                         fallback: WindowOptions, generator=None, state: Any = None,
+                         prefixes: Sequence[tuple] | None = None) -> tuple[list, list[bool]]:
+    """transformers' `generate_with_fallback` over a batch of windows: each decoded at the first temperature, the
+    rows that fail a threshold again at the next (those rows alone), the last decode kept. Returns each row's
+    tokens and whether its last decode was at a low temperature (< 0.5: the next window may condition on it).
+    A temperature > 0 sets `options["beam_size"]` to 1 for the rest of the call, as generate leaves its
+    generation_config's num_beams at 1 once it sampled."""
+    rows = list(range(len(windows)))
+    prefixes = [()] * len(windows) if prefixes is None else list(prefixes)
+    results: list = [None] * len(windows)
+    low = [True] * len(windows)
+    for n, temperature in enumerate(fallback.temperatures):
+        if temperature > 0:
+            options["beam_size"] = 1
+        measures: list | None = [] if fallback.thresholds else None
+        picked = np.asarray(rows)
+        found = decode_windows(model, cfg, speech, windows[picked], [codes[r] for r in rows], task, timestamps,
+                               **options, state=state if n == 0 else None, prefixes=[prefixes[r] for r in rows],
+                               temperature=temperature, generator=generator, measures=measures)
+        again = []
+        for j, (row, tokens) in enumerate(zip(rows, found)):
+            results[row], low[row] = tokens, temperature < 0.5
+            if measures is not None:
+                ratio, average = measures[j]
+                if (fallback.compression_ratio_threshold is not None and ratio > fallback.compression_ratio_threshold) \
+                        or (fallback.logprob_threshold is not None and average < fallback.logprob_threshold):
+                    again.append(row)
+        if not again:
+            break
+        rows = again
+    return results, low
 
 
 @dataclass(frozen=True)
@@ -265,14 +433,28 @@ def _segment(tokens: Sequence[int], begin: int, start: float, end: float) -> Seg
 def transcribe(model: StepModel, cfg, speech: SpeechTokens, features: Sequence[np.ndarray], *,
                language: str | None = None, task: str | None = None, timestamps: bool = False, beam_size: int = 1,
                length_penalty: float = 1.0, early_stopping: bool | str = False, max_new_tokens: int | None = None,
-               generation: dict | None = None) -> list[Transcript]:
+               generation: dict | None = None, condition_on_prev_tokens: bool = False,
+               temperature: float | Sequence[float] | None = None, compression_ratio_threshold: float | None = None,
+               logprob_threshold: float | None = None, no_speech_threshold: float | None = None,
+               seed: int | None = None) -> list[Transcript]:
     """One Transcript per audio clip from its log-mel features (n_mels, frames), as transformers'
     `WhisperForConditionalGeneration.generate` transcribes the clip alone. A clip of at most 30 s comes as the
     features of its audio padded to 30 s (exactly 2 x max_src_len frames: the feature extractor's defaults),
     decoded in one window (short-form); a longer one as the features of the whole clip, not padded (the extractor
     with truncation=False, or padding="longest" on the clip alone), decoded window by window with timestamps
     (long-form: transformers decodes it so whether or not timestamps were asked for). With `timestamps` (and for
-    every long clip) the segments are the decode's, cut at its timestamps; else one segment over the 30 s."""
+    every long clip) the segments are the decode's, cut at its timestamps; else one segment over the 30 s.
+
+    generate's long-form options (`WindowOptions`; defaults: none of them): `temperature` (a number or a list:
+    temperature fallback, short-form too as in generate) with `compression_ratio_threshold` and
+    `logprob_threshold`, `condition_on_prev_tokens`, and `seed` (the torch stream of every sampling decode of this
+    call: `torch.manual_seed(seed)` before generate draws the same for one clip). `no_speech_threshold` is refused.
+    Each clip is decoded as generate decodes it alone: transformers' batch left-pads the previous text of rows
+    whose prefixes differ under a decoder attention mask (our graphs have none), so rows here are decoded in groups
+    of one prefix each; and its fallback re-runs the failing rows as one smaller batch whose sampling draws differ
+    from the groups' here, so a sampled fallback matches generate's stream for one clip a call."""
+    fallback = WindowOptions.checked(temperature, compression_ratio_threshold, logprob_threshold,
+                                     condition_on_prev_tokens, seed, no_speech_threshold)
     window = cfg.source_frames
     short = [i for i, f in enumerate(features) if np.shape(f)[-1] < window]
     if short:
@@ -283,8 +465,11 @@ def transcribe(model: StepModel, cfg, speech: SpeechTokens, features: Sequence[n
     timed = [i for i, f in enumerate(clips) if timestamps or f.shape[-1] > window]
     if timed:
         speech.timestamp_begin(cfg)  # refused before any decoding
+    if fallback.condition_on_prev_tokens and any(clips[i].shape[-1] > window for i in timed):
+        speech.previous_start()  # an old import: refused before any decoding
     options = dict(beam_size=beam_size, length_penalty=length_penalty, early_stopping=early_stopping,
                    max_new_tokens=max_new_tokens, generation=generation)
+    generator = fallback.generator()  # one stream for the whole call, as generate's global one
     first = np.stack([f[:, :window] for f in clips])
     state = None  # the first windows' encoder state, when detection computes it: the one-window clips reuse it
     if needs_detection(speech, language):
@@ -293,39 +478,58 @@ def transcribe(model: StepModel, cfg, speech: SpeechTokens, features: Sequence[n
     out: list = [None] * len(clips)
     plain = [i for i in range(len(clips)) if i not in set(timed)]
     if plain:
-        found = decode_windows(model, cfg, speech, np.stack([clips[i] for i in plain]), [codes[i] for i in plain],
-                               task, False, **options,
-                               state=None if state is None else model.select(state, np.asarray(plain)))
+        found, _ = decode_with_fallback(model, cfg, speech, np.stack([clips[i] for i in plain]),
+                                        [codes[i] for i in plain], task, False, options, fallback, generator,
+                                        state=None if state is None else model.select(state, np.asarray(plain)))
         seconds = window * SECONDS_PER_FRAME
         for i, tokens in zip(plain, found):
             out[i] = Transcript(tokens, codes[i] if speech.multilingual else None,
                                 [Segment(0.0, seconds, tokens, list(tokens))])
     windows = _sequential(model, cfg, speech, [clips[i] for i in timed], [codes[i] for i in timed], task, options,
-                          None if state is None else model.select(state, np.asarray(timed))) if timed else []
+                          None if state is None else model.select(state, np.asarray(timed)), fallback,
+                          generator) if timed else []
     for i, segments in zip(timed, windows):
         out[i] = Transcript([t for s in segments for t in s.tokens], codes[i] if speech.multilingual else None,
                             segments)
     return out
 
 
+def previous_text(cfg, speech: SpeechTokens, segments: Sequence[Segment], begin: int) -> tuple[int, ...]:
+    """The decoder prefix of a window conditioned on the clip's segments so far, as transformers'
+    `_prepare_decoder_input_ids` builds it: <|startofprev|>, then the segments' tokens (a segment closing with two
+    timestamps without its last: `_pad_to_max_length`'s skip_ending_double_timestamps) cut to their last
+    max_target_positions // 2 - 1. None before the first segment."""
+    tokens = [t for s in segments for t in (s.decoded[:-1] if len(s.decoded) > 2 and s.decoded[-2] >= begin
+                                            else s.decoded)]
+    tokens = tokens[len(tokens) - min(len(tokens), cfg.max_tgt_len // 2 - 1):]
+    start = speech.previous_start()
+    return tuple(([] if start is None else [start]) + tokens)
+
+
 def _sequential(model: StepModel, cfg, speech: SpeechTokens, clips: list[np.ndarray], codes: list, task: str | None,
-                options: dict, first_state: Any = None) -> list[list[Segment]]:
+                options: dict, first_state: Any = None, fallback: WindowOptions = WindowOptions(),
+                generator=None) -> list[list[Segment]]:
     """transformers' sequential transcription of each clip: every live clip's window at its `seek` decoded in one
-    batch with timestamps, its segments kept, `seek` moved on; until every clip's frames are spent. `first_state`:
-    the encoder state of the clips' first windows when language detection computed it (not encoded again)."""
+    batch with timestamps (with temperature fallback, and after the clip's previous text where it conditions), its
+    segments kept, `seek` moved on; until every clip's frames are spent. `first_state`: the encoder state of the
+    clips' first windows when language detection computed it (not encoded again)."""
     window, begin = cfg.source_frames, speech.timestamp_begin(cfg)
     stride = window // cfg.max_src_len
     seek, segments = [0] * len(clips), [[] for _ in clips]
+    conditioned = [fallback.condition_on_prev_tokens] * len(clips)  # generate's do_condition_on_prev_tokens
     while live := [i for i, clip in enumerate(clips) if seek[i] < clip.shape[-1]]:
         frames = [min(clips[i].shape[-1] - seek[i], window) for i in live]
         batch = np.zeros((len(live), clips[0].shape[0], window), np.float32)  # the last window padded with zeros
         for row, (i, n) in enumerate(zip(live, frames)):
             batch[row, :, :n] = clips[i][:, seek[i]: seek[i] + n]
         state, first_state = first_state, None  # every clip is at seek 0 in the first round, and only then
-        found = decode_windows(model, cfg, speech, batch, [codes[i] for i in live], task, True, **options,
-                               state=state)
-        for i, n, tokens in zip(live, frames, found):
+        prefixes = [previous_text(cfg, speech, segments[i], begin) if conditioned[i] and segments[i] else ()
+                    for i in live]
+        found, low = decode_with_fallback(model, cfg, speech, batch, [codes[i] for i in live], task, True, options,
+                                          fallback, generator, state=state, prefixes=prefixes)
+        for i, n, tokens, cool in zip(live, frames, found, low):
             got, advance = window_segments(tokens, begin, seek[i] * TIME_PRECISION / stride, n, stride)
             segments[i] += got
             seek[i] += advance
+            conditioned[i] = fallback.condition_on_prev_tokens and cool
     return segments

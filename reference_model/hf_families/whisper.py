@@ -24,7 +24,7 @@ FEATURE_EXTRACTOR = "preprocessor_config.json"
 # Generation settings only Whisper has, read by `speech_settings` instead of the generic check.
 SPEECH_KEYS = ("lang_to_id", "task_to_id", "no_timestamps_token_id", "is_multilingual", "alignment_heads",
                "max_initial_timestamp_index", "prev_sot_token_id", "return_timestamps", "forced_decoder_ids",
-               "begin_suppress_tokens", "language", "task")
+               "begin_suppress_tokens", "language", "task", "suppress_tokens")
 
 
 @register
@@ -75,7 +75,8 @@ class WhisperAdapter(FamilyAdapter):
         """The prompt's special tokens from the generation settings, checked against the vocabulary:
         languages {code: id}, tasks {name: id}, the no-timestamps id (timestamps are the ids after it), whether the
         model is multilingual, the default language and task (older checkpoints' forced_decoder_ids), and
-        max_initial_timestamp_index."""
+        max_initial_timestamp_index, and <|startofprev|> (prev_sot_token_id, else suppress_tokens[-2] as
+        transformers takes it, else null: condition_on_prev_tokens's first token)."""
         def token(key: str, value: Any) -> int:
             if not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < vocab):
                 raise ConfigError(f"{where}: {key} must be an id in [0, {vocab}), got {show(value)}")
@@ -105,6 +106,12 @@ class WhisperAdapter(FamilyAdapter):
         if isinstance(gen.get("task"), str):
             default_task = gen["task"]
         initial = integer(where, gen, "max_initial_timestamp_index", minimum=0, nullable=True)
+        # <|startofprev|>: prev_sot_token_id, else suppress_tokens[-2] as transformers' generate takes it
+        prev_sot = gen.get("prev_sot_token_id")
+        suppressed = gen.get("suppress_tokens") or []
+        if prev_sot is None and isinstance(suppressed, list) and len(suppressed) >= 2:
+            prev_sot = suppressed[-2]
+        prev_sot = None if prev_sot is None else token("prev_sot_token_id", prev_sot)
         return {"languages": languages, "tasks": tasks, "no_timestamps_id": no_timestamps,
                 "multilingual": multilingual, "default_language": default_language, "default_task": default_task,
-                "max_initial_timestamp_index": initial}
+                "max_initial_timestamp_index": initial, "prev_sot_id": prev_sot}
