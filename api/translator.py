@@ -212,7 +212,10 @@ class Translator:
                    language: str | None = None, task: str | None = None, timestamps: bool = False,
                    beam: int | None = None, max_new_tokens: int | None = None, batch_size: int = 16,
                    max_seconds: float | None = MAX_SECONDS,
-                   progress: Callable[[int, int], None] | None = None) -> list[Transcription]:
+                   progress: Callable[[int, int], None] | None = None, condition_on_prev_tokens: bool = False,
+                   temperature: float | Sequence[float] | None = None,
+                   compression_ratio_threshold: float | None = None, logprob_threshold: float | None = None,
+                   seed: int | None = None) -> list[Transcription]:
         """Transcribe speech with a Whisper model: one Transcription per clip, in order (a list of one for one clip).
         `audio`: a file path (WAV, FLAC, OGG; any rate and channels), a float array of samples (n,) or
         (n, channels) at `sampling_rate` Hz (required for arrays; mixed to mono and resampled to 16 kHz as
@@ -220,19 +223,27 @@ class Translator:
         `task`: "transcribe" or "translate" (into English; multilingual models); `timestamps`: segments cut at
         the decoded timestamps; `beam`: beam size (None: the model's num_beams); `max_new_tokens`: tokens a window
         generates at most, eos included; `max_seconds`: longest clip accepted (None: any);
-        `progress(done, total)`: after each batch of `batch_size` clips. Every clip and option is checked before
-        the first is decoded. Raises InputError for a text model (use `translate`)."""
+        `progress(done, total)`: after each batch of `batch_size` clips. transformers' long-form options, as its
+        `generate` takes them (defaults: none): `condition_on_prev_tokens` (each window after a clip's first
+        decoded after its previous text), `temperature` (a number, or a list such as (0.0, 0.2, 0.4, 0.6, 0.8, 1.0):
+        a window failing `compression_ratio_threshold` or `logprob_threshold` is decoded again at the next one,
+        sampling), `seed` (each batch's draws: `torch.manual_seed(seed)` before generate; batch_size 1 reproduces
+        generate's for each clip). Every clip and option is checked before the first is decoded. Raises
+        InputError for a text model (use `translate`)."""
         if self._closed:
             raise InputError("this Translator is closed; open a new one")
         refuse_text_model(self.config, self.path)
         transcriber = self._transcriber
-        transcriber.check(language, task, beam, max_new_tokens, batch_size)
+        long_form = dict(condition_on_prev_tokens=condition_on_prev_tokens, temperature=temperature,
+                         compression_ratio_threshold=compression_ratio_threshold,
+                         logprob_threshold=logprob_threshold, seed=seed)
+        transcriber.check(language, task, beam, max_new_tokens, batch_size, **long_form)
         clips = self._clips(audio, sampling_rate, max_seconds)
         with self._lock:
             return list(transcriber.transcribe(
                 clips, language=language, task=task, timestamps=timestamps, beam=beam,
                 max_new_tokens=max_new_tokens, batch_size=batch_size,
-                progress=None if progress is None else lambda done: progress(done, len(clips))))
+                progress=None if progress is None else lambda done: progress(done, len(clips)), **long_form))
 
     @staticmethod
     def _clips(audio: Audio | Sequence[Audio], sampling_rate: int | None,

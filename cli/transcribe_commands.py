@@ -74,9 +74,21 @@ def _check_output_path(output: Path, audio: tuple[Path, ...], read: list[Path]) 
               help="Refuse an audio file longer than this.")
 @click.option("--checkpoint", type=click.Path(path_type=Path), help="The export's checkpoint, if it moved.")
 @click.option("--threads", type=int, default=1, show_default=True, help="CPU threads (ONNX Runtime's and torch's).")
+@click.option("--condition-on-prev-tokens", is_flag=True,
+              help="Long-form: decode each window after the previous text (transformers' condition_on_prev_tokens).")
+@click.option("--temperature", default=None, metavar="T[,T...]",
+              help="One temperature (0: greedy; > 0: sampling) or a comma list for fallback, e.g. "
+                   "0,0.2,0.4,0.6,0.8,1.0: a window failing a threshold is decoded again at the next. Default: 0.")
+@click.option("--compression-ratio-threshold", type=float, default=None,
+              help="Fall back when a window's zlib compression ratio is above this (e.g. 2.4).")
+@click.option("--logprob-threshold", type=float, default=None,
+              help="Fall back when a window's average log-probability is below this (e.g. -1.0).")
+@click.option("--seed", type=int, default=None, help="Seed of the sampling draws (each batch: torch.manual_seed).")
 def transcribe(source: Path, audio: tuple[Path, ...], language: str | None, task: str | None, timestamps: bool,
                backend: str, beam: int | None, max_new_tokens: int | None, fmt: str, output_ids: Path | None,
-               batch_size: int, max_seconds: float, checkpoint: Path | None, threads: int) -> None:
+               batch_size: int, max_seconds: float, checkpoint: Path | None, threads: int,
+               condition_on_prev_tokens: bool, temperature: str | None, compression_ratio_threshold: float | None,
+               logprob_threshold: float | None, seed: int | None) -> None:
     """Transcribe AUDIO files (WAV, FLAC, OGG; any rate, any channels) with SOURCE: a Whisper checkpoint (eager) or
     its export directory (any --backend).
 
@@ -93,8 +105,11 @@ def transcribe(source: Path, audio: tuple[Path, ...], language: str | None, task
                          "AUDIO file, or use --format json for many")
     if not max_seconds > 0:
         raise InputError(f"--max-seconds must be a number > 0, got {max_seconds}")
+    long_form = dict(condition_on_prev_tokens=condition_on_prev_tokens, temperature=temperatures(temperature),
+                     compression_ratio_threshold=compression_ratio_threshold, logprob_threshold=logprob_threshold,
+                     seed=seed)
     with open_transcriber(source, backend, checkpoint, threads) as transcriber:
-        transcriber.check(language, task, beam, max_new_tokens, batch_size)
+        transcriber.check(language, task, beam, max_new_tokens, batch_size, **long_form)
         if output_ids is not None:
             _check_output_path(output_ids, audio, [source, transcriber.opened.folder])
         clips = read_clips(audio, max_seconds)
@@ -103,7 +118,7 @@ def transcribe(source: Path, audio: tuple[Path, ...], language: str | None, task
             for name, t in zip(audio, transcriber.transcribe(
                     clips, language=language, task=task, timestamps=timestamps, beam=beam,
                     max_new_tokens=max_new_tokens, batch_size=batch_size, names=[str(a) for a in audio],
-                    progress=update)):
+                    progress=update, **long_form)):
                 lines.append(json.dumps(t.tokens))
                 if fmt == "text":
                     click.echo(_text(t.text, t.tokens))
@@ -113,6 +128,17 @@ def transcribe(source: Path, audio: tuple[Path, ...], language: str | None, task
                     click.echo(subtitles(t, fmt), nl=False)
     if output_ids is not None:
         write_plain_output(output_ids, "".join(line + "\n" for line in lines).encode(), "--output-ids")
+
+
+def temperatures(value: str | None) -> tuple[float, ...] | None:
+    """--temperature's value: one number or a comma list of them (checked further by the transcriber)."""
+    if value is None:
+        return None
+    try:
+        return tuple(float(part) for part in value.split(","))
+    except ValueError:
+        raise InputError(f"--temperature must be a number or a comma list of numbers (0,0.2,0.4), got "
+                         f"{value!r}") from None
 
 
 def _progress(total: int):

@@ -199,10 +199,14 @@ class Transcriber:
         return beams
 
     def check(self, language: str | None, task: str | None, beam: int | None, max_new_tokens: int | None,
-              batch_size: int) -> int:
-        """Every option checked before audio is read; returns the clips a batch takes."""
-        from seq2trt.reference_model.speech import generation_limit
+              batch_size: int, **long_form) -> int:
+        """Every option checked before audio is read; returns the clips a batch takes. `long_form`: the options
+        of `reference_model.speech.WindowOptions.checked` (condition_on_prev_tokens, temperature,
+        compression_ratio_threshold, logprob_threshold, no_speech_threshold, seed), a bad value refused naming it."""
+        from seq2trt.reference_model.speech import WindowOptions, generation_limit
 
+        if WindowOptions.checked(**long_form).condition_on_prev_tokens:
+            self.speech.previous_start()  # an older import: refused before any audio is read
         code, task = self.speech.check_language(language), self.speech.check_task(task)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise InputError(f"the batch size must be an integer >= 1, got {batch_size!r}")
@@ -217,12 +221,22 @@ class Transcriber:
     def transcribe(self, clips: Sequence[np.ndarray], *, language: str | None = None, task: str | None = None,
                    timestamps: bool = False, beam: int | None = None, max_new_tokens: int | None = None,
                    batch_size: int = 16, names: Sequence[str] | None = None,
-                   progress: Callable[[int], None] | None = None) -> Iterator[Transcription]:
+                   progress: Callable[[int], None] | None = None, condition_on_prev_tokens: bool = False,
+                   temperature: float | Sequence[float] | None = None,
+                   compression_ratio_threshold: float | None = None, logprob_threshold: float | None = None,
+                   seed: int | None = None) -> Iterator[Transcription]:
         """One Transcription per 16 kHz mono clip, in order, decoded in batches (options checked before the first);
-        `progress(done)` after each batch; errors of a batch name its clips by `names`."""
+        `progress(done)` after each batch; errors of a batch name its clips by `names`. transformers' long-form
+        options (`reference_model.speech.transcribe`; defaults: none): `condition_on_prev_tokens`, `temperature`
+        (a number or a list: fallback) with `compression_ratio_threshold` and `logprob_threshold`, and `seed`, which
+        seeds each batch's decode as `torch.manual_seed(seed)` before generate (batch_size 1: each clip's draws are
+        generate's for the clip alone)."""
         from seq2trt.reference_model.speech import transcribe
 
-        rows = self.check(language, task, beam, max_new_tokens, batch_size)
+        long_form = dict(condition_on_prev_tokens=condition_on_prev_tokens, temperature=temperature,
+                         compression_ratio_threshold=compression_ratio_threshold,
+                         logprob_threshold=logprob_threshold, seed=seed)
+        rows = self.check(language, task, beam, max_new_tokens, batch_size, **long_form)
         beams = self.beams(beam)
         gen = self.generation or {}
         rate, window = self.front_end.params.sampling_rate, self.front_end.params.n_samples
@@ -236,7 +250,7 @@ class Transcriber:
                                    task=task, timestamps=timestamps, beam_size=beams,
                                    length_penalty=gen.get("length_penalty", 1.0),
                                    early_stopping=gen.get("early_stopping", False), max_new_tokens=max_new_tokens,
-                                   generation=self.generation)
+                                   generation=self.generation, **long_form)
             except InputError as exc:
                 if names is None:
                     raise

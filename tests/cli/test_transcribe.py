@@ -175,6 +175,10 @@ def test_errors(whisper, audio, text_model, no_timestamps, tmp_path):
         ((text_model, audio[0]), ("reads token ids; use translate",)),
         ((no_timestamps, audio[0], "--timestamps"), ("no timestamp tokens",)),
         ((no_timestamps, audio[0], tmp_path / "long.wav"), ("no timestamp tokens", "at most 30 s")),
+        ((ckpt, audio[0], "--temperature", "0,x"), ("--temperature must be a number or a comma list",)),
+        ((ckpt, audio[0], "--temperature", "0,-0.2"), ("temperature must be a number >= 0",)),
+        ((ckpt, audio[0], "--compression-ratio-threshold", 0), ("compression_ratio_threshold must be a number > 0",)),
+        ((ckpt, audio[0], "--seed", -3), ("seed must be an integer >= 0",)),
     ]
     for args, fragments in cases:
         one_error_line(invoke("transcribe", *args, "--output-ids", ids), 2, *fragments)
@@ -215,16 +219,19 @@ def timed(tmp_path_factory):
         [speak(root, SENTENCES[1], "short.wav"), long]
 
 
-def hf_segments(hf_model, src, clip: np.ndarray) -> list[tuple]:
-    """transformers' segments of one clip transcribed alone with timestamps: (start, end, text tokens)."""
+def hf_segments(hf_model, src, clip: np.ndarray, seed: int | None = None, **options) -> list[tuple]:
+    """transformers' segments of one clip transcribed alone with timestamps: (start, end, text tokens); `options`:
+    generate's long-form ones, under torch.manual_seed(`seed`) when given."""
     import torch
 
     fe = transformers.WhisperFeatureExtractor.from_pretrained(str(src))
     whole = dict(truncation=False, padding="longest") if len(clip) > fe.n_samples else {}
     features = fe([clip], sampling_rate=16000, return_tensors="pt", **whole)["input_features"]
+    if seed is not None:
+        torch.manual_seed(seed)
     with torch.inference_mode():
         out = hf_model.generate(input_features=features, return_timestamps=True, return_segments=True,
-                                language="en", task="transcribe", max_new_tokens=MAX_NEW)
+                                language="en", task="transcribe", max_new_tokens=MAX_NEW, **options)
     return [(round(float(s["start"]), 3), round(float(s["end"]), 3), [t for t in s["tokens"].tolist() if t < BEGIN])
             for s in out["segments"][0]]
 
@@ -246,3 +253,19 @@ def test_timestamps_and_long_form_equal_generate(timed):
     assert len(rows[1]["segments"]) > 1 and rows[1]["segments"][-1]["end"] > 30.0
     srt = stdout_of("transcribe", ckpt, files[1], "--language", "en", "--format", "srt", "--max-new-tokens", MAX_NEW)
     assert srt.count(" --> ") == len(rows[1]["segments"])  # long-form decodes timestamps with or without the flag
+
+
+def test_long_form_options_equal_generate(timed):
+    """--condition-on-prev-tokens, --temperature 0,0.2,0.4 with --logprob-threshold 0 (an average log-probability
+    is below 0 wherever a token is less than certain: every window falls back to the last temperature, sampled) and
+    a --compression-ratio-threshold no ratio reaches, under --seed: the long clip's segments equal generate's with
+    the same options after torch.manual_seed(seed)."""
+    src, ckpt, hf_model, files = timed
+    flags = ("--condition-on-prev-tokens", "--temperature", "0,0.2,0.4", "--logprob-threshold", 0,
+             "--compression-ratio-threshold", 1e9)
+    rows = json_lines(stdout_of("transcribe", ckpt, files[1], "--language", "en", "--format", "json",
+                                "--max-new-tokens", MAX_NEW, "--seed", 7, *flags))
+    want = hf_segments(hf_model, src, judge_clip(files[1]), seed=7, condition_on_prev_tokens=True,
+                       temperature=(0.0, 0.2, 0.4), logprob_threshold=0.0, compression_ratio_threshold=1e9)
+    assert [(s["start"], s["end"], s["tokens"]) for s in rows[0]["segments"]] == want
+    assert want != hf_segments(hf_model, src, judge_clip(files[1]))  # the options change the transcription
