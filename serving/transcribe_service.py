@@ -11,6 +11,14 @@ file (`reference_model.audio`: channels' mean, soxr HQ). Its options are `transc
   num_beams INT32 [1]      beam size, 1 greedy (default: the model's num_beams)                --beam
   max_new_tokens INT32 [1] tokens a window at most                                             --max-new-tokens
   timestamps BOOL [1]      decode timestamps: segments with their times                        --timestamps
+  condition_on_prev_tokens BOOL [1]   long-form: each window after the previous text   --condition-on-prev-tokens
+  temperature FP32 [-1]    one temperature, or the fallback list (0, 0.2, ...)                 --temperature
+  compression_ratio_threshold FP32 [1]  fall back above this zlib ratio             --compression-ratio-threshold
+  logprob_threshold FP32 [1]  fall back below this average log-probability              --logprob-threshold
+  seed INT64 [1]           the sampling draws' seed (each group's batch: torch.manual_seed)    --seed
+
+(`SpeechJob` holds the long-form five; the Triton model's inputs for them are declared in `server.request_inputs`
+and read in `triton_model`.)
 
 Each request is checked alone (a bad one gets its own error naming the request parameter, the others go on), then
 the requests are grouped by their options and each group is transcribed in the batches the export's max_batch allows;
@@ -37,7 +45,10 @@ logger = logging.getLogger(__name__)
 
 # transcribe's flags, as its messages name them, and the request parameters of the same meaning.
 PARAMETER_NAMES = {"--language": "language", "--task": "task", "--beam": "num_beams",
-                   "--max-new-tokens": "max_new_tokens", "--timestamps": "timestamps"}
+                   "--max-new-tokens": "max_new_tokens", "--timestamps": "timestamps",
+                   "--condition-on-prev-tokens": "condition_on_prev_tokens", "--temperature": "temperature",
+                   "--compression-ratio-threshold": "compression_ratio_threshold",
+                   "--logprob-threshold": "logprob_threshold", "--seed": "seed"}
 _FLAG = re.compile(r"--[a-z][a-z-]*")
 FORMATS = "WAV, FLAC or OGG"
 
@@ -56,10 +67,23 @@ class SpeechJob:
     num_beams: int | None = None
     max_new_tokens: int | None = None
     timestamps: bool = False
+    # transformers' long-form options (`Transcriber.transcribe`; None / False: not used)
+    condition_on_prev_tokens: bool = False
+    temperature: tuple[float, ...] | None = None
+    compression_ratio_threshold: float | None = None
+    logprob_threshold: float | None = None
+    seed: int | None = None
+
+    @property
+    def long_form(self) -> dict:
+        return dict(condition_on_prev_tokens=self.condition_on_prev_tokens, temperature=self.temperature,
+                    compression_ratio_threshold=self.compression_ratio_threshold,
+                    logprob_threshold=self.logprob_threshold, seed=self.seed)
 
     @property
     def key(self) -> tuple:
-        return (self.language, self.task, self.num_beams, self.max_new_tokens, self.timestamps)
+        return (self.language, self.task, self.num_beams, self.max_new_tokens, self.timestamps,
+                *self.long_form.values())
 
 
 class TranscribeService:
@@ -90,7 +114,7 @@ class TranscribeService:
             raise InputError(f"max_new_tokens must be an integer >= 1, got {job.max_new_tokens}; give the most "
                              "tokens a window may take")
         try:
-            self.transcriber.check(job.language, job.task, job.num_beams, job.max_new_tokens, 1)
+            self.transcriber.check(job.language, job.task, job.num_beams, job.max_new_tokens, 1, **job.long_form)
             if job.timestamps or len(job.clip) > self.transcriber.front_end.params.n_samples:
                 # timestamps, and a clip past 30 s (long-form), need timestamp tokens: refused alone, not with the
                 # requests it would be grouped with
@@ -103,7 +127,7 @@ class TranscribeService:
         try:
             return list(self.transcriber.transcribe(
                 [j.clip for j in jobs], language=first.language, task=first.task, timestamps=first.timestamps,
-                beam=first.num_beams, max_new_tokens=first.max_new_tokens, batch_size=len(jobs)))
+                beam=first.num_beams, max_new_tokens=first.max_new_tokens, batch_size=len(jobs), **first.long_form))
         except Seq2TrtError as exc:  # the request's fault (an input or what this model cannot do): HTTP 400
             raise InputError(request_message(str(exc))) from None
 
