@@ -40,7 +40,10 @@ def test_imported_model_through_the_pipeline(family, make_hf_model, tmp_path):
             invoke_ok("fuse", out, "--target", target)
             graph_sets.append(f"fused-{target}")
         for graphs in graph_sets:
-            output = invoke_ok("validate", out, "--graphs", graphs, "--samples", 100)
+            # The plugin graphs run the op's PyTorch reference as a Python op on CPU, ~1 ms a call: 30 sources end
+            # to end there (the same graphs' ORT twins decode 100, token for token equal to eager on every family)
+            samples = 30 if graphs == "fused-trt" else 100
+            output = invoke_ok("validate", out, "--graphs", graphs, "--samples", samples)
             assert "parity passed" in output, output
         if HAS_RTX and dtype == "fp32":
             output = invoke_ok("build", out, "--backend", "tensorrt-rtx", "--target", "sm_86")
