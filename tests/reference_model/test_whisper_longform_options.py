@@ -4,7 +4,7 @@ fallback with compression_ratio_threshold and logprob_threshold, seed), judged b
 every segment's tokens (timestamps included), start and end, equal.
 
 The model is a small random one with 1501 timestamp tokens (it emits them freely: many segments, windows that seek);
-the clips are random features of 75 s (three windows at least), so each later window has previous text to condition
+the clips are random features of 65 s (three windows at least), so each later window has previous text to condition
 on. A logprob_threshold of 0 fails every decode (an average log-probability is at most 0, and below it wherever a
 token's probability is under 1), so every window falls back through every temperature: the fallback is certain by
 the arithmetic, not by a measured run.
@@ -32,7 +32,7 @@ from helpers.hf_models import WHISPER_IDS, whisper_model_dir  # noqa: E402
 STAMPS = 1501
 BEGIN = WHISPER_IDS["no_timestamps"] + 1
 NEW = 24  # max_new_tokens of every decode here
-FRAMES = 7500  # 75 s of features
+FRAMES = 6500  # 65 s of features: three windows at least
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -110,6 +110,24 @@ def test_condition_on_prev_tokens_equals_generate(models, clip, beams):
     assert ours_segments(step_model, cfg, speech, gen, clip, beams) != ours
 
 
+def test_condition_on_prev_tokens_on_ort_equals_generate(models, clip, tmp_path):
+    """The same through an ONNX Runtime export (decoder positions to 160: the prefill of a conditioned window is
+    its previous text, up to 1 + 3 windows x 24 tokens here, then the prompt and 24 new tokens)."""
+    from seq2trt.exporters import spec
+    from seq2trt.exporters.onnx_export import export
+    from seq2trt.runtime.registry import open_step_model
+
+    _, cfg, speech, gen, hf_model = models
+    src = whisper_model_dir(tmp_path / "hf", timestamps=STAMPS,
+                            generation=dict(max_initial_timestamp_index=50, prev_sot_token_id=3))
+    _, model, _, _ = load_hf_as_model(src)
+    out = export(model, tmp_path / "out", limits=spec.Limits.for_model(model.cfg, max_batch=2, max_tgt_len=160))
+    theirs = hf_segments(hf_model, clip, condition_on_prev_tokens=True)
+    assert max(end for _, end, _ in theirs) > 30.0
+    with open_step_model(out, "ort") as (step_model, _):
+        assert ours_segments(step_model, cfg, speech, gen, clip, condition_on_prev_tokens=True) == theirs
+
+
 def test_greedy_fallback_equals_generate(models, clip):
     """A compression ratio threshold below every ratio (a ratio is > 0) with the temperatures (0.0,): no sampling,
     one decode a window; the results are generate's (the threshold's check is a no-op with one temperature)."""
@@ -119,8 +137,7 @@ def test_greedy_fallback_equals_generate(models, clip):
                          temperature=(0.0,)) == theirs
 
 
-@pytest.mark.parametrize("temperatures,condition", [((0.0, 0.2, 0.4), True), ((0.0, 0.6), True),
-                                                    ((0.0, 1.0), False)])
+@pytest.mark.parametrize("temperatures,condition", [((0.0, 0.4), True), ((0.0, 0.6), True)])
 def test_sampled_fallback_reproduces_generate_under_one_seed(models, clip, temperatures, condition):
     """logprob_threshold 0 fails every decode: each window is decoded at every temperature, the last kept (sampled,
     from the one stream `torch.manual_seed(seed)` seeds before generate); a last temperature >= 0.5 stops the
@@ -138,8 +155,8 @@ def test_sampled_fallback_reproduces_generate_under_one_seed(models, clip, tempe
     conditions = condition and temperatures[-1] < 0.5
     assert all((lengths[0] > 1) == (conditions and i >= len(temperatures))
                for i, (_, _, lengths) in enumerate(calls))
-    # another seed draws other tokens: the samples come from the stream
-    assert ours_segments(step_model, cfg, speech, gen, clip, seed=124, **options) != ours
+    if temperatures[-1] < 0.5:  # another seed draws other tokens: the samples come from the stream
+        assert ours_segments(step_model, cfg, speech, gen, clip, seed=124, **options) != ours
 
 
 def test_short_form_falls_back_as_generate(tmp_path):
