@@ -159,6 +159,38 @@ def test_sampled_fallback_reproduces_generate_under_one_seed(models, clip, tempe
         assert ours_segments(step_model, cfg, speech, gen, clip, seed=124, **options) != ours
 
 
+def test_beam_fallback_then_one_beam_as_generate(models, clip):
+    """Beam search's log-probability is its sequences_scores; once a window sampled, generate's generation_config
+    keeps num_beams 1 for the rest of the call: every later window's first decode is greedy (one beam)."""
+    step_model, cfg, speech, gen, hf_model = models
+    options = dict(temperature=(0.0, 0.4), logprob_threshold=0.0, condition_on_prev_tokens=True)
+    torch.manual_seed(5)
+    theirs = hf_segments(hf_model, clip, 2, **options)
+    beams = []
+    real = speech_module.decode_windows
+
+    def recording(*args, **kwargs):
+        beams.append(kwargs["beam_size"])
+        return real(*args, **kwargs)
+
+    with mock.patch.object(speech_module, "decode_windows", recording):
+        ours = ours_segments(step_model, cfg, speech, gen, clip, 2, seed=5, **options)
+    assert ours == theirs
+    assert beams[0] == 2 and set(beams[1:]) == {1} and len(beams) >= 6
+
+
+def test_a_batch_transcribes_each_clip_as_generate_alone(models, clip):
+    """Two clips of different lengths in one call, conditioned: each one's segments are generate's for it alone
+    (their prefixes differ, so they are decoded in groups of one prefix each)."""
+    step_model, cfg, speech, gen, hf_model = models
+    clips = [clip, clip[:, ::-1][:, :4200].copy()]
+    ours = transcribe(step_model, cfg, speech, clips, language="en", task="transcribe", max_new_tokens=NEW,
+                      generation=gen, condition_on_prev_tokens=True)
+    for features, got in zip(clips, ours):
+        assert [(s.start, s.end, s.decoded) for s in got.segments] == \
+            hf_segments(hf_model, features, condition_on_prev_tokens=True)
+
+
 def test_short_form_falls_back_as_generate(tmp_path):
     """A 30 s clip without timestamps (a vocabulary without them: transformers' loop would otherwise seek inside
     the window): generate's fallback applies to short-form too."""
