@@ -170,7 +170,13 @@ def request_inputs(kind: str) -> list[str]:
                 tensor_block("sampling_rate", "TYPE_INT32", [1], optional=True),
                 tensor_block("language", "TYPE_STRING", [1], optional=True),
                 tensor_block("task", "TYPE_STRING", [1], optional=True),
-                tensor_block("timestamps", "TYPE_BOOL", [1], optional=True)] + limits
+                tensor_block("timestamps", "TYPE_BOOL", [1], optional=True),
+                # transformers' long-form options (transcribe_service.SpeechJob); temperature: one, or the fallback list
+                tensor_block("condition_on_prev_tokens", "TYPE_BOOL", [1], optional=True),
+                tensor_block("temperature", "TYPE_FP32", [-1], optional=True, allow_ragged_batch=True),
+                tensor_block("compression_ratio_threshold", "TYPE_FP32", [1], optional=True),
+                tensor_block("logprob_threshold", "TYPE_FP32", [1], optional=True),
+                tensor_block("seed", "TYPE_INT64", [1], optional=True)] + limits
     limits += [tensor_block(name, dtype, [1], optional=True) for name, (_, dtype) in REQUEST_OPTIONS.items()]
     if kind == "generate":
         return [tensor_block("input_ids", "TYPE_INT64", [-1], allow_ragged_batch=True)] + limits

@@ -17,8 +17,6 @@ file (`reference_model.audio`: channels' mean, soxr HQ). Its options are `transc
   logprob_threshold FP32 [1]  fall back below this average log-probability              --logprob-threshold
   seed INT64 [1]           the sampling draws' seed (each group's batch: torch.manual_seed)    --seed
 
-(`SpeechJob` holds the long-form five; the Triton model's inputs for them are declared in `server.request_inputs`
-and read in `triton_model`.)
 
 Each request is checked alone (a bad one gets its own error naming the request parameter, the others go on), then
 the requests are grouped by their options and each group is transcribed in the batches the export's max_batch allows;

@@ -126,8 +126,9 @@ def hypotheses_outputs(hypotheses: list[Hypothesis], codec=None) -> dict[str, np
 
 class TranscribeModel:
     """`transcribe` (a Whisper export): audio in (`audio` file bytes, or `samples` with `sampling_rate`), optional
-    `language`, `task`, `num_beams`, `max_new_tokens`, `timestamps` -> `text` BYTES [1] (empty without a tokenizer),
-    `segments` BYTES [1] (JSON: [{start, end, text, tokens}]), `language` BYTES [1] and `tokens` INT64 [-1]
+    `language`, `task`, `num_beams`, `max_new_tokens`, `timestamps` and the long-form options
+    (`condition_on_prev_tokens`, `temperature`, `compression_ratio_threshold`, `logprob_threshold`, `seed`) -> `text`
+    BYTES [1] (empty without a tokenizer), `segments` BYTES [1] (JSON: [{start, end, text, tokens}]), `language` BYTES [1] and `tokens` INT64 [-1]
     (`serving.transcribe_service`)."""
 
     def initialize(self, args: dict) -> None:
@@ -151,10 +152,22 @@ class TranscribeModel:
 
         clip = request_clip(get("audio"), get("samples"), scalar(get("sampling_rate"), "sampling_rate"))
         timestamps = option_value(get("timestamps"), "timestamps")
+        temperature = get("temperature")
+        if temperature is not None:
+            if temperature.size == 0:
+                raise InputError("temperature holds no value; send one temperature or the fallback list, or omit it")
+            temperature = tuple(float(str(t)) for t in temperature.reshape(-1))  # FP32 as its shortest decimal
         return SpeechJob(clip, language=text_of(get("language"), "language", False) or None,
                          task=text_of(get("task"), "task", False) or None,
                          num_beams=scalar(get("num_beams"), "num_beams"),
-                         max_new_tokens=scalar(get("max_new_tokens"), "max_new_tokens"), timestamps=bool(timestamps))
+                         max_new_tokens=scalar(get("max_new_tokens"), "max_new_tokens"), timestamps=bool(timestamps),
+                         condition_on_prev_tokens=bool(option_value(get("condition_on_prev_tokens"),
+                                                                    "condition_on_prev_tokens")),
+                         temperature=temperature,
+                         compression_ratio_threshold=option_value(get("compression_ratio_threshold"),
+                                                                  "compression_ratio_threshold"),
+                         logprob_threshold=option_value(get("logprob_threshold"), "logprob_threshold"),
+                         seed=option_value(get("seed"), "seed"))
 
     def execute(self, requests: list) -> list:
         import triton_python_backend_utils as pb_utils

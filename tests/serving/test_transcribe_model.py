@@ -247,7 +247,13 @@ def test_timestamps_and_long_form_are_transcribes(whisper_served, audio, referen
               dict(timestamps=True, beam=2)),
              (dict(samples=long, sampling_rate=rate), prepare_audio(long, rate), dict()),
              (dict(samples=long, sampling_rate=rate, timestamps=True), prepare_audio(long, rate),
-              dict(timestamps=True))]
+              dict(timestamps=True)),
+             # transformers' long-form options as request parameters: conditioning, and a fallback every window
+             # takes (an average log-probability is below 0) to a sampled decode under the request's seed
+             (dict(samples=long, sampling_rate=rate, condition_on_prev_tokens=True,
+                   temperature=np.array([[0.0, 0.4]], np.float32), logprob_threshold=np.array([[0.0]], np.float32),
+                   seed=np.array([[3]], np.int64)), prepare_audio(long, rate),
+              dict(condition_on_prev_tokens=True, temperature=(0.0, 0.4), logprob_threshold=0.0, seed=3))]
     with ThreadPoolExecutor(len(cases)) as pool:
         got = list(pool.map(lambda case: transcribe(server, request_inputs(**case[0], max_new_tokens=MAX_NEW)), cases))
     want = [expected(reference, clip, max_new_tokens=MAX_NEW, **options) for _, clip, options in cases]
