@@ -12,8 +12,9 @@ every step obeys transformers' timestamp rule (`DecodeSettings.constrain`). Clip
 `generate(..., return_timestamps=True)` does, short-form or long: a 30 s window of features from `seek` (the last
 window padded with zeros), decoded, split into segments at its timestamp pairs (`window_segments`), and `seek` moved
 to the last pair's timestamp, or past the window when it ends in a single timestamp or has no pair; until the clip's
-features are spent. Each window is decoded alone: no prompt from the one before (its condition_on_prev_tokens False)
-and no temperature fallback (its default temperature).
+features are spent. With `condition_on_prev_tokens` a window is decoded after the previous text (a decoder prefix);
+with a temperature list a window that fails a threshold is decoded again at the next temperature (docs/design.md,
+"Long-form options").
 
 `SpeechTokens` is the checkpoint's generation.json "speech" record (written by the import from
 generation_config.json: `hf_families.whisper`).
