@@ -252,14 +252,19 @@ class DecodeSettings:
 
     def generator(self):
         """The torch generator a sampling search draws from: seeded with `seed`, else from the system."""
-        import torch
+        return seeded_generator(self.seed)
 
-        gen = torch.Generator()
-        if self.seed is None:
-            gen.seed()
-        else:
-            gen.manual_seed(self.seed)
-        return gen
+
+def seeded_generator(seed: int | None):
+    """A torch generator seeded with `seed`, else from the system."""
+    import torch
+
+    gen = torch.Generator()
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(seed)
+    return gen
 
 
 StepHook = Callable[[int, np.ndarray, np.ndarray], None]  # (step, rows (b,), logits (b, V))

@@ -28,7 +28,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from seq2trt.reference_model.decoding import DecodeSettings, StepModel, greedy_decode, hf_beam_search
+from seq2trt.reference_model.decoding import (DecodeSettings, StepModel, greedy_decode, hf_beam_search,
+                                                seeded_generator)
 from seq2trt.reference_model.errors import ConfigError, InputError
 
 TASKS = ("transcribe", "translate")
@@ -241,16 +242,9 @@ class WindowOptions:
 
     def generator(self):
         """The torch generator every sampling decode of one call draws from (None: no temperature samples)."""
-        import torch
-
         if not any(t > 0 for t in self.temperatures):
             return None
-        gen = torch.Generator()
-        if self.seed is None:
-            gen.seed()
-        else:
-            gen.manual_seed(self.seed)
-        return gen
+        return seeded_generator(self.seed)
 
 
 def _number(value: Any) -> bool:

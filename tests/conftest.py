@@ -51,6 +51,17 @@ def numbers_export(make_model, tmp_path_factory):
     return root, model, task
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module (`pytestmark = pytest.mark.usefixtures("one_thread")`): tiny models' calls are
+    microseconds of work that two threads on a shared 2-core machine only contend over (70-100x slower a step,
+    measured)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def demo_checkpoint() -> Path:
     """The trained demo model (about 2 minutes on 2 cores the first time, then cached on disk)."""

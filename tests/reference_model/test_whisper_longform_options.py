@@ -35,12 +35,7 @@ NEW = 24  # max_new_tokens of every decode here
 FRAMES = 6500  # 65 s of features: three windows at least
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -35,14 +35,7 @@ EOS = WHISPER_IDS["eot"]
 NEW = 24  # max_new_tokens of every decode here
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread: these models' steps are microseconds of work, which two threads (on a shared machine: 70
-    times slower a step, measured) only contend over."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -24,13 +24,7 @@ from seq2trt.validation import sampling
 from helpers.sources import random_sources
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Small calls run on one thread (two torch threads on a loaded 2-core machine are ~100x slower here)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
