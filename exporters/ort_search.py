@@ -20,6 +20,15 @@ against `reference_model.decoding` in tests/exporters/test_generate.py):
   ORT scores the beams cut by the limit with length max_new_tokens + 1 (the start token counts) where Hugging
   Face uses max_new_tokens, and adds the K best live beams where Hugging Face adds the K best candidates. With
   length_penalty 0, or when the best hypothesis is one of the cut ones in both, the output is the same.
+- min_length: ORT masks eos while the sequence, the start token included, is shorter than its min_length input
+  (MinLengthLogitsProcessor, after the log-softmax as Hugging Face's processors run in beam search): Hugging Face's
+  min_length exactly, and min_new_tokens N is min_length N + 1; both at once are their max.
+- repetition_penalty (a runtime input): ORT's RepetitionPenaltyLogitsProcessor multiplies the (log-softmax, so
+  negative) score of every id in the sequence so far, the start token included, by the penalty (divides a
+  positive one): Hugging Face's RepetitionPenaltyLogitsProcessor over input_ids. Graphs built before it was an
+  input (generate.json without semantics.repetition_penalty) run with penalty 1 and refuse another. With one beam
+  (ORT's greedy search) the outputs differ from Hugging Face's greedy search, which penalises the raw logits
+  (tested): the runner refuses repetition_penalty with num_beams 1.
 - num_beams 1 is greedy search (`greedy_decode`): the first eos closes the only hypothesis.
 - pad_token_id is set to eos: ORT pads the sequences after the end with it (the hypothesis itself has no eos), so
   the output is cut at the first eos exactly even when the pad id is a real token; the encoder mask is an input
@@ -62,7 +71,7 @@ EARLY_STOPPING = True  # the only setting whose semantics equal Hugging Face's (
 # The main graph's inputs, in the BeamSearch node's input order (ORT's names; "" = an unused optional input).
 RUNTIME_INPUTS = ("input_ids", "max_length", "min_length", "num_beams", "num_return_sequences", "length_penalty",
                   "repetition_penalty", "vocab_mask", "", "attention_mask")
-CONSTANT_INPUTS = {"num_return_sequences": np.array([1], np.int32), "repetition_penalty": np.array([1.0], np.float32)}
+CONSTANT_INPUTS = {"num_return_sequences": np.array([1], np.int32)}
 
 
 def _source_graphs(out: Path, int8: bool, manifest: Manifest | None) -> tuple[Path, dict, str]:
@@ -215,11 +224,12 @@ def build_generate(encoder: onnx.ModelProto, decoder: onnx.ModelProto, cfg: Seq2
         inputs[inputs.index("vocab_mask")] = ""
     node = helper.make_node("BeamSearch", inputs, ["sequences"], name="beam_search", domain=MS_DOMAIN, **attrs)
     i32 = lambda name, shape: helper.make_tensor_value_info(name, TensorProto.INT32, shape)
-    # min_length (eos masked while the sequence, start token included, is shorter): 0 to search, max_length for
-    # bench's forced-length runs.
+    # min_length (eos masked while the sequence, start token included, is shorter): Hugging Face's min_length, or
+    # min_new_tokens + 1; max_length for bench's forced-length runs. repetition_penalty: a runtime input.
     graph_inputs = [i32("input_ids", ["batch", "src_len"]), i32("max_length", [1]), i32("min_length", [1]),
                     i32("num_beams", [1]),
                     helper.make_tensor_value_info("length_penalty", TensorProto.FLOAT, [1]),
+                    helper.make_tensor_value_info("repetition_penalty", TensorProto.FLOAT, [1]),
                     i32("attention_mask", ["batch", "src_len"])]
     graph = helper.make_graph([node], "seq2trt beam search", graph_inputs,
                               [i32("sequences", ["batch", 1, "max_length"])], initializers)
@@ -249,6 +259,9 @@ def generate_artifacts(out: Path, force: bool = False, int8: bool = False) -> di
     record = {"op": "com.microsoft.BeamSearch", "model_type": 1, "onnxruntime": onnxruntime.__version__,
               "semantics": {"length_penalty": "sum_logprobs / length ** length_penalty (Hugging Face's)",
                             "early_stopping": EARLY_STOPPING, "max_length": "max_new_tokens + 1 (the start token)",
+                            "min_length": "max(min_length, min_new_tokens + 1) (the start token counts)",
+                            "repetition_penalty": "runtime input: log-prob * p (< 0) over the ids of the sequence, "
+                                                  "start token included (Hugging Face's)",
                             "eos_id": cfg.eos_id, "pad_token_id": cfg.eos_id, "decoder_start_token_id": cfg.bos_id,
                             "forced_bos_id": cfg.forced_bos_id, "forced_eos": cfg.forced_eos,
                             "suppress_ids": list(cfg.suppress_ids)},

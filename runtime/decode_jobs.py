@@ -198,11 +198,12 @@ def decode_settings(cfg, max_new_tokens: int | None, forced_bos_id: int | None =
 
 def unsupported_in_graph(settings: DecodeSettings) -> list[str]:
     """The options of `settings` that a search inside an exported graph (ONNX Runtime's BeamSearch: the model's
-    forced and suppressed ids, beams and length penalty) would not apply, as NAME=VALUE."""
+    forced and suppressed ids, beams, length penalty, min_length / min_new_tokens and repetition_penalty) would not
+    apply, as NAME=VALUE."""
     neutral = DecodeSettings(settings.bos_id, settings.eos_id, settings.pad_id, settings.max_new_tokens)
-    keys = [k for k in OPTION_FLAGS if k != "seed"] + ["bad_words_ids"]
-    return [f"{k}={getattr(settings, k)!r}" for k in keys
-            if getattr(settings, k) != getattr(neutral, k) and not (k == "min_length" and settings.min_length <= 1)]
+    applied = {"seed", "min_length", "min_new_tokens", "repetition_penalty"}  # runtime inputs of generate.onnx
+    keys = [k for k in OPTION_FLAGS if k not in applied] + ["bad_words_ids"]
+    return [f"{k}={getattr(settings, k)!r}" for k in keys if getattr(settings, k) != getattr(neutral, k)]
 
 
 def batch_rows(batch_size: int, max_batch: int | None, beams: int, flag: str = "--beam") -> int:

@@ -79,6 +79,17 @@ class GenerateModel:
                   "forced_bos_id": settings.forced_bos_id, "forced_eos": settings.forced_eos,
                   "suppress_ids": list(settings.suppress_ids)}
         differ = {k: (built.get(k), v) for k, v in wanted.items() if built.get(k) != v}
+        if settings.repetition_penalty != 1.0 and "repetition_penalty" not in built:
+            raise InputError(f"this generate.onnx was built before repetition_penalty was an input; re-run "
+                             f"`seq2trt generate OUT --force` to decode with repetition_penalty "
+                             f"{settings.repetition_penalty}")
+        if settings.repetition_penalty != 1.0 and num_beams == 1:
+            raise InputError(f"repetition_penalty {settings.repetition_penalty} with one beam: ONNX Runtime's greedy "
+                             "search in generate.onnx does not penalise as Hugging Face's greedy search (on the raw "
+                             "logits) does; use --beam >= 2, or --backend ort for greedy")
+        if len(settings.start) != 1 and (settings.min_length or settings.repetition_penalty != 1.0):
+            raise InputError("generate.onnx's sequences begin with the one start token; min_length and "
+                             "repetition_penalty with a longer decoder prompt are not applied there: use --backend ort")
         if differ:
             raise InputError(f"generate.onnx applies the decoding rules it was built with; asked for others {differ} "
                              "(built, asked): use --backend ort-fused for these")
@@ -94,11 +105,14 @@ class GenerateModel:
         self.check(*input_ids.shape, settings, num_beams)
         spec.check_feed(self.cfg, spec.GraphKind.ENCODER, "fp32", self.limits,
                         {"input_ids": input_ids.astype(np.int64), "attention_mask": attention_mask.astype(np.int64)})
+        min_length = max(settings.min_length, settings.min_new_tokens + 1)  # the start token counts (ORT and HF)
         feed = {"input_ids": input_ids.astype(np.int32), "attention_mask": attention_mask.astype(np.int32),
                 "max_length": np.array([settings.max_new_tokens + 1], np.int32),
-                "min_length": np.array([settings.max_new_tokens + 1 if forced_length else 0], np.int32),
+                "min_length": np.array([settings.max_new_tokens + 1 if forced_length else min_length], np.int32),
                 "num_beams": np.array([num_beams], np.int32),
                 "length_penalty": np.array([length_penalty], np.float32)}
+        if "repetition_penalty" in self.record["semantics"]:
+            feed["repetition_penalty"] = np.array([settings.repetition_penalty], np.float32)
         start = time.perf_counter()
         sequences = self.session.run(None, feed)[0][:, 0, 1:]  # (B, max_length - 1): the start token dropped
         self.last_inference_time = time.perf_counter() - start

@@ -162,3 +162,33 @@ def test_int8_generation_graph_is_the_search_over_the_int8_graphs(make_model, tm
     (quantized_dir(out) / "decoder.onnx").write_bytes((quantized_dir(out) / "decoder.onnx").read_bytes() + b"\0")
     with pytest.raises(ArtifactError, match="seq2trt quantize"):
         verify_generate(out, int8=True)
+
+
+# min_length / min_new_tokens (ORT's min_length input: the start token counts) and repetition_penalty (a runtime
+# input: ORT penalises every id of the sequence, start token included, as Hugging Face's processor over input_ids).
+@pytest.mark.parametrize("options, beams", [({"min_new_tokens": 12, "repetition_penalty": 1.8}, 3),
+                                            ({"min_length": 15, "repetition_penalty": 0.7}, 3),
+                                            ({"min_length": 15}, 1)])
+def test_generate_applies_min_length_and_repetition_penalty(tiny, options, beams):
+    import dataclasses
+
+    model, out = tiny
+    settings = dataclasses.replace(DecodeSettings.for_model(model.cfg, 20), **options)
+    want, got = _compare(model, out, random_sources(model.cfg, 16), settings, beams, 0.0, rows=16 // beams)
+    assert got == want
+    plain, _ = _compare(model, out, random_sources(model.cfg, 16), DecodeSettings.for_model(model.cfg, 20), beams,
+                        0.0, rows=16 // beams)
+    assert plain != want  # the options change the outputs: the comparison can fail
+    floor = options.get("min_length", 1 + options.get("min_new_tokens", 0)) - 1
+    assert all(len(w) >= floor - (model.cfg.forced_bos_id is not None) for w in want)
+
+
+def test_greedy_with_repetition_penalty_is_refused(tiny):
+    # ORT's greedy search does not penalise as Hugging Face's greedy search (raw logits) does: refused by name.
+    import dataclasses
+
+    model, out = tiny
+    settings = dataclasses.replace(DecodeSettings.for_model(model.cfg, 20), repetition_penalty=1.8)
+    ids, mask = pad_batch(random_sources(model.cfg, 2), model.cfg.pad_id)
+    with GenerateModel(out, verify(out)) as generate, pytest.raises(InputError, match="repetition_penalty 1.8 with one beam"):
+        generate.decode(ids, mask, settings, 1)
