@@ -142,17 +142,35 @@ def test_bad_search_options_are_one_error_line(bart, flags, message):
     assert len(result.output.strip().splitlines()) == 1 and not (bart / "bad.jsonl").exists()
 
 
+def _with_generate(bart):
+    if not (bart / "out" / "generate").exists():
+        assert invoke("fuse", bart / "out", "--target", "ort").exit_code == 0
+        assert invoke("generate", bart / "out").exit_code == 0
+
+
 def test_ort_generate_refuses_the_options_its_graph_does_not_apply(bart):
-    assert invoke("fuse", bart / "out", "--target", "ort").exit_code == 0
-    assert invoke("generate", bart / "out").exit_code == 0
+    _with_generate(bart)
     result = invoke("translate", bart / "out", "--backend", "ort-generate", "--ids-file", bart / "ids.jsonl",
                     "--n-best", 2)
     assert result.exit_code == 2, result.output
     line = result.output.strip()
     assert line.startswith("error: --backend ort-generate runs ONNX Runtime's BeamSearch graph, which does not apply")
-    for name in ("min_length=6", "no_repeat_ngram_size=3", "num_return_sequences=2"):
+    for name in ("no_repeat_ngram_size=3", "num_return_sequences=2"):
         assert name in line
+    assert "min_length" not in line  # applied in the graph (below)
     assert "--backend ort" in line and len(line.splitlines()) == 1
+
+
+def test_ort_generate_applies_min_length_and_repetition_penalty_as_transformers(bart):
+    """generate.onnx's min_length (the stored 6) and repetition_penalty inputs, with the stored beams, length penalty
+    and early stopping: token for token transformers' generate with the same options."""
+    _with_generate(bart)
+    got, _ = _translate(bart, "--backend", "ort-generate", "--no-repeat-ngram-size", 0, "--repetition-penalty", 1.3,
+                        source="out")
+    want, _ = _generate(bart, no_repeat_ngram_size=0, repetition_penalty=1.3)
+    assert got == want
+    plain, _ = _generate(bart, no_repeat_ngram_size=0, min_length=0)
+    assert want != plain, "min_length and repetition_penalty changed nothing: the test could not fail"
 
 
 def test_samples_of_a_source_count_against_the_exports_max_batch(bart):
