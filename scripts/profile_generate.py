@@ -27,6 +27,8 @@ src, _ = e2e_sources(m.config, task, B, 0)
 ids, mask = pad_batch(src, m.config.pad_id)
 feed = {"input_ids": ids.astype(np.int32), "attention_mask": mask.astype(np.int32), "max_length": np.array([min(64, m.limits.max_tgt_len)], np.int32),
         "min_length": np.array([0], np.int32), "num_beams": np.array([K], np.int32), "length_penalty": np.array([0.6], np.float32)}
+if "repetition_penalty" in [i.name for i in s.get_inputs()]:  # an input of generate.onnx since 2026-12-02
+    feed["repetition_penalty"] = np.array([1.0], np.float32)
 for _ in range(3):
     seq = s.run(None, feed)[0]
 path = s.end_profiling()
