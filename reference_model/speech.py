@@ -314,21 +314,19 @@ def decode_windows(model: StepModel, cfg, speech: SpeechTokens, windows: np.ndar
         if beam_size == 1 or sampled:
             sums = _LogProbs(settings, len(rows)) if measures is not None else None
             found = greedy_decode(group, windows[rows], mask[rows], settings, generator=generator, on_choice=sums)
-            if sums is not None:
-                scored_rows = [(tokens, s) for tokens, s in zip(found, sums.sums)]
+            totals = None if sums is None else sums.sums  # summed log-probabilities: averaged below
         else:
             found = hf_beam_search(group, windows[rows], mask[rows],
                                    dataclasses.replace(settings, output_scores=measures is not None), beam_size,
                                    length_penalty, early_stopping)
             if measures is not None:
-                scored_rows = [(h[0].tokens, h[0].score) for h in found]
+                totals = [h[0].score for h in found]  # sequences_scores: already length-normalised
                 found = [h[0].tokens for h in found]
         for j, (row, tokens) in enumerate(zip(rows, found)):
             results[row] = tokens
             if measures is not None:
                 ended = list(tokens) + ([cfg.eos_id] if len(tokens) < settings.max_new_tokens else [])
-                total = scored_rows[j][1]
-                average = float(total / len(ended)) if beam_size == 1 or sampled else float(total)
+                average = float(totals[j] / len(ended)) if beam_size == 1 or sampled else float(totals[j])
                 scored[row] = (compression_ratio(ended, cfg.tgt_vocab_size), average)
     if measures is not None:
         measures.extend(scored)
