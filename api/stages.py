@@ -315,12 +315,14 @@ class GenerateResult(_Result):
     record: dict[str, Any]
 
 
-def generate(out: str | Path, *, int8: bool = False, force: bool = False) -> GenerateResult:
+def generate(out: str | Path, *, int8: bool = False, force: bool = False,
+             no_repeat_ngram_size: int | None = None) -> GenerateResult:
     """ONNX Runtime's BeamSearch around the fused ORT graphs of `out` (or, `int8`, the int8 ones):
-    OUT/generate/ort[-int8]/generate.onnx, run by the backends ort-generate / ort-generate-int8."""
+    OUT/generate/ort[-int8]/generate.onnx, run by the backends ort-generate / ort-generate-int8.
+    `no_repeat_ngram_size` is fixed in the graph; None: the model's own generation settings, else 0."""
     from seq2trt.exporters.ort_search import FILENAME, generate_artifacts
 
-    record = generate_artifacts(Path(out), force=force, int8=int8)
+    record = generate_artifacts(Path(out), force=force, int8=int8, no_repeat_ngram_size=no_repeat_ngram_size)
     return GenerateResult(layout.generate_dir(out, int8) / FILENAME, record)
 
 

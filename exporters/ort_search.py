@@ -29,6 +29,15 @@ against `reference_model.decoding` in tests/exporters/test_generate.py):
   input (generate.json without semantics.repetition_penalty) run with penalty 1 and refuse another. With one beam
   (ORT's greedy search) the outputs differ from Hugging Face's greedy search, which penalises the raw logits
   (tested): the runner refuses repetition_penalty with num_beams 1.
+- no_repeat_ngram_size is an attribute of the op, so a build-time setting: `seq2trt generate` takes the model's
+  own (generation.json), or --no-repeat-ngram-size N; ORT bans every id that would repeat an n-gram of the
+  sequence so far, the start token included, as Hugging Face's NoRepeatNGramLogitsProcessor over input_ids. A
+  decode asking another value is refused (rebuild), as are graphs built before it was recorded (they hold 0).
+- num_return_sequences (a runtime input, <= num_beams) returns the n best closed hypotheses of each source, best
+  first, and `sequences_scores` their scores (Hugging Face's sequences_scores: sum_logprobs / length **
+  length_penalty). ORT scores a hypothesis the length limit closed over its length with the start token
+  (sum / (L + 1) ** lp); the runner rescales it to Hugging Face's sum / L ** lp (tested). Graphs built before these (generate.json without semantics.num_return_sequences) return one
+  sequence and no score, and refuse more.
 - num_beams 1 is greedy search (`greedy_decode`): the first eos closes the only hypothesis.
 - pad_token_id is set to eos: ORT pads the sequences after the end with it (the hypothesis itself has no eos), so
   the output is cut at the first eos exactly even when the pad id is a real token; the encoder mask is an input
@@ -58,7 +67,7 @@ from seq2trt.reference_model.atomic_files import atomic_write_text, sha256_file
 from seq2trt.reference_model.swap import staged_directory
 
 from seq2trt.exporters import spec
-from seq2trt.reference_model.layout import GENERATE_JSON, generate_dir
+from seq2trt.reference_model.layout import GENERATE_JSON, GENERATION, generate_dir
 from seq2trt.exporters.artifact_checks import load_graph
 from seq2trt.exporters.fuse import Target, fused_dir, verify_fused
 from seq2trt.exporters.fuse_ort import MS_DOMAIN
@@ -71,7 +80,7 @@ EARLY_STOPPING = True  # the only setting whose semantics equal Hugging Face's (
 # The main graph's inputs, in the BeamSearch node's input order (ORT's names; "" = an unused optional input).
 RUNTIME_INPUTS = ("input_ids", "max_length", "min_length", "num_beams", "num_return_sequences", "length_penalty",
                   "repetition_penalty", "vocab_mask", "", "attention_mask")
-CONSTANT_INPUTS = {"num_return_sequences": np.array([1], np.int32)}
+OUTPUTS = ("sequences", "sequences_scores")
 
 
 def _source_graphs(out: Path, int8: bool, manifest: Manifest | None) -> tuple[Path, dict, str]:
@@ -206,15 +215,16 @@ def _insert_front(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> None:
 
 
 def build_generate(encoder: onnx.ModelProto, decoder: onnx.ModelProto, cfg: Seq2SeqConfig,
-                   dtype: str) -> onnx.ModelProto:
-    """One BeamSearch node around the fused encoder and decoder (checked graphs of the contract)."""
+                   dtype: str, no_repeat_ngram_size: int = 0) -> onnx.ModelProto:
+    """One BeamSearch node around the fused encoder and decoder (checked graphs of the contract), banning repeated
+    n-grams of `no_repeat_ngram_size` (0: off)."""
     if dtype != "fp32":
         raise InputError(f"generate.onnx runs ONNX Runtime's CPU BeamSearch, which takes float32 graphs; this export "
                          f"is {dtype}: export with --dtype fp32 into another folder")
     attrs = dict(eos_token_id=cfg.eos_id, pad_token_id=cfg.eos_id, decoder_start_token_id=cfg.bos_id,
-                 early_stopping=int(EARLY_STOPPING), model_type=1, no_repeat_ngram_size=0,
+                 early_stopping=int(EARLY_STOPPING), model_type=1, no_repeat_ngram_size=no_repeat_ngram_size,
                  encoder=encoder_subgraph(encoder, cfg), decoder=decoder_subgraph(decoder, cfg, dtype))
-    initializers = [onnx.numpy_helper.from_array(v, k) for k, v in CONSTANT_INPUTS.items()]
+    initializers = []
     inputs = list(RUNTIME_INPUTS)
     if cfg.suppress_ids:
         mask = np.ones(cfg.tgt_vocab_size, np.int32)
@@ -222,17 +232,20 @@ def build_generate(encoder: onnx.ModelProto, decoder: onnx.ModelProto, cfg: Seq2
         initializers.append(onnx.numpy_helper.from_array(mask, "vocab_mask"))
     else:
         inputs[inputs.index("vocab_mask")] = ""
-    node = helper.make_node("BeamSearch", inputs, ["sequences"], name="beam_search", domain=MS_DOMAIN, **attrs)
+    node = helper.make_node("BeamSearch", inputs, list(OUTPUTS), name="beam_search", domain=MS_DOMAIN, **attrs)
     i32 = lambda name, shape: helper.make_tensor_value_info(name, TensorProto.INT32, shape)
     # min_length (eos masked while the sequence, start token included, is shorter): Hugging Face's min_length, or
-    # min_new_tokens + 1; max_length for bench's forced-length runs. repetition_penalty: a runtime input.
+    # min_new_tokens + 1; max_length for bench's forced-length runs. repetition_penalty, num_return_sequences:
+    # runtime inputs.
     graph_inputs = [i32("input_ids", ["batch", "src_len"]), i32("max_length", [1]), i32("min_length", [1]),
-                    i32("num_beams", [1]),
+                    i32("num_beams", [1]), i32("num_return_sequences", [1]),
                     helper.make_tensor_value_info("length_penalty", TensorProto.FLOAT, [1]),
                     helper.make_tensor_value_info("repetition_penalty", TensorProto.FLOAT, [1]),
                     i32("attention_mask", ["batch", "src_len"])]
-    graph = helper.make_graph([node], "seq2trt beam search", graph_inputs,
-                              [i32("sequences", ["batch", 1, "max_length"])], initializers)
+    graph_outputs = [i32("sequences", ["batch", "num_return_sequences", "max_length"]),
+                     helper.make_tensor_value_info("sequences_scores", TensorProto.FLOAT,
+                                                   ["batch", "num_return_sequences"])]
+    graph = helper.make_graph([node], "seq2trt beam search", graph_inputs, graph_outputs, initializers)
     opsets = {o.domain: o.version for o in list(encoder.opset_import) + list(decoder.opset_import)}
     opsets.setdefault(MS_DOMAIN, 1)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()],
@@ -241,9 +254,24 @@ def build_generate(encoder: onnx.ModelProto, decoder: onnx.ModelProto, cfg: Seq2
     return model
 
 
-def generate_artifacts(out: Path, force: bool = False, int8: bool = False) -> dict:
+def stored_no_repeat_ngram_size(out: Path, manifest: Manifest) -> int:
+    """The model's own no_repeat_ngram_size: an imported model's generation settings (generation.json of the
+    checkpoint the export was made from, as translate reads them), else 0."""
+    folder = (manifest.data.get("source") or {}).get("checkpoint") or out
+    path = Path(folder) / GENERATION
+    if not path.exists():
+        return 0
+    try:
+        value = json.loads(path.read_text()).get("no_repeat_ngram_size")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
+        raise ArtifactError(f"{path} is malformed ({exc!r}); re-export the model") from None
+    return 0 if value is None else value
+
+
+def generate_artifacts(out: Path, force: bool = False, int8: bool = False,
+                       no_repeat_ngram_size: int | None = None) -> dict:
     """Write generate.onnx and generate.json into `generate_dir(out, int8)` from the checked fused ORT graphs (or the
-    int8 graphs); returns the record."""
+    int8 graphs); returns the record. `no_repeat_ngram_size` None: the model's own (`stored_no_repeat_ngram_size`)."""
     import onnxruntime
 
     out = Path(out)
@@ -253,15 +281,24 @@ def generate_artifacts(out: Path, force: bool = False, int8: bool = False) -> di
         raise InputError(f"{out} is a speech model (its encoder reads audio features) and generate.onnx wraps an "
                          "encoder of token ids (BeamSearch's model_type 1); decode it through the step graphs: "
                          "--backend ort-fused, ort or ort-int8")
+    ngram = stored_no_repeat_ngram_size(out, manifest) if no_repeat_ngram_size is None else no_repeat_ngram_size
+    if not isinstance(ngram, int) or isinstance(ngram, bool) or ngram < 0:
+        where = ("--no-repeat-ngram-size" if no_repeat_ngram_size is not None
+                 else "the model's generation settings: no_repeat_ngram_size")
+        raise InputError(f"{where} must be an integer >= 0 (0: off), got {ngram!r}")
     folder, fusion, _ = _source_graphs(out, int8, manifest)
     graphs = {kind: load_graph(folder / kind.filename, cfg, kind, manifest.dtype) for kind in spec.GraphKind}
-    model = build_generate(graphs[spec.GraphKind.ENCODER], graphs[spec.GraphKind.DECODER], cfg, manifest.dtype)
+    model = build_generate(graphs[spec.GraphKind.ENCODER], graphs[spec.GraphKind.DECODER], cfg, manifest.dtype,
+                           ngram)
     record = {"op": "com.microsoft.BeamSearch", "model_type": 1, "onnxruntime": onnxruntime.__version__,
               "semantics": {"length_penalty": "sum_logprobs / length ** length_penalty (Hugging Face's)",
                             "early_stopping": EARLY_STOPPING, "max_length": "max_new_tokens + 1 (the start token)",
                             "min_length": "max(min_length, min_new_tokens + 1) (the start token counts)",
                             "repetition_penalty": "runtime input: log-prob * p (< 0) over the ids of the sequence, "
                                                   "start token included (Hugging Face's)",
+                            "no_repeat_ngram_size": ngram,
+                            "num_return_sequences": "runtime input, <= num_beams: the n best hypotheses, best first",
+                            "sequences_scores": "sum_logprobs / length ** length_penalty (Hugging Face's)",
                             "eos_id": cfg.eos_id, "pad_token_id": cfg.eos_id, "decoder_start_token_id": cfg.bos_id,
                             "forced_bos_id": cfg.forced_bos_id, "forced_eos": cfg.forced_eos,
                             "suppress_ids": list(cfg.suppress_ids)},

@@ -198,10 +198,12 @@ def decode_settings(cfg, max_new_tokens: int | None, forced_bos_id: int | None =
 
 def unsupported_in_graph(settings: DecodeSettings) -> list[str]:
     """The options of `settings` that a search inside an exported graph (ONNX Runtime's BeamSearch: the model's
-    forced and suppressed ids, beams, length penalty, min_length / min_new_tokens and repetition_penalty) would not
-    apply, as NAME=VALUE."""
+    forced and suppressed ids, beams, length penalty, min_length / min_new_tokens, repetition_penalty,
+    no_repeat_ngram_size, n-best lists and their scores) would not apply, as NAME=VALUE. The graph checks the
+    values it applies (runtime.ort_search.GenerateModel.check: no_repeat_ngram_size is fixed when it is built)."""
     neutral = DecodeSettings(settings.bos_id, settings.eos_id, settings.pad_id, settings.max_new_tokens)
-    applied = {"seed", "min_length", "min_new_tokens", "repetition_penalty"}  # runtime inputs of generate.onnx
+    applied = {"seed", "min_length", "min_new_tokens", "repetition_penalty", "no_repeat_ngram_size",
+               "num_return_sequences", "output_scores"}  # inputs, attributes and outputs of generate.onnx
     keys = [k for k in OPTION_FLAGS if k not in applied] + ["bad_words_ids"]
     return [f"{k}={getattr(settings, k)!r}" for k in keys if getattr(settings, k) != getattr(neutral, k)]
 
@@ -269,6 +271,7 @@ def decode_job(opened: OpenedDecoder, backend: str, sources: Sequence[Sequence[i
                              f"{', '.join(missing)} (from the flags or the model's generation settings); use --backend "
                              "ort (the same graphs through seq2trt's search), or leave those options at their defaults")
         decode = generate_search(generation_config(folder), beams, alpha)
+        step_model.check(1, 1, settings, beams)  # the rules built into the graph, before the first batch
     samples = settings.num_return_sequences if settings.do_sample else 0  # a sampled source takes that many rows
     rows = batch_rows(batch_size, max_batch, *((samples, "--n-best") if samples > beams else (beams,)))
     return settings, decode_batches(step_model, sources, cfg.pad_id, decode, settings, rows)

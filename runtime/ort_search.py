@@ -2,7 +2,7 @@
 
 It is not a `StepModel`: there is no step to drive from Python. `GenerateModel.decode` takes the same
 (ids, mask, DecodeSettings) as the loops of `reference_model.decoding` and returns their output form (each
-source's tokens without bos/eos). Its search is Hugging Face's beam search with early_stopping=True and
+source's tokens without bos/eos, or its n-best Hypothesis list with scores). Its search is Hugging Face's beam search with early_stopping=True and
 `length_penalty` as the exponent of the length (exporters/ort_search.py documents the exact semantics); one beam
 is greedy search.
 """
@@ -18,7 +18,7 @@ import numpy as np
 from seq2trt.exporters import spec
 from seq2trt.exporters.ort_search import FILENAME, generate_dir, verify_generate
 from seq2trt.exporters.manifest import Manifest
-from seq2trt.reference_model.decoding import DecodeSettings
+from seq2trt.reference_model.decoding import DecodeSettings, Hypothesis
 from seq2trt.reference_model.errors import DependencyError, InputError
 
 logger = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class GenerateModel:
     def __init__(self, out: Path, manifest: Manifest, threads: int = 1, int8: bool = False):
         self.record = verify_generate(out, manifest, int8)
         self.path, self.cfg, self.limits, self.threads = generate_dir(out, int8) / FILENAME, manifest.config, manifest.limits, threads
-        self.int8 = int8
+        self.int8, self.out = int8, Path(out)
         self.session = None
         self.last_inference_time: float | None = None
 
@@ -59,6 +59,10 @@ class GenerateModel:
 
     def __exit__(self, *exc) -> None:
         self.session = None
+
+    @property
+    def _rebuild(self) -> str:
+        return f"seq2trt generate {self.out}" + (" --int8" if self.int8 else "")
 
     def check(self, batch: int, src_len: int, settings: DecodeSettings, num_beams: int) -> None:
         """Refuse what the graph cannot do as asked: more rows or positions than the export serves, or decoding
@@ -81,23 +85,43 @@ class GenerateModel:
         differ = {k: (built.get(k), v) for k, v in wanted.items() if built.get(k) != v}
         if settings.repetition_penalty != 1.0 and "repetition_penalty" not in built:
             raise InputError(f"this generate.onnx was built before repetition_penalty was an input; re-run "
-                             f"`seq2trt generate OUT --force` to decode with repetition_penalty "
+                             f"`{self._rebuild} --force` to decode with repetition_penalty "
                              f"{settings.repetition_penalty}")
         if settings.repetition_penalty != 1.0 and num_beams == 1:
             raise InputError(f"repetition_penalty {settings.repetition_penalty} with one beam: ONNX Runtime's greedy "
                              "search in generate.onnx does not penalise as Hugging Face's greedy search (on the raw "
                              "logits) does; use --beam >= 2, or --backend ort for greedy")
-        if len(settings.start) != 1 and (settings.min_length or settings.repetition_penalty != 1.0):
-            raise InputError("generate.onnx's sequences begin with the one start token; min_length and "
-                             "repetition_penalty with a longer decoder prompt are not applied there: use --backend ort")
+        if len(settings.start) != 1 and (settings.min_length or settings.repetition_penalty != 1.0
+                                         or settings.no_repeat_ngram_size):
+            raise InputError("generate.onnx's sequences begin with the one start token; min_length, "
+                             "repetition_penalty and no_repeat_ngram_size with a longer decoder prompt are not applied "
+                             "there: use --backend ort")
+        ngram = built.get("no_repeat_ngram_size", 0)  # graphs built before it was recorded hold 0
+        if settings.no_repeat_ngram_size != ngram:
+            raise InputError(f"this generate.onnx bans repeated n-grams of size {ngram} (no_repeat_ngram_size, fixed "
+                             f"when the graph is built), and this decode asks {settings.no_repeat_ngram_size}; re-run "
+                             f"`{self._rebuild} --no-repeat-ngram-size {settings.no_repeat_ngram_size} --force`, "
+                             "or use --backend ort")
+        n_best = settings.num_return_sequences
+        if (n_best != 1 or settings.output_scores) and "num_return_sequences" not in built:
+            raise InputError("this generate.onnx was built before n-best lists and scores were outputs; re-run "
+                             f"`{self._rebuild} --force` to decode with num_return_sequences or scores")
+        if n_best > num_beams:
+            raise InputError(f"num_return_sequences {n_best} is more than the {num_beams} beams; ask for at most as "
+                             "many sequences as beams")
+        if settings.output_scores and num_beams == 1:
+            raise InputError("scores with one beam: ONNX Runtime's greedy search in generate.onnx scores its sequence "
+                             "otherwise than seq2trt's greedy search (the sum of log-probabilities); use --beam >= 2 "
+                             "(Hugging Face's sequences_scores), or --backend ort for greedy scores")
         if differ:
             raise InputError(f"generate.onnx applies the decoding rules it was built with; asked for others {differ} "
                              "(built, asked): use --backend ort-fused for these")
 
     def decode(self, input_ids: np.ndarray, attention_mask: np.ndarray, settings: DecodeSettings, num_beams: int = 1,
-               length_penalty: float = 1.0, forced_length: bool = False) -> list[list[int]]:
-        """Each source's best hypothesis without bos/eos (num_beams 1: greedy). `forced_length`: eos is masked until
-        max_new_tokens (bench's forced-length runs: every backend does the same work)."""
+               length_penalty: float = 1.0, forced_length: bool = False) -> list[list[int]] | list[list[Hypothesis]]:
+        """Each source's best hypothesis without bos/eos (num_beams 1: greedy), or, when `settings.plain` is not, its
+        num_return_sequences best as Hypothesis (Hugging Face's sequences_scores as the score). `forced_length`: eos
+        is masked until max_new_tokens (bench's forced-length runs: every backend does the same work)."""
         import time
 
         if self.session is None:
@@ -111,13 +135,24 @@ class GenerateModel:
                 "min_length": np.array([settings.max_new_tokens + 1 if forced_length else min_length], np.int32),
                 "num_beams": np.array([num_beams], np.int32),
                 "length_penalty": np.array([length_penalty], np.float32)}
-        if "repetition_penalty" in self.record["semantics"]:
+        built = self.record["semantics"]
+        if "repetition_penalty" in built:
             feed["repetition_penalty"] = np.array([settings.repetition_penalty], np.float32)
+        if "num_return_sequences" in built:
+            feed["num_return_sequences"] = np.array([settings.num_return_sequences], np.int32)
         start = time.perf_counter()
-        sequences = self.session.run(None, feed)[0][:, 0, 1:]  # (B, max_length - 1): the start token dropped
+        outputs = self.session.run(None, feed)
         self.last_inference_time = time.perf_counter() - start
         eos = settings.eos_id
-        return [row[: row.index(eos)] if eos in row else row for row in sequences.tolist()]
+        cut = lambda row: row[: row.index(eos)] if eos in row else row
+        sequences = outputs[0][:, :, 1:].tolist()  # (B, N, max_length - 1): the start token dropped
+        if settings.plain:
+            return [cut(rows[0]) for rows in sequences]
+        # A hypothesis the length limit closed (no eos) is scored by ORT over its length with the start token,
+        # Hugging Face's over the generated tokens: sum / (L + 1) ** lp against sum / L ** lp. Rescaled to the latter.
+        limit = lambda row: 1.0 if eos in row else ((len(row) + 1) / len(row)) ** length_penalty
+        return [[Hypothesis(cut(row), float(score) * limit(row)) for row, score in zip(rows, row_scores)]
+                for rows, row_scores in zip(sequences, outputs[1].tolist())]
 
 
 def generate_search(generation: dict | None, num_beams: int, alpha: float

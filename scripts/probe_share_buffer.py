@@ -94,7 +94,8 @@ def feed(rows, beams: int, max_new: int) -> dict:
     ids, mask = pad_batch(rows, m.config.pad_id)
     return {"input_ids": ids.astype(np.int32), "attention_mask": mask.astype(np.int32),
             "max_length": np.array([max_new + 1], np.int32), "min_length": np.array([0], np.int32),
-            "num_beams": np.array([beams], np.int32), "length_penalty": np.array([0.6], np.float32)}
+            "num_beams": np.array([beams], np.int32), "length_penalty": np.array([0.6], np.float32),
+            "repetition_penalty": np.array([1.0], np.float32), "num_return_sequences": np.array([1], np.int32)}
 
 
 src, _ = e2e_sources(m.config, (m.data.get("source") or {}).get("task"), 64, 0)

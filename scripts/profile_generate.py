@@ -29,6 +29,8 @@ feed = {"input_ids": ids.astype(np.int32), "attention_mask": mask.astype(np.int3
         "min_length": np.array([0], np.int32), "num_beams": np.array([K], np.int32), "length_penalty": np.array([0.6], np.float32)}
 if "repetition_penalty" in [i.name for i in s.get_inputs()]:  # an input of generate.onnx since 2026-12-02
     feed["repetition_penalty"] = np.array([1.0], np.float32)
+if "num_return_sequences" in [i.name for i in s.get_inputs()]:  # an input since 2026-12-03
+    feed["num_return_sequences"] = np.array([1], np.int32)
 for _ in range(3):
     seq = s.run(None, feed)[0]
 path = s.end_profiling()

@@ -151,26 +151,51 @@ def _with_generate(bart):
 def test_ort_generate_refuses_the_options_its_graph_does_not_apply(bart):
     _with_generate(bart)
     result = invoke("translate", bart / "out", "--backend", "ort-generate", "--ids-file", bart / "ids.jsonl",
-                    "--n-best", 2)
+                    "--sample", "--seed", 3)
     assert result.exit_code == 2, result.output
     line = result.output.strip()
     assert line.startswith("error: --backend ort-generate runs ONNX Runtime's BeamSearch graph, which does not apply")
-    for name in ("no_repeat_ngram_size=3", "num_return_sequences=2"):
-        assert name in line
-    assert "min_length" not in line  # applied in the graph (below)
+    assert "do_sample=True" in line
+    for applied in ("min_length", "no_repeat_ngram_size", "num_return_sequences"):
+        assert applied not in line  # applied in the graph (below)
     assert "--backend ort" in line and len(line.splitlines()) == 1
 
 
-def test_ort_generate_applies_min_length_and_repetition_penalty_as_transformers(bart):
-    """generate.onnx's min_length (the stored 6) and repetition_penalty inputs, with the stored beams, length penalty
-    and early stopping: token for token transformers' generate with the same options."""
+def test_ort_generate_applies_the_stored_settings_n_best_and_scores_as_transformers(bart):
+    """generate.onnx built with the model's own no_repeat_ngram_size (3), its min_length (the stored 6), the
+    repetition_penalty input, n-best lists and sequences_scores, with the stored length penalty and early stopping:
+    token for token transformers' generate with the same options, and its scores."""
     _with_generate(bart)
-    got, _ = _translate(bart, "--backend", "ort-generate", "--no-repeat-ngram-size", 0, "--repetition-penalty", 1.3,
-                        source="out")
-    want, _ = _generate(bart, no_repeat_ngram_size=0, repetition_penalty=1.3)
-    assert got == want
-    plain, _ = _generate(bart, no_repeat_ngram_size=0, min_length=0)
-    assert want != plain, "min_length and repetition_penalty changed nothing: the test could not fail"
+    got, lines = _translate(bart, "--backend", "ort-generate", "--repetition-penalty", 1.3, "--n-best", 3,
+                            "--scores", source="out")
+    want, out = _generate(bart, repetition_penalty=1.3, num_return_sequences=3, output_scores=True)
+    assert [ids for row in got for ids in row["ids"]] == want
+    np.testing.assert_allclose([s for row in got for s in row["scores"]], out.sequences_scores.numpy(), rtol=1e-5)
+    assert len(lines) == 3 * len(SOURCES)
+    plain, _ = _generate(bart, no_repeat_ngram_size=0, min_length=0, num_return_sequences=3)
+    assert want != plain, "min_length and no_repeat_ngram_size changed nothing: the test could not fail"
+
+
+def test_ort_generate_refuses_another_ngram_size_until_rebuilt(bart):
+    """no_repeat_ngram_size is fixed in the graph: a decode asking another is refused with the command that
+    rebuilds it, and the rebuilt graph applies the new size as transformers does."""
+    _with_generate(bart)
+    result = invoke("translate", bart / "out", "--backend", "ort-generate", "--ids-file", bart / "ids.jsonl",
+                    "--no-repeat-ngram-size", 2)
+    assert result.exit_code == 2, result.output
+    assert "bans repeated n-grams of size 3" in result.output and "asks 2" in result.output
+    assert f"seq2trt generate {bart / 'out'} --no-repeat-ngram-size 2 --force" in result.output
+    result = invoke("generate", bart / "out", "--no-repeat-ngram-size", 2, "--force")
+    assert result.exit_code == 0 and "no_repeat_ngram_size 2," in result.output, result.output
+    try:
+        got, _ = _translate(bart, "--backend", "ort-generate", "--no-repeat-ngram-size", 2, source="out")
+        want, _ = _generate(bart, no_repeat_ngram_size=2)
+        assert got == want
+        assert want != _generate(bart)[0], "sizes 2 and 3 decoded alike: the test could not fail"
+    finally:  # the module's graph again holds the model's own size
+        assert invoke("generate", bart / "out", "--force").exit_code == 0
+    bad = invoke("generate", bart / "out", "--no-repeat-ngram-size", -1, "--force")
+    assert bad.exit_code == 2 and "--no-repeat-ngram-size must be an integer >= 0" in bad.output, bad.output
 
 
 def test_samples_of_a_source_count_against_the_exports_max_batch(bart):

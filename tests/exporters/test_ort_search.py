@@ -192,3 +192,46 @@ def test_greedy_with_repetition_penalty_is_refused(tiny):
     ids, mask = pad_batch(random_sources(model.cfg, 2), model.cfg.pad_id)
     with GenerateModel(out, verify(out)) as generate, pytest.raises(InputError, match="repetition_penalty 1.8 with one beam"):
         generate.decode(ids, mask, settings, 1)
+
+
+def test_no_repeat_ngrams_n_best_and_scores_equal_the_eager_beam_search(make_model, tmp_path):
+    """no_repeat_ngram_size (an attribute: fixed when the graph is built), num_return_sequences (an input) and
+    sequences_scores (an output) against hf_beam_search in float64 with the same options: the same n-best token
+    lists, best first, and their scores to float32 rounding; a decode asking another n-gram size is refused."""
+    import dataclasses
+
+    from seq2trt.reference_model.decoding import Hypothesis
+
+    model = make_model(seed=7, dtype=torch.float32)
+    out = tmp_path / "out"
+    export(model, out, limits=spec.Limits.for_model(model.cfg, max_batch=16))
+    fuse_artifacts(out, Target.ORT)
+    record = generate_artifacts(out, no_repeat_ngram_size=2)
+    assert record["semantics"]["no_repeat_ngram_size"] == 2
+    attrs = {a.name: a.i for a in onnx.load(str(generate_dir(out) / FILENAME)).graph.node[0].attribute
+             if a.type == onnx.AttributeProto.INT}
+    assert attrs["no_repeat_ngram_size"] == 2
+    settings = dataclasses.replace(DecodeSettings.for_model(model.cfg, 20), no_repeat_ngram_size=2,
+                                   num_return_sequences=3, output_scores=True)
+    want, got = _compare(model, out, random_sources(model.cfg, 16), settings, 4, 1.0, rows=4)
+    assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in want]
+    np.testing.assert_allclose([[h.score for h in hyps] for hyps in got], [[h.score for h in hyps] for hyps in want],
+                               rtol=1e-5, atol=1e-5)
+    assert all(isinstance(h, Hypothesis) and len(hyps) == 3 for hyps in got for h in hyps)
+    for hyps in want:  # the rule held: no bigram of a hypothesis (start token included) occurs twice
+        for h in hyps:
+            row = [settings.bos_id, *h.tokens]
+            bigrams = list(zip(row, row[1:]))
+            assert len(bigrams) == len(set(bigrams))
+    ids, mask = pad_batch(random_sources(model.cfg, 16), model.cfg.pad_id)
+    free = hf_beam_search(EagerStepModel(model.double()), ids, mask, DecodeSettings.for_model(model.cfg, 20), 4, 1.0,
+                          True)
+    assert free != [hyps[0].tokens for hyps in want]  # the model repeats bigrams when free: the test could fail
+    assert any(len(h.tokens) == 20 for hyps in want for h in hyps)  # scores of hypotheses the limit closed too
+    with GenerateModel(out, verify(out)) as generate:
+        with pytest.raises(InputError, match=r"bans repeated n-grams of size 2 .* asks 3; re-run `seq2trt generate"):
+            generate.check(2, ids.shape[1], dataclasses.replace(settings, no_repeat_ngram_size=3), 4)
+        with pytest.raises(InputError, match="num_return_sequences 5 is more than the 4 beams"):
+            generate.check(2, ids.shape[1], dataclasses.replace(settings, num_return_sequences=5), 4)
+        with pytest.raises(InputError, match="scores with one beam"):
+            generate.check(2, ids.shape[1], dataclasses.replace(settings, num_return_sequences=1), 1)

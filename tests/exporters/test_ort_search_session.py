@@ -35,7 +35,8 @@ def _kernels(path, cfg, options, disabled, tmp_path) -> set[str]:
     session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids), "max_length": np.array([6], np.int32),
                        "min_length": np.array([0], np.int32), "num_beams": np.array([2], np.int32),
                        "length_penalty": np.array([1.0], np.float32),
-                       "repetition_penalty": np.array([1.0], np.float32)})
+                       "repetition_penalty": np.array([1.0], np.float32),
+                       "num_return_sequences": np.array([1], np.int32)})
     with open(session.end_profiling()) as f:
         events = json.load(f)
     return {e["args"]["op_name"] for e in events if e.get("cat") == "Node" and "op_name" in e.get("args", {})}
