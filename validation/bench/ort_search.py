@@ -13,7 +13,7 @@ import numpy as np
 
 from seq2trt.reference_model.decoding import DecodeSettings
 
-from seq2trt.validation.bench.backends import peak_rss_mb, settle
+from seq2trt.validation.bench.backends import peak_rss_mb, sequences, settle
 
 
 class OrtSearchBackend:
@@ -38,7 +38,7 @@ class OrtSearchBackend:
                length_penalty: float) -> tuple[float, list[list[int]]]:
         start = time.perf_counter()
         outputs = self.model.decode(input_ids, attention_mask, settings, beam, length_penalty)
-        return time.perf_counter() - start, outputs
+        return time.perf_counter() - start, sequences(outputs)  # --n-best: every hypothesis, flattened
 
     def encode_seconds(self, input_ids, attention_mask):
         return None

@@ -337,5 +337,5 @@ def test_sampling_and_n_best_settings_are_checked():
         BenchSettings(search="beam", beam=2, n_best=3)
     with pytest.raises(InputError, match="--temperature must be > 0"):
         BenchSettings(search="sample", temperature=0.0)
-    with pytest.raises(InputError, match="ort-generate: generate.onnx returns one beam-search hypothesis"):
+    with pytest.raises(InputError, match="ort-generate: generate.onnx runs beam search and does not sample"):
         BenchSettings(backends=("ort", "ort-generate"), search="sample")
