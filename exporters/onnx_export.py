@@ -32,7 +32,7 @@ from seq2trt.reference_model.model import Seq2SeqTransformer
 from seq2trt.exporters import spec
 from seq2trt.exporters.attention_functions import attention_functions, marked_kind, marked_op_type
 from seq2trt.exporters.manifest import MANIFEST, write_manifest
-from seq2trt.exporters.torch_cache import check_torch_cache
+from seq2trt.exporters.torch_cache import check_torch_cache, reused_torchlib_registry
 from seq2trt.exporters.whisper_features import write_model_features
 
 logger = logging.getLogger(__name__)
@@ -184,7 +184,7 @@ def trace(model: Seq2SeqTransformer, kind: spec.GraphKind, opset: int) -> onnx.M
     args, dynamic = _examples(model, kind)
     names_in = [s.name for s in spec.inputs(model.cfg, kind)]
     names_out = [s.name for s in spec.outputs(model.cfg, kind)]
-    with torch.no_grad(), warnings.catch_warnings():
+    with torch.no_grad(), warnings.catch_warnings(), reused_torchlib_registry():
         # Dims that share constraints produce "axis name ... will not be used" notes; the names are checked below.
         warnings.filterwarnings("ignore", message=".*will not be used.*")
         warnings.filterwarnings("ignore", category=FutureWarning)

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from seq2trt.exporters import spec
-from seq2trt.exporters.torch_cache import check_torch_cache
+from seq2trt.exporters.torch_cache import check_torch_cache, reused_torchlib_registry
 from seq2trt.reference_model import layout
 from seq2trt.reference_model.atomic_files import atomic_write_bytes
 from seq2trt.reference_model.errors import ConfigError, DependencyError, InputError
@@ -138,7 +138,7 @@ def features_graph(source, opset: int = spec.DEFAULT_OPSET) -> onnx.ModelProto:
     module = LogMel(params).eval()
     example = (torch.zeros(2, params.n_samples // 3 + 7),)
     dynamic = ({0: torch.export.Dim("batch"), 1: torch.export.Dim("samples")},)
-    with torch.no_grad(), warnings.catch_warnings():
+    with torch.no_grad(), warnings.catch_warnings(), reused_torchlib_registry():
         warnings.filterwarnings("ignore", category=FutureWarning)
         program = torch.onnx.export(module, example, dynamo=True, dynamic_shapes=dynamic, input_names=[INPUT],
                                     output_names=[OUTPUT], opset_version=opset, external_data=False, verbose=False)

@@ -235,3 +235,19 @@ def test_polygraphy_compares_the_decoder_with_eager(exports, model, tmp_path, br
         assert done.returncode != 0 and "FAILED" in log, log[-2000:]
     else:
         assert done.returncode == 0 and "PASSED" in log, log[-2000:]
+
+
+def test_the_reused_torchlib_registry_changes_no_graph(make_model, monkeypatch):
+    """onnx_export traces with one torchlib registry copied per export (torch_cache.reused_torchlib_registry):
+    byte for byte the graph torch.onnx.export builds with a registry of its own, and the patch is undone after."""
+    from torch.onnx._internal.exporter import _registration
+
+    from seq2trt.exporters import onnx_export
+
+    model = make_model(seed=7, dtype=torch.float32)
+    original = _registration.ONNXRegistry.__dict__["from_torchlib"]
+    reused = onnx_export.trace(model, spec.GraphKind.ENCODER, spec.DEFAULT_OPSET)
+    assert _registration.ONNXRegistry.__dict__["from_torchlib"] is original
+    monkeypatch.setattr(onnx_export, "reused_torchlib_registry", contextlib.nullcontext)
+    fresh = onnx_export.trace(model, spec.GraphKind.ENCODER, spec.DEFAULT_OPSET)
+    assert reused.SerializeToString() == fresh.SerializeToString()
