@@ -38,7 +38,7 @@ def test_demo_model_learned_its_task(demo_checkpoint):
 @pytest.mark.slow
 def test_demo_runs_the_whole_pipeline(demo_checkpoint, tmp_path):
     out = tmp_path / "demo"
-    proc = subprocess.run([sys.executable, "-m", "seq2trt.cli.main", "demo", "-o", str(out), "--samples", "100"],
+    proc = subprocess.run([sys.executable, "-m", "seq2trt.cli.main", "demo", "-o", str(out), "--samples", "40"],
                           capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     reports = out / "reports"
@@ -80,8 +80,9 @@ def _perturbed(checkpoint, seed: int, relative: float):
 @pytest.mark.slow
 @pytest.mark.parametrize("seed, relative", [(1, 0.02), (2, 0.05)])
 def test_demo_validations_pass_for_other_demo_models(demo_checkpoint, tmp_path, seed, relative):
-    """The demo's validation steps (plain, fused ORT, plugin graphs on CPU, int8) pass for demo models other than
-    this machine's: no bound of validate may depend on the one model measured."""
+    """The demo's validation steps with bounds of their own (fused ORT, plugin graphs on CPU, int8; the plain graphs'
+    fp32 bounds are the fused ones') pass for demo models other than this machine's: no bound of validate may
+    depend on the one model measured."""
     from seq2trt.exporters.fuse import Target, fuse_artifacts
     from seq2trt.exporters.onnx_export import export
     from seq2trt.exporters.quantize import quantize_artifacts
@@ -95,6 +96,6 @@ def test_demo_validations_pass_for_other_demo_models(demo_checkpoint, tmp_path, 
     for target in Target:
         fuse_artifacts(out, target)
     quantize_artifacts(out)
-    for graphs in ("plain", "fused-ort", "fused-trt", "int8-ort"):
-        doc = run_validation(out, ValidateSettings(graphs=graphs, samples=60, localize_budget_s=0))
+    for graphs in ("fused-ort", "fused-trt", "int8-ort"):
+        doc = run_validation(out, ValidateSettings(graphs=graphs, samples=40, localize_budget_s=0))
         assert doc["passed"] and doc["graph_failures"] == [], graphs

@@ -40,9 +40,10 @@ def test_imported_model_through_the_pipeline(family, make_hf_model, tmp_path):
             invoke_ok("fuse", out, "--target", target)
             graph_sets.append(f"fused-{target}")
         for graphs in graph_sets:
-            # The plugin graphs run the op's PyTorch reference as a Python op on CPU, ~1 ms a call: 30 sources end
-            # to end there (the same graphs' ORT twins decode 100, token for token equal to eager on every family)
-            samples = 30 if graphs == "fused-trt" else 100
+            # Every graph set over the whole shape sweep; end to end, 40 sources (each decoded greedy and beam 4 on
+            # both models). The plugin graphs run the op's PyTorch reference as a Python op on CPU, ~1 ms a call:
+            # 12 sources there in fp32, and graph level alone in fp16 (fp16's ORT twins decode end to end).
+            samples = 40 if graphs != "fused-trt" else 12 if dtype == "fp32" else 0
             output = invoke_ok("validate", out, "--graphs", graphs, "--samples", samples)
             assert "parity passed" in output, output
         if HAS_RTX and dtype == "fp32":

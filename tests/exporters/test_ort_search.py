@@ -138,7 +138,7 @@ def test_generate_equals_the_eager_search_on_the_demo_model(demo_checkpoint, tmp
     if not (generate_dir(out) / GENERATE_JSON).exists():
         _build(model, out, max_batch=32)
     task = get_task("numbers")
-    sources = [task.source_vocab.encode(s) + [model.cfg.eos_id] for s, _ in task.heldout(96)]
+    sources = [task.source_vocab.encode(s) + [model.cfg.eos_id] for s, _ in task.heldout(48)]
     settings = DecodeSettings.for_model(model.cfg, 63)
     want, got = _compare(model, out, sources, settings, beams, 0.6, rows=32 // beams)
     assert got == want
