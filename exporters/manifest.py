@@ -199,3 +199,10 @@ def verify(out: Path, names: list[str] | None = None) -> Manifest:
         raise ArtifactError(f"{out} failed its manifest check: " + "; ".join(problems) +
                             "; re-run `seq2trt export --force`")
     return manifest
+
+
+def checkpoint_folder(out: Path, manifest: Manifest, checkpoint: Path | None = None) -> Path:
+    """The folder holding an export's tokenizer and generation settings: the one given, else the one it was exported
+    from."""
+    recorded = (manifest.data.get("source") or {}).get("checkpoint")
+    return Path(checkpoint or recorded or out)

@@ -36,8 +36,8 @@ against `reference_model.decoding` in tests/exporters/test_generate.py):
 - num_return_sequences (a runtime input, <= num_beams) returns the n best closed hypotheses of each source, best
   first, and `sequences_scores` their scores (Hugging Face's sequences_scores: sum_logprobs / length **
   length_penalty). ORT scores a hypothesis the length limit closed over its length with the start token
-  (sum / (L + 1) ** lp); the runner rescales it to Hugging Face's sum / L ** lp (tested). Graphs built before these (generate.json without semantics.num_return_sequences) return one
-  sequence and no score, and refuse more.
+  (sum / (L + 1) ** lp); the runner rescales it to Hugging Face's sum / L ** lp (tested). Graphs built before
+  these (generate.json without semantics.num_return_sequences) return one sequence and no score, and refuse more.
 - num_beams 1 is greedy search (`greedy_decode`): the first eos closes the only hypothesis.
 - pad_token_id is set to eos: ORT pads the sequences after the end with it (the hypothesis itself has no eos), so
   the output is cut at the first eos exactly even when the pad id is a real token; the encoder mask is an input
@@ -67,11 +67,12 @@ from seq2trt.reference_model.atomic_files import atomic_write_text, sha256_file
 from seq2trt.reference_model.swap import staged_directory
 
 from seq2trt.exporters import spec
-from seq2trt.reference_model.layout import GENERATE_JSON, GENERATION, generate_dir
+from seq2trt.reference_model.checkpoint import generation_config
+from seq2trt.reference_model.layout import GENERATE_JSON, generate_dir
 from seq2trt.exporters.artifact_checks import load_graph
 from seq2trt.exporters.fuse import Target, fused_dir, verify_fused
 from seq2trt.exporters.fuse_ort import MS_DOMAIN
-from seq2trt.exporters.manifest import Manifest, verify
+from seq2trt.exporters.manifest import Manifest, checkpoint_folder, verify
 
 logger = logging.getLogger(__name__)
 
@@ -255,16 +256,9 @@ def build_generate(encoder: onnx.ModelProto, decoder: onnx.ModelProto, cfg: Seq2
 
 
 def stored_no_repeat_ngram_size(out: Path, manifest: Manifest) -> int:
-    """The model's own no_repeat_ngram_size: an imported model's generation settings (generation.json of the
-    checkpoint the export was made from, as translate reads them), else 0."""
-    folder = (manifest.data.get("source") or {}).get("checkpoint") or out
-    path = Path(folder) / GENERATION
-    if not path.exists():
-        return 0
-    try:
-        value = json.loads(path.read_text()).get("no_repeat_ngram_size")
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
-        raise ArtifactError(f"{path} is malformed ({exc!r}); re-export the model") from None
+    """The model's own no_repeat_ngram_size: an imported model's generation settings (those of the checkpoint the
+    export was made from, as translate reads them), else 0."""
+    value = (generation_config(checkpoint_folder(out, manifest)) or {}).get("no_repeat_ngram_size")
     return 0 if value is None else value
 
 

@@ -7,6 +7,7 @@ and raised as one `CheckpointError` that lists them all.
 
 from __future__ import annotations
 
+import json
 import pickle
 import re
 from pathlib import Path
@@ -20,7 +21,7 @@ from seq2trt.reference_model.swap import staged_directory
 from seq2trt.reference_model.model import Seq2SeqTransformer
 from seq2trt.reference_model.vocab import Vocab, load_vocabs, save_vocabs
 
-from seq2trt.reference_model.layout import CONFIG, LEGACY_WEIGHTS, METRICS, VOCAB, WEIGHTS
+from seq2trt.reference_model.layout import CONFIG, GENERATION, LEGACY_WEIGHTS, METRICS, VOCAB, WEIGHTS
 
 
 def _aliases(cfg: Seq2SeqConfig) -> dict[str, str]:
@@ -221,3 +222,18 @@ def load_checkpoint(path: Path) -> tuple[Seq2SeqTransformer, tuple[Vocab, Vocab]
         raise CheckpointError(f"{folder / VOCAB} has {len(vocabs[0])}/{len(vocabs[1])} source/target tokens, "
                               f"the config {cfg.src_vocab_size}/{cfg.tgt_vocab_size}")
     return model.eval(), vocabs
+
+
+def generation_config(folder: Path) -> dict | None:
+    """An imported model's generation settings (num_beams, length_penalty, early_stopping, ...), or None for a model
+    trained here."""
+    path = Path(folder) / GENERATION
+    if not path.exists():
+        return None
+    try:
+        settings = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path} is malformed ({exc}); re-import the model") from None
+    if not isinstance(settings, dict):
+        raise CheckpointError(f"{path} holds {type(settings).__name__}, not the settings object; re-import the model")
+    return settings

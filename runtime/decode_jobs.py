@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import os
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
+from seq2trt.exporters.manifest import checkpoint_folder
 from seq2trt.reference_model import layout
+from seq2trt.reference_model.checkpoint import generation_config
 from seq2trt.reference_model.decoding import DecodeSettings, beam_search, greedy_decode, hf_beam_search
 from seq2trt.reference_model.errors import InputError
 from seq2trt.reference_model.vocab import pad_batch
@@ -32,13 +33,6 @@ def check_threads(threads: int, flag: str = "--threads") -> None:
     if not 1 <= threads <= MAX_THREADS:
         raise InputError(f"{flag} must be in [1, {MAX_THREADS}], got {threads} (the limit is 4 per CPU core, "
                          f"{os.cpu_count() or 1} here); give a count in that range")
-
-
-def checkpoint_folder(out: Path, manifest, checkpoint: Path | None = None) -> Path:
-    """The folder holding an export's tokenizer and generation settings: the one given, else the one it was exported
-    from."""
-    recorded = (manifest.data.get("source") or {}).get("checkpoint")
-    return Path(checkpoint or recorded or out)
 
 
 def has_tokenizer(folder: Path) -> bool:
@@ -107,15 +101,6 @@ def check_sources(sources: Sequence[Sequence[int]], cfg, max_src_len: int, limit
     from seq2trt.reference_model.sources import source_kind
 
     source_kind(cfg).check(sources, max_src_len, limit_name, origin, numbered)
-
-
-def generation_config(folder: Path) -> dict | None:
-    """An imported model's generation settings (num_beams, length_penalty, early_stopping, ...), or None for a model
-    trained here."""
-    from seq2trt.reference_model.layout import GENERATION
-
-    path = Path(folder) / GENERATION
-    return json.loads(path.read_text()) if path.exists() else None
 
 
 def choose_search(generation: dict | None, beam: int | None, alpha: float,

@@ -2,9 +2,9 @@
 
 It is not a `StepModel`: there is no step to drive from Python. `GenerateModel.decode` takes the same
 (ids, mask, DecodeSettings) as the loops of `reference_model.decoding` and returns their output form (each
-source's tokens without bos/eos, or its n-best Hypothesis list with scores). Its search is Hugging Face's beam search with early_stopping=True and
-`length_penalty` as the exponent of the length (exporters/ort_search.py documents the exact semantics); one beam
-is greedy search.
+source's tokens without bos/eos, or its n-best Hypothesis list with scores). Its search is Hugging Face's beam
+search with early_stopping=True and `length_penalty` as the exponent of the length (exporters/ort_search.py
+documents the exact semantics); one beam is greedy search.
 """
 
 from __future__ import annotations
