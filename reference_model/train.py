@@ -146,8 +146,16 @@ def demo_checkpoint(cache_root: Path | None = None, settings: TrainSettings = Tr
     if blocking is not None and not blocking.is_dir():
         raise InputError(f"the demo cache {root} (SEQ2TRT_CACHE, default ~/.cache/seq2trt) cannot be a folder: "
                          f"{blocking} is a file; point SEQ2TRT_CACHE at a folder")
-    model, metrics = train(settings, progress)
-    task = get_task(settings.task)
-    save_checkpoint(path, model, (task.source_vocab, task.target_vocab), force=True,
-                    extra_files={METRICS: json.dumps(metrics, indent=2) + "\n"})
+    from filelock import FileLock
+
+    root.mkdir(parents=True, exist_ok=True)
+    # One trainer per cache entry: a second process (another `seq2trt demo`, a parallel test worker) waits for the
+    # first one's checkpoint instead of training its own and renaming it over a folder the first one reads.
+    with FileLock(str(root / f"{path.name}.lock")):
+        if (path / METRICS).exists():
+            return path
+        model, metrics = train(settings, progress)
+        task = get_task(settings.task)
+        save_checkpoint(path, model, (task.source_vocab, task.target_vocab), force=True,
+                        extra_files={METRICS: json.dumps(metrics, indent=2) + "\n"})
     return path

@@ -16,6 +16,14 @@ sys.path.append(str(Path(__file__).parent))  # `import helpers`: importlib mode 
 pytest.register_assert_rewrite("helpers")  # their asserts explain themselves as a test's do
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (pyproject's addopts run two workers): one torch thread per worker, and for the commands
+    it runs, so the two workers share the cores instead of four spinning threads contending over two."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
 def random_model(seed: int = 0, dtype: torch.dtype = torch.float64, **overrides) -> Seq2SeqTransformer:
     """A tiny model whose random weights give varied tokens (untied head, weights at unit gain)."""
     cfg = preset("tiny", **{"src_vocab_size": 13, "tgt_vocab_size": 17, "tie_embeddings": False, **overrides})
