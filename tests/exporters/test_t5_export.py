@@ -159,6 +159,52 @@ def test_fused_ort_blocks_take_the_bias(t5_export):
         assert all(readers.get(out, {"graph output"}) - {"Shape"} for out in matmuls)  # no projection kept for a shape
 
 
+def test_fused_ort_folds_residual_norms_and_gelu(t5_export):
+    """The ORT target makes every residual add + RMSNorm one SkipSimplifiedLayerNormalization (all but each stack's
+    first norm, which reads the embedding) and, for the gated tanh-GELU FFN, every GELU one FastGelu; fusion.json
+    counts them, and the graphs' parity is test_graphs_match_the_float64_model's."""
+    family, model, out = t5_export
+    record = json.loads((out / "fused" / "ort" / "fusion.json").read_text())
+    cfg = model.cfg
+    for kind, layers, norms in ((spec.GraphKind.ENCODER, cfg.num_encoder_layers, 2),
+                                (spec.GraphKind.DECODER, cfg.num_decoder_layers, 3)):
+        gelu = layers if cfg.activation == "gelu_tanh" else 0
+        assert record["graphs"][kind.value]["folded"] == {"skip_rms_norm": norms * layers, "fast_gelu": gelu}
+        ops = [n.op_type for n in onnx.load(out / "fused" / "ort" / kind.filename).graph.node]
+        assert ops.count("SkipSimplifiedLayerNormalization") == norms * layers and ops.count("FastGelu") == gelu
+        assert ops.count("ReduceMean") == 1 and "Tanh" not in ops  # the first norm alone keeps its chain
+
+
+def test_localisation_names_a_fault_in_the_folded_graph(t5_export):
+    """The folded ORT decoder keeps every sub-block's output tensor (a SkipSimplifiedLayerNormalization's sum keeps
+    the residual Add's name): a clean graph localises nothing, a weight scaled in layer 1's FFN is named there."""
+    from onnx import numpy_helper
+
+    from seq2trt.validation.localize import GraphLocaliser, localise, replay_feeds
+    from seq2trt.validation.validate import GRAPH_SETS
+
+    _, model, out = t5_export
+    kind, limits = spec.GraphKind.DECODER, spec.Limits(4, 16, 16)
+    plain, fused = onnx.load(out / kind.filename), onnx.load(out / "fused" / "ort" / kind.filename)
+    runner_options = GRAPH_SETS["fused-ort"].runner_options
+    options = runner_options("fp32") if runner_options else {}
+    feeds = [f for f in replay_feeds(model, limits, [spec.ShapeCase(2, 9, 1, p, padded=True) for p in (0, 14)],
+                                     "fp32", seed=1) if f[0] is kind]
+
+    def found(graph):
+        return localise({kind: GraphLocaliser(graph, plain, model, kind, "fp32", limits, "fp32", options)}, feeds)[0]
+
+    assert found(fused) == []
+    weights = {i.name: i for i in fused.graph.initializer}
+    fc2 = next(n for n in fused.graph.node if n.op_type == "MatMul" and n.input[1] in weights and any(
+        "'model.decoder_layers.1.ffn.fc2'" in p.value for p in n.metadata_props))
+    w = numpy_helper.to_array(weights[fc2.input[1]])
+    weights[fc2.input[1]].CopyFrom(numpy_helper.from_array(w * 1.5, fc2.input[1]))
+    results = found(fused)
+    assert len(results) == len(feeds)
+    assert all(r.reason == "failure" and r.first_divergent == "decoder_layers.1.ffn_block" for r in results)
+
+
 def _reversed_distance(original):
     """bias_by_distance reading distance query - key: the bias mirrored, a wrong direction."""
     def plant(*args, **kwargs):
