@@ -138,7 +138,7 @@ def floor_model(nodes: list, values: dict, const: set[str], opset, joined: bool,
             feeds_[key] = rng.standard_normal(values[name].shape).astype(values[name].dtype)
         return graph_inputs[name]
 
-    def weight(name: str, value: np.ndarray) -> str:
+    def weight(value: np.ndarray) -> str:
         key = f"w{len(inits)}"
         inits[key] = numpy_helper.from_array(np.ascontiguousarray(value), key)
         return key
@@ -154,7 +154,7 @@ def floor_model(nodes: list, values: dict, const: set[str], opset, joined: bool,
     for (a, _), weights in groups.items():
         out = f"y{len(outputs)}"
         w = np.concatenate([values[b] for b in weights], axis=1) if len(weights) > 1 else values[weights[0]]
-        new_nodes.append(helper.make_node("MatMul", [activation(a), weight(out, w)], [out]))
+        new_nodes.append(helper.make_node("MatMul", [activation(a), weight(w)], [out]))
         outputs.append(out)
     for node in rest:
         ins = []
@@ -162,7 +162,7 @@ def floor_model(nodes: list, values: dict, const: set[str], opset, joined: bool,
             if not name:
                 ins.append("")
             elif name in const:
-                ins.append(weight(name, values[name]))
+                ins.append(weight(values[name]))
             else:
                 ins.append(activation(name))
         out = f"y{len(outputs)}"

@@ -215,11 +215,10 @@ def fold_norms_and_activations(model: onnx.ModelProto) -> dict[str, int]:
     import numpy as np
 
     graph = model.graph
-    scalars = {}
-    for init in graph.initializer:
-        if init.data_type == onnx.TensorProto.FLOAT and int(np.prod(init.dims)) == 1:
-            scalars[init.name] = float(numpy_helper.to_array(init).reshape(()))
-    vectors = {i.name for i in graph.initializer if len(i.dims) == 1 and i.data_type == onnx.TensorProto.FLOAT}
+    inits = {i.name: i for i in graph.initializer}
+    floats = [i for i in graph.initializer if i.data_type == onnx.TensorProto.FLOAT]
+    scalars = {i.name: float(numpy_helper.to_array(i).reshape(())) for i in floats if int(np.prod(i.dims)) == 1}
+    vectors = {i.name for i in floats if len(i.dims) == 1}
     producers = {out: n for n in graph.node for out in n.output}
     readers: dict[str, list] = {}
     for node in graph.node:
@@ -241,8 +240,7 @@ def fold_norms_and_activations(model: onnx.ModelProto) -> dict[str, int]:
     def axes_last(node: onnx.NodeProto) -> bool:
         keep = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "keepdims"), 1)
         axes = node.input[1] if len(node.input) > 1 else ""
-        return keep == 1 and axes in {i.name for i in graph.initializer} and \
-            numpy_helper.to_array(next(i for i in graph.initializer if i.name == axes)).tolist() in ([-1], -1)
+        return keep == 1 and axes in inits and numpy_helper.to_array(inits[axes]).tolist() in ([-1], -1)
 
     def rms_norm(pow_: onnx.NodeProto):
         """(removed nodes, x, weight name, eps, output) of the RMSNorm starting at `pow_`, or None."""
@@ -285,7 +283,7 @@ def fold_norms_and_activations(model: onnx.ModelProto) -> dict[str, int]:
             new = helper.make_node("FastGelu", [x], [out], name=f"{out}.fast_gelu", domain=MS_DOMAIN)
             counts["fast_gelu"] += 1
         elif (found := rms_norm(node)) and (residual := producers.get(found[1])) is not None and \
-                residual.op_type == "Add" and all(i not in scalars and i not in vectors for i in residual.input) \
+                residual.op_type == "Add" and not any(i in inits for i in residual.input) \
                 and id(residual) not in removed:
             chain, x, w, eps, out = found
             chain = chain + [residual]
