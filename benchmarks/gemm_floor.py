@@ -2,9 +2,12 @@
 Optimum's export: whether a target such as issues 28 and 30's ">= 1.2x Optimum" is reachable at all in float32.
 
     python benchmarks/gemm_floor.py OUT [--batch-sizes 1,32] [--src-len 32] [--new-tokens 32] [--repeats 10]
+        [--optimum DIR]
 
-OUT is a `seq2trt export` directory with `fused/ort/` (`seq2trt fuse OUT --target ort`) and `optimum/` (Optimum's
-export of the same source, as `seq2trt bench OUT --backends optimum` leaves it). For each of the export's plain
+OUT is a `seq2trt export` directory with `fused/ort/` (`seq2trt fuse OUT --target ort`) and Optimum's export of the
+same source, as `seq2trt bench OUT --backends optimum` leaves it: `OUT/optimum/` for a text model,
+`OUT/optimum-speech/` for Whisper (whose encoder reads `input_features`, 3000 frames, so --src-len does not apply;
+the step attends over its 1500 encoder positions). For each of the export's plain
 graphs (`encoder.onnx`, and `decoder.onnx` at the middle step of the decode, past length new_tokens / 2), every
 matrix product it computes -- MatMul, Gemm and Conv nodes, which in the plain graphs include the attention's score
 and value products -- is run on its own: one ONNX Runtime session made of those nodes and nothing else, the weights
@@ -207,9 +210,15 @@ def main() -> None:
     parser.add_argument("--src-len", type=int, default=32, help="source tokens (text encoders; Whisper's is fixed)")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--optimum", type=Path, help="Optimum's export (default: OUT/optimum-speech for Whisper, "
+                        "else OUT/optimum)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     out, n = args.out, args.new_tokens
+    optimum_dir = args.optimum or next((out / d for d in ("optimum-speech", "optimum") if (out / d).is_dir()), None)
+    if optimum_dir is None or not (optimum_dir / "decoder_model_merged.onnx").is_file():
+        parser.error(f"no Optimum export with decoder_model_merged.onnx under {optimum_dir or out}: run "
+                     f"`seq2trt bench {out} --backends optimum` once, or pass --optimum DIR")
     rng = np.random.default_rng(0)
     results = []
     for b in [int(x) for x in args.batch_sizes.split(",")]:
@@ -221,8 +230,8 @@ def main() -> None:
         dims = {"B": b, "P": p, "S": s}
         ours_dec = session(str(out / "fused/ort/decoder.onnx"), "ORT_ENABLE_BASIC")
         dec_in = feeds(ours_dec, dims, rng)
-        opt_enc = session(str(out / "optimum/encoder_model.onnx"), "ORT_ENABLE_ALL")
-        opt_dec = session(str(out / "optimum/decoder_model_merged.onnx"), "ORT_ENABLE_ALL")
+        opt_enc = session(str(optimum_dir / "encoder_model.onnx"), "ORT_ENABLE_ALL")
+        opt_dec = session(str(optimum_dir / "decoder_model_merged.onnx"), "ORT_ENABLE_ALL")
         runs = {"ours encoder": Bound(ours_enc, enc_in), "ours step": Bound(ours_dec, dec_in),
                 "optimum encoder": Bound(opt_enc, {a.name: enc_in[a.name] for a in opt_enc.get_inputs()}),
                 "optimum first step": Bound(opt_dec, feeds(opt_dec, {"B": b, "P": 1, "S": s, "use_cache": False}, rng)),
