@@ -9,7 +9,7 @@ rewrite never depends on matching a pattern of MatMul/Softmax nodes that an expo
   only ONNX Runtime's graphs want follow (`fuse_ort`).
 Then constants are folded and dead nodes, unused local functions and their opset imports removed (onnxscript's
 optimizer); for ORT, T5's residual add + RMSNorm and tanh GELU chains then become single contrib nodes, counted in
-the audit's `folded`.
+the audit's `folded` with the attention scales moved into the query projections (`fuse_ort.fold_attention_scale`).
 
 The audit counts the blocks the model's config implies (`spec.expected_blocks`), not the ones found, and names
 every expected block that is not fused. `fuse_artifacts` writes the fused graphs with fusion.json; `verify_fused`
@@ -38,8 +38,8 @@ from seq2trt.exporters import spec
 from seq2trt.reference_model import layout
 from seq2trt.reference_model.layout import FUSION_JSON
 from seq2trt.exporters.artifact_checks import check_derived_graphs, load_graph
-from seq2trt.exporters.fuse_ort import (MS_DOMAIN, fold_constant_transposes, fold_norms_and_activations,
-                                       fold_projections_into_attention, ort_nodes)
+from seq2trt.exporters.fuse_ort import (MS_DOMAIN, fold_attention_scale, fold_constant_transposes,
+                                       fold_norms_and_activations, fold_projections_into_attention, ort_nodes)
 from seq2trt.exporters.manifest import Manifest, verify
 
 logger = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ class GraphAudit:
     unfused_blocks: list[str]
     nodes_before: int
     nodes_after: int
-    folded: dict[str, int] = field(default_factory=dict)  # ORT: element-wise chains made one node (fuse_ort)
+    folded: dict[str, int] = field(default_factory=dict)  # ORT: chains made one node, scales moved (fuse_ort)
 
     @property
     def complete(self) -> bool:
@@ -121,7 +121,8 @@ def fuse(model: onnx.ModelProto, target: Target, cfg: Seq2SeqConfig,
         fold_projections_into_attention(fused)
         fold_constant_transposes(fused)
     fused = onnxscript.optimizer.optimize(fused)
-    folded = fold_norms_and_activations(fused) if target is Target.ORT else {}
+    folded = {**fold_norms_and_activations(fused), "attention_scale": fold_attention_scale(fused)} \
+        if target is Target.ORT else {}
     expected = spec.expected_blocks(cfg, kind)
     unfused = [spec.block_name(k, i) for k, n in expected.items() for i in range(n)
                if spec.block_name(k, i) not in names]

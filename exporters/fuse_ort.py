@@ -6,6 +6,8 @@ folds that only ONNX Runtime's graphs want.
   `attention_bias`, expanded from the shapes);
 - `fold_projections_into_attention`: the q/k/v projections packed into one GEMM and their biases moved into the
   node, where a one-token step runs them cheaper;
+- `fold_attention_scale`: the attention's scale moved into the query projection, so that MLAS takes its one-row
+  path for a step's scores;
 - `fold_constant_transposes`: a Transpose of a weight becomes a transposed weight, so `seq2trt quantize` can make
   the tied output projection int8;
 - `fold_norms_and_activations`: T5's residual add + RMSNorm becomes one `SkipSimplifiedLayerNormalization` and its
@@ -145,6 +147,78 @@ def fold_projections_into_attention(model: onnx.ModelProto) -> int:
     del graph.node[:]
     graph.node.extend(_topological(nodes))
     return changed
+
+
+def fold_attention_scale(model: onnx.ModelProto) -> int:
+    """ORT target, after the optimizer (weights are initializers by then): each MultiHeadAttention's `scale` moves
+    into its query projection (the query's weight columns and bias multiplied by it), and the node keeps `scale=1.0`.
+
+    ONNX Runtime's CPU kernel hands the scale to MLAS as the GEMM's alpha, and MLAS takes its one-row path (what a
+    decoder step's query is, per head) only for alpha 1: with 0.125 the scores of a cross-attention over Whisper's
+    1500 frames cost 2.1x as much (benchmarks/README.md, "the attention scale"). Queries from a packed q/k/v
+    projection (the first third of its columns, by its Split) or from a projection of their own are folded; float32
+    weights for any scale, float16/bfloat16 ones only for a power of two (then exact). Returns how many folded.
+    """
+    import math
+
+    from onnx import numpy_helper
+
+    import numpy as np
+
+    graph = model.graph
+    producers = {out: n for n in graph.node for out in n.output}
+    inits = {i.name: i for i in graph.initializer}
+    readers: dict[str, list] = {}
+    for node in graph.node:
+        for name in set(node.input):
+            readers.setdefault(name, []).append(node)
+    only = lambda name, reader: all(r is reader or r.op_type == "Shape" for r in readers.get(name, []))
+
+    def scalable(name: str, factor: float) -> bool:
+        tensor = inits.get(name)
+        return tensor is not None and (tensor.data_type == onnx.TensorProto.FLOAT or math.frexp(factor)[0] == 0.5)
+
+    def scale_in_place(name: str, columns: slice, factor: float) -> None:
+        """`columns` of the initializer's last axis multiplied by `factor` (same name: no one else reads it)."""
+        tensor = inits[name]
+        array = numpy_helper.to_array(tensor)
+        out = array.astype(np.float64)
+        out[..., columns] *= factor
+        new = numpy_helper.from_array(out.astype(array.dtype), name)
+        new.data_type = tensor.data_type
+        tensor.CopyFrom(new)
+
+    folded = 0
+    for node in graph.node:
+        if node.op_type != "MultiHeadAttention" or node.domain != MS_DOMAIN:
+            continue
+        attr = next((a for a in node.attribute if a.name == "scale"), None)
+        factor = attr.f if attr is not None else 0.0
+        if factor in (0.0, 1.0):
+            continue
+        split = producers.get(node.input[0])
+        if split is not None and split.op_type == "Split" and split.output[0] == node.input[0] \
+                and len(split.input) > 1 and split.input[1] in inits:
+            width = int(numpy_helper.to_array(inits[split.input[1]])[0])
+            matmul, columns = producers.get(split.input[0]), slice(0, width)
+        else:
+            matmul, width, columns = split, None, slice(None)
+        # the query's values, weights and bias are this node's alone (a Shape may read the query: it stays right)
+        if matmul is None or matmul.op_type != "MatMul" or matmul.input[1] not in inits \
+                or not only(matmul.input[1], matmul) or not only(node.input[0], node) \
+                or (split is not matmul and not only(matmul.output[0], split)):
+            continue
+        bias = node.input[3] if len(node.input) > 3 else ""
+        if bias and (bias not in inits or not only(bias, node)):
+            continue
+        if not scalable(matmul.input[1], factor) or (bias and not scalable(bias, factor)):
+            continue
+        scale_in_place(matmul.input[1], columns, factor)
+        if bias:
+            scale_in_place(bias, slice(0, width or inits[matmul.input[1]].dims[-1]), factor)
+        attr.f = 1.0
+        folded += 1
+    return folded
 
 
 def _topological(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:

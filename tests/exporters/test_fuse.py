@@ -4,6 +4,7 @@ and the fused graphs compute what the eager model computes (float64 reference)."
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import onnx
@@ -84,7 +85,7 @@ def run_graph(path, feed, dtype, plugin=False, twin=False):
 
 
 def test_every_block_is_fused_and_audited(artifacts):
-    model, out, _ = artifacts
+    model, out, dtype = artifacts
     cfg = model.cfg
     for target in Target:
         report = json.loads((fused_dir(out, target) / FUSION_JSON).read_text())
@@ -105,6 +106,13 @@ def test_every_block_is_fused_and_audited(artifacts):
         biased = [n for n in graph.node if n.op_type == "MultiHeadAttention" and n.input[3]]
         assert len(packed) == blocks, f"{kind.value}: self-attention q/k/v projections not packed"
         assert len(biased) == sum(spec.expected_blocks(cfg, kind).values()), f"{kind.value}: biases not folded"
+        # the scale moved into the query projections: float32 always, float16/bfloat16 where it is a power of two
+        scales = [onnx.helper.get_attribute_value(a) for n in graph.node if n.op_type == "MultiHeadAttention"
+                  for a in n.attribute if a.name == "scale"]
+        moved = dtype == "fp32" or math.frexp(cfg.head_dim ** -0.5)[0] == 0.5
+        report = json.loads((fused_dir(out, Target.ORT) / FUSION_JSON).read_text())
+        assert report["graphs"][kind.value]["folded"]["attention_scale"] == (len(biased) if moved else 0)
+        assert scales == pytest.approx([1.0 if moved else cfg.head_dim ** -0.5] * len(biased), rel=1e-7)
 
 
 def test_plugin_nodes_carry_what_tensorrt_needs(artifacts):

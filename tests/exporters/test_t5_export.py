@@ -169,7 +169,8 @@ def test_fused_ort_folds_residual_norms_and_gelu(t5_export):
     for kind, layers, norms in ((spec.GraphKind.ENCODER, cfg.num_encoder_layers, 2),
                                 (spec.GraphKind.DECODER, cfg.num_decoder_layers, 3)):
         gelu = layers if cfg.activation == "gelu_tanh" else 0
-        assert record["graphs"][kind.value]["folded"] == {"skip_rms_norm": norms * layers, "fast_gelu": gelu}
+        assert record["graphs"][kind.value]["folded"] == {"skip_rms_norm": norms * layers, "fast_gelu": gelu,
+                                                          "attention_scale": 0}  # T5 scales by 1
         ops = [n.op_type for n in onnx.load(out / "fused" / "ort" / kind.filename).graph.node]
         assert ops.count("SkipSimplifiedLayerNormalization") == norms * layers and ops.count("FastGelu") == gelu
         assert ops.count("ReduceMean") == 1 and "Tanh" not in ops  # the first norm alone keeps its chain
