@@ -121,8 +121,11 @@ def fuse(model: onnx.ModelProto, target: Target, cfg: Seq2SeqConfig,
         fold_projections_into_attention(fused)
         fold_constant_transposes(fused)
     fused = onnxscript.optimizer.optimize(fused)
-    folded = {**fold_norms_and_activations(fused), "attention_scale": fold_attention_scale(fused)} \
-        if target is Target.ORT else {}
+    if target is Target.ORT:  # the scale: a decoder step's queries are one row (an encoder's are the source)
+        scales = fold_attention_scale(fused) if kind is spec.GraphKind.DECODER else 0
+        folded = {**fold_norms_and_activations(fused), "attention_scale": scales}
+    else:
+        folded = {}
     expected = spec.expected_blocks(cfg, kind)
     unfused = [spec.block_name(k, i) for k, n in expected.items() for i in range(n)
                if spec.block_name(k, i) not in names]

@@ -6,8 +6,8 @@ folds that only ONNX Runtime's graphs want.
   `attention_bias`, expanded from the shapes);
 - `fold_projections_into_attention`: the q/k/v projections packed into one GEMM and their biases moved into the
   node, where a one-token step runs them cheaper;
-- `fold_attention_scale`: the attention's scale moved into the query projection, so that MLAS takes its one-row
-  path for a step's scores;
+- `fold_attention_scale`: the attention's scale moved onto the query, so that MLAS takes its one-row path for a
+  step's scores;
 - `fold_constant_transposes`: a Transpose of a weight becomes a transposed weight, so `seq2trt quantize` can make
   the tied output projection int8;
 - `fold_norms_and_activations`: T5's residual add + RMSNorm becomes one `SkipSimplifiedLayerNormalization` and its
@@ -150,14 +150,16 @@ def fold_projections_into_attention(model: onnx.ModelProto) -> int:
 
 
 def fold_attention_scale(model: onnx.ModelProto) -> int:
-    """ORT target, after the optimizer (weights are initializers by then): each MultiHeadAttention's `scale` moves
-    into its query projection (the query's weight columns and bias multiplied by it), and the node keeps `scale=1.0`.
+    """ORT target, decoder graphs, after the optimizer: each MultiHeadAttention's `scale` moves onto its query, a
+    `Mul` before the node (and the query's third of the node's `bias`, which it adds first), and the node keeps
+    `scale=1.0`.
 
-    ONNX Runtime's CPU kernel hands the scale to MLAS as the GEMM's alpha, and MLAS takes its one-row path (what a
-    decoder step's query is, per head) only for alpha 1: with 0.125 the scores of a cross-attention over Whisper's
-    1500 frames cost 2.1x as much (benchmarks/README.md, "the attention scale"). Queries from a packed q/k/v
-    projection (the first third of its columns, by its Split) or from a projection of their own are folded; float32
-    weights for any scale, float16/bfloat16 ones only for a power of two (then exact). Returns how many folded.
+    ONNX Runtime's CPU kernel hands the scale to MLAS as the GEMM's alpha, and MLAS takes its one-row path (a
+    decoder step's query, per head) only for alpha 1: with 0.125 the scores of a cross-attention over Whisper's 1500
+    frames cost 2.1x as much (benchmarks/README.md, "The attention scale"). The weights stay as they are, so `seq2trt
+    quantize` and its check that every int8 weight dequantizes to a layer of the model see the model's own. Float32
+    graphs for any scale; float16/bfloat16 ones only for a power of two, where the product is exact. Returns how many
+    nodes changed.
     """
     import math
 
@@ -166,58 +168,46 @@ def fold_attention_scale(model: onnx.ModelProto) -> int:
     import numpy as np
 
     graph = model.graph
-    producers = {out: n for n in graph.node for out in n.output}
+    floats = [v.type.tensor_type.elem_type for v in graph.output
+              if v.type.tensor_type.elem_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16,
+                                                  onnx.TensorProto.BFLOAT16)]
+    if not floats:
+        return 0
+    elem = floats[0]
     inits = {i.name: i for i in graph.initializer}
-    readers: dict[str, list] = {}
+    readers: dict[str, int] = {}
     for node in graph.node:
         for name in set(node.input):
-            readers.setdefault(name, []).append(node)
-    only = lambda name, reader: all(r is reader or r.op_type == "Shape" for r in readers.get(name, []))
-
-    def scalable(name: str, factor: float) -> bool:
-        tensor = inits.get(name)
-        return tensor is not None and (tensor.data_type == onnx.TensorProto.FLOAT or math.frexp(factor)[0] == 0.5)
-
-    def scale_in_place(name: str, columns: slice, factor: float) -> None:
-        """`columns` of the initializer's last axis multiplied by `factor` (same name: no one else reads it)."""
-        tensor = inits[name]
-        array = numpy_helper.to_array(tensor)
-        out = array.astype(np.float64)
-        out[..., columns] *= factor
-        new = numpy_helper.from_array(out.astype(array.dtype), name)
-        new.data_type = tensor.data_type
-        tensor.CopyFrom(new)
-
-    folded = 0
+            readers[name] = readers.get(name, 0) + 1
+    folded, nodes = 0, []
     for node in graph.node:
-        if node.op_type != "MultiHeadAttention" or node.domain != MS_DOMAIN:
-            continue
-        attr = next((a for a in node.attribute if a.name == "scale"), None)
+        attr = next((a for a in node.attribute if a.name == "scale"), None) \
+            if node.op_type == "MultiHeadAttention" and node.domain == MS_DOMAIN else None
         factor = attr.f if attr is not None else 0.0
-        if factor in (0.0, 1.0):
-            continue
-        split = producers.get(node.input[0])
-        if split is not None and split.op_type == "Split" and split.output[0] == node.input[0] \
-                and len(split.input) > 1 and split.input[1] in inits:
-            width = int(numpy_helper.to_array(inits[split.input[1]])[0])
-            matmul, columns = producers.get(split.input[0]), slice(0, width)
-        else:
-            matmul, width, columns = split, None, slice(None)
-        # the query's values, weights and bias are this node's alone (a Shape may read the query: it stays right)
-        if matmul is None or matmul.op_type != "MatMul" or matmul.input[1] not in inits \
-                or not only(matmul.input[1], matmul) or not only(node.input[0], node) \
-                or (split is not matmul and not only(matmul.output[0], split)):
-            continue
         bias = node.input[3] if len(node.input) > 3 else ""
-        if bias and (bias not in inits or not only(bias, node)):
+        if factor in (0.0, 1.0) or (elem != onnx.TensorProto.FLOAT and math.frexp(factor)[0] != 0.5) \
+                or (bias and (bias not in inits or readers[bias] != 1)):
+            nodes.append(node)
             continue
-        if not scalable(matmul.input[1], factor) or (bias and not scalable(bias, factor)):
-            continue
-        scale_in_place(matmul.input[1], columns, factor)
-        if bias:
-            scale_in_place(bias, slice(0, width or inits[matmul.input[1]].dims[-1]), factor)
+        if bias:  # (3D,): q, k, v biases; the node adds q's before its product
+            tensor = inits[bias]
+            array = numpy_helper.to_array(tensor)
+            scaled = array.astype(np.float64)
+            scaled[: len(scaled) // 3] *= factor
+            new = numpy_helper.from_array(scaled.astype(array.dtype), bias)
+            new.data_type = tensor.data_type
+            tensor.CopyFrom(new)
+        constant = helper.make_tensor(f"{node.name}.scale", elem, [], [factor])  # the graph's float type
+        graph.initializer.append(constant)
+        query = f"{node.name}.query_scaled"
+        mul = helper.make_node("Mul", [node.input[0], constant.name], [query], name=f"{node.name}.scale")
+        mul.metadata_props.extend(node.metadata_props)
+        node.input[0] = query
         attr.f = 1.0
+        nodes += [mul, node]
         folded += 1
+    del graph.node[:]
+    graph.node.extend(nodes)
     return folded
 
 

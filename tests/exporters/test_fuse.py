@@ -106,10 +106,10 @@ def test_every_block_is_fused_and_audited(artifacts):
         biased = [n for n in graph.node if n.op_type == "MultiHeadAttention" and n.input[3]]
         assert len(packed) == blocks, f"{kind.value}: self-attention q/k/v projections not packed"
         assert len(biased) == sum(spec.expected_blocks(cfg, kind).values()), f"{kind.value}: biases not folded"
-        # the scale moved into the query projections: float32 always, float16/bfloat16 where it is a power of two
+        # a decoder's scales moved onto the queries: float32 always, float16/bfloat16 where it is a power of two
         scales = [onnx.helper.get_attribute_value(a) for n in graph.node if n.op_type == "MultiHeadAttention"
                   for a in n.attribute if a.name == "scale"]
-        moved = dtype == "fp32" or math.frexp(cfg.head_dim ** -0.5)[0] == 0.5
+        moved = kind is spec.GraphKind.DECODER and (dtype == "fp32" or math.frexp(cfg.head_dim ** -0.5)[0] == 0.5)
         report = json.loads((fused_dir(out, Target.ORT) / FUSION_JSON).read_text())
         assert report["graphs"][kind.value]["folded"]["attention_scale"] == (len(biased) if moved else 0)
         assert scales == pytest.approx([1.0 if moved else cfg.head_dim ** -0.5] * len(biased), rel=1e-7)
