@@ -18,10 +18,21 @@ pytest.register_assert_rewrite("helpers")  # their asserts explain themselves as
 
 def pytest_configure(config):
     """Under pytest-xdist (pyproject's addopts run two workers): one torch thread per worker, and for the commands
-    it runs, so the two workers share the cores instead of four spinning threads contending over two."""
+    it runs, so the two workers share the cores instead of four spinning threads contending over two.
+
+    Outside CI, the fuzz's run seed (tests/reliability/conftest.py) is drawn here, once, before the workers start
+    (they inherit it), and printed in the header: a fuzz case that kills its worker natively, before any failure
+    report can name the seed, can still be replayed."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         torch.set_num_threads(1)
         os.environ.setdefault("OMP_NUM_THREADS", "1")
+    elif not os.environ.get("CI") and not os.environ.get("SEQ2TRT_FUZZ_SEED"):
+        os.environ["SEQ2TRT_FUZZ_SEED"] = str(int.from_bytes(os.urandom(4), "little"))
+
+
+def pytest_report_header(config):
+    seed = os.environ.get("SEQ2TRT_FUZZ_SEED")
+    return f"fuzz run seed: {seed} (replay with SEQ2TRT_FUZZ_SEED={seed})" if seed else "fuzz run seed: CI's fixed one"
 
 
 def random_model(seed: int = 0, dtype: torch.dtype = torch.float64, **overrides) -> Seq2SeqTransformer:

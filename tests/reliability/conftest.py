@@ -135,7 +135,8 @@ def signal_while_staging() -> Callable[..., str]:
 
 # --- the fuzz (test_fuzz_*.py): its seeds, its tools (fuzzing.py) and its stand-ins -------------------------------
 
-# A new run seed every run, unless replaying one: SEQ2TRT_FUZZ_SEED=<seed printed by a failure>. CI (CI=true) runs
+# A new run seed every run (drawn in tests/conftest.py, printed in the session header), unless replaying one:
+# SEQ2TRT_FUZZ_SEED=<seed printed by a failure or the header>. CI (CI=true) runs
 # one fixed seed instead: fresh seeds keep finding new crashes, but a gate that fails on the draw would block every
 # submission; what they find is reported from the developers' runs.
 CI_RUN_SEED = 20261130
