@@ -12,14 +12,17 @@ wired correctly before any GPU runs it.
 from __future__ import annotations
 
 import functools
+import logging
 
 import numpy as np
 import onnx
 
-from seq2trt.reference_model.errors import DependencyError
+from seq2trt.reference_model.errors import ArtifactError, DependencyError
 
 from seq2trt.plugins.op import (DOMAIN, INPUTS, OPTIONAL_INPUTS, OUTPUTS, PLUGIN_NAME, AttentionAttrs, AttentionKind,
                                 attrs_from_node, input_names, reference_attention)
+
+logger = logging.getLogger(__name__)
 
 CONTRIB_DOMAIN = "ai.onnx.contrib"
 CPU_DTYPES = ("fp32", "fp16")
@@ -34,13 +37,38 @@ def contrib_op_type(kind: AttentionKind, position_bias: bool = False) -> str:
 
 
 def _reference(*inputs: np.ndarray, **attrs) -> np.ndarray | tuple[np.ndarray, ...]:
-    """The op body ONNX Runtime calls, with the node's attributes as keywords."""
+    """The op body ONNX Runtime calls, with the node's attributes as keywords.
+
+    It must not raise: onnxruntime-extensions lets a Python exception escape the kernel, which ends the process
+    (std::terminate). A node whose attributes do not fit its inputs (a damaged graph: a `kind` changed between two
+    kinds of the same arity, say) gets NaN outputs instead, with the error logged, so validation fails on them."""
     import torch
 
-    op = AttentionAttrs.from_onnx(attrs)
-    outputs = reference_attention(op, *(torch.from_numpy(np.ascontiguousarray(x)) for x in inputs))
-    arrays = tuple(o.numpy() for o in outputs)
+    try:
+        op = AttentionAttrs.from_onnx(attrs)
+        outputs = reference_attention(op, *(torch.from_numpy(np.ascontiguousarray(x)) for x in inputs))
+        arrays = tuple(o.numpy() for o in outputs)
+    except Exception as exc:  # noqa: BLE001 -- anything raised here would abort the process
+        logger.error("the plugin's CPU reference op failed on a node with attributes %s (%s: %s): its outputs are "
+                     "NaN, so the graph fails validation; a plugin node's attributes do not match its inputs",
+                     attrs, type(exc).__name__, exc)
+        kind = _kind_or_none(attrs.get("kind"))
+        query = np.asarray(inputs[0], np.float32) if inputs else np.zeros((1, 1, 1), np.float32)
+        arrays = (np.full(query.shape, np.nan, np.float32),)
+        if kind is AttentionKind.DECODER_SELF and len(inputs) >= 5 and np.ndim(inputs[3]) == 4:
+            past = np.asarray(inputs[3])
+            present = (past.shape[0], past.shape[1], past.shape[2] + query.shape[1], past.shape[3])
+            arrays += (np.full(present, np.nan, np.float32),) * 2
+        elif kind is AttentionKind.DECODER_SELF:
+            arrays += (np.full((1, 1, 1, 1), np.nan, np.float32),) * 2
     return arrays if len(arrays) > 1 else arrays[0]
+
+
+def _kind_or_none(value) -> AttentionKind | None:
+    try:
+        return AttentionKind(int(value))
+    except (ValueError, TypeError):
+        return None
 
 
 @functools.cache
@@ -62,6 +90,17 @@ def register_reference_ops() -> str:
     return get_library_path()
 
 
+def _check_signature(node: onnx.NodeProto, kind: AttentionKind, bias: bool) -> None:
+    """A node whose inputs or outputs are not its kind's would reach the Python op with the wrong arguments, and an
+    exception there ends the process (onnxruntime-extensions lets it escape the kernel): refuse it here instead."""
+    inputs = input_names(kind, bias and bool(OPTIONAL_INPUTS[kind]))
+    if len(node.input) != len(inputs) or len(node.output) != len(OUTPUTS[kind]):
+        raise ArtifactError(
+            f"plugin node {node.name or '(unnamed)'} is of kind {kind.name}, which takes {len(inputs)} inputs "
+            f"({', '.join(inputs)}) and gives {len(OUTPUTS[kind])} outputs, but it has {len(node.input)} and "
+            f"{len(node.output)}: the graph is damaged; fuse the export again (seq2trt fuse OUT --target trt --force)")
+
+
 def for_cpu(model: bytes, dtype: str) -> bytes:
     """A copy of a plugin graph whose plugin nodes run the reference op in ONNX Runtime."""
     from onnx import TensorProto, helper
@@ -78,6 +117,7 @@ def for_cpu(model: bytes, dtype: str) -> bytes:
             continue
         kind = attrs_from_node(node).kind
         bias = len(node.input) > len(INPUTS[kind])
+        _check_signature(node, kind, bias)
         node.domain, node.op_type = CONTRIB_DOMAIN, contrib_op_type(kind, bias)
         if dtype == "fp16":
             for i, (name, value) in enumerate(zip(input_names(kind, bias), list(node.input))):

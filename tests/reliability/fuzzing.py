@@ -21,6 +21,7 @@ import math
 import os
 import random
 import re
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -203,7 +204,11 @@ class Outcomes:
 
     def run(self, case: str, entry: Callable[[], Any], right: Callable[[Any], str | None]) -> None:
         """Run one stage on a damaged input: a Seq2TrtError is a pass; a result is a pass only if `right(result)`
-        finds nothing wrong with it (returns None); any other exception is what the fuzz looks for."""
+        finds nothing wrong with it (returns None); any other exception is what the fuzz looks for.
+        SEQ2TRT_FUZZ_TRACE=1 prints each case before it runs (a native abort prints no report) and the traceback of
+        a check that raised."""
+        if os.environ.get("SEQ2TRT_FUZZ_TRACE"):
+            print(f"fuzz case: {case}", file=sys.stderr, flush=True)
         try:
             result = entry()
         except Seq2TrtError:
