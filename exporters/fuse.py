@@ -9,7 +9,7 @@ rewrite never depends on matching a pattern of MatMul/Softmax nodes that an expo
   only ONNX Runtime's graphs want follow (`fuse_ort`).
 Then constants are folded and dead nodes, unused local functions and their opset imports removed (onnxscript's
 optimizer); for ORT, T5's residual add + RMSNorm and tanh GELU chains then become single contrib nodes, counted in
-the audit's `folded` with the attention scales moved into the query projections (`fuse_ort.fold_attention_scale`).
+the audit's `folded`, with the decoder's attention scales moved onto the queries (`fuse_ort.fold_attention_scale`).
 
 The audit counts the blocks the model's config implies (`spec.expected_blocks`), not the ones found, and names
 every expected block that is not fused. `fuse_artifacts` writes the fused graphs with fusion.json; `verify_fused`

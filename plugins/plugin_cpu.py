@@ -44,15 +44,15 @@ def _reference(*inputs: np.ndarray, **attrs) -> np.ndarray | tuple[np.ndarray, .
     kinds of the same arity, say) gets NaN outputs instead, with the error logged, so validation fails on them."""
     import torch
 
+    op = AttentionAttrs.from_onnx(attrs)  # for_cpu read these attributes already: they parse
     try:
-        op = AttentionAttrs.from_onnx(attrs)
         outputs = reference_attention(op, *(torch.from_numpy(np.ascontiguousarray(x)) for x in inputs))
         arrays = tuple(o.numpy() for o in outputs)
     except Exception as exc:  # noqa: BLE001 -- anything raised here would abort the process
         logger.error("the plugin's CPU reference op failed on a node with attributes %s (%s: %s): its outputs are "
                      "NaN, so the graph fails validation; a plugin node's attributes do not match its inputs",
                      attrs, type(exc).__name__, exc)
-        kind = _kind_or_none(attrs.get("kind"))
+        kind = op.kind
         query = np.asarray(inputs[0], np.float32) if inputs else np.zeros((1, 1, 1), np.float32)
         arrays = (np.full(query.shape, np.nan, np.float32),)
         if kind is AttentionKind.DECODER_SELF and len(inputs) >= 5 and np.ndim(inputs[3]) == 4:
@@ -62,13 +62,6 @@ def _reference(*inputs: np.ndarray, **attrs) -> np.ndarray | tuple[np.ndarray, .
         elif kind is AttentionKind.DECODER_SELF:
             arrays += (np.full((1, 1, 1, 1), np.nan, np.float32),) * 2
     return arrays if len(arrays) > 1 else arrays[0]
-
-
-def _kind_or_none(value) -> AttentionKind | None:
-    try:
-        return AttentionKind(int(value))
-    except (ValueError, TypeError):
-        return None
 
 
 @functools.cache
