@@ -32,6 +32,7 @@ FILE_SUFFIXES = {"py", "json", "jsonl", "md", "onnx", "plan", "html", "png", "tx
 
 SEQ2TRT_NAME = re.compile(r"(?<![\w.])seq2trt(?:\.[A-Za-z_]\w*)+")
 PATH = re.compile(r"(?<![\w./<-])(?:" + "|".join(re.escape(f) for f in FOLDERS) + r")/[\w./-]*")
+LINK = re.compile(r"\]\((?!https?:|#|mailto:)([^)#\s]+)")  # a Markdown link to a file beside the document
 SHORT_NAME = re.compile(r"(?<![\w./])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)")  # a.b(.c), read from its start
 # Module names that the docs mostly use as variables ("model.generate", "settings.plain"): a short name starting
 # with one is not checked (the seq2trt.-prefixed and path forms still are).
@@ -102,9 +103,10 @@ def short_name_ok(name: str) -> bool | None:
     return resolves(homes[0], attrs)
 
 
-def bad_names(text: str) -> list[str]:
-    """The names in `text` that do not resolve."""
-    bad = [n for n in SEQ2TRT_NAME.findall(text) if not seq2trt_name_ok(n)]
+def bad_names(text: str, folder: Path = ROOT) -> list[str]:
+    """The names in `text` that do not resolve; Markdown links are read from `folder`, the document's."""
+    bad = [link for link in LINK.findall(text) if not (folder / link).exists()]
+    bad += [n for n in SEQ2TRT_NAME.findall(text) if not seq2trt_name_ok(n)]
     bad += [p for p in PATH.findall(text) if not path_ok(p)]
     bad += [n for n in SHORT_NAME.findall(text) if short_name_ok(n) is False]
     return bad
@@ -128,7 +130,7 @@ def strings(path: Path) -> list[str]:
 
 @pytest.mark.parametrize("path", documents(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_documents_name_what_exists(path):
-    assert bad_names(path.read_text()) == [], f"{path.relative_to(ROOT)} names what does not exist"
+    assert bad_names(path.read_text(), path.parent) == [], f"{path.relative_to(ROOT)} names what does not exist"
 
 
 def test_code_strings_name_what_exists():
@@ -138,7 +140,8 @@ def test_code_strings_name_what_exists():
 
 @pytest.mark.parametrize("planted", ["seq2trt.runtime.registry.NO_SUCH_TABLE", "seq2trt.no_such_module.x",
                                      "validation/no_such_file.py", "reference_model/decoding.NO_SUCH_DEFAULT",
-                                     "`decode_jobs.no_such_function`", "`validation.beam_ties`"])
+                                     "`decode_jobs.no_such_function`", "`validation.beam_ties`",
+                                     "[the guide](docs/no_such_guide.md)"])
 def test_a_planted_stale_name_is_caught(planted):
     assert bad_names(f"See {planted} for details.") != []
 
@@ -146,6 +149,7 @@ def test_a_planted_stale_name_is_caught(planted):
 @pytest.mark.parametrize("good", ["seq2trt.runtime.registry.DECODE_BACKENDS", "seq2trt.Translator",
                                   "validation/ties.py:12", "reference_model/decoding.GNMT_ALPHA",
                                   "`decode_jobs.open_decoder`", "tests/serving", "the `manifest.json` file",
-                                  "`model.cfg` of a variable", "settings.plain", "OUT/fused/ort/encoder.onnx"])
+                                  "`model.cfg` of a variable", "settings.plain", "OUT/fused/ort/encoder.onnx", "[design](docs/design.md)",
+                                  "[benchmarks](benchmarks/README.md#gpu-the-h200-test-machine)", "[web](https://x.org/a)"])
 def test_existing_names_pass(good):
     assert bad_names(f"See {good} for details.") == []
