@@ -1,4 +1,4 @@
-"""`seq2trt.Translator(...).transcribe`: the same transcriptions as `seq2trt transcribe` on the same files, and from
+"""`seq2trt.Translator(...).transcribe` and `seq2trt.Transcriber`: the same transcriptions as `seq2trt transcribe` on the same files, and from
 arrays of samples at their own rate (mono and stereo); an export's graphs (its features.onnx in front) through ort and
 ort-fused equal transformers' `generate` on `WhisperFeatureExtractor`'s features; typed results; what is refused.
 """
