@@ -1,7 +1,7 @@
 """seq2trt as a library: one function per stage (`seq2trt.export`, `fuse`, `quantize`, `build`, `validate`,
 `import_hf`, `bench`, `serve`, each returning a typed result; `serve` the running server), `seq2trt.Translator` decodes with a checkpoint or an export
-through any backend (and transcribes speech with a Whisper one: `Translator.transcribe`, typed `Transcription`s),
-and `seq2trt.hf.Seq2TrtModelForSeq2SeqLM` lets transformers' `generate()` and `pipeline()` drive an export's graphs.
+through any backend, `seq2trt.Transcriber` transcribes speech with a Whisper one (typed `Transcription`s; also
+`Translator.transcribe`), and `seq2trt.hf.Seq2TrtModelForSeq2SeqLM` lets transformers' `generate()` and `pipeline()` drive an export's graphs.
 
 The stages' subpackages (`seq2trt.reference_model`, `seq2trt.exporters`, `seq2trt.validation`, ...) install
 beside this one. Names load on first use, so `import seq2trt` costs nothing until one is touched.
@@ -16,11 +16,11 @@ _STAGES = ["train", "import_hf", "export", "fuse", "quantize", "generate", "buil
            "TrainResult", "ImportResult", "ExportResult", "FuseResult", "QuantizeResult", "GenerateResult",
            "BuildResult", "ValidationResult", "BenchResult", "ReportResult"]
 
-__all__ = ["Translator", "Hypothesis", "Transcription", "TranscribedSegment", "DECODE_BACKENDS", *_STAGES, "Seq2TrtError", "InputError", "ConfigError",
+__all__ = ["Translator", "Transcriber", "Hypothesis", "Transcription", "TranscribedSegment", "DECODE_BACKENDS", *_STAGES, "Seq2TrtError", "InputError", "ConfigError",
            "CheckpointError", "ArtifactError", "DependencyError", "CheckFailed"]
 
 # public name -> the module that defines it
-_HOMES = {"Translator": "seq2trt.translator", "Hypothesis": "seq2trt.translator",
+_HOMES = {"Translator": "seq2trt.translator", "Transcriber": "seq2trt.transcriber", "Hypothesis": "seq2trt.translator",
           "Transcription": "seq2trt.runtime.transcription", "TranscribedSegment": "seq2trt.runtime.transcription",
           "DECODE_BACKENDS": "seq2trt.runtime.registry", **{name: "seq2trt.stages" for name in _STAGES},
           **{name: "seq2trt.reference_model.errors" for name in __all__ if name.endswith(("Error", "Failed"))}}
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
                                 QuantizeResult, ReportResult, TrainResult, ValidationResult, bench, build, export,
                                 fuse, generate, import_hf, quantize, report, serve, train, validate)
     from seq2trt.runtime.transcription import TranscribedSegment, Transcription
+    from seq2trt.transcriber import Transcriber
     from seq2trt.translator import Hypothesis, Translator
 
 

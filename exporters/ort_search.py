@@ -9,7 +9,7 @@ renamed `past_key_self_{i}` / `past_key_cross_{i}` / `present_key_self_{i}` (and
 declared (batch, 1) — with a symbolic length ONNX Runtime feeds the whole sequence at every step.
 
 Semantics (ONNX Runtime 1.32's CPU BeamSearch, read in beam_search_scorer.cc and logits_processor.cc, and tested
-against `reference_model.decoding` in tests/exporters/test_generate.py):
+against `reference_model.decoding` in tests/exporters/test_ort_search.py):
 - Hugging Face's beam search with `early_stopping=True` (`hf_beam_search(..., early_stopping=True)`): float32
   log-softmax, the 2K best continuations per source, an eos among the K best closes a hypothesis scored
   `sum_logprobs / length ** length_penalty`, length = generated tokens with eos; a source stops once K hypotheses

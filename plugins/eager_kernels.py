@@ -2,7 +2,7 @@
 
 `kernel_attention(model, run)` has `model` compute every attention block — the span between the projections that
 the exporter marks and the fuser turns into one plugin node — by a call of the op through `run(attrs, inputs) -> outputs`:
-- `triton_run` (default): triton's launcher (`kernels.launch.attention`) on a GPU, or on CPU tensors in triton's
+- `triton_run` (default): triton's launcher (`kernels.launch_plan.attention`) on a GPU, or on CPU tensors in triton's
   interpreter (TRITON_INTERPRET=1 set before triton is first imported);
 - `cubin_run(launcher)`: the ahead-of-time cubins through a `kernel_launch.KernelLauncher`, exactly as the
   TensorRT plugin's enqueue launches them (cuda-python, no triton), on CUDA tensors.
@@ -35,7 +35,7 @@ def triton_run(attrs: AttentionAttrs, inputs: tuple[torch.Tensor, ...]) -> tuple
 def prepare_cubin(launcher, attrs: AttentionAttrs, inputs: tuple[torch.Tensor, ...]) -> Callable[[], tuple]:
     """launch() -> outputs: one op call through the AOT cubins on the current CUDA stream, as the TensorRT plugin's
     enqueue makes it (an `AttentionCall` of device pointers; no synchronization), into outputs (the op's `OUTPUTS`,
-    as TensorRT would bind them) and a workspace of `kernels.launch.workspace_bytes`, allocated here once."""
+    as TensorRT would bind them) and a workspace of `kernels.launch_plan.workspace_bytes`, allocated here once."""
     from seq2trt.plugins.cuda_launcher import AttentionCall
     from seq2trt.plugins.kernels.launch_plan import dtype_name, workspace_bytes
 

@@ -46,7 +46,7 @@ class RunnerStepModel:
         return names
 
     def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> State:
-        """The source kind's encoder feed (`sources.feed`: token ids and their mask, or audio features alone) in
+        """The source kind's encoder feed (`sources.TokenIds.feed` / `AudioFeatures.feed`: token ids and their mask, or audio features alone) in
         the dtypes the encoder graph reads."""
         feed = source_kind(self.cfg).feed(input_ids, attention_mask)
         metadata = self.encoder.input_metadata()

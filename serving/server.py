@@ -3,7 +3,7 @@ started on a model repository of Python-backend models (`generate`, and `transla
 tokenizer, whose code is `serving.triton_model.TritonPythonModel`; for a Whisper export `transcribe` alone,
 `serving.triton_model.TranscribeModel`).
 
-Two facts of the bundled server (measured, see docs/DESIGN): the Python-backend stub must be the one for the running
+Two facts of the bundled server (measured; docs/serving.md): the Python-backend stub must be the one for the running
 interpreter's version, and it loads `libpython3.X.so` through the dynamic loader — the running interpreter's
 LIBDIR goes first on LD_LIBRARY_PATH, else a system copy of another patch level fails model loading.
 

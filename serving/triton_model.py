@@ -1,6 +1,6 @@
 """The Python-backend model behind `seq2trt serve`'s `generate` and `translate` (Triton's `TritonPythonModel`
 interface: initialize, execute on a dynamically batched list of requests, finalize). Each request is parsed into a
-`serving.Job`; a bad one gets an error response naming the problem and the batch's others are answered.
+`decode_service.Job`; a bad one gets an error response naming the problem and the batch's others are answered.
 
 Outputs: `output_ids` INT64 [-1] (generate) or `text` BYTES [1] (translate), the best hypothesis, as ever. A
 request that asks n_best > 1, output_scores or output_token_logprobs also gets `hypotheses` BYTES [1], a JSON

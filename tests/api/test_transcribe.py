@@ -1,4 +1,4 @@
-"""`seq2trt.Translator(...).transcribe`: the same transcriptions as `seq2trt transcribe` on the same files, and from
+"""`seq2trt.Translator(...).transcribe` and `seq2trt.Transcriber`: the same transcriptions as `seq2trt transcribe` on the same files, and from
 arrays of samples at their own rate (mono and stereo); an export's graphs (its features.onnx in front) through ort and
 ort-fused equal transformers' `generate` on `WhisperFeatureExtractor`'s features; typed results; what is refused.
 """
@@ -116,3 +116,28 @@ def test_refusals(whisper, audio, tmp_path, make_model):
     translator.close()
     with pytest.raises(InputError, match="closed"):
         translator.transcribe(audio[:1])
+
+
+@pytest.mark.parametrize("where, backend, language, beams", [("out", "ort-fused", "fr", 4), ("ckpt", "eager", None, 1)])
+def test_transcriber_equals_transformers(whisper, audio, where, backend, language, beams):
+    """`seq2trt.Transcriber`, the speech counterpart of Translator: the tokens and languages of transformers'
+    `generate` on the same files, and the text its own tokenizer decodes from them."""
+    src, ckpt, out, hf_model = whisper
+    with seq2trt.Transcriber(out if where == "out" else ckpt, backend=backend) as whisper_model:
+        assert whisper_model.has_tokenizer and whisper_model.config.audio
+        got = whisper_model.transcribe(audio, language=language, beam=beams, max_new_tokens=MAX_NEW)
+        assert whisper_model.transcribe(audio[0], language=language, beam=beams, max_new_tokens=MAX_NEW) == got[:1]
+    want, languages = generate_tokens(hf_model, src, [judge_clip(a) for a in audio], language, beams, MAX_NEW)
+    assert [r.tokens for r in got] == want and [r.language for r in got] == languages
+    tokenizer = transformers.WhisperTokenizer.from_pretrained(str(src))
+    assert [r.text for r in got] == tokenizer.batch_decode(want, skip_special_tokens=True)
+    with pytest.raises(InputError, match="closed"):
+        whisper_model.transcribe(audio[:1])
+
+
+def test_transcriber_refuses_a_text_model(tmp_path, make_model):
+    from seq2trt.reference_model.checkpoint import save_checkpoint
+
+    text = save_checkpoint(tmp_path / "text", make_model(seed=1))
+    with pytest.raises(InputError, match="is a text model .*seq2trt.Translator"):
+        seq2trt.Transcriber(text, backend="eager")

@@ -1,5 +1,5 @@
 """The ort-generate session's settings reach the subgraphs inside BeamSearch: ONNX Runtime's profiler, run on the
-graph of a tiny export, names the kernels the decoder steps ran (validation/generate_backend.session_options)."""
+graph of a tiny export, names the kernels the decoder steps ran (runtime/ort_search.session_options)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""The eager model with every attention block computed by the fused op's kernels (`plugins.torch_core`), on CPU in
-triton's interpreter: the kernels' contract matches the model's blocks (encoder self-attention with padding,
-cross-attention, decoder prefill and cached steps), so decoding with them agrees with the eager model.
+"""The eager model with every attention block computed by the fused op's kernels
+(`plugins.eager_kernels.kernel_attention`), on CPU in triton's interpreter: the kernels' contract matches the model's
+blocks (encoder self-attention with padding, cross-attention, decoder prefill and cached steps), so decoding with them
+agrees with the eager model.
 
 The interpreter must be on before triton is first imported, so the decoding runs in a child process: this file run
 as a script, printing one JSON line. On the GPU machine the same swap runs with the AOT cubins

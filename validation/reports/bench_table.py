@@ -1,4 +1,4 @@
-"""The bench's reports: `latency.json` (the document `bench.Bench.run` returns), `latency.md` and the PNG plots.
+"""The bench's reports: `latency.json` (the document `measure.Bench.run` returns), `latency.md` and the PNG plots.
 
 Everything is written atomically into OUT/reports/; the Markdown embeds the plots by relative path.
 """

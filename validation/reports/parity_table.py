@@ -84,7 +84,7 @@ def _near_ties(e2e: dict) -> list[str]:
     lines = []
     for name, why in (("greedy", "the eager top-1 / top-2 margin is within twice the measured logit error"),
                       ("beam", "the eager scores the searches compared are within what the measured logit error "
-                               "can move (validation.beam_ties)")):
+                               "can move (validation.ties.beam_near_ties)")):
         a = e2e[name]
         if not a.get("near_ties"):
             continue

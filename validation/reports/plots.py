@@ -91,7 +91,7 @@ def error_by_step(series: dict[str, list[float]], path: Path) -> Path | None:
 
 
 def error_series(latency: dict, parity: dict) -> dict[str, list[float]]:
-    """Per-step logit errors: parity.json's `end_to_end.logit_abs_err_by_step` when it has one, and the bench's
+    """Per-step logit errors: parity.json's `logit_abs_err_by_step` (under end_to_end) when it has one, and the bench's
     CTranslate2 agreement checks."""
     series = {}
     by_step = ((parity or {}).get("end_to_end") or {}).get("logit_abs_err_by_step")
