@@ -31,10 +31,10 @@ ENC, DEC = AttentionKind.ENCODER_SELF, AttentionKind.DECODER_SELF
 
 
 def _case(kind, dtype, head_dim, tgt_len, kv_len, empty_row=False, num_splits=None, extra_positions=0, seed=0,
-          control=None):
+          control=None, table="random"):
     return {"kind": kind.name, "dtype": dtype, "head_dim": head_dim, "tgt_len": tgt_len, "kv_len": kv_len,
             "empty_row": empty_row, "num_splits": num_splits, "extra_positions": extra_positions, "seed": seed,
-            "control": control}
+            "control": control, "table": table}
 
 
 def _cases() -> list[dict]:
@@ -55,6 +55,12 @@ def _cases() -> list[dict]:
             cases += [_case(ENC, dtype, head_dim, 6, 6, empty_row=True, seed=i),
                       _case(DEC, dtype, head_dim, 4, 3, seed=i),
                       _case(DEC, dtype, head_dim, 1, 30, num_splits=2, seed=i)]
+    for i, dtype in enumerate(TOLERANCES):  # T5's bucketed tables: tiles far from the diagonal see one value
+        cases += [_case(ENC, dtype, 64, 150, 150, empty_row=True, table="t5", seed=i),
+                  _case(DEC, dtype, 64, 130, 70, table="t5", seed=i),
+                  _case(DEC, dtype, 128, 1, 40, num_splits=2, table="t5", seed=i)]
+    cases += [_case(ENC, "fp32", 64, 150, 150, control="flipped", table="t5"),
+              _case(DEC, "fp32", 64, 130, 70, control="heads_swapped", table="t5")]
     for control in ("flipped", "heads_swapped"):  # a misread table must be caught
         cases += [_case(ENC, "fp32", 32, 7, 7, control=control), _case(DEC, "fp32", 32, 5, 4, control=control),
                   _case(DEC, "fp32", 32, 1, 20, num_splits=2, control=control)]
@@ -66,8 +72,21 @@ CASES = _cases()
 
 def _case_id(c: dict) -> str:
     extra = ("-empty_row" if c["empty_row"] else "") + (f"-splits{c['num_splits']}" if c["num_splits"] else "") + \
-        (f"-M+{c['extra_positions']}" if c["extra_positions"] else "") + (f"-{c['control']}" if c["control"] else "")
+        (f"-M+{c['extra_positions']}" if c["extra_positions"] else "") + (f"-{c['control']}" if c["control"] else "") + \
+        ("-t5table" if c["table"] == "t5" else "")
     return f"{c['kind']}-{c['dtype']}-d{c['head_dim']}-t{c['tgt_len']}-kv{c['kv_len']}{extra}"
+
+
+def t5_table(kind: AttentionKind, heads: int, positions: int, seed: int, num_buckets: int = 8,
+             max_distance: int = 16) -> torch.Tensor:
+    """A T5 table (H, 2M - 1): random per-bucket biases of T5's size gathered by T5's buckets (bidirectional for the
+    encoder, causal for the decoder). Beyond max_distance every distance shares a bucket, so a 64 x 64 tile there
+    reads one value throughout (the kernel's uniform-span path) and tiles nearer the diagonal gather."""
+    from seq2trt.reference_model.model import relative_position_buckets
+
+    g = torch.Generator().manual_seed(seed)
+    per_bucket = torch.randn(num_buckets, heads, generator=g) * 2
+    return per_bucket[relative_position_buckets(positions, kind is ENC, num_buckets, max_distance)].t().contiguous()
 
 
 # --- in the child ------------------------------------------------------------------------------------------------
@@ -88,6 +107,8 @@ def _run_cases(cases: list[dict]) -> list[dict]:
                                           empty_row=c["empty_row"], bias_positions=positions)
             attrs = AttentionAttrs(kind, attrs.num_heads, attrs.head_dim, 1.0)  # T5 scales no scores
             bias = inputs[-1] * 2  # T5-sized biases, in the op's dtype (x2 is exact)
+            if c["table"] == "t5":
+                bias = t5_table(kind, 2, positions, c["seed"]).to(bias.dtype)
             inputs = inputs[:-1] + (bias,)
             given = {"flipped": bias.flip(-1), "heads_swapped": bias.flip(0), None: bias}[c["control"]]
             got = attention(attrs, *inputs[:-1], given, num_splits=c["num_splits"])
@@ -197,6 +218,18 @@ def test_cases_cover_every_compiled_head_dim_and_both_paths():
     assert head_dims >= {16, 32, 64, 128}
     assert any(c["kind"] == "DECODER_SELF" and c["tgt_len"] == 1 and c["kv_len"] > 128 for c in CASES)
     assert any(c["kind"] == "DECODER_SELF" and c["tgt_len"] > 64 for c in CASES)
+    # a T5 table over more than two 64-query blocks: some tiles' spans are uniform, others gather
+    assert any(c["table"] == "t5" and c["kind"] == "ENCODER_SELF" and c["tgt_len"] > 128 for c in CASES)
+
+
+def test_t5_table_has_uniform_and_varying_tile_spans():
+    """The premise of the bucketed cases: a 64 x 64 tile's 127-entry span is one value far from the diagonal and
+    varies near it (else they would exercise one path of the kernel only)."""
+    table = t5_table(ENC, 2, 150, 0)[0]
+    # the kernel's span of tile (queries 64 m.., keys 64 n..) at T = L = M = 150: entries 149 + 64 (n - m) + (-63 .. 63),
+    # clamped to the table
+    spans = [table[(149 + 64 * d + torch.arange(-63, 64)).clamp(0, 298)] for d in (-2, 0, 2)]
+    assert [bool((s == s[0]).all()) for s in spans] == [True, False, True]
 
 
 def test_t5_model_decodes_through_the_kernels_as_eager(child):
