@@ -275,35 +275,38 @@ index, cc, cases = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
 launcher = CudaDriverLauncher(index, cc)
 dtypes = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
 out = []
-for kind, dtype, t, kv in cases:
+for kind, dtype, t, kv, head_dim in cases:
     k = AttentionKind[kind]
-    attrs, inputs = random_inputs(k, batch=2, heads=4, head_dim=64, tgt_len=t, kv_len=kv, dtype=dtypes[dtype],
+    attrs, inputs = random_inputs(k, batch=2, heads=4, head_dim=head_dim, tgt_len=t, kv_len=kv, dtype=dtypes[dtype],
                                   seed=0, device='cuda', empty_row=k is AttentionKind.ENCODER_SELF,
                                   bias_positions=t + (kv if k is AttentionKind.DECODER_SELF else 0) + 3)
-    attrs = AttentionAttrs(k, 4, 64, 1.0)
+    attrs = AttentionAttrs(k, 4, head_dim, 1.0)
     ref = reference_attention(attrs, *(x.double() if x.is_floating_point() else x for x in inputs))[0]
     atol, rtol = TOLERANCES[dtype]
     for route, got in (('jit', attention(attrs, *inputs)[0]), ('aot', prepare_cubin(launcher, attrs, inputs)()[0])):
         torch.cuda.synchronize()
         excess = ((got.double() - ref).abs() - atol - rtol * ref.abs()).max().item()
-        out.append({'case': [kind, dtype, t, kv], 'route': route, 'excess': excess})
+        out.append({'case': [kind, dtype, t, kv, head_dim], 'route': route, 'excess': excess})
 print(json.dumps(out))
 """
-GPU_CASES = [[kind, dtype, t, kv] for dtype in TOLERANCES
-             for kind, t, kv in (("ENCODER_SELF", 40, 40), ("ENCODER_SELF", 1, 1), ("DECODER_SELF", 9, 0),
-                                 ("DECODER_SELF", 70, 5), ("DECODER_SELF", 1, 300))]
+GPU_CASES = [[kind, dtype, t, kv, head_dim] for dtype in TOLERANCES
+             for kind, t, kv, head_dim in (("ENCODER_SELF", 40, 40, 64), ("ENCODER_SELF", 1, 1, 64),
+                                           ("DECODER_SELF", 9, 0, 64), ("DECODER_SELF", 70, 5, 64),
+                                           ("DECODER_SELF", 1, 300, 64), ("ENCODER_SELF", 200, 200, 128),
+                                           ("DECODER_SELF", 70, 5, 128), ("DECODER_SELF", 1, 1023, 64),
+                                           ("DECODER_SELF", 1, 1023, 128))]
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_bias_kernels_on_the_device_jit_and_aot(tmp_path):
-    """Triton's JIT and the AOT cubins (HEAD_DIM 64, T5's head_dim, compiled for this GPU and launched as the
-    plugin's enqueue launches them) against the float64 reference, with the bias."""
+    """Triton's JIT and the AOT cubins (HEAD_DIM 64, T5's head_dim, and 128, compiled for this GPU and launched as
+    the plugin's enqueue launches them) against the float64 reference, with the bias; pasts up to 1,023."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     major, minor = torch.cuda.get_device_capability()
     cc = 10 * major + minor
     compiled = subprocess.run([sys.executable, "-m", "seq2trt.plugins.kernels.aot", "--out", str(tmp_path),
-                               "--targets", f"sm_{cc}", "--head-dims", "64"], env=env, capture_output=True, text=True,
+                               "--targets", f"sm_{cc}", "--head-dims", "64,128"], env=env, capture_output=True, text=True,
                               timeout=900)
     assert compiled.returncode == 0, compiled.stderr[-4000:]
     run = subprocess.run([sys.executable, "-c", GPU_CHILD, str(tmp_path / "index.json"), str(cc),
