@@ -36,11 +36,9 @@ def store_dir(store: str | Path | None = None) -> Path:
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
+    # not seq2trt's atomic_files.sha256_file: a staging call runs before anything is installed (stdlib only)
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def split(wheel: Path, parts_dir: Path, part_mib: int = PART_MIB) -> dict:
