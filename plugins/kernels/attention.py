@@ -187,7 +187,11 @@ def attn_decode_split(Q, K, V, Mask, Bias, NewK, NewV, PresK, PresV, MidO, MidM,
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
         col_ok = cols < end
+        # K and V both in flight before any arithmetic: the step is memory-bound, and a V load issued after the
+        # score's reductions (barriers) would wait a second full memory latency each block
         k = _decode_rows(k_base, NewK + new_off, PresK + pres_off, cols, col_ok, stride_kl, offs_d, d_ok, L, head_dim,
+                         APPEND)
+        v = _decode_rows(v_base, NewV + new_off, PresV + pres_off, cols, col_ok, stride_vl, offs_d, d_ok, L, head_dim,
                          APPEND)
         s = tl.sum(k.to(tl.float32) * q[None, :], 1)  # (BLOCK_N,)
         if HAS_BIAS:
@@ -201,8 +205,6 @@ def attn_decode_split(Q, K, V, Mask, Bias, NewK, NewV, PresK, PresV, MidO, MidM,
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(s - m_safe)
         l_i = l_i * alpha + tl.sum(p, 0)
-        v = _decode_rows(v_base, NewV + new_off, PresV + pres_off, cols, col_ok, stride_vl, offs_d, d_ok, L, head_dim,
-                         APPEND)
         acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), 0)
         m_i = m_new
     mid = pid_bh.to(tl.int64) * num_splits + pid_s
