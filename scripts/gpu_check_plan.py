@@ -56,18 +56,11 @@ def gpu_test_files(root: Path = ROOT) -> list[str]:
                   if "pytest.mark.gpu" in p.read_text(errors="replace"))
 
 
+# In order of what a short lease most needs (a run stops starting steps when its budget is spent).
 STEPS = (
     Step("env", 60, ("{py}", "scripts/gpu_check.py", "env", "{out}/env.json")),
-    Step("kernels", 300, ("{py}", "scripts/gpu_kernels.py", "{out}/kernels", "--no-bias-speed"),
-         if_present={"kernels": ("--aot-index", "{kernels}")}),
     # T5's position-bias kernels against SDPA with a dense additive bias, interleaved: the ratio per case
     Step("bias_speed", 180, ("{py}", "scripts/gpu_kernels.py", "{out}/bias_speed", "--bias-speed-only")),
-    Step("eager_cuda", 180, ("{py}", "scripts/gpu_check.py", "eager", "{ckpt}", "{out}/eager_cuda.json"),
-         needs=("ckpt",), if_present={"kernels": ("{kernels}",)}),
-    Step("pipeline", 180, ("{py}", "scripts/gpu_check.py", "pipeline", "{ckpt}", "{out}/export", "{out}/validate.json"),
-         needs=("ckpt",)),
-    Step("bench", 180, ("{py}", "scripts/gpu_check.py", "bench", "{ckpt}", "{out}/export", "{out}/bench.json"),
-         needs=("ckpt",)),
     # T5 and Whisper end to end on CUDA against transformers' generate on the same GPU: the eager model, with our
     # kernels (JIT, and the AOT cubins when carried).
     Step("families", 240, ("{py}", "scripts/gpu_check_families.py", "{out}/families.json"),
@@ -75,13 +68,23 @@ STEPS = (
     # ONNX Runtime's CUDA provider: the `ort-cuda` backend's steps go here once it is in the registry, e.g.
     #   Step("ort_cuda", 240, ("{py}", "-m", "seq2trt.cli.main", "bench", "{out}/export", "--backends", "ort-cuda")),
     # the dry run then resolves its verb, flags and the backend name as it does every other step.
-    Step("tensorrt", 60, ("{py}", "scripts/gpu_check.py", "tensorrt", "{out}/tensorrt.json")),
+    Step("pipeline", 180, ("{py}", "scripts/gpu_check.py", "pipeline", "{ckpt}", "{out}/export", "{out}/validate.json"),
+         needs=("ckpt",)),
+    Step("kernels", 300, ("{py}", "scripts/gpu_kernels.py", "{out}/kernels", "--no-bias-speed"),
+         if_present={"kernels": ("--aot-index", "{kernels}")}),
     # The suite's gpu-marked tests; the kernel sweep's test reads the kernels step's report instead of redoing it.
     Step("gpu_tests", 300, ("{py}", "-m", "pytest", "-q", "-rs", "-m", "gpu", "-p", "no:cacheprovider", "-p",
                             "no:benchmark", "--junitxml={out}/gpu_tests.xml", "{gpu_tests}"),
          env={"SEQ2TRT_GPU_KERNELS_REPORT": "{out}/kernels/gpu_kernels.json",
               "SEQ2TRT_GPU_BIAS_REPORT": "{out}/bias_speed/gpu_kernels.json"}),
+    Step("eager_cuda", 180, ("{py}", "scripts/gpu_check.py", "eager", "{ckpt}", "{out}/eager_cuda.json"),
+         needs=("ckpt",), if_present={"kernels": ("{kernels}",)}),
+    Step("bench", 180, ("{py}", "scripts/gpu_check.py", "bench", "{ckpt}", "{out}/export", "{out}/bench.json"),
+         needs=("ckpt",)),
+    Step("tensorrt", 60, ("{py}", "scripts/gpu_check.py", "tensorrt", "{out}/tensorrt.json")),
 )
+BUDGET_S = 480  # a whole run (SEQ2TRT_GPU_BUDGET_S): inside the device call's 540 s, with the install and the tar
+MIN_STEP_S = 20
 # What scripts/prepare_gpu_check.sh runs here (no GPU), resolved by the dry run like the steps.
 PREPARE = (
     ("wheel", ("{py}", "-m", "pip", "wheel", "-q", "--no-deps", "-w", ".whl", ".")),
@@ -122,21 +125,25 @@ def run(out: Path, root: Path = ROOT) -> int:
         print(f"SEQ2TRT_GPU_STEPS names unknown steps {sorted(unknown)}; steps: {[s.name for s in STEPS]}")
         return 2
     out.mkdir(parents=True, exist_ok=True)
-    summary = {}
+    summary, deadline = {}, time.monotonic() + float(os.environ.get("SEQ2TRT_GPU_BUDGET_S", BUDGET_S))
     for step in STEPS:
         missing = [PREPARED[k] for k in step.needs if not (root / PREPARED[k]).exists()]
-        if (only and step.name not in only) or missing:
-            summary[step.name] = {"status": "skipped", "why": f"not carried: {missing}" if missing else "not chosen"}
+        left = deadline - time.monotonic()
+        why = "not chosen" if only and step.name not in only else f"not carried: {missing}" if missing else \
+            f"the run's budget is spent ({left:.0f}s left)" if left < MIN_STEP_S else None
+        if why:
+            summary[step.name] = {"status": "skipped", "why": why}
             continue
         print(f"== {step.name}", flush=True)
         start, log = time.monotonic(), out / f"{step.name}.log"
         env = {**os.environ, **{k: v.format(out=out) for k, v in step.env.items()}}
         with open(log, "w") as f:
             try:
+                limit = min(step.limit_s, left)
                 rc = subprocess.run(step_argv(step, root, out), stdout=f, stderr=subprocess.STDOUT, env=env,
-                                    timeout=step.limit_s).returncode
+                                    timeout=limit).returncode
             except subprocess.TimeoutExpired:
-                rc = f"timed out after {step.limit_s}s"
+                rc = f"timed out after {limit:.0f}s"
         summary[step.name] = {"status": rc, "seconds": round(time.monotonic() - start, 1)}
         print("\n".join(log.read_text(errors="replace").splitlines()[-5:]), flush=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")

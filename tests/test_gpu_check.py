@@ -169,6 +169,11 @@ def test_run_records_chosen_steps_and_refuses_unknown_ones(tmp_path):
     proc = subprocess.run([sys.executable, str(plan), "run", str(tmp_path / "out")],
                           env=_env(SEQ2TRT_GPU_STEPS="env,kernel"), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "['kernel']" in proc.stdout
+    # a spent budget: no step starts, each says why, and the summary is still written
+    proc = subprocess.run([sys.executable, str(plan), "run", str(tmp_path / "spent")],
+                          env=_env(SEQ2TRT_GPU_BUDGET_S="5"), capture_output=True, text=True, timeout=60)
+    summary = json.loads((tmp_path / "spent/summary.json").read_text())
+    assert proc.returncode == 0 and "budget is spent" in summary["env"]["why"]
 
 
 def test_family_check_runs_on_the_cpu_against_transformers(tmp_path):
