@@ -56,9 +56,9 @@ def _bias_tile(row, row_len, first, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
     at = tl.minimum(tl.maximum(first - (BLOCK_M - 1) + offs, 0), row_len - 1)
     used = offs < BLOCK_M + BLOCK_N - 1
     span = tl.load(row + at, mask=used, other=0.0).to(tl.float32) * LOG2E
-    lo = tl.min(tl.where(used, span, float("inf")), 0)
-    if lo == tl.max(tl.where(used, span, float("-inf")), 0):
-        tile = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32) + lo
+    start = tl.load(row + tl.minimum(tl.maximum(first - (BLOCK_M - 1), 0), row_len - 1)).to(tl.float32) * LOG2E
+    if tl.max(tl.where(used, tl.abs(span - start), 0.0), 0) == 0.0:  # one cross-warp reduction, not a min and a max
+        tile = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32) + start
     else:  # tile[i, j] = span[j - i + BLOCK_M - 1]
         rel = tl.arange(0, BLOCK_N)[None, :] - tl.arange(0, BLOCK_M)[:, None] + (BLOCK_M - 1)
         tile = tl.reshape(tl.gather(span, tl.reshape(rel, [BLOCK_M * BLOCK_N]), 0), [BLOCK_M, BLOCK_N])
