@@ -29,24 +29,23 @@ out="$1"
 mkdir -p "$out" && out="$(cd "$out" && pwd)" || exit 2
 site="${SEQ2TRT_GPU_SITE:-/tmp/seq2trt-site}"
 
-# onnxruntime-gpu: stage the parts this call carried, then join all staged parts (sha256-checked)
+install() {  # install WHEEL_OR_TREE...: into the site folder, offline, on the machine's own packages
+    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$@"
+}
+if ls "$root"/.whl/*.whl >/dev/null 2>&1; then
+    install "$root"/.whl/*.whl || exit 2
+else  # no wheel carried: seq2trt from this source tree
+    "$py" -m pip install -q --no-index --no-deps --no-build-isolation --target "$site" "$root" || exit 2
+fi
+# onnxruntime-gpu: stage the parts this call carried, join all staged parts (sha256-checked), install; without it
+# the steps run on the machine's own onnxruntime, and ort_wheel.log says why
 for part in "$root"/.gpu/ort/part-*; do
     [ -d "$part" ] && "$py" "$root/scripts/gpu_check_ort.py" stage "$part"
 done
-wheels=()
 if ort_wheel="$("$py" "$root/scripts/gpu_check_ort.py" assemble 2> "$out/ort_wheel.log")"; then
-    wheels+=("$ort_wheel")
+    install "$ort_wheel" >> "$out/ort_wheel.log" 2>&1 && echo "installed $ort_wheel" >> "$out/ort_wheel.log"
 fi
 cat "$out/ort_wheel.log"
-if ls "$root"/.whl/*.whl >/dev/null 2>&1; then
-    wheels+=("$root"/.whl/*.whl)
-else  # no wheel carried: seq2trt from this source tree, offline
-    "$py" -m pip install -q --no-index --no-deps --no-build-isolation --target "$site" "$root" || exit 2
-fi
-if [ ${#wheels[@]} -gt 0 ]; then
-    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
-        "${wheels[@]}" || exit 2
-fi
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 cd "$out" || exit 2   # never import the source tree's folders as top-level modules
 exec "$py" "$root/scripts/gpu_check_plan.py" run "$out"

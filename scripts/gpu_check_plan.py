@@ -94,7 +94,7 @@ PREPARE = (
 )
 
 
-def expand(argv, root: Path, out: Path, present: dict | None = None) -> list[str]:
+def expand(argv, root: Path, out: Path) -> list[str]:
     values = {"py": sys.executable, "root": str(root), "out": str(out),
               **{k: str(root / v) for k, v in PREPARED.items()}, "ort_wheel": str(root / ".gpu/onnxruntime_gpu.whl")}
     args = []
@@ -145,7 +145,8 @@ def run(out: Path, root: Path = ROOT) -> int:
             except subprocess.TimeoutExpired:
                 rc = f"timed out after {limit:.0f}s"
         summary[step.name] = {"status": rc, "seconds": round(time.monotonic() - start, 1)}
-        print("\n".join(log.read_text(errors="replace").splitlines()[-5:]), flush=True)
+        lines = log.read_text(errors="replace").splitlines()
+        print("\n".join(lines if len(lines) <= 40 else lines[-5:]), flush=True)  # the device tool returns the tail
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
     return int(any(s["status"] not in (0, "skipped") for s in summary.values()))
@@ -242,14 +243,17 @@ def resolve_cli(args: list[str]) -> list[str]:
     return problems
 
 
-def resolve_pytest(files: list[str], root: Path) -> tuple[list[str], list[str]]:
-    """(problems, node ids): the files exist, collect without errors, each with >= 1 gpu-marked test, and together
-    they hold every gpu-marked test file of the suite."""
+def resolve_pytest(args: list[str], root: Path) -> tuple[list[str], list[str]]:
+    """(problems, node ids) of a pytest command line: collected with its own options (a report file aside), the
+    files exist and collect without errors, each with >= 1 selected test, and together they hold every
+    gpu-marked test file of the suite."""
+    files = [a for a in args if a.endswith(".py")]
+    options = [a for a in args if not a.endswith(".py") and a != "-q" and not a.startswith("--junitxml")]
     missing = [f for f in files if not Path(f).is_file()]
     if missing:
         return [f"gpu_tests: no such test file {f}" for f in missing], []
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-n", "0", "-p",
-                           "no:cacheprovider", *files], cwd=root, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", *options, *files],
+                          cwd=root, capture_output=True, text=True, timeout=600)
     ids = [line for line in proc.stdout.splitlines() if "::" in line]
     problems = [] if proc.returncode == 0 else [f"gpu_tests: collection failed (exit {proc.returncode}):\n"
                                                 f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}"]
@@ -265,7 +269,7 @@ def resolve_pytest(files: list[str], root: Path) -> tuple[list[str], list[str]]:
 def resolve_command(name: str, argv: list[str], root: Path) -> list[str]:
     """One command line of a step or a prepare step."""
     if argv[1:3] == ["-m", "pytest"]:
-        problems, ids = resolve_pytest([a for a in argv[3:] if a.endswith(".py")], root)
+        problems, ids = resolve_pytest(argv[3:], root)
         print(f"    {len(ids)} gpu-marked tests collected")
         return problems
     if argv[1] == "-m":
@@ -327,7 +331,7 @@ def device_calls(root: Path = ROOT) -> list[dict]:
     tree = sum((root / f).stat().st_size for f in tracked if (root / f).is_file())
     last = [] if not parts or tree + check_bytes + _bytes(parts[-1]) > CARRY_LIMIT else [parts[-1]]
     calls = [{"command": STAGE_COMMAND.format(part=p.relative_to(root)), "carry": [str(p.relative_to(root))],
-              "bytes": tree + _bytes(p)} for p in parts if p not in last]
+              "bytes": tree + _bytes(p), "timeout_s": 120} for p in parts if p not in last]
     calls.append({"command": CHECK_COMMAND, "carry": list(CHECK_CARRY) + [str(p.relative_to(root)) for p in last],
                   "bytes": tree + check_bytes + sum(_bytes(p) for p in last), "timeout_s": 540})
     return calls
@@ -344,6 +348,10 @@ def main(argv: list[str]) -> int:
         return int(bool(problems))
     if argv == ["calls"]:
         calls = device_calls()
+        unprepared = [c for c in CHECK_CARRY if not (ROOT / c).exists()]
+        if unprepared or not (ROOT / PREPARED["ort_parts"]).is_dir():
+            print(f"note: not prepared here yet ({', '.join(unprepared) or PREPARED['ort_parts']}): run "
+                  "scripts/prepare_gpu_check.sh first; the calls below lack what it makes")
         for i, call in enumerate(calls, 1):
             over = "  OVER THE 64 MiB LIMIT" if call["bytes"] > CARRY_LIMIT else ""
             print(f"{i}. run(command={call['command']!r}, carry={json.dumps(call['carry'])}"

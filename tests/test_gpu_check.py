@@ -77,14 +77,17 @@ def test_dry_run_fails_on_a_planted_copy_with_moved_paths(tmp_path):
 
 def test_pytest_resolution_names_missing_and_left_out_test_files():
     plan = _plan()
-    missing, _ = plan.resolve_pytest([str(ROOT / "tests/plugins/test_kernels_moved.py")], ROOT)
+    missing, _ = plan.resolve_pytest(["-m", "gpu", str(ROOT / "tests/plugins/test_kernels_moved.py")], ROOT)
     assert missing == [f"gpu_tests: no such test file {ROOT / 'tests/plugins/test_kernels_moved.py'}"]
-    problems, ids = plan.resolve_pytest([str(ROOT / "tests/plugins/test_kernels_gpu.py"),
+    problems, ids = plan.resolve_pytest(["-m", "gpu", str(ROOT / "tests/plugins/test_kernels_gpu.py"),
                                          str(ROOT / "tests/test_packaging.py")], ROOT)
     assert "gpu_tests: tests/test_packaging.py collects no gpu-marked test" in problems
     assert any("has gpu-marked tests but the step does not run it" in p and "test_kernels_bias.py" in p
                for p in problems)
     assert any(i.startswith("tests/plugins/test_kernels_gpu.py::") for i in ids)
+    bad_option, _ = plan.resolve_pytest(["-m", "gpu", "--no-such-option", str(ROOT / "tests/plugins/test_kernels_gpu.py")],
+                                        ROOT)
+    assert bad_option and "collection failed" in bad_option[0]
 
 
 def test_cli_resolution_checks_verbs_flags_and_choices():
