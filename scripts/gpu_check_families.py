@@ -133,7 +133,8 @@ def check_family(family: str, device: str, small: bool, aot_index: Path | None) 
     with tempfile.TemporaryDirectory() as tmp:
         ours, theirs, model = _decoders(family, _make(family, Path(tmp) / family, small), device)
         want = {beam: _timed(lambda b=beam: theirs(b)) for beam in (1, BEAM)}
-        doc = {"transformers": {"greedy_tokens_per_s": round(want[1][1], 1), "beam_tokens_per_s": round(want[BEAM][1], 1),
+        doc = {"transformers": {"greedy_tokens_per_s": round(want[1][1], 1),
+                                "beam_tokens_per_s": round(want[BEAM][1], 1),
                                 "greedy_mean_tokens": sum(map(len, want[1][0])) / SOURCES},
                "heads": model.cfg.num_heads, "head_dim": model.cfg.head_dim, "sources": SOURCES}
         step = EagerStepModel(model, device=device)

@@ -34,8 +34,8 @@ PREPARED = {"ckpt": ".gpu/ckpt", "kernels": ".gpu/kernels/index.json", "wheels":
 CARRY_LIMIT = 64 << 20  # bytes one device call may carry, the working tree included
 DOC = "docs/gpu-check.md"
 STAGE_COMMAND = "bash scripts/gpu_check.sh --stage-ort {part}"
-CHECK_COMMAND = ("bash scripts/gpu_check.sh /tmp/gc; rc=$?; tar czf $OUT/gpu_check.tgz -C /tmp/gc --exclude=./export .; "
-                 "exit $rc")
+CHECK_COMMAND = ("bash scripts/gpu_check.sh /tmp/gc; rc=$?; "
+                 "tar czf $OUT/gpu_check.tgz -C /tmp/gc --exclude=./export .; exit $rc")
 CHECK_CARRY = (".whl", ".gpu/ckpt", ".gpu/kernels")
 
 

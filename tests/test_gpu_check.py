@@ -85,8 +85,8 @@ def test_pytest_resolution_names_missing_and_left_out_test_files():
     assert any("has gpu-marked tests but the step does not run it" in p and "test_kernels_bias.py" in p
                for p in problems)
     assert any(i.startswith("tests/plugins/test_kernels_gpu.py::") for i in ids)
-    bad_option, _ = plan.resolve_pytest(["-m", "gpu", "--no-such-option", str(ROOT / "tests/plugins/test_kernels_gpu.py")],
-                                        ROOT)
+    gpu_file = str(ROOT / "tests/plugins/test_kernels_gpu.py")
+    bad_option, _ = plan.resolve_pytest(["-m", "gpu", "--no-such-option", gpu_file], ROOT)
     assert bad_option and "collection failed" in bad_option[0]
 
 
@@ -94,7 +94,8 @@ def test_cli_resolution_checks_verbs_flags_and_choices():
     plan = _plan()
     assert plan.resolve_cli(["validate", "EXPORT", "--backend", "ort"]) == []
     assert plan.resolve_cli(["validat", "EXPORT"])[0].startswith("seq2trt has no verb 'validat'")
-    assert plan.resolve_cli(["validate", "EXPORT", "--backends", "ort"]) == ["seq2trt validate has no option --backends"]
+    assert plan.resolve_cli(["validate", "EXPORT", "--backends", "ort"]) == \
+        ["seq2trt validate has no option --backends"]
     (bad,) = plan.resolve_cli(["validate", "EXPORT", "--backend", "no-such-backend"])
     assert "no-such-backend" in bad and "'ort'" in bad
 

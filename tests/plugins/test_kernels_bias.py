@@ -72,8 +72,8 @@ CASES = _cases()
 
 def _case_id(c: dict) -> str:
     extra = ("-empty_row" if c["empty_row"] else "") + (f"-splits{c['num_splits']}" if c["num_splits"] else "") + \
-        (f"-M+{c['extra_positions']}" if c["extra_positions"] else "") + (f"-{c['control']}" if c["control"] else "") + \
-        ("-t5table" if c["table"] == "t5" else "")
+        (f"-M+{c['extra_positions']}" if c["extra_positions"] else "") + \
+        (f"-{c['control']}" if c["control"] else "") + ("-t5table" if c["table"] == "t5" else "")
     return f"{c['kind']}-{c['dtype']}-d{c['head_dim']}-t{c['tgt_len']}-kv{c['kv_len']}{extra}"
 
 
@@ -226,8 +226,8 @@ def test_t5_table_has_uniform_and_varying_tile_spans():
     """The premise of the bucketed cases: a 64 x 64 tile's 127-entry span is one value far from the diagonal and
     varies near it (else they would exercise one path of the kernel only)."""
     table = t5_table(ENC, 2, 150, 0)[0]
-    # the kernel's span of tile (queries 64 m.., keys 64 n..) at T = L = M = 150: entries 149 + 64 (n - m) + (-63 .. 63),
-    # clamped to the table
+    # the kernel's span of tile (queries 64 m.., keys 64 n..) at T = L = M = 150: entries 149 + 64 (n - m)
+    # + (-63 .. 63), clamped to the table
     spans = [table[(149 + 64 * d + torch.arange(-63, 64)).clamp(0, 298)] for d in (-2, 0, 2)]
     assert [bool((s == s[0]).all()) for s in spans] == [True, False, True]
 
@@ -306,8 +306,8 @@ def test_bias_kernels_on_the_device_jit_and_aot(tmp_path):
     major, minor = torch.cuda.get_device_capability()
     cc = 10 * major + minor
     compiled = subprocess.run([sys.executable, "-m", "seq2trt.plugins.kernels.aot", "--out", str(tmp_path),
-                               "--targets", f"sm_{cc}", "--head-dims", "64,128"], env=env, capture_output=True, text=True,
-                              timeout=900)
+                               "--targets", f"sm_{cc}", "--head-dims", "64,128"], env=env, capture_output=True,
+                              text=True, timeout=900)
     assert compiled.returncode == 0, compiled.stderr[-4000:]
     run = subprocess.run([sys.executable, "-c", GPU_CHILD, str(tmp_path / "index.json"), str(cc),
                           json.dumps(GPU_CASES)], env=env, capture_output=True, text=True, timeout=900)
