@@ -3,7 +3,7 @@
 # scripts/gpu_check_plan.py, which the dry run resolves):
 #   .whl/seq2trt-*.whl   seq2trt itself (pure Python; the GPU machine has torch, onnx, triton, transformers, ...)
 #   .gpu/ckpt/           the demo checkpoint (trained once and cached by `seq2trt demo` / `seq2trt train`)
-#   .gpu/kernels/        the attention kernels compiled ahead of time for sm_90 (about 7 MB)
+#   .gpu/kernels/        the attention kernels compiled ahead of time for sm_90 (150 variants, about 25 MB)
 #   .gpu/ort/part-K/     onnxruntime-gpu's wheel (~256 MB) in parts of <= 56 MiB, each with the sha256 manifest
 # All git-ignored. Then follow docs/gpu-check.md: `scripts/gpu_check.sh --calls` prints the device calls in order.
 # SEQ2TRT_ORT_GPU_VERSION (default 1.31.1, the CUDA 13 build that ran on the H200); SEQ2TRT_ORT_GPU=0 skips it.

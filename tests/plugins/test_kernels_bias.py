@@ -1,7 +1,8 @@
 """T5's relative position bias through the attention kernels, the plugin graphs on CPU and the eager model.
 
 The bias is the op's optional last input, an (H, 2M - 1) table by signed distance (`plugins.op`), which the kernels
-read per score (HAS_BIAS). Judged against `plugins.op.reference_attention` in float64 on the same rounded inputs,
+read once per tile (HAS_BIAS: a tile's span of the table, gathered in registers, or one value where the span is uniform,
+as T5's buckets are beyond max_distance: the bucketed cases cover both). Judged against `plugins.op.reference_attention` in float64 on the same rounded inputs,
 within the kernels' tolerances (`launch_plan.TOLERANCES`): encoder self-attention with padded keys and an all-padding
 row, decoder prefill and split-K steps over past lengths 0 and > 0, head dims that run their compiled HEAD_DIM exactly
 and masked, fp32/fp16/bf16. Controls: the same kernels given the table flipped along the distance or with its heads
