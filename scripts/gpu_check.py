@@ -5,6 +5,7 @@
     python scripts/gpu_check.py pipeline CKPT EXPORT_DIR OUT.json
     python scripts/gpu_check.py bench CKPT EXPORT_DIR OUT.json    # seq2trt bench: eager CPU/CUDA, ORT, TRT
     python scripts/gpu_check.py tensorrt OUT.json
+    python scripts/gpu_check.py checkpoint OUT_DIR                # here: the demo checkpoint, to carry
 
 Every subcommand records what it could not do and why, rather than failing silently; it exits non-zero only
 when a check ran and failed.
@@ -19,7 +20,6 @@ import sys
 import time
 import traceback
 from pathlib import Path
-
 
 
 def _write(path: str, doc: dict) -> None:
@@ -45,14 +45,42 @@ def env(out: str) -> int:
         except Exception as exc:  # noqa: BLE001  an environment report records every failure
             doc[name] = f"unavailable: {exc}"
     try:
-        import onnxruntime
-
-        doc["onnxruntime_providers"] = onnxruntime.get_available_providers()
+        doc |= _ort_cuda_probe()
     except ImportError:
         pass
     doc["tensorrt_flavours"] = {f.value: trt_compat.available(f) for f in trt_compat.Flavour}
     _write(out, doc)
     return 0
+
+
+def _ort_cuda_probe() -> dict:
+    """onnxruntime's providers, and whether a one-node graph runs on the CUDA provider (onnxruntime-gpu finds its
+    CUDA libraries through the nvidia-* wheels torch installed: `preload_dlls`)."""
+    import numpy as np
+    import onnxruntime
+    from onnx import TensorProto, helper
+
+    doc = {"onnxruntime_file": onnxruntime.__file__}
+    if hasattr(onnxruntime, "preload_dlls"):
+        try:
+            onnxruntime.preload_dlls()
+        except Exception as exc:  # noqa: BLE001  recorded: the session below says whether it mattered
+            doc["preload_dlls"] = f"{type(exc).__name__}: {exc}"
+    doc["onnxruntime_providers"] = onnxruntime.get_available_providers()
+    if "CUDAExecutionProvider" not in doc["onnxruntime_providers"]:
+        return doc
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    graph = helper.make_graph([helper.make_node("Add", ["x", "x"], ["y"])], "probe", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    try:
+        session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CUDAExecutionProvider"])
+        got = session.run(None, {"x": np.array([1.0, 2.0], np.float32)})[0].tolist()
+        doc["cuda_provider_session"] = {"providers": session.get_providers(), "ok": got == [2.0, 4.0]}
+    except Exception as exc:  # noqa: BLE001
+        doc["cuda_provider_session"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    return doc
 
 
 def _greedy_tokens_per_s(step_model, ids, mask, settings, repeats: int = 3) -> float:
@@ -246,13 +274,28 @@ def _engines_vs_ort(flavour) -> dict:
             "end_to_end": doc["end_to_end"]}
 
 
+def checkpoint(out: str) -> int:
+    """Copy the demo checkpoint (trained once and cached here) to `out`, for carrying to the GPU machine."""
+    import shutil
+
+    from seq2trt.reference_model.train import demo_checkpoint
+
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(demo_checkpoint(), out)
+    print(f"demo checkpoint -> {out}")
+    return 0
+
+
+COMMANDS = {"env": env, "eager": eager, "pipeline": pipeline, "bench": bench, "tensorrt": tensorrt,
+            "checkpoint": checkpoint}
+
+
 def main(argv: list[str]) -> int:
-    commands = {"env": env, "eager": eager, "pipeline": pipeline, "bench": bench, "tensorrt": tensorrt}
-    if not argv or argv[0] not in commands:
+    if not argv or argv[0] not in COMMANDS:
         print(__doc__)
         return 2
     try:
-        return commands[argv[0]](*argv[1:])
+        return COMMANDS[argv[0]](*argv[1:])
     except Exception:  # noqa: BLE001  the check script logs every failure and goes on to the next step
         traceback.print_exc()
         return 1

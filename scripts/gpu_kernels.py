@@ -1,6 +1,7 @@
 """GPU check of the attention kernels: correctness against the float64 reference, then timing against PyTorch.
 
     python scripts/gpu_kernels.py OUT_DIR [--aot-index INDEX.json] [--quick]
+    python scripts/gpu_kernels.py OUT_DIR --bias-speed-only             # T5 bias vs SDPA + dense bias, ~1 minute
     python scripts/gpu_kernels.py OUT_DIR --device cpu --quick     # the same code on CPU, in triton's interpreter
 
 Writes OUT_DIR/gpu_kernels.json and exits non-zero when a check fails:
@@ -10,6 +11,9 @@ Writes OUT_DIR/gpu_kernels.json and exits non-zero when a check fails:
   within `kernels.launch_plan.TOLERANCES`; present K/V must equal past ++ new exactly;
 - "aot" (with --aot-index): the same cases through the ahead-of-time cubins, loaded and launched as the TensorRT
   plugin does (`plugins.cuda_launcher.CudaDriverLauncher`, cuda-python), no triton JIT involved;
+- "bias_speed" (scripts/gpu_kernels_bias.py): T5's position-bias kernels against SDPA with a dense additive bias,
+  timed interleaved from CUDA graphs, SDPA / ours per case (the target is >= 1.0: "bias_speed_target_met"), with and
+  without the bias, and decoder steps at fixed split counts; `--bias-speed-only` runs just these;
 - "benchmarks": median milliseconds (CUDA events, warmup) of the op through our kernels (triton's JIT launcher, and
   with --aot-index the AOT cubins launched as the plugin's enqueue launches them) and through the unfused
   PyTorch equivalent: head transposes, torch.cat of the past for decoder self-attention, and
@@ -136,8 +140,9 @@ def aot_runner(prepare):
     return run
 
 
-def torch_attention(attrs, inputs):
-    """The op unfused in PyTorch: head transposes, the past concatenated, scaled_dot_product_attention."""
+def torch_attention(attrs, inputs, attn_mask=None):
+    """The op unfused in PyTorch: head transposes, the past concatenated, scaled_dot_product_attention. `attn_mask`
+    (broadcastable to (B, H, T, L)) replaces the op's own mask and must contain it (a dense additive bias does)."""
     import torch
     import torch.nn.functional as F
 
@@ -153,10 +158,11 @@ def torch_attention(attrs, inputs):
         v = torch.cat([inputs[4], heads(inputs[2])], dim=2)
         P = inputs[3].shape[2]
         mask = torch.ones(T, P + T, dtype=torch.bool, device=query.device).tril(P) if T > 1 else None
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attrs.scale)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask if attn_mask is None else attn_mask,
+                                             scale=attrs.scale)
         return out.transpose(1, 2).reshape(B, T, D), k, v
     k, v = (heads(inputs[1]), heads(inputs[2])) if attrs.kind is AttentionKind.ENCODER_SELF else inputs[1:3]
-    mask = (inputs[3] != 0)[:, None, None, :]  # (B, 1, 1, S)
+    mask = (inputs[3] != 0)[:, None, None, :] if attn_mask is None else attn_mask  # (B, 1, 1, S)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attrs.scale)
     return (out.transpose(1, 2).reshape(B, T, D),)
 
@@ -249,7 +255,7 @@ def versions() -> dict:
     return info
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
@@ -258,7 +264,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a few cases and one small benchmark")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--iters", type=int, default=50)
-    args = parser.parse_args(argv)
+    parser.add_argument("--rounds", type=int, default=20, help="interleaved rounds of the position-bias timings")
+    bias = parser.add_mutually_exclusive_group()
+    bias.add_argument("--bias-speed-only", action="store_true",
+                      help="only the position-bias kernels against SDPA with a dense bias (gpu_kernels_bias.py)")
+    bias.add_argument("--no-bias-speed", action="store_true", help="everything but the position-bias timings")
+    return parser
+
+
+def _write_report(out_dir: Path, report: dict, ok: bool, start: float) -> int:
+    report["ok"] = ok
+    report["seconds"] = round(time.perf_counter() - start, 1)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "gpu_kernels.json").write_text(json.dumps(report, indent=1, default=str))
+    return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.device == "cpu":
         if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
             raise SystemExit("--device cpu needs TRITON_INTERPRET=1 before triton is imported")
@@ -269,9 +292,22 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA device visible to torch; use --device cpu --quick for a CPU run")
+    import gpu_kernels_bias
+
     start = time.perf_counter()
     report = {"command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
               "versions": versions()}
+    bias_cases = [] if args.no_bias_speed else gpu_kernels_bias.QUICK_CASES if args.quick else gpu_kernels_bias.CASES
+    report["bias_speed"] = gpu_kernels_bias.run_bias_speed(
+        bias_cases, ("fp32",) if args.device == "cpu" else gpu_kernels_bias.DTYPES, args.device,
+        2 if args.quick else args.rounds, args.iters, torch_attention, compare, _reference)
+    speeds = [r.get("ratio", 0.0) for r in report["bias_speed"]]
+    report["bias_speed_target_met"] = bool(speeds) and min(speeds) >= 1.0
+    if speeds:
+        gpu_kernels_bias.print_bias_speed(report["bias_speed"])
+    bias_ok = all("error" not in r and r["ours_ok"] for r in report["bias_speed"])
+    if args.bias_speed_only:
+        return _write_report(args.out_dir, report, bias_ok, start)
     # triton's interpreter multiplies bf16 bit patterns in tl.dot (triton-lang/triton#11584): no bf16 on CPU.
     dtypes = ("fp32", "fp16") if args.device == "cpu" else ("fp32", "fp16", "bf16")
     cases = correctness_cases(args.quick, dtypes)
@@ -289,10 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     checks = report["correctness"] + report.get("aot", [])
     report["failed"] = [{k: c.get(k) for k in ("kind", "dtype", "head_dim", "tgt_len", "kv_len", "max_abs", "error")}
                         for c in checks if not c["ok"]]
-    report["ok"] = not report["failed"] and not any("error" in b for b in report["benchmarks"])
-    report["seconds"] = round(time.perf_counter() - start, 1)
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "gpu_kernels.json").write_text(json.dumps(report, indent=1, default=str))
+    report["ok"] = bias_ok and not report["failed"] and not any("error" in b for b in report["benchmarks"])
+    _write_report(args.out_dir, report, report["ok"], start)
     print(f"kernels: {sum(c['ok'] for c in checks)}/{len(checks)} checks passed; "
           f"{len(report['benchmarks'])} benchmarks; {report['seconds']}s -> {args.out_dir / 'gpu_kernels.json'}")
     for b in report["benchmarks"]:

@@ -309,7 +309,7 @@ def compile_all(out_dir: str | Path, targets: Iterable[str] = tuple(TARGETS), va
     return index
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m seq2trt.plugins.kernels.aot", description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=default_dir(), help="output and cache directory")
     parser.add_argument("--targets", default=",".join(TARGETS), help="comma-separated, e.g. sm_80,sm_90")
@@ -317,7 +317,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtypes", default="", help="only these dtypes (comma-separated), default all")
     parser.add_argument("--head-dims", default="", help="only these head_dims (comma-separated), default all")
     parser.add_argument("--jobs", type=int, default=None, help="worker processes (default: CPU count)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     only = {"kernel": args.kernels, "dtype": args.dtypes, "HEAD_DIM": args.head_dims}
     only = {field: set(filter(None, text.split(","))) for field, text in only.items()}
     variants = [v for v in all_variants()

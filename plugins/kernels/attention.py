@@ -16,8 +16,12 @@ log2(e) folded into the scale; accumulation is fp32 for fp32/fp16/bf16 inputs; f
 TF32) so fp32 stays fp32.
 
 T5's relative position bias (HAS_BIAS) is a pointer to the op's (H, 2M - 1) table by signed distance, in the op's
-dtype, each score reading its own entry (TensorRT-LLM's "implicit" relative attention): no (H, T, L) bias tensor is
-built per call. It is added in fp32 (log2 units) before the mask, so a padded key's score stays MASKED_SCORE.
+dtype, contiguous (stride_bh = 2M - 1 is also a row's length): no (H, T, L) bias tensor is built per call. A
+BLOCK_M x BLOCK_N tile of `attn_fwd` sees the distances of BLOCK_M + BLOCK_N - 1 consecutive entries, so it loads
+that span once (one contiguous row, converted to fp32 log2 units once) and gathers the tile from it in registers,
+rather than reading one table entry per score (4,096 scattered 2-byte loads per 64 x 64 tile); a span whose entries
+are all equal (T5's buckets beyond max_distance: most tiles of a long sequence) is added as one number. The bias is
+added before the mask, so a padded key's score stays MASKED_SCORE.
 
 A key the padding mask hides scores MASKED_SCORE, a large finite negative, while keys beyond the length (block
 padding) and causally hidden ones score -inf: so a query row whose every key is padded sees all its L keys alike and
@@ -41,6 +45,27 @@ MASKED_SCORE = tl.constexpr(-1.0e30)  # a padded key's score (log2 units): finit
 
 
 @triton.jit
+def _bias_tile(row, row_len, first, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The (BLOCK_M, BLOCK_N) position bias of a tile, fp32 in log2 units: query i and key j of the tile add
+    row[first + j - i]. Their distances span entries first - (BLOCK_M - 1) .. first + BLOCK_N - 1, loaded once.
+    An index outside the row is clamped to its end: only padding rows and keys read there (the plan checks M >= the
+    positions), and a tile at the edge of a table whose ends are one bucket stays uniform."""
+    tl.static_assert(BLOCK_N <= BLOCK_M)  # so 2 * BLOCK_M, a power of two, covers the BLOCK_M + BLOCK_N - 1 span
+    SPAN: tl.constexpr = 2 * BLOCK_M
+    offs = tl.arange(0, SPAN)
+    at = tl.minimum(tl.maximum(first - (BLOCK_M - 1) + offs, 0), row_len - 1)
+    used = offs < BLOCK_M + BLOCK_N - 1
+    span = tl.load(row + at, mask=used, other=0.0).to(tl.float32) * LOG2E
+    start = tl.load(row + tl.minimum(tl.maximum(first - (BLOCK_M - 1), 0), row_len - 1)).to(tl.float32) * LOG2E
+    if tl.max(tl.where(used, tl.abs(span - start), 0.0), 0) == 0.0:  # one cross-warp reduction, not a min and a max
+        tile = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32) + start
+    else:  # tile[i, j] = span[j - i + BLOCK_M - 1]
+        rel = tl.arange(0, BLOCK_N)[None, :] - tl.arange(0, BLOCK_M)[:, None] + (BLOCK_M - 1)
+        tile = tl.reshape(tl.gather(span, tl.reshape(rel, [BLOCK_M * BLOCK_N]), 0), [BLOCK_M, BLOCK_N])
+    return tile
+
+
+@triton.jit
 def attn_fwd(Q, K, V, Mask, Bias, Out,
              stride_qb, stride_qt, stride_qh,
              stride_kb, stride_kh, stride_kl,
@@ -53,7 +78,7 @@ def attn_fwd(Q, K, V, Mask, Bias, Out,
     """Grid (cdiv(T, BLOCK_M), B * H). Q/Out (B, T, H, Dh) by strides; K/V (B, H, L, Dh) by strides; Mask (B, L).
 
     With HAS_BIAS, Bias is the (H, 2M - 1) table by signed distance: query t and key j add
-    Bias[h, bias_off + j - t] (bias_off = M - 1 - past_len), read here per score rather than materialised."""
+    Bias[h, bias_off + j - t] (bias_off = M - 1 - past_len), one span of it per tile (`_bias_tile`)."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
@@ -83,9 +108,7 @@ def attn_fwd(Q, K, V, Mask, Bias, Out,
                     other=0.0)  # (Dh, N)
         qk = tl.dot(q, k, input_precision="ieee") * qk_scale  # (BLOCK_M, BLOCK_N) fp32
         if HAS_BIAS:  # before the mask, so a padded key keeps MASKED_SCORE whatever its bias
-            bias = tl.load(Bias + h * stride_bh + bias_off + cols[None, :] - offs_m[:, None],
-                           mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-            qk += bias.to(tl.float32) * LOG2E
+            qk += _bias_tile(Bias + h * stride_bh, stride_bh, bias_off + start_n - pid_m * BLOCK_M, BLOCK_M, BLOCK_N)
         if HAS_MASK:
             keep = tl.load(Mask + b * stride_mb + cols, mask=col_ok, other=0)
             qk = tl.where(keep[None, :] != 0, qk, MASKED_SCORE)
@@ -164,7 +187,11 @@ def attn_decode_split(Q, K, V, Mask, Bias, NewK, NewV, PresK, PresV, MidO, MidM,
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
         col_ok = cols < end
+        # K and V both in flight before any arithmetic: the step is memory-bound, and a V load issued after the
+        # score's reductions (barriers) would wait a second full memory latency each block
         k = _decode_rows(k_base, NewK + new_off, PresK + pres_off, cols, col_ok, stride_kl, offs_d, d_ok, L, head_dim,
+                         APPEND)
+        v = _decode_rows(v_base, NewV + new_off, PresV + pres_off, cols, col_ok, stride_vl, offs_d, d_ok, L, head_dim,
                          APPEND)
         s = tl.sum(k.to(tl.float32) * q[None, :], 1)  # (BLOCK_N,)
         if HAS_BIAS:
@@ -178,8 +205,6 @@ def attn_decode_split(Q, K, V, Mask, Bias, NewK, NewV, PresK, PresV, MidO, MidM,
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(s - m_safe)
         l_i = l_i * alpha + tl.sum(p, 0)
-        v = _decode_rows(v_base, NewV + new_off, PresV + pres_off, cols, col_ok, stride_vl, offs_d, d_ok, L, head_dim,
-                         APPEND)
         acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), 0)
         m_i = m_new
     mid = pid_bh.to(tl.int64) * num_splits + pid_s

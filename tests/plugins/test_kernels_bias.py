@@ -1,7 +1,8 @@
 """T5's relative position bias through the attention kernels, the plugin graphs on CPU and the eager model.
 
 The bias is the op's optional last input, an (H, 2M - 1) table by signed distance (`plugins.op`), which the kernels
-read per score (HAS_BIAS). Judged against `plugins.op.reference_attention` in float64 on the same rounded inputs,
+read once per tile (HAS_BIAS: a tile's span of the table, gathered in registers, or one value where the span is uniform,
+as T5's buckets are beyond max_distance: the bucketed cases cover both). Judged against `plugins.op.reference_attention` in float64 on the same rounded inputs,
 within the kernels' tolerances (`launch_plan.TOLERANCES`): encoder self-attention with padded keys and an all-padding
 row, decoder prefill and split-K steps over past lengths 0 and > 0, head dims that run their compiled HEAD_DIM exactly
 and masked, fp32/fp16/bf16. Controls: the same kernels given the table flipped along the distance or with its heads
@@ -31,10 +32,10 @@ ENC, DEC = AttentionKind.ENCODER_SELF, AttentionKind.DECODER_SELF
 
 
 def _case(kind, dtype, head_dim, tgt_len, kv_len, empty_row=False, num_splits=None, extra_positions=0, seed=0,
-          control=None):
+          control=None, table="random"):
     return {"kind": kind.name, "dtype": dtype, "head_dim": head_dim, "tgt_len": tgt_len, "kv_len": kv_len,
             "empty_row": empty_row, "num_splits": num_splits, "extra_positions": extra_positions, "seed": seed,
-            "control": control}
+            "control": control, "table": table}
 
 
 def _cases() -> list[dict]:
@@ -55,6 +56,12 @@ def _cases() -> list[dict]:
             cases += [_case(ENC, dtype, head_dim, 6, 6, empty_row=True, seed=i),
                       _case(DEC, dtype, head_dim, 4, 3, seed=i),
                       _case(DEC, dtype, head_dim, 1, 30, num_splits=2, seed=i)]
+    for i, dtype in enumerate(TOLERANCES):  # T5's bucketed tables: tiles far from the diagonal see one value
+        cases += [_case(ENC, dtype, 64, 150, 150, empty_row=True, table="t5", seed=i),
+                  _case(DEC, dtype, 64, 130, 70, table="t5", seed=i),
+                  _case(DEC, dtype, 128, 1, 40, num_splits=2, table="t5", seed=i)]
+    cases += [_case(ENC, "fp32", 64, 150, 150, control="flipped", table="t5"),
+              _case(DEC, "fp32", 64, 130, 70, control="heads_swapped", table="t5")]
     for control in ("flipped", "heads_swapped"):  # a misread table must be caught
         cases += [_case(ENC, "fp32", 32, 7, 7, control=control), _case(DEC, "fp32", 32, 5, 4, control=control),
                   _case(DEC, "fp32", 32, 1, 20, num_splits=2, control=control)]
@@ -66,8 +73,21 @@ CASES = _cases()
 
 def _case_id(c: dict) -> str:
     extra = ("-empty_row" if c["empty_row"] else "") + (f"-splits{c['num_splits']}" if c["num_splits"] else "") + \
-        (f"-M+{c['extra_positions']}" if c["extra_positions"] else "") + (f"-{c['control']}" if c["control"] else "")
+        (f"-M+{c['extra_positions']}" if c["extra_positions"] else "") + \
+        (f"-{c['control']}" if c["control"] else "") + ("-t5table" if c["table"] == "t5" else "")
     return f"{c['kind']}-{c['dtype']}-d{c['head_dim']}-t{c['tgt_len']}-kv{c['kv_len']}{extra}"
+
+
+def t5_table(kind: AttentionKind, heads: int, positions: int, seed: int, num_buckets: int = 8,
+             max_distance: int = 16) -> torch.Tensor:
+    """A T5 table (H, 2M - 1): random per-bucket biases of T5's size gathered by T5's buckets (bidirectional for the
+    encoder, causal for the decoder). Beyond max_distance every distance shares a bucket, so a 64 x 64 tile there
+    reads one value throughout (the kernel's uniform-span path) and tiles nearer the diagonal gather."""
+    from seq2trt.reference_model.model import relative_position_buckets
+
+    g = torch.Generator().manual_seed(seed)
+    per_bucket = torch.randn(num_buckets, heads, generator=g) * 2
+    return per_bucket[relative_position_buckets(positions, kind is ENC, num_buckets, max_distance)].t().contiguous()
 
 
 # --- in the child ------------------------------------------------------------------------------------------------
@@ -88,6 +108,8 @@ def _run_cases(cases: list[dict]) -> list[dict]:
                                           empty_row=c["empty_row"], bias_positions=positions)
             attrs = AttentionAttrs(kind, attrs.num_heads, attrs.head_dim, 1.0)  # T5 scales no scores
             bias = inputs[-1] * 2  # T5-sized biases, in the op's dtype (x2 is exact)
+            if c["table"] == "t5":
+                bias = t5_table(kind, 2, positions, c["seed"]).to(bias.dtype)
             inputs = inputs[:-1] + (bias,)
             given = {"flipped": bias.flip(-1), "heads_swapped": bias.flip(0), None: bias}[c["control"]]
             got = attention(attrs, *inputs[:-1], given, num_splits=c["num_splits"])
@@ -197,6 +219,18 @@ def test_cases_cover_every_compiled_head_dim_and_both_paths():
     assert head_dims >= {16, 32, 64, 128}
     assert any(c["kind"] == "DECODER_SELF" and c["tgt_len"] == 1 and c["kv_len"] > 128 for c in CASES)
     assert any(c["kind"] == "DECODER_SELF" and c["tgt_len"] > 64 for c in CASES)
+    # a T5 table over more than two 64-query blocks: some tiles' spans are uniform, others gather
+    assert any(c["table"] == "t5" and c["kind"] == "ENCODER_SELF" and c["tgt_len"] > 128 for c in CASES)
+
+
+def test_t5_table_has_uniform_and_varying_tile_spans():
+    """The premise of the bucketed cases: a 64 x 64 tile's 127-entry span is one value far from the diagonal and
+    varies near it (else they would exercise one path of the kernel only)."""
+    table = t5_table(ENC, 2, 150, 0)[0]
+    # the kernel's span of tile (queries 64 m.., keys 64 n..) at T = L = M = 150: entries 149 + 64 (n - m)
+    # + (-63 .. 63), clamped to the table
+    spans = [table[(149 + 64 * d + torch.arange(-63, 64)).clamp(0, 298)] for d in (-2, 0, 2)]
+    assert [bool((s == s[0]).all()) for s in spans] == [True, False, True]
 
 
 def test_t5_model_decodes_through_the_kernels_as_eager(child):
@@ -242,36 +276,39 @@ index, cc, cases = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
 launcher = CudaDriverLauncher(index, cc)
 dtypes = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
 out = []
-for kind, dtype, t, kv in cases:
+for kind, dtype, t, kv, head_dim in cases:
     k = AttentionKind[kind]
-    attrs, inputs = random_inputs(k, batch=2, heads=4, head_dim=64, tgt_len=t, kv_len=kv, dtype=dtypes[dtype],
+    attrs, inputs = random_inputs(k, batch=2, heads=4, head_dim=head_dim, tgt_len=t, kv_len=kv, dtype=dtypes[dtype],
                                   seed=0, device='cuda', empty_row=k is AttentionKind.ENCODER_SELF,
                                   bias_positions=t + (kv if k is AttentionKind.DECODER_SELF else 0) + 3)
-    attrs = AttentionAttrs(k, 4, 64, 1.0)
+    attrs = AttentionAttrs(k, 4, head_dim, 1.0)
     ref = reference_attention(attrs, *(x.double() if x.is_floating_point() else x for x in inputs))[0]
     atol, rtol = TOLERANCES[dtype]
     for route, got in (('jit', attention(attrs, *inputs)[0]), ('aot', prepare_cubin(launcher, attrs, inputs)()[0])):
         torch.cuda.synchronize()
         excess = ((got.double() - ref).abs() - atol - rtol * ref.abs()).max().item()
-        out.append({'case': [kind, dtype, t, kv], 'route': route, 'excess': excess})
+        out.append({'case': [kind, dtype, t, kv, head_dim], 'route': route, 'excess': excess})
 print(json.dumps(out))
 """
-GPU_CASES = [[kind, dtype, t, kv] for dtype in TOLERANCES
-             for kind, t, kv in (("ENCODER_SELF", 40, 40), ("ENCODER_SELF", 1, 1), ("DECODER_SELF", 9, 0),
-                                 ("DECODER_SELF", 70, 5), ("DECODER_SELF", 1, 300))]
+GPU_CASES = [[kind, dtype, t, kv, head_dim] for dtype in TOLERANCES
+             for kind, t, kv, head_dim in (("ENCODER_SELF", 40, 40, 64), ("ENCODER_SELF", 1, 1, 64),
+                                           ("DECODER_SELF", 9, 0, 64), ("DECODER_SELF", 70, 5, 64),
+                                           ("DECODER_SELF", 1, 300, 64), ("ENCODER_SELF", 200, 200, 128),
+                                           ("DECODER_SELF", 70, 5, 128), ("DECODER_SELF", 1, 1023, 64),
+                                           ("DECODER_SELF", 1, 1023, 128))]
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_bias_kernels_on_the_device_jit_and_aot(tmp_path):
-    """Triton's JIT and the AOT cubins (HEAD_DIM 64, T5's head_dim, compiled for this GPU and launched as the
-    plugin's enqueue launches them) against the float64 reference, with the bias."""
+    """Triton's JIT and the AOT cubins (HEAD_DIM 64, T5's head_dim, and 128, compiled for this GPU and launched as
+    the plugin's enqueue launches them) against the float64 reference, with the bias; pasts up to 1,023."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     major, minor = torch.cuda.get_device_capability()
     cc = 10 * major + minor
     compiled = subprocess.run([sys.executable, "-m", "seq2trt.plugins.kernels.aot", "--out", str(tmp_path),
-                               "--targets", f"sm_{cc}", "--head-dims", "64"], env=env, capture_output=True, text=True,
-                              timeout=900)
+                               "--targets", f"sm_{cc}", "--head-dims", "64,128"], env=env, capture_output=True,
+                              text=True, timeout=900)
     assert compiled.returncode == 0, compiled.stderr[-4000:]
     run = subprocess.run([sys.executable, "-c", GPU_CHILD, str(tmp_path / "index.json"), str(cc),
                           json.dumps(GPU_CASES)], env=env, capture_output=True, text=True, timeout=900)
