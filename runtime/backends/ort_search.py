@@ -21,12 +21,11 @@ def unavailable(backend) -> str | None:
 
 @contextlib.contextmanager
 def open(out: Path, backend, manifest, checkpoint: Path | None, threads: int):
-    from seq2trt.reference_model.errors import DependencyError
+    from seq2trt.runtime.backends.ort_cuda import refuse_unavailable
     from seq2trt.runtime.ort_search import GenerateModel
 
-    why = unavailable(backend)
-    if why:
-        raise DependencyError(f"--backend {backend.name}: {why}")
+    if backend.device == "cuda":
+        refuse_unavailable(backend)
     with GenerateModel(out, manifest, threads, int8=graph_set(backend.graphs).quantized,
                        device=backend.device) as generate:
         yield generate

@@ -157,13 +157,37 @@ def test_logits_equal_the_host_step_model_bit_for_bit(fused):
         np.testing.assert_array_equal(value.numpy(), h_past[name])
 
 
-def test_ort_cuda_without_a_cuda_provider_is_refused_in_one_line(numbers_export):
-    """This machine's ONNX Runtime has no CUDA provider: the registry's opener, and `translate`, refuse ort-cuda
-    naming the extra that installs it, before anything runs."""
+@pytest.mark.parametrize("verb", [("translate", "{out}", "7", "--backend", "ort-cuda"),
+                                  ("translate", "{out}", "7", "--backend", "ort-generate-cuda"),
+                                  ("validate", "{out}", "--backend", "ort-cuda"),
+                                  ("bench", "{out}", "--backends", "eager,ort-cuda"),
+                                  ("serve", "{out}", "--backend", "ort-cuda")])
+def test_gpu_backends_without_a_cuda_provider_are_refused_in_one_line(numbers_export, tmp_path, verb):
+    """This machine's ONNX Runtime has no CUDA provider: every verb offering a GPU backend refuses it with one line
+    naming the extra that installs the provider, and writes nothing."""
     import onnxruntime as ort
+    import shutil
+
     from click.testing import CliRunner
 
     from seq2trt.cli.main import cli
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("onnxruntime-gpu is installed here: the refusal is for machines without it")
+    root, _, _ = numbers_export
+    out = shutil.copytree(root / "out", tmp_path / "out")
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    result = CliRunner().invoke(cli, [a.format(out=out) for a in verb])
+    assert result.exit_code != 0
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "ONNX Runtime has no CUDA provider here" in errors[0], result.output
+    assert "pip install 'seq2trt[gpu]'" in errors[0]
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+
+
+def test_the_registry_opener_refuses_ort_cuda_with_a_typed_error(numbers_export):
+    import onnxruntime as ort
+
     from seq2trt.runtime.registry import open_step_model
 
     if "CUDAExecutionProvider" in ort.get_available_providers():
@@ -173,24 +197,46 @@ def test_ort_cuda_without_a_cuda_provider_is_refused_in_one_line(numbers_export)
                                               r"pip install 'seq2trt\[gpu\]'$"):
         with open_step_model(root / "out", "ort-cuda"):
             pass
-    result = CliRunner().invoke(cli, ["translate", str(root / "out"), "12", "--backend", "ort-cuda"])
-    assert result.exit_code != 0
-    assert "pip install 'seq2trt[gpu]'" in result.output and len(result.output.strip().splitlines()) == 1
 
 
-def test_ort_cuda_is_one_declaration_over_the_device_step_model(numbers_export, monkeypatch):
-    """With a CUDA provider reported (its sessions placed on the CPU provider, which runs the same code), the
-    registry opens ort-cuda as the device-resident step model over the verified fused graphs, and the Translator
-    translates with it as with ort-fused."""
-    import seq2trt
+@pytest.fixture
+def cuda_on_the_cpu(monkeypatch):
+    """A CUDA provider reported, its sessions placed on the CPU provider (which runs the same code)."""
     from seq2trt.exporters import ort_session
     from seq2trt.plugins import trt_compat
-    from seq2trt.runtime.registry import open_step_model
 
     cpu_providers = ort_session.providers
     monkeypatch.setattr(ort_session, "has_cuda", lambda: True)
     monkeypatch.setattr(trt_compat, "has_gpu", lambda: True)
     monkeypatch.setattr(ort_session, "providers", lambda device="cpu", device_id=0: cpu_providers("cpu"))
+
+
+def test_validate_ort_cuda_judges_the_device_step_model(numbers_export, tmp_path, cuda_on_the_cpu, monkeypatch):
+    """validate --backend ort-cuda reads the fused-ort graphs by default and decodes end to end through the
+    device-resident step model, judged against the float64 eager model."""
+    import shutil
+
+    from seq2trt.runtime import device_step
+    from seq2trt.validation.validate import ValidateSettings, run_validation
+
+    opened = []
+    real = device_step.DeviceStepModel.__init__
+    monkeypatch.setattr(device_step.DeviceStepModel, "__init__",
+                        lambda self, e, d: (opened.append((e.device, d.device, d.kind)), real(self, e, d))[1])
+    root, _, _ = numbers_export
+    out = shutil.copytree(root / "out", tmp_path / "out")
+    doc = run_validation(out, ValidateSettings(backend="ort-cuda", samples=16, beam_size=2, localize_budget_s=0))
+    assert doc["passed"] and doc["graphs_set"] == "fused-ort" and doc["settings"]["device"] == "cuda"
+    assert opened == [("cuda", "cuda", spec.GraphKind.DECODER)]
+    assert doc["end_to_end"]["token_agreement"] == 1.0
+
+
+def test_ort_cuda_is_one_declaration_over_the_device_step_model(numbers_export, cuda_on_the_cpu):
+    """With a CUDA provider reported, the registry opens ort-cuda as the device-resident step model over the verified
+    fused graphs, and the Translator translates with it as with ort-fused."""
+    import seq2trt
+    from seq2trt.runtime.registry import open_step_model
+
     root, _, task = numbers_export
     with open_step_model(root / "out", "ort-cuda") as (model, manifest):
         assert isinstance(model, DeviceStepModel) and model.decoder.device == "cuda"
