@@ -248,3 +248,25 @@ def test_ort_cuda_is_one_declaration_over_the_device_step_model(numbers_export, 
             got = [h.ids for h in cuda.translate(texts, beam=beam)]
             assert got == [h.ids for h in fused.translate(texts, beam=beam)]
             assert len(set(map(tuple, got))) > 1
+
+
+def test_whisper_transcribes_through_the_device_step_model(tmp_path, cuda_on_the_cpu):
+    """A Whisper export's audio features go through the device-resident model (language detection, prompt, greedy
+    and beam) to the same transcriptions as ort-fused's host-array model on the same graphs."""
+    pytest.importorskip("transformers", reason="the hf extra is not installed")
+    import seq2trt
+    from helpers.audio import synthetic, whisper_checkpoint, whisper_source
+    from helpers.cli import invoke_ok
+
+    src = whisper_source(tmp_path / "hf", seed=3, std=1.0, suppress_timestamps=True)
+    ckpt = whisper_checkpoint(src, tmp_path / "ckpt")
+    invoke_ok("export", ckpt, "-o", tmp_path / "out")
+    invoke_ok("fuse", tmp_path / "out", "--target", "ort")
+    clips = [synthetic(kind, seconds=s) for kind, s in (("tone", 1.5), ("noise", 2.0), ("clipping", 1.0))]
+    with seq2trt.Translator(tmp_path / "out", backend="ort-cuda") as cuda, \
+            seq2trt.Translator(tmp_path / "out", backend="ort-fused") as fused:
+        assert isinstance(cuda._opened.model, DeviceStepModel)
+        for beam in (1, 3):
+            got = [r.tokens for r in cuda.transcribe(clips, 16000, beam=beam, max_new_tokens=10)]
+            assert got == [r.tokens for r in fused.transcribe(clips, 16000, beam=beam, max_new_tokens=10)]
+            assert all(got)
