@@ -40,6 +40,7 @@ class DeviceStepModel:
         self._gathers: dict[tuple[int, str], object] = {}
         self._mask: tuple[np.ndarray, object] | None = None  # the last mask sent, and its device copy
         self._names: dict[str, dict[str, str]] = {}
+        self._device: tuple[object, tuple[str, int]] | None = None
 
     # -- the device ----------------------------------------------------------------------------------------------
     @property
@@ -48,9 +49,13 @@ class DeviceStepModel:
 
     @property
     def device(self) -> tuple[str, int]:
-        """(ONNX Runtime's device type, device id) of the decoder's session."""
-        cuda = self.decoder.session.get_providers()[0] == "CUDAExecutionProvider"
-        return ("cuda", self.decoder.device_id) if cuda else ("cpu", 0)
+        """(ONNX Runtime's device type, device id) of the decoder's session (looked up once per session: every
+        crossing asks)."""
+        session = self.decoder.session
+        if self._device is None or self._device[0] is not session:
+            cuda = session.get_providers()[0] == "CUDAExecutionProvider"
+            self._device = (session, ("cuda", self.decoder.device_id) if cuda else ("cpu", 0))
+        return self._device[1]
 
     def to_device(self, array: np.ndarray, what: str):
         import onnxruntime as ort
