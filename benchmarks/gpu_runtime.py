@@ -2,7 +2,7 @@
 the GPU) against transformers' fp16 generate on the same GPU, and seq2trt's eager model there (issue 46's targets).
 
 usage: python benchmarks/gpu_runtime.py [--dry-run] [--out DIR] [--shapes whisper-base,flan-t5-base]
-                                        [--batches 1,32] [--new-tokens 32] [--repeats 5]
+                                        [--batches 1,32] [--new-tokens 32] [--repeats 5] [--device cuda]
 
 Two shapes with random weights (built here from transformers' config classes: nothing is downloaded), each
 imported into seq2trt (`load_hf_as_model`, transformers' own weights mapped), exported per dtype and fused for
@@ -11,7 +11,7 @@ as `seq2trt bench` does), at each batch size; the routes run interleaved, round-
 with the next route, and each is timed with the GPU synchronised. Routes:
 - `ort-cuda <dtype>`: the registry's ort-cuda backend on the export of that dtype (fp16 for Whisper; flan-t5's
   gated FFN overflows fp16, so bf16 for T5, as `seq2trt export` requires), and fp32 (judged token-equal to eager);
-- `eager cuda fp32`: seq2trt's PyTorch model on the GPU (EagerStepModel), the same search loops;
+- `eager fp32`: seq2trt's PyTorch model on the GPU (EagerStepModel), the same search loops;
 - `transformers fp16`: transformers' generate, the model in fp16 on the GPU (the issue's yardstick; T5: bf16).
 It prints one line per (shape, search, batch, route): tokens/s and the ratio to transformers, and writes every
 figure to OUT/gpu_runtime.json. Greedy fp32 tokens of ort-cuda are compared with the eager model's.
@@ -30,16 +30,29 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-SHAPES = {  # transformers config class, model class, config (the released checkpoints' sizes), beams, dtypes
-    "whisper-base": ("WhisperConfig", "WhisperForConditionalGeneration", dict(
+@dataclass(frozen=True)
+class Shape:
+    config_class: str  # transformers' config and model classes
+    model_class: str
+    config: dict  # the released checkpoint's sizes
+    beams: int
+    dtypes: tuple[str, ...]  # the reduced precision first, then fp32
+    generation: dict | None = None  # a generation_config.json (Whisper's prompt tokens)
+
+
+WHISPER_BASE_IDS = dict(pad_token_id=50257, bos_token_id=50257, eos_token_id=50257, decoder_start_token_id=50258)
+SHAPES = {
+    "whisper-base": Shape("WhisperConfig", "WhisperForConditionalGeneration", dict(
         vocab_size=51865, d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
         decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048, num_mel_bins=80,
-        max_source_positions=1500, max_target_positions=448, pad_token_id=50257, bos_token_id=50257,
-        eos_token_id=50257, decoder_start_token_id=50258, begin_suppress_tokens=[220, 50257], suppress_tokens=[]),
-        5, ("fp16", "fp32")),
-    "flan-t5-base": ("T5Config", "T5ForConditionalGeneration", dict(
+        max_source_positions=1500, max_target_positions=448, begin_suppress_tokens=[220, 50257], suppress_tokens=[],
+        **WHISPER_BASE_IDS), 5, ("fp16", "fp32"),
+        generation=dict(WHISPER_BASE_IDS, max_length=448, no_timestamps_token_id=50363,
+                        begin_suppress_tokens=[220, 50257], suppress_tokens=[], is_multilingual=False)),
+    "flan-t5-base": Shape("T5Config", "T5ForConditionalGeneration", dict(
         vocab_size=32128, d_model=768, d_kv=64, num_heads=12, d_ff=2048, num_layers=12, num_decoder_layers=12,
         feed_forward_proj="gated-gelu", tie_word_embeddings=False, relative_attention_num_buckets=32,
         relative_attention_max_distance=128, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0),
@@ -51,8 +64,8 @@ SRC_LEN = 32  # text sources: tokens a row (Whisper reads its fixed 30 s window 
 
 def routes(shape: str) -> list[tuple[str, str]]:
     """(route name, dtype) in the order of a repetition's first turn."""
-    reduced = SHAPES[shape][4][0]
-    return [(f"{BACKEND} {reduced}", reduced), (f"{BACKEND} fp32", "fp32"), ("eager cuda fp32", "fp32"),
+    reduced = SHAPES[shape].dtypes[0]
+    return [(f"{BACKEND} {reduced}", reduced), (f"{BACKEND} fp32", "fp32"), ("eager fp32", "fp32"),
             (f"transformers {reduced}", reduced)]
 
 
@@ -68,21 +81,18 @@ def save_source(shape: str, folder: Path, weights: bool) -> Path:
     """The shape as transformers' save_pretrained writes it (config only without `weights`)."""
     import transformers
 
-    config_class, model_class, config, _, _ = SHAPES[shape]
-    config = getattr(transformers, config_class)(**config)
+    shape_spec = SHAPES[shape]
+    config = getattr(transformers, shape_spec.config_class)(**shape_spec.config)
     folder.mkdir(parents=True, exist_ok=True)
     if weights:
         import torch
 
         torch.manual_seed(0)
-        getattr(transformers, model_class)(config).eval().save_pretrained(folder)
+        getattr(transformers, shape_spec.model_class)(config).eval().save_pretrained(folder)
     else:
         config.save_pretrained(folder)
-    if shape.startswith("whisper"):  # its prompt tokens, as released checkpoints name them (English-only: no language)
-        transformers.GenerationConfig(
-            decoder_start_token_id=50258, bos_token_id=50257, eos_token_id=50257, pad_token_id=50257, max_length=448,
-            no_timestamps_token_id=50363, begin_suppress_tokens=[220, 50257], suppress_tokens=[],
-            is_multilingual=False).save_pretrained(folder)
+    if shape_spec.generation is not None:
+        transformers.GenerationConfig(**shape_spec.generation).save_pretrained(folder)
     return folder
 
 
@@ -105,8 +115,8 @@ def dry_run(shapes: list[str], batches: list[int], new_tokens: int) -> list[str]
     plan = []
     with tempfile.TemporaryDirectory() as tmp:
         for shape in shapes:
-            config_class, model_class, _, beams, dtypes = SHAPES[shape]
-            getattr(transformers, model_class)
+            beams, dtypes = SHAPES[shape].beams, SHAPES[shape].dtypes
+            getattr(transformers, SHAPES[shape].model_class)
             family, cfg, _ = config_from_hf(save_source(shape, Path(tmp) / shape, weights=False))
             with torch.device("meta"):
                 model = Seq2SeqTransformer(cfg)
@@ -127,7 +137,7 @@ def dry_run(shapes: list[str], batches: list[int], new_tokens: int) -> list[str]
 class Runs:
     """One shape's models and inputs on the GPU, and a timed decode per route."""
 
-    def __init__(self, shape: str, root: Path, batches: list[int], new_tokens: int):
+    def __init__(self, shape: str, root: Path, batches: list[int], new_tokens: int, device: str = "cuda"):
         import torch
         import transformers
 
@@ -136,8 +146,8 @@ class Runs:
         from seq2trt.exporters.onnx_export import export
         from seq2trt.reference_model.hf_import import load_hf_as_model
 
-        self.shape, self.new_tokens = shape, new_tokens
-        _, model_class, _, self.beams, dtypes = SHAPES[shape]
+        self.shape, self.new_tokens, self.device = shape, new_tokens, device
+        model_class, self.beams, dtypes = SHAPES[shape].model_class, SHAPES[shape].beams, SHAPES[shape].dtypes
         src = save_source(shape, root / f"{shape}-src", weights=True)
         _, model, _, _ = load_hf_as_model(src)
         self.cfg, self.exports = model.cfg, {}
@@ -146,9 +156,9 @@ class Runs:
             out = export(model, root / f"{shape}-{dtype}", dtype=dtype, limits=limits, force=True)
             fuse_artifacts(out, Target.ORT, force=True)
             self.exports[dtype] = out
-        self.eager = model.float().cuda()
+        self.eager = model.float().to(device)
         reduced = torch.bfloat16 if dtypes[0] == "bf16" else torch.float16
-        self.hf = getattr(transformers, model_class).from_pretrained(src, dtype=reduced).cuda().eval()
+        self.hf = getattr(transformers, model_class).from_pretrained(src, dtype=reduced).to(device).eval()
         self.stack, self.opened = __import__("contextlib").ExitStack(), {}
 
     def inputs(self, batch: int):
@@ -172,7 +182,7 @@ class Runs:
             if route.startswith(BACKEND):
                 self.opened[route], _ = self.stack.enter_context(open_step_model(self.exports[dtype], BACKEND))
             else:
-                self.opened[route] = EagerStepModel(self.eager, device="cuda")
+                self.opened[route] = EagerStepModel(self.eager, device=self.device)
         return self.opened[route]
 
     def decode(self, route: str, dtype: str, ids, mask, beams: int):
@@ -181,12 +191,12 @@ class Runs:
 
         from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode, hf_beam_search
 
-        torch.cuda.synchronize()
+        self.sync()
         start = time.perf_counter()
         if route.startswith("transformers"):
-            source = torch.as_tensor(ids).cuda()
+            source = torch.as_tensor(ids).to(self.device)
             kwargs = ({"input_features": source.to(self.hf.dtype)} if self.cfg.audio
-                      else {"input_ids": source, "attention_mask": torch.as_tensor(mask).cuda()})
+                      else {"input_ids": source, "attention_mask": torch.as_tensor(mask).to(self.device)})
             with torch.inference_mode():
                 tokens = self.hf.generate(**kwargs, max_new_tokens=self.new_tokens, min_new_tokens=self.new_tokens,
                                           num_beams=beams, do_sample=False).tolist()
@@ -195,14 +205,22 @@ class Runs:
             settings = DecodeSettings(self.cfg.bos_id, -1, self.cfg.pad_id, self.new_tokens)  # eos never ends a row
             tokens = (greedy_decode(model, ids, mask, settings) if beams == 1
                       else hf_beam_search(model, ids, mask, settings, beams, 1.0, True))
-        torch.cuda.synchronize()
+        self.sync()
         return time.perf_counter() - start, tokens
 
+    def sync(self) -> None:
+        """Wait for the GPU's queued work (a timed decode ends when its last kernel does)."""
+        import torch
 
-def measure(shape: str, root: Path, batches: list[int], new_tokens: int, repeats: int) -> list[dict]:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+
+def measure(shape: str, root: Path, batches: list[int], new_tokens: int, repeats: int, device: str = "cuda"
+            ) -> list[dict]:
     import numpy as np
 
-    runs, rows = Runs(shape, root, batches, new_tokens), []
+    runs, rows = Runs(shape, root, batches, new_tokens, device), []
     order = routes(shape)
     for search, beams in (("greedy", 1), (f"beam {runs.beams}", runs.beams)):
         for batch in batches:
@@ -213,9 +231,9 @@ def measure(shape: str, root: Path, batches: list[int], new_tokens: int, repeats
                     took, tokens[route] = runs.decode(route, dtype, ids, mask, beams)
                     if rep:
                         seconds[route].append(took)
-            hf = f"transformers {SHAPES[shape][4][0]}"
+            hf = f"transformers {SHAPES[shape].dtypes[0]}"
             rate = {r: batch * new_tokens / float(np.median(s)) for r, s in seconds.items()}
-            same = tokens[f"{BACKEND} fp32"] == tokens["eager cuda fp32"] if beams == 1 else None
+            same = tokens[f"{BACKEND} fp32"] == tokens["eager fp32"] if beams == 1 else None
             for route, _ in order:
                 rows.append({"shape": shape, "search": search, "batch": batch, "route": route,
                              "tokens_per_s": round(rate[route], 1), "vs_transformers": round(rate[route] / rate[hf], 3),
@@ -235,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="1,32")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="cpu: the torch routes on the CPU (a smoke run of the script, not a measurement)")
     args = parser.parse_args(argv)
     shapes = [s for s in args.shapes.split(",") if s]
     unknown = [s for s in shapes if s not in SHAPES]
@@ -257,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{BACKEND} cannot run here: {why}", file=sys.stderr)
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = [row for shape in shapes for row in measure(shape, args.out, batches, args.new_tokens, args.repeats)]
+    rows = [row for shape in shapes
+            for row in measure(shape, args.out, batches, args.new_tokens, args.repeats, args.device)]
     (args.out / "gpu_runtime.json").write_text(json.dumps(rows, indent=1))
     return 0
 
