@@ -89,16 +89,19 @@ class Crossings:
         return sum(n for (_, rank), n in self.seen.items() if rank == 4)
 
 
-def test_the_cache_never_crosses_after_the_encoder(fused, monkeypatch):
-    """Greedy, 6 steps at batch 4: per step one tokens array goes to the device and one logits array comes back;
-    the mask goes once; nothing of rank 4 (the KV cache) crosses at all, and no plain session.run copies feeds."""
+@pytest.mark.parametrize("share", [True, False])
+def test_the_cache_never_crosses_after_the_encoder(fused, monkeypatch, share):
+    """Greedy, 6 steps at batch 4: per step one tokens array goes to the device (and, with shared buffers, the past
+    length) and one logits array comes back; the mask goes once; nothing of rank 4 (the KV cache) crosses at all, and
+    no plain session.run copies feeds. Shared: every step's present is written into the same preallocated buffers."""
     model, runners = fused
     cfg = model.cfg
-    device = DeviceStepModel(*runners)
+    device = DeviceStepModel(*runners, share_buffers=share)
     ids, mask = pad_batch(random_sources(cfg, 4, seed=3), cfg.pad_id)
     crossings = Crossings(monkeypatch)
     state = device.encode(ids, mask)
     past = device.empty_past(len(ids))
+    buffers = dict(past.values) if share else None
     tokens = np.full((len(ids), 1), cfg.bos_id)
     steps = 6
     for _ in range(steps):
@@ -106,15 +109,22 @@ def test_the_cache_never_crosses_after_the_encoder(fused, monkeypatch):
         tokens = logits.argmax(-1)[:, None]
     assert crossings.cache() == 0
     assert not any(kind == "run" for kind, _ in crossings.seen)
-    # to the device: the encoder's ids and mask, the decoder's mask once, each step's tokens; back: each step's logits
-    assert crossings.seen == Counter({("to_device", 2): 3 + steps, ("to_host", 3): steps})
+    # to the device: the encoder's ids and mask, the decoder's mask once, each step's tokens (and past length); back:
+    # each step's logits
+    lengths = {("to_device", 1): steps} if share else {}
+    assert crossings.seen == Counter({("to_device", 2): 3 + steps, ("to_host", 3): steps, **lengths})
     assert device.copies == Counter({("to_device", "source"): 2, ("to_device", "mask"): 1,
-                                     ("to_device", "tokens"): steps, ("to_host", "logits"): steps})
-    assert next(iter(past.values())).shape()[2] == steps  # the cache grew on the device
+                                     ("to_device", "tokens"): steps, ("to_host", "logits"): steps,
+                                     **({("to_device", "past length"): steps} if share else {})})
+    if share:
+        assert past.length == steps and all(past.values[n] is buffers[n] for n in buffers)  # written in place
+        assert next(iter(past.values.values())).shape()[2] == runners[1].limits.max_tgt_len
+    else:
+        assert next(iter(past.values())).shape()[2] == steps  # the cache grew on the device
 
 
 def test_beam_reordering_stays_on_the_device(fused, monkeypatch):
-    """A beam search's selects gather on the device: only row indices (rank 1) go there."""
+    """A beam search's selects gather on the device: only row indices and past lengths (rank 1) go there."""
     model, runners = fused
     cfg = model.cfg
     device = DeviceStepModel(*runners)
@@ -122,7 +132,29 @@ def test_beam_reordering_stays_on_the_device(fused, monkeypatch):
     crossings = Crossings(monkeypatch)
     beam_search(device, ids, mask, DecodeSettings(cfg.bos_id, cfg.eos_id, cfg.pad_id, 8), beam_size=3)
     assert crossings.cache() == 0
-    assert crossings.seen["to_device", 1] == device.copies["to_device", "index"] > 1
+    assert device.copies["to_device", "index"] > 1
+    assert crossings.seen["to_device", 1] == device.copies["to_device", "index"] + device.copies[
+        "to_device", "past length"]
+
+
+def test_a_graph_that_reads_its_past_otherwise_concatenates(make_model, tmp_path):
+    """The plain export's decoder concatenates past and new K/V itself (no attention node reads the past): buffer
+    sharing does not apply, and the step model keeps growing presents, with the eager model's tokens."""
+    from helpers.artifacts import checkpoint_and_export
+
+    model = make_model(seed=2, dtype=torch.float32)
+    _, out = checkpoint_and_export(tmp_path, model, max_batch=8)
+    manifest = verify(out)
+    runners = [OrtRunner(out / k.filename, manifest.config, k, "fp32", manifest.limits) for k in spec.GraphKind]
+    for r in runners:
+        r.__enter__()
+    device, cfg = DeviceStepModel(*runners), model.cfg
+    assert isinstance(device.empty_past(2), dict) and not device.share_buffers
+    ids, mask = pad_batch(random_sources(cfg, 4, seed=7), cfg.pad_id)
+    settings = DecodeSettings(cfg.bos_id, cfg.eos_id, cfg.pad_id, 10)
+    assert greedy_decode(device, ids, mask, settings) == greedy_decode(EagerStepModel(model), ids, mask, settings)
+    for r in runners:
+        r.__exit__(None, None, None)
 
 
 def test_tokens_equal_the_eager_model_and_the_host_step_model(fused):
@@ -140,12 +172,13 @@ def test_tokens_equal_the_eager_model_and_the_host_step_model(fused):
     assert hf(device) == hf(eager) == hf(host)
 
 
-def test_logits_equal_the_host_step_model_bit_for_bit(fused):
+@pytest.mark.parametrize("share", [True, False])
+def test_logits_and_cache_equal_the_host_step_model_bit_for_bit(fused, share):
     model, runners = fused
     cfg = model.cfg
     ids, mask = pad_batch(random_sources(cfg, 3, seed=6), cfg.pad_id)
-    device, host = DeviceStepModel(*runners), RunnerStepModel(*runners)
-    tokens = np.full((3, 1), cfg.bos_id)
+    device, host = DeviceStepModel(*runners, share_buffers=share), RunnerStepModel(*runners)
+    tokens = np.full((3, 2), cfg.bos_id)  # a two-token prompt first: the causal prefill writes two positions
     d_state, h_state = device.encode(ids, mask), host.encode(ids, mask)
     d_past, h_past = device.empty_past(3), host.empty_past(3)
     for _ in range(4):
@@ -153,8 +186,9 @@ def test_logits_equal_the_host_step_model_bit_for_bit(fused):
         h_logits, h_past = host.step(tokens, mask, h_state, h_past)
         np.testing.assert_array_equal(d_logits, h_logits)
         tokens = h_logits.argmax(-1)[:, None]
-    for name, value in d_past.items():
-        np.testing.assert_array_equal(value.numpy(), h_past[name])
+    values = d_past.values if share else d_past
+    for name, value in values.items():
+        np.testing.assert_array_equal(value.numpy()[:, :, :5], h_past[name])  # 2 + 3 positions filled
 
 
 @pytest.mark.parametrize("verb", [("translate", "{out}", "7", "--backend", "ort-cuda"),
