@@ -304,3 +304,23 @@ def test_whisper_transcribes_through_the_device_step_model(tmp_path, cuda_on_the
             got = [r.tokens for r in cuda.transcribe(clips, 16000, beam=beam, max_new_tokens=10)]
             assert got == [r.tokens for r in fused.transcribe(clips, 16000, beam=beam, max_new_tokens=10)]
             assert all(got)
+
+
+def test_bench_times_ort_cuda_beside_ort_fused(numbers_export, tmp_path, cuda_on_the_cpu):
+    """bench --backends ort-fused,ort-cuda: the registry's bench adapter opens the device step model; its decode, step
+    and curve timings (a past built once, then stepped on repeatedly: the shared buffers rewritten at the same
+    positions) are measured, round-robin with ort-fused's."""
+    import shutil
+
+    from seq2trt.validation.bench import measure
+    from seq2trt.validation.bench.settings import BenchSettings
+
+    root, _, _ = numbers_export
+    out = shutil.copytree(root / "out", tmp_path / "out", ignore=shutil.ignore_patterns("reports"))
+    settings = BenchSettings(backends=("ort-fused", "ort-cuda"), batch_sizes=(1, 2), repeats=1, warmup=0, src_len=6,
+                             new_tokens=4, step_calls=1)
+    doc = measure.Bench(out, settings).run()
+    for batch in ("1", "2"):
+        assert doc["results"]["1"]["ort-cuda"][batch]["tokens_per_s"] > 0
+    assert doc["step_ms_by_past"]["1"]["ort-cuda"]  # the curve by past length was timed
+    assert doc["threading"]["1"]["ort-cuda"]
