@@ -216,31 +216,50 @@ class Runs:
             torch.cuda.synchronize()
 
 
+def time_routes(runs: Runs, order: list[tuple[str, str]], ids, mask, beams: int, repeats: int):
+    """(seconds per route, its last tokens, route -> error) of `repeats` interleaved rounds after a warm-up round;
+    a route that fails (a provider, a kernel, memory) is dropped with its error and the others go on."""
+    seconds, tokens, failed = {r: [] for r, _ in order}, {}, {}
+    for rep in range(repeats + 1):  # the first round warms up (sessions, kernels, allocators)
+        for route, dtype in order[rep % len(order):] + order[:rep % len(order)]:
+            if route in failed:
+                continue
+            try:
+                took, tokens[route] = runs.decode(route, dtype, ids, mask, beams)
+            except Exception as exc:  # noqa: BLE001  (recorded with the figures; the exit status says so)
+                failed[route] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc) else ''}"
+                print(f"{runs.shape} {route}: failed: {failed[route]}", file=sys.stderr)
+                continue
+            if rep:
+                seconds[route].append(took)
+    return seconds, tokens, failed
+
+
 def measure(shape: str, root: Path, batches: list[int], new_tokens: int, repeats: int, device: str = "cuda"
             ) -> list[dict]:
+    """One row per (search, batch, route): tokens/s, the ratio to transformers, the timings, and any error."""
     import numpy as np
 
     runs, rows = Runs(shape, root, batches, new_tokens, device), []
-    order = routes(shape)
+    order, hf = routes(shape), f"transformers {SHAPES[shape].dtypes[0]}"
     for search, beams in (("greedy", 1), (f"beam {runs.beams}", runs.beams)):
         for batch in batches:
             ids, mask = runs.inputs(batch)
-            seconds, tokens = {r: [] for r, _ in order}, {}
-            for rep in range(repeats + 1):  # the first round warms up (sessions, kernels, allocators)
-                for route, dtype in order[rep % len(order):] + order[:rep % len(order)]:
-                    took, tokens[route] = runs.decode(route, dtype, ids, mask, beams)
-                    if rep:
-                        seconds[route].append(took)
-            hf = f"transformers {SHAPES[shape].dtypes[0]}"
-            rate = {r: batch * new_tokens / float(np.median(s)) for r, s in seconds.items()}
-            same = tokens[f"{BACKEND} fp32"] == tokens["eager fp32"] if beams == 1 else None
+            seconds, tokens, failed = time_routes(runs, order, ids, mask, beams, repeats)
+            rate = {r: batch * new_tokens / float(np.median(s)) for r, s in seconds.items() if r not in failed}
+            fp32 = (f"{BACKEND} fp32", "eager fp32")
+            same = tokens[fp32[0]] == tokens[fp32[1]] if beams == 1 and set(fp32) <= set(tokens) else None
             for route, _ in order:
+                ratio = rate[route] / rate[hf] if route in rate and hf in rate else None
                 rows.append({"shape": shape, "search": search, "batch": batch, "route": route,
-                             "tokens_per_s": round(rate[route], 1), "vs_transformers": round(rate[route] / rate[hf], 3),
-                             "seconds": [round(s, 5) for s in seconds[route]], "fp32_tokens_equal_eager": same})
-                print(f"{shape:13} {search:7} B={batch:<3} {route:22} {rate[route]:9.1f} tokens/s "
-                      f"{rate[route] / rate[hf]:6.2f}x transformers" + (f"  (fp32 = eager: {same})"
-                                                                         if same is not None and route == hf else ""))
+                             "tokens_per_s": round(rate[route], 1) if route in rate else None,
+                             "vs_transformers": round(ratio, 3) if ratio is not None else None,
+                             "seconds": [round(t, 5) for t in seconds[route]], "error": failed.get(route),
+                             "fp32_tokens_equal_eager": same})
+                shown = (f"{rate[route]:9.1f} tokens/s" if route in rate else "   failed") + (
+                    f" {ratio:6.2f}x transformers" if ratio is not None else "")
+                note = f"  (fp32 = eager: {same})" if same is not None and route == fp32[0] else ""
+                print(f"{shape:13} {search:7} B={batch:<3} {route:22} {shown}{note}")
     runs.stack.close()
     return rows
 
@@ -280,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = [row for shape in shapes
             for row in measure(shape, args.out, batches, args.new_tokens, args.repeats, args.device)]
     (args.out / "gpu_runtime.json").write_text(json.dumps(rows, indent=1))
-    return 0
+    unequal = [r for r in rows if r["fp32_tokens_equal_eager"] is False]
+    return 1 if any(r["error"] for r in rows) or unequal else 0
 
 
 if __name__ == "__main__":

@@ -83,9 +83,25 @@ def test_the_measuring_path_runs_end_to_end_on_tiny_shapes(bench, monkeypatch, t
     rows = json.loads((tmp_path / "gpu_runtime.json").read_text())
     assert len(rows) == 2 * 2 * 2 * 4  # shapes x searches x batches x routes
     for row in rows:
-        assert row["tokens_per_s"] > 0 and len(row["seconds"]) == 1
+        assert row["error"] is None and row["tokens_per_s"] > 0 and len(row["seconds"]) == 1
         if row["route"].startswith("transformers"):
             assert row["vs_transformers"] == 1.0
     greedy = [r for r in rows if r["search"] == "greedy"]
     assert all(r["fp32_tokens_equal_eager"] is True for r in greedy)
     assert "x transformers" in capsys.readouterr().out
+
+
+def test_a_failing_route_is_recorded_and_the_others_go_on(bench, capsys):
+    """One route raising (a provider refusing, memory) leaves the others' timings and says so in the exit status."""
+    class Runs:
+        shape = "toy"
+
+        def decode(self, route, dtype, ids, mask, beams):
+            if route == "broken":
+                raise RuntimeError("CUDA out of memory\nmore detail")
+            return 0.5, [[1, 2]]
+
+    seconds, tokens, failed = bench.time_routes(Runs(), [("ok", "fp32"), ("broken", "fp16")], None, None, 1, 2)
+    assert seconds == {"ok": [0.5, 0.5], "broken": []} and tokens == {"ok": [[1, 2]]}
+    assert failed == {"broken": "RuntimeError: CUDA out of memory"}
+    assert "toy broken: failed: RuntimeError: CUDA out of memory" in capsys.readouterr().err
