@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from seq2trt.reference_model import layout
 from seq2trt.exporters.spec import DEFAULT_OPSET
+from seq2trt.runtime.registry import BENCH_DEFAULT
 
 Progress = Callable[[str], None]
 
@@ -258,7 +259,7 @@ def import_hf(src: str | Path, out: str | Path, *, force: bool = False,
     return ImportResult(out, record["family"], record)
 
 
-def bench(out: str | Path, backends: str | Iterable[str] = ("eager", "ort", "ct2"), *,
+def bench(out: str | Path, backends: str | Iterable[str] = BENCH_DEFAULT, *,
           batch_sizes: Sequence[int] = (1, 8, 32), threads: Sequence[int] = (1,), checkpoint: str | Path | None = None,
           progress: Progress | None = None, **settings: Any) -> BenchResult:
     """Time `backends` on the export in `out`; write `out/reports/latency.json`, `latency.md` and plots.

@@ -30,7 +30,7 @@ import numpy as np
 
 from seq2trt.reference_model.decoding import GNMT_ALPHA
 from seq2trt.reference_model.errors import InputError
-from seq2trt.runtime.registry import DECODE_BACKENDS
+from seq2trt.runtime.registry import CONCURRENT_BACKENDS, DECODE_BACKENDS  # CONCURRENT: the kinds' modules say
 from seq2trt.runtime.decode_jobs import decode_job, has_tokenizer, open_decoder
 from seq2trt.runtime.transcription import (MAX_SECONDS, TRANSCRIBE_BACKENDS, TranscribedSegment, Transcriber,
                                            Transcription, check_backend, refuse_speech_model, refuse_text_model)
@@ -39,9 +39,6 @@ __all__ = ["Translator", "Hypothesis", "Transcription", "TranscribedSegment", "c
            "CONCURRENT_BACKENDS", "SEARCH_OPTIONS"]
 
 Audio = Union[str, Path, np.ndarray]  # a WAV/FLAC/OGG file, or float samples (n,) or (n, channels)
-
-# Backends whose step model takes calls from several threads at once (see the module docstring).
-CONCURRENT_BACKENDS = ("eager", "ort", "ort-fused", "ort-int8")
 
 # Keyword options of translate/generate -> the DecodeSettings field each sets (decode_jobs.OPTION_FLAGS: the
 # CLI's flags of the same names).

@@ -7,12 +7,12 @@ from pathlib import Path
 import click
 
 from seq2trt.reference_model.decoding import GNMT_ALPHA
-from seq2trt.validation.bench.settings import KNOWN_BACKENDS, SEARCHES, BenchSettings
+from seq2trt.validation.bench.settings import BENCH_DEFAULT, KNOWN_BACKENDS, SEARCHES, BenchSettings
 
 
 @click.command()
 @click.argument("out", type=click.Path(path_type=Path))
-@click.option("--backends", default="eager,ort,ct2", show_default=True,
+@click.option("--backends", default=",".join(BENCH_DEFAULT), show_default=True,
               help=f"Comma-separated, from: {', '.join(KNOWN_BACKENDS)}. hf (transformers' generate) and optimum "
               "(Optimum's ONNX Runtime export) run on the Hugging Face directory the checkpoint was imported from "
               "(`seq2trt import hf`); for such a checkpoint ct2 converts that directory with CTranslate2's converter.")

@@ -13,8 +13,9 @@ from seq2trt.validation.validate import BACKENDS, GRAPH_SETS
 @click.command()
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option("--backend", type=click.Choice(list(BACKENDS)), default="ort", show_default=True,
-              help="ort: ONNX Runtime runs the graphs; tensorrt / tensorrt-rtx: the engines of `seq2trt build` "
-                   "(an NVIDIA GPU), judged against the graphs they were built from.")
+              help="ort: ONNX Runtime runs the graphs; ort-cuda: on ONNX Runtime's CUDA provider, the KV cache on the GPU "
+                   "(its graphs: fused-ort unless --graphs plain; docs/gpu.md); tensorrt / tensorrt-rtx: the engines "
+                   "of `seq2trt build` (an NVIDIA GPU), judged against the graphs they were built from.")
 @click.option("--graphs", type=click.Choice(list(GRAPH_SETS)), default=None,
               help="Which graphs of OUT: plain (the default: the export), fused-ort / fused-trt (`seq2trt fuse`), "
                    "int8-ort (`seq2trt quantize`), generate / generate-int8 (`seq2trt generate [--int8]`: the whole "

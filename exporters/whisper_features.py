@@ -194,11 +194,10 @@ def pad_clips(clips) -> np.ndarray:
 
 def run_features(graph: Union[str, Path, onnx.ModelProto], audio: np.ndarray) -> np.ndarray:
     """input_features from features.onnx on ONNX Runtime's CPU provider; `audio` is (B, samples) or a list of clips."""
-    import onnxruntime as ort
+    from seq2trt.exporters.ort_session import open_session
 
     batch = pad_clips(audio) if isinstance(audio, (list, tuple)) else np.asarray(audio, np.float32)
     if batch.ndim != 2:
         raise InputError(f"audio shaped {batch.shape} is not (batch, samples); stack 16 kHz mono clips")
-    model = graph.SerializeToString() if isinstance(graph, onnx.ModelProto) else str(graph)
-    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    session, _ = open_session(graph, threads=None, optimization=None)
     return session.run([OUTPUT], {INPUT: batch})[0]

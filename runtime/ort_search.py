@@ -15,46 +15,43 @@ from typing import Callable
 
 import numpy as np
 
-from seq2trt.exporters import spec
+from seq2trt.exporters import ort_session, spec
 from seq2trt.exporters.ort_search import FILENAME, generate_dir, verify_generate
 from seq2trt.exporters.manifest import Manifest
 from seq2trt.reference_model.decoding import DecodeSettings, Hypothesis
-from seq2trt.reference_model.errors import DependencyError, InputError
+from seq2trt.reference_model.errors import InputError
 
 logger = logging.getLogger(__name__)
 
 
-def session_options(ort, threads: int, int8: bool):
-    """(SessionOptions, disabled optimizers) for generate.onnx: the settings of the step-graph sessions of the loops
-    (runners.OPTIMIZATION: basic for the fused fp32 graphs, extended without SkipLayerNormFusion for the int8 ones),
-    not ONNX Runtime's default level, whose SkipLayerNormalization is slower inside the subgraphs at decode sizes
-    (benchmarks/README.md, "ONNX Runtime settings")."""
-    from seq2trt.runtime import runners
+def optimization(int8: bool) -> str:
+    """generate.onnx's optimization level: the step-graph sessions' (ort_session.OPTIMIZATION: basic for the fused fp32
+    graphs, extended without SkipLayerNormFusion for the int8 ones), not ONNX Runtime's default level, whose
+    SkipLayerNormalization is slower inside the subgraphs at decode sizes (benchmarks/README.md, "ONNX Runtime
+    settings")."""
+    return "extended" if int8 else "basic"
 
-    options, disabled = runners.session_options(ort, "extended" if int8 else "basic")
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
+
+def session_options(ort, threads: int, int8: bool):
+    """(SessionOptions, disabled optimizers) of generate.onnx's session (for scripts that open it themselves)."""
+    options, disabled, _ = ort_session.session_options(optimization(int8), threads)
     return options, disabled
 
 
 class GenerateModel:
     """generate.onnx of an export (checked against generate.json), in one ONNX Runtime session."""
 
-    def __init__(self, out: Path, manifest: Manifest, threads: int = 1, int8: bool = False):
+    def __init__(self, out: Path, manifest: Manifest, threads: int = 1, int8: bool = False, device: str = "cpu",
+                 device_id: int = 0):
         self.record = verify_generate(out, manifest, int8)
         self.path, self.cfg, self.limits, self.threads = generate_dir(out, int8) / FILENAME, manifest.config, manifest.limits, threads
-        self.int8, self.out = int8, Path(out)
+        self.int8, self.out, self.device, self.device_id = int8, Path(out), device, device_id
         self.session = None
         self.last_inference_time: float | None = None
 
     def __enter__(self) -> "GenerateModel":
-        try:
-            import onnxruntime as ort
-        except ImportError:
-            raise DependencyError("the ort-generate backend needs onnxruntime; pip install onnxruntime") from None
-        options, disabled = session_options(ort, self.threads, self.int8)
-        self.session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"],
-                                            disabled_optimizers=disabled)
+        self.session, _ = ort_session.open_session(self.path, device=self.device, device_id=self.device_id,
+                                                   threads=self.threads, optimization=optimization(self.int8))
         return self
 
     def __exit__(self, *exc) -> None:

@@ -3,7 +3,8 @@
 `with runner: runner.infer(feed) -> dict[name, np.ndarray]`. The base checks the feed against the spec
 (names, dtypes, shapes, limits) and times each call (`last_inference_time`, seconds); a backend implements
 only `_activate`, `_infer` and `_deactivate`. Runners take a model (or a path) or a zero-argument callable that
-loads it, so loading stays lazy until the runner is activated.
+loads it, so loading stays lazy until the runner is activated. ONNX Runtime sessions come from the one session
+factory, `exporters.ort_session` (CPU, or CUDA on a device id).
 
 ONNX Runtime's CPU provider has no bf16 kernels: `OrtRunner` runs a bf16 graph on CPU as its fp32 twin with
 every bf16 tensor rounded to bf16 after the op that makes it (fp32 arithmetic, bf16 storage — what GPU
@@ -13,7 +14,6 @@ kernels with fp32 accumulation do). On the CUDA provider bf16 graphs run as they
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 from pathlib import Path
 from typing import Callable, Mapping
@@ -21,11 +21,8 @@ from typing import Callable, Mapping
 import numpy as np
 
 from seq2trt.reference_model.dtypes import dtype_name
-from seq2trt.exporters import spec
+from seq2trt.exporters import ort_session, spec
 from seq2trt.reference_model.errors import ArtifactError, DependencyError, first_line
-
-logger = logging.getLogger(__name__)
-
 
 class Runner:
     """Base: context manager, `input_metadata()`, checked and timed `infer(feed)`."""
@@ -160,68 +157,6 @@ class EagerRunner(Runner):
         return {n: _to_numpy(v, self._np_dtype) for n, v in zip(names, values)}
 
 
-# ONNX Runtime graph optimization: level and the optimizers left out. Basic suits the fused fp32 graphs (the extended
-# level's SkipLayerNormalization is slower on CPU at decode sizes); extended without it suits the int8 graphs (it
-# fuses DynamicQuantizeMatMul). The measurements are in benchmarks/README.md, "ONNX Runtime settings".
-OPTIMIZATION: dict[str, tuple[str, list[str]]] = {
-    "basic": ("ORT_ENABLE_BASIC", []),
-    "extended": ("ORT_ENABLE_EXTENDED", ["SkipLayerNormFusion"]),
-}
-
-
-def session_options(ort, optimization: str):
-    """(SessionOptions, optimizers to disable) at an OPTIMIZATION level, warnings quiet; threads are the caller's."""
-    options = ort.SessionOptions()
-    level, disabled = OPTIMIZATION[optimization]
-    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
-    options.log_severity_level = 3
-    return options, disabled
-
-
-_GLOBAL_POOL: list[int] = []  # intra-op size of this process's shared ONNX Runtime pool, once created
-
-
-def configure_threads(options, threads: int) -> str:
-    """Intra-op threading of one session; returns how it runs ("1 thread", "shared spinning pool of N threads").
-
-    One thread: a session of its own, nothing to spin. More (0: ONNX Runtime's default, one per core): one pool
-    shared by every session of the process, spinning between calls, so the encoder's and decoder's threads do not
-    compete (benchmarks/README.md, "ONNX Runtime settings"). ONNX Runtime creates that pool once per process and
-    then refuses sessions with threads of their own: every later session joins it, with a warning when it asked
-    for another count.
-    """
-    if _GLOBAL_POOL:
-        if threads != _GLOBAL_POOL[0]:
-            logger.warning("ONNX Runtime allows one thread pool per process once a shared one exists: this session "
-                           "runs on the shared pool of %s threads, not %s", _GLOBAL_POOL[0] or "default", threads)
-        options.use_per_session_threads = False
-        return f"shared spinning pool of {_GLOBAL_POOL[0] or 'default'} threads"
-    if threads == 1:
-        options.intra_op_num_threads = options.inter_op_num_threads = 1
-        return "1 thread"
-    from onnxruntime.capi import _pybind_state
-
-    _pybind_state.set_global_thread_pool_sizes(threads, 1)
-    _GLOBAL_POOL.append(threads)
-    options.use_per_session_threads = False
-    return f"shared spinning pool of {threads or 'default'} threads"
-
-
-def ort_providers(device: str = "cpu") -> list[str]:
-    """`cpu`, `cuda` (an error when absent) or `auto` (CUDA when present) -> ORT provider list."""
-    import onnxruntime as ort
-
-    available = ort.get_available_providers()
-    if device == "cpu":
-        return ["CPUExecutionProvider"]
-    if "CUDAExecutionProvider" in available:
-        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    if device == "cuda":
-        raise DependencyError(f"ONNX Runtime has no CUDA provider here (available: {available}); "
-                              "install onnxruntime-gpu on a machine with an NVIDIA GPU")
-    return ["CPUExecutionProvider"]
-
-
 class OrtRunner(Runner):
     """ONNX Runtime on one graph file (or bytes, or a callable returning either).
 
@@ -232,35 +167,29 @@ class OrtRunner(Runner):
     def __init__(self, model: Path | bytes | Callable[[], Path | bytes], cfg, kind: spec.GraphKind, dtype: str,
                  limits: spec.Limits, device: str = "cpu", intra_op_threads: int = 1, name: str | None = None,
                  prepare: Callable[[bytes], bytes] | None = None, custom_op_libraries: tuple[str, ...] = (),
-                 optimization: str = "basic"):
+                 optimization: str = "basic", device_id: int = 0):
         super().__init__(name or f"onnxruntime-{device}", cfg, kind, dtype, limits)
-        self._source, self.device, self.intra_op_threads = model, device, intra_op_threads
+        self._source, self.device, self.device_id, self.intra_op_threads = model, device, device_id, intra_op_threads
         self.prepare, self.custom_op_libraries = prepare, custom_op_libraries
-        if optimization not in OPTIMIZATION:
-            raise ValueError(f"optimization must be one of {', '.join(OPTIMIZATION)}, got {optimization!r}")
+        if optimization not in ort_session.OPTIMIZATION:
+            raise ValueError(f"optimization must be one of {', '.join(ort_session.OPTIMIZATION)}, got {optimization!r}")
         self.optimization = optimization
         self.session = None
         self.emulated_bf16 = False
 
     def _activate(self) -> None:
-        try:
-            import onnxruntime as ort
-        except ImportError:
-            raise DependencyError("onnxruntime is not installed; pip install onnxruntime") from None
         source = self._source() if callable(self._source) else self._source
         where = source if isinstance(source, (str, Path)) else f"the {self.kind.value} graph"
-        model = Path(source).read_bytes() if isinstance(source, (str, Path)) else source
-        providers = ort_providers(self.device)
-        options, disabled = session_options(ort, self.optimization)
-        self.threading = configure_threads(options, self.intra_op_threads)
-        for library in self.custom_op_libraries:
-            options.register_custom_ops_library(library)
+        cpu = ort_session.providers(self.device, self.device_id)[0] == "CPUExecutionProvider"
+        self.emulated_bf16 = self.dtype == "bf16" and cpu  # the CPU provider has no bf16 kernels
+        rewrites = [f for f in (self.prepare, emulate_bf16 if self.emulated_bf16 else None) if f is not None]
         try:
-            if self.prepare is not None:
-                model = self.prepare(model)
-            if self.dtype == "bf16" and providers[0] == "CPUExecutionProvider":
-                model, self.emulated_bf16 = emulate_bf16(model), True
-            self.session = ort.InferenceSession(model, options, providers=providers, disabled_optimizers=disabled)
+            self.session, self.threading = ort_session.open_session(
+                source, device=self.device, device_id=self.device_id, threads=self.intra_op_threads,
+                shared_pool=True, optimization=self.optimization, custom_op_libraries=self.custom_op_libraries,
+                rewrite=_chain(rewrites) if rewrites else None)
+        except DependencyError:
+            raise
         except Exception as exc:  # protobuf's DecodeError, ORT's Fail / InvalidGraph: a damaged or foreign file
             first = first_line(exc)
             raise ArtifactError(f"ONNX Runtime cannot load {where} ({first}); re-export (and re-fuse) it") from exc
@@ -308,6 +237,15 @@ class OrtRunner(Runner):
             bf16 = spec.numpy_dtype("bf16")
             outputs = {k: v.astype(bf16) for k, v in outputs.items()}
         return outputs
+
+
+def _chain(rewrites: list[Callable[[bytes], bytes]]) -> Callable[[bytes], bytes]:
+    """The rewrites applied in order (the plugin nodes' CPU form, then bf16 emulation)."""
+    def rewrite(model: bytes) -> bytes:
+        for f in rewrites:
+            model = f(model)
+        return model
+    return rewrite
 
 
 def _shape_problems(tensor: spec.TensorSpec, shape) -> list[str]:

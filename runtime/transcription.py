@@ -132,11 +132,9 @@ class FrontEnd:
     def __init__(self, params, graph: Path | None = None, threads: int = 1):
         self.params, self._session = params, None
         if graph is not None:
-            import onnxruntime as ort
+            from seq2trt.exporters.ort_session import open_session
 
-            options = ort.SessionOptions()
-            options.intra_op_num_threads = threads
-            self._session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+            self._session, _ = open_session(graph, threads=threads, optimization=None)
 
     def _torch(self, batch: np.ndarray, params) -> np.ndarray:
         import torch

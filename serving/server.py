@@ -353,18 +353,11 @@ def log_errors(path: Path, start: int = 0, n: int = 3) -> list[str]:
 
 
 def check_backend(out: Path, backend: str, manifest) -> None:
-    """What the served models will load, checked before the server starts: the graphs of an ONNX Runtime backend,
-    a GPU and the engines of a TensorRT one (eager loads the checkpoint, checked in the server)."""
-    from seq2trt.runtime.registry import BACKENDS, engine_runners, graph_folder
+    """What the served models will load, checked before the server starts (the backend kind's `check`: the graphs
+    of an ONNX Runtime backend, a GPU and the engines of a TensorRT one; eager loads the checkpoint in the server)."""
+    from seq2trt.runtime.registry import check_export
 
-    runs = BACKENDS[backend].runs
-    if runs == "onnxruntime":
-        graph_folder(out, backend, manifest)
-    elif runs == "tensorrt":
-        from seq2trt.runtime.tensorrt_runner import _torch_cuda
-
-        _torch_cuda()
-        engine_runners(out, backend, manifest)
+    check_export(out, backend, manifest)
 
 
 def served_models(settings: ServeSettings) -> tuple[int, bool, bool]:

@@ -88,14 +88,12 @@ class OnnxModel:
     onnxruntime backend, such as the one nvidia-pytriton bundles). One session run per request."""
 
     def initialize(self, args: dict) -> None:
-        import onnxruntime as ort
+        from seq2trt.exporters.ort_session import open_session
 
         config = json.loads(args["model_config"])
         params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = int(params.get("threads", "1"))
         graph = Path(args["model_repository"]) / args["model_version"] / "model.onnx"
-        self.session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+        self.session, _ = open_session(graph, threads=int(params.get("threads", "1")), optimization=None)
         self.inputs = [i.name for i in self.session.get_inputs()]
 
     def execute(self, requests: list) -> list:

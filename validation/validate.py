@@ -1,8 +1,10 @@
 """`validate`: graph-level and end-to-end parity of an export directory, written to `reports/parity.json` / `.md`.
 
-`GRAPH_SETS` maps a `--graphs` name to the folder of the encoder/decoder files it validates. `--backend` is one of
-the registry's validating backends: ONNX Runtime runs those graphs; a TensorRT backend runs the engines under
-OUT/engines, judged against the graphs they were built from (fused-trt, or plain for --no-plugin engines).
+`GRAPH_SETS` (the registry's one table, runtime/backends/graph_sets.py) maps a `--graphs` name to the folder of the
+encoder/decoder files it validates. `--backend` is one of the registry's validating backends: ONNX Runtime runs those
+graphs (ort-cuda: on the CUDA provider, the KV cache on the GPU; its default graphs are fused-ort); a TensorRT backend
+runs the engines under OUT/engines, judged against the graphs they were built from (fused-trt, or plain for
+--no-plugin engines).
 """
 
 from __future__ import annotations
@@ -16,14 +18,13 @@ from typing import Callable
 
 from seq2trt.exporters import spec
 from seq2trt.exporters.artifact_checks import load_graph
-from seq2trt.exporters.fuse import Target, fused_dir, verify_fused
-from seq2trt.exporters.ort_search import generate_dir
 from seq2trt.exporters.manifest import Manifest, generation, verify, writing_into
-from seq2trt.exporters.quantize import quantized_dir, verify_quantized
+from seq2trt.exporters.quantize import verify_quantized
 from seq2trt.reference_model.decoding import DecodeSettings
 from seq2trt.reference_model.errors import ArtifactError, CheckFailed, InputError
 from seq2trt.reference_model.sources import source_kind
 
+from seq2trt.runtime.backends.graph_sets import GRAPH_SETS, GraphSet
 from seq2trt.runtime.step_model import RunnerStepModel
 from seq2trt.runtime.decode_jobs import check_threads, checkpoint_folder, generation_config
 from seq2trt.validation.end_to_end import EndToEndResult, end_to_end
@@ -39,39 +40,6 @@ from seq2trt.runtime.runners import EagerRunner, OrtRunner
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class GraphSet:
-    """The folder of one `--graphs` choice's encoder and decoder files (from the export directory), and any extra
-    runner options they need for a dtype (e.g. `prepare` / `custom_op_libraries` for plugin graphs)."""
-
-    folder: Callable[[Path], Path]
-    runner_options: Callable[[str], dict] | None = None
-    fused_target: Target | None = None  # fused graphs are checked against fusion.json, not the manifest
-    quantized: bool = False  # int8 graphs: checked against quantization.json, judged by the int8 tolerances
-    whole_search: bool = False  # generate.onnx: the search itself, judged end to end only (generate_validate)
-
-
-def _plugin_graph_options(dtype: str) -> dict:
-    """Plugin nodes run the op's PyTorch reference inside ONNX Runtime (bf16: on the graph's fp32 twin)."""
-    from seq2trt.plugins.plugin_cpu import for_cpu, register_reference_ops
-    from seq2trt.runtime.runners import emulate_bf16
-
-    prepare = (lambda m: for_cpu(emulate_bf16(m), "fp32")) if dtype == "bf16" else (lambda m: for_cpu(m, dtype))
-    return {"prepare": prepare, "custom_op_libraries": (register_reference_ops(),)}
-
-
-def _fused(target: Target, runner_options: Callable[[str], dict] | None = None) -> GraphSet:
-    return GraphSet(lambda out: fused_dir(out, target), runner_options, target)
-
-
-GRAPH_SETS: dict[str, GraphSet] = {
-    "plain": GraphSet(Path),
-    "fused-ort": _fused(Target.ORT),
-    "fused-trt": _fused(Target.TRT, _plugin_graph_options),
-    "int8-ort": GraphSet(quantized_dir, lambda dtype: {"optimization": "extended"}, quantized=True),
-    "generate": GraphSet(generate_dir, whole_search=True),
-    "generate-int8": GraphSet(lambda out: generate_dir(out, int8=True), quantized=True, whole_search=True),
-}
 BACKENDS = registry.VALIDATE_BACKENDS
 
 
@@ -130,6 +98,23 @@ def _engine_graphs(out: Path, settings: ValidateSettings) -> ValidateSettings:
     return replace(settings, graphs=built_from)
 
 
+def _device_graphs(out: Path, settings: ValidateSettings) -> ValidateSettings:
+    """Settings for a backend on a GPU provider (ort-cuda): its runners on that device, its declared graph set by
+    default, refused in one line where the provider is missing or the graphs hold CPU-only nodes."""
+    from seq2trt.reference_model.errors import DependencyError
+
+    backend = registry.BACKENDS[settings.backend]
+    why = registry.unavailable((settings.backend,)).get(settings.backend)
+    if why:
+        raise DependencyError(f"--backend {settings.backend}: {why}; validate the same graphs on the CPU with "
+                              f"`seq2trt validate {out} --graphs {settings.graphs or backend.graphs}`")
+    graphs = settings.graphs or backend.graphs
+    if graphs not in ("plain", backend.graphs):
+        raise InputError(f"--backend {settings.backend} runs the plain or {backend.graphs} graphs, not --graphs "
+                         f"{graphs}; drop --graphs, or validate those with --backend ort")
+    return replace(settings, graphs=graphs, device=backend.device)
+
+
 def check_graph_file(path: Path, cfg, kind: spec.GraphKind, dtype: str) -> None:
     """A graph file validation reads, checked before anything runs it: against the graph contract (`load_graph`:
     a valid model, input and output names and types, attention sizes), and every text field valid UTF-8. A
@@ -184,9 +169,12 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
     """Validate `out`, write its reports, and return the parity document; raise CheckFailed when anything fails."""
     out = Path(out)
     started = generation(out)  # before anything is read: the reports must describe this export
-    engines = registry.BACKENDS[settings.backend].runs == "tensorrt"
+    backend = registry.BACKENDS[settings.backend]
+    engines = backend.runs == "tensorrt"
     if engines:
         settings = _engine_graphs(out, settings)
+    elif backend.device != "cpu":
+        settings = _device_graphs(out, settings)
     elif settings.graphs is None:
         settings = replace(settings, graphs="plain")
     graph_set = GRAPH_SETS[settings.graphs]
@@ -195,10 +183,7 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
 
         return run_generate_validation(out, settings, checkpoint, progress, int8=graph_set.quantized)
     manifest = verify(out, [kind.filename for kind in spec.GraphKind])  # every graph set derives from the export
-    if graph_set.quantized:
-        verify_quantized(out, manifest)
-    elif graph_set.fused_target:
-        verify_fused(out, graph_set.fused_target, manifest)
+    graph_set.verified_folder(out, manifest)
     cfg, dtype, limits = manifest.config, manifest.dtype, manifest.limits
     folders = [graph_set.folder(out)] + ([out] if settings.localize_budget_s > 0 else [])  # localisation reads both
     for folder in dict.fromkeys(folders):
@@ -236,7 +221,8 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
             prompt = speech_prompt(out, manifest, checkpoint)
             cap = limits.max_tgt_len - 1 if task_name else min(32, limits.max_tgt_len - 1 - len(prompt))
             decode = replace(DecodeSettings.for_model(cfg, settings.max_new_tokens or cap), prompt=prompt)
-            candidate, eager = RunnerStepModel(*candidates), RunnerStepModel(*references)
+            candidate = registry.step_model_of(settings.backend, *candidates)  # ort-cuda: the cache on the device
+            eager = RunnerStepModel(*references)
             e2e = end_to_end(candidate, eager, sources, decode, precision,
                              beam_size=settings.beam_size, batch_size=limits.max_batch, progress=progress,
                              task_metric=heldout_exact_match(task_name, settings.samples) if task_name else None,

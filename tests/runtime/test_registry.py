@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ast
+from dataclasses import replace
+from pathlib import Path
+
 import click
 import pytest
 import torch
@@ -9,40 +13,118 @@ import torch
 from seq2trt.reference_model.errors import DependencyError, InputError
 from seq2trt.runtime import registry
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 def _choices(command: click.Command, option: str) -> tuple[str, ...]:
     param = next(p for p in command.params if option in p.opts)
     return tuple(param.type.choices)
 
 
-def test_every_command_offers_the_registry_backends():
+def _offered() -> dict[str, set[str]]:
+    """Verb -> the backend names its user-facing surface accepts (the CLI's --backend choices; bench's parser)."""
     import seq2trt
     from seq2trt.cli.model_commands import translate
     from seq2trt.cli.serve_commands import serve
+    from seq2trt.cli.transcribe_commands import transcribe
     from seq2trt.cli.validate_commands import validate
-    from seq2trt.hf.modeling import HF_BACKENDS
-    from seq2trt.validation.bench.settings import KNOWN_BACKENDS
+    from seq2trt.hf import HF_BACKENDS
+    from seq2trt.validation.bench.settings import parse_backends
 
-    assert _choices(translate, "--backend") == registry.DECODE_BACKENDS == registry.names(translate=True)
-    assert _choices(serve, "--backend") == registry.SERVE_BACKENDS
-    assert _choices(validate, "--backend") == registry.VALIDATE_BACKENDS == ("ort", "tensorrt", "tensorrt-rtx")
-    assert KNOWN_BACKENDS == tuple(registry.BACKENDS)
-    assert HF_BACKENDS == registry.HF_MODEL_BACKENDS
-    assert set(registry.BASELINES) == {"ct2", "ct2-int8", "hf", "optimum"}
-    assert seq2trt.DECODE_BACKENDS == registry.DECODE_BACKENDS
+    def bench_accepts(name: str) -> bool:
+        try:
+            return parse_backends(name) == (name,)
+        except InputError:
+            return False
+
+    return {"translate": set(_choices(translate, "--backend")), "serve": set(_choices(serve, "--backend")),
+            "transcribe": set(_choices(transcribe, "--backend")), "validate": set(_choices(validate, "--backend")),
+            "bench": {n for n in registry.BACKENDS if bench_accepts(n)} | {n for n in ("onnx", "cuda") if bench_accepts(n)},
+            "Translator": set(seq2trt.DECODE_BACKENDS), "hf": set(HF_BACKENDS)}
 
 
-def test_declarations_are_consistent():
+def _declared_for(verb: str, b: registry.Backend) -> bool:
+    return {"translate": b.translate, "serve": b.serve, "transcribe": b.translate and not b.whole_search,
+            "validate": b.validates, "bench": True, "Translator": b.translate, "hf": b.hf_model}[verb]
+
+
+def test_every_registry_name_is_reachable_from_the_verbs_that_offer_it():
+    """Each declaration's flags are what the verbs accept: a verb offering a name its declaration does not (a stale
+    list), or missing one it does, fails; and every name is reachable from at least one verb."""
+    offered = _offered()
+    for verb, names in offered.items():
+        want = {n for n, b in registry.BACKENDS.items() if _declared_for(verb, b)}
+        assert names == want, f"{verb}: offers {sorted(names - want)} undeclared, misses {sorted(want - names)}"
+    reachable = set().union(*offered.values())
+    assert reachable == set(registry.BACKENDS)
+    assert {"ort-cuda", "ort-generate-cuda"} <= offered["translate"]  # the GPU backends, one declaration each
+    assert "ort-cuda" in offered["serve"] & offered["validate"] & offered["transcribe"] & offered["hf"]
+
+
+def test_declared_flag_missing_from_a_verb_is_caught(monkeypatch):
+    """The check above can fail: a declaration saying `serve` while serve's choices were made before it."""
+    monkeypatch.setitem(registry.BACKENDS, "ort-generate", replace(registry.BACKENDS["ort-generate"], serve=True))
+    with pytest.raises(AssertionError, match=r"serve: offers \[\] undeclared, misses \['ort-generate'\]"):
+        test_every_registry_name_is_reachable_from_the_verbs_that_offer_it()
+
+
+# Literal collections of two or more backend names outside the registry, with why each may stay.
+ALLOWED_NAME_LISTS = {
+    "validation/reports/bench_table.py": "the latency table's column order (a layout, not a property of backends)",
+}
+
+
+def stray_name_lists(root: Path) -> list[str]:
+    """`file:line [names]` for each tuple / list / set literal in library code holding two or more registry backend
+    names outside runtime/registry.py: a second list of what a declaration should say."""
+    from test_packaging import LAYERS
+
+    found = []
+    for folder in LAYERS:
+        for path in sorted((root / folder).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            if rel == "runtime/registry.py" or rel in ALLOWED_NAME_LISTS:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+                    names = [e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in registry.BACKENDS]
+                    if len(names) >= 2:
+                        found.append(f"{rel}:{node.lineno} {names}")
+    return found
+
+
+def test_no_backend_name_list_beside_the_registry():
+    assert stray_name_lists(ROOT) == []
+
+
+def test_a_planted_stray_name_list_is_caught(tmp_path):
+    for folder in ("runtime", "api"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "runtime" / "registry.py").write_text('BACKENDS = ("eager", "ort")\n')  # the registry itself: fine
+    (tmp_path / "api" / "translator.py").write_text('X = 1\nCONCURRENT = ["eager", "ort", "ort-fused"]\n')
+    assert stray_name_lists(tmp_path) == ["api/translator.py:2 ['eager', 'ort', 'ort-fused']"]
+
+
+def test_every_declaration_points_at_a_module_with_the_backend_interface():
     from seq2trt.validation.validate import GRAPH_SETS
 
+    assert GRAPH_SETS is registry.GRAPH_SETS  # one graph-set table
     for name, b in registry.BACKENDS.items():
         assert b.name == name
-        assert b.runs in {"eager", "onnxruntime", "tensorrt", "ort-search", "ctranslate2", "transformers", "optimum"}
-        assert b.graphs is None or b.graphs in GRAPH_SETS, name
-        assert b.whole_search == (b.runs == "ort-search"), name
-        assert (b.runs == "onnxruntime") == (b.graphs in ("plain", "fused-ort", "int8-ort")), name
+        assert b.graphs is None or b.graphs in registry.GRAPH_SETS, name
+        assert b.whole_search == registry.GRAPH_SETS[b.graphs].whole_search if b.graphs else not b.whole_search, name
         assert not (b.modules and b.extra is None), f"{name}: a needed library must name the extra installing it"
-        assert b.ours or not (b.translate or b.serve or b.validates), f"{name}: baselines are only timed"
+        assert not (b.needs_gpu and b.extra is None and b.runs != "eager"), f"{name}: name the extra for its GPU"
+        assert b.ours == (b.module is not None), f"{name}: ours run through a kind module, baselines are only timed"
+        if b.module is None:
+            assert not (b.translate or b.serve or b.validates or b.hf_model), name
+            continue
+        module = registry.kind(name)
+        assert isinstance(module.CONCURRENT, bool)
+        for attribute in ("unavailable", "open", "check", "bench"):
+            assert callable(getattr(module, attribute)), f"{name}: {b.module} lacks {attribute}"
+        if not b.whole_search and b.runs != "eager":
+            assert callable(module.step_model), name
 
 
 def test_unknown_backend_names_the_choices():
@@ -66,6 +148,25 @@ def test_unavailable_says_why_and_the_extra(monkeypatch):
     monkeypatch.setattr(registry, "_missing_module", lambda module: module == "tensorrt_rtx")
     assert registry.unavailable(("tensorrt-rtx",)) == {
         "tensorrt-rtx": "TensorRT-RTX is not installed (pip install 'seq2trt[rtx]')"}
+
+
+def test_the_cuda_provider_is_asked_of_onnxruntime(monkeypatch):
+    """ort-cuda and ort-generate-cuda need ONNX Runtime's CUDA provider (onnxruntime-gpu) and a GPU; each missing
+    piece is named, with the extra that installs the provider."""
+    import onnxruntime as ort
+
+    from seq2trt.plugins import trt_compat
+
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    why = registry.unavailable(("ort-cuda", "ort-generate-cuda", "ort-fused"))
+    assert set(why) == {"ort-cuda", "ort-generate-cuda"}
+    assert why["ort-cuda"] == ("ONNX Runtime has no CUDA provider here (onnxruntime-gpu is not installed); "
+                               "pip install 'seq2trt[gpu]'")
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(trt_compat, "has_gpu", lambda: False)
+    assert "needs an NVIDIA GPU" in registry.unavailable(("ort-cuda",))["ort-cuda"]
+    monkeypatch.setattr(trt_compat, "has_gpu", lambda: True)
+    assert registry.unavailable(("ort-cuda", "ort-generate-cuda")) == {}
 
 
 # --- validate on TensorRT engines ------------------------------------------------------------------------------------

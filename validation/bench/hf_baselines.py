@@ -4,7 +4,7 @@ these models run today, timed on the same work as our backends.
 - `hf`: transformers' own model loaded from the source directory, eager PyTorch `generate` with the KV cache.
 - `optimum`: Optimum's ONNX Runtime export of the same directory (`optimum.exporters.onnx.main_export`, task
   text2text-generation-with-past, cached under OUT/optimum/), run by `ORTModelForSeq2SeqLM.generate` on ONNX
-  Runtime's CPU provider with the same intra-op threading as our ORT sessions (`runners.configure_threads`) and
+  Runtime's CPU provider with the same intra-op threading as our ORT sessions (`ort_session.configure_threads`) and
   ONNX Runtime's default graph optimizations, as a user of Optimum gets them.
 
 Both decode greedily and exactly `new_tokens` per source, as every bench backend does (`min_new_tokens` =
@@ -130,17 +130,13 @@ def export_optimum(source: ImportedSource, folder: Path, task: str = OPTIMUM_TAS
 
 def load_optimum(folder: Path, threads: int):
     """(ORTModelForSeq2SeqLM on `folder`, how its sessions thread) on the CPU provider."""
-    import onnxruntime as ort
-
-    from seq2trt.runtime.runners import configure_threads
+    from seq2trt.exporters.ort_session import session_options
 
     try:
         from optimum.onnxruntime import ORTModelForSeq2SeqLM
     except ImportError:
         raise DependencyError("the optimum backend needs optimum-onnx; pip install 'seq2trt[hf]'") from None
-    options = ort.SessionOptions()
-    threading = configure_threads(options, threads)
-    options.log_severity_level = 3
+    options, _, threading = session_options(None, threads, shared_pool=True)  # Optimum opens its sessions itself
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = ORTModelForSeq2SeqLM.from_pretrained(str(folder), session_options=options,

@@ -8,7 +8,6 @@ transformers, Optimum) are checked against the eager model before they are timed
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
 import logging
@@ -34,7 +33,7 @@ from seq2trt.validation.bench.settings import (TEXT_SRC_LEN, BenchSettings, Samp
 
 logger = logging.getLogger(__name__)
 
-REFERENCES = ("eager", "eager-cuda", *registry.BASELINES)  # each gets a vs_<name> ratio when it ran
+REFERENCES = (*registry.names(runs="eager"), *registry.BASELINES)  # each gets a vs_<name> ratio when it ran
 Progress = Callable[[str], None]
 
 
@@ -105,40 +104,29 @@ class Bench:
         return self.model
 
     def _make(self, name: str, threads: int):
-        runs = registry.BACKENDS[name].runs
-        if runs == "eager":
-            import copy
+        """The bench's timing interface over `name`: our backends as their kind's module opens them (the registry's
+        bench adapter: every graph verified), the baselines users run today as prepared here."""
+        b = registry.BACKENDS[name]
+        if b.module is None:
+            return self._baseline(name, b.threads_for(threads))
+        from seq2trt.runtime.backends import BenchContext
 
-            import torch
-
-            from seq2trt.reference_model.eager import EagerStepModel
-
-            cuda = name == "eager-cuda"  # a copy on the GPU: the CPU reference stays where it is
-            model = copy.deepcopy(self._reference()).cuda() if cuda else self._reference()
-            return bb.StepModelBackend(name, EagerStepModel(model, device="cuda" if cuda else "cpu"), self.cfg,
-                                       threads, set_threads=torch.set_num_threads,
-                                       sync=torch.cuda.synchronize if cuda else None)
-        if runs == "ctranslate2":
-            info = self.ct2_models[name]
-            used = 1 if name == "ct2-int8" else threads
-            return bb.Ct2Backend(name, info["dir"], info["source_tokens"], used, info["compute_type"])
-        if runs == "ort-search":
+        opened = registry.bench_model(name, BenchContext(self.out, self.manifest, self.checkpoint, self._reference,
+                                                         threads))
+        if b.whole_search:
             from seq2trt.validation.bench.ort_search import OrtSearchBackend
 
-            return OrtSearchBackend(self.out, self.manifest, threads, int8=registry.BACKENDS[name].graphs == "generate-int8")
-        if runs in ("transformers", "optimum"):
-            from seq2trt.validation.bench.hf_baselines import open_backend
+            return OrtSearchBackend(name, opened.model, self.cfg, opened.threads, opened.close)
+        return bb.StepModelBackend(name, opened.model, self.cfg, opened.threads, closers=[opened.close],
+                                   set_threads=opened.set_threads, sync=opened.sync)
 
-            return open_backend(name, self.source, self.out, threads)
-        from seq2trt.runtime.registry import open_step_model  # ORT and TensorRT: the one opener, every graph verified
+    def _baseline(self, name: str, threads: int):
+        if registry.BACKENDS[name].runs == "ctranslate2":
+            info = self.ct2_models[name]
+            return bb.Ct2Backend(name, info["dir"], info["source_tokens"], threads, info["compute_type"])
+        from seq2trt.validation.bench.hf_baselines import open_backend
 
-        import torch
-
-        stack = contextlib.ExitStack()
-        model, _ = stack.enter_context(open_step_model(self.out, name, self.checkpoint, threads))
-        # torch's thread count too: the beam loop's log-softmax and top-k run in torch, inside the same budget
-        return bb.StepModelBackend(name, model, self.cfg, threads, closers=[stack.close],
-                                   set_threads=torch.set_num_threads)
+        return open_backend(name, self.source, self.out, threads)
 
     # -- measurement ----------------------------------------------------------------------------------------
     def run(self) -> dict:

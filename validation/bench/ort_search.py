@@ -1,4 +1,4 @@
-"""`seq2trt bench` backends `ort-generate` and `ort-generate-int8` (`seq2trt generate --int8`): generate.onnx (ONNX Runtime's BeamSearch, the whole search in one session
+"""`seq2trt bench` backends `ort-generate`, `ort-generate-int8` (`seq2trt generate --int8`) and `ort-generate-cuda`: generate.onnx (ONNX Runtime's BeamSearch, the whole search in one session
 run) behind bench's timing interface (bench_backends). Greedy runs are forced-length like every backend's (eos
 masked until `new_tokens` by BeamSearch's min_length); beam runs search for real (eos stops a hypothesis).
 It has no separate encoder or step call: those curves are not timed for it.
@@ -7,8 +7,6 @@ It has no separate encoder or step call: those curves are not timed for it.
 from __future__ import annotations
 
 import time
-from pathlib import Path
-
 import numpy as np
 
 from seq2trt.reference_model.decoding import DecodeSettings
@@ -19,11 +17,9 @@ from seq2trt.validation.bench.backends import peak_rss_mb, sequences, settle
 class OrtSearchBackend:
     scope = "process"
 
-    def __init__(self, out: Path, manifest, threads: int, int8: bool = False):
-        from seq2trt.runtime.ort_search import GenerateModel
-
-        self.name, self.threads, self.cfg = "ort-generate-int8" if int8 else "ort-generate", threads, manifest.config
-        self.model = GenerateModel(out, manifest, threads, int8).__enter__()
+    def __init__(self, name: str, model, cfg, threads: int, close=lambda: None):
+        """`model`: an open `GenerateModel` (the registry's whole-search backends open it); `close` releases it."""
+        self.name, self.model, self.cfg, self.threads, self._close = name, model, cfg, threads, close
 
     def activate(self) -> None:
         settle(self.threads)
@@ -56,5 +52,5 @@ class OrtSearchBackend:
         return f"{self.threads} intra-op thread(s), one BeamSearch session"
 
     def close(self) -> None:
-        self.model.__exit__(None, None, None)
+        self._close()
 

@@ -12,7 +12,7 @@ from seq2trt.reference_model.decoding import GNMT_ALPHA
 from seq2trt.reference_model.errors import InputError
 
 from seq2trt.runtime.decode_jobs import check_threads
-from seq2trt.runtime.registry import BACKENDS, unavailable  # noqa: F401  (unavailable: re-exported)
+from seq2trt.runtime.registry import BACKENDS, BENCH_DEFAULT, unavailable  # noqa: F401  (unavailable: re-exported)
 
 KNOWN_BACKENDS = tuple(BACKENDS)
 TEXT_SRC_LEN = 32  # the source length of a text bench without --src-len
@@ -47,7 +47,7 @@ def parse_seconds(text: str, what: str) -> tuple[float, ...]:
 
 @dataclass(frozen=True)
 class BenchSettings:
-    backends: tuple[str, ...] = ("eager", "ort", "ct2")
+    backends: tuple[str, ...] = BENCH_DEFAULT
     batch_sizes: tuple[int, ...] = (1, 8, 32)
     threads: tuple[int, ...] = (1,)
     repeats: int = 10

@@ -32,8 +32,9 @@ logger = logging.getLogger(__name__)
 
 RATE = 16000
 DEFAULT_CLIPS = (10.0, 30.0)
-BASELINES = ("hf", "optimum", "ct2", "ct2-int8")
-REFERENCES = ("optimum", "hf", "ct2", "eager")  # each gets a vs_<name> ratio when it ran
+BASELINES = registry.BASELINES  # prepared and checked before they are timed
+FLOAT_BASELINES = tuple(n for n in BASELINES if not registry.BACKENDS[n].int8)  # a disagreement stops the bench
+REFERENCES = (*FLOAT_BASELINES, "eager")  # each gets a vs_<name> ratio when it ran
 OPTIMUM_DIR, OPTIMUM_TASK = "optimum-speech", "automatic-speech-recognition-with-past"
 CT2_DIR = Path("ct2") / "whisper-float32"
 
@@ -46,11 +47,11 @@ def is_speech(cfg) -> bool:
 
 def check_backends(names: tuple[str, ...]) -> None:
     """Refuse a backend the speech bench cannot time: a whole-search graph (generate.onnx reads token ids)."""
-    bad = [n for n in names if registry.BACKENDS[n].runs not in ("eager", "onnxruntime", "tensorrt")
-           and n not in BASELINES]
+    bad = [n for n in names if registry.BACKENDS[n].whole_search]
     if bad:
+        fit = [n for n, b in registry.BACKENDS.items() if not b.whole_search]
         raise InputError(f"{', '.join(bad)} cannot bench a Whisper export (generate.onnx reads token ids); choose from "
-                         f"eager, ort, ort-fused, ort-int8, tensorrt, {', '.join(BASELINES)}")
+                         f"{', '.join(fit)}")
 
 
 def synthetic_clip(seconds: float, seed: int) -> np.ndarray:

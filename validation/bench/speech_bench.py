@@ -109,7 +109,7 @@ class SpeechBench:
             from seq2trt.validation.bench.hf_baselines import export_optimum
 
             self.builds["optimum"] = export_optimum(self.source, self.out / sp.OPTIMUM_DIR, sp.OPTIMUM_TASK)
-        if {"ct2", "ct2-int8"} & set(names):
+        if any(registry.BACKENDS[n].runs == "ctranslate2" for n in names):
             from ctranslate2.converters import TransformersConverter
 
             from seq2trt.reference_model.swap import staged_directory
@@ -123,17 +123,18 @@ class SpeechBench:
                                   "model_bytes": (self.out / sp.CT2_DIR / "model.bin").stat().st_size}
 
     def _make(self, name: str, threads: int, stack: contextlib.ExitStack):
-        runs = registry.BACKENDS[name].runs
-        if runs == "eager":
-            from seq2trt.reference_model.eager import EagerStepModel
+        b = registry.BACKENDS[name]
+        threads = b.threads_for(threads)
+        if b.module is not None:  # ours, opened by its kind's module (check_backends refused the whole searches)
+            from seq2trt.runtime.backends import BenchContext
 
-            return sp.OursBackend(name, EagerStepModel(self._reference()), self.cfg, self.generation, threads)
-        if runs in ("onnxruntime", "tensorrt"):
-            model, _ = stack.enter_context(registry.open_step_model(self.out, name, self.checkpoint, threads))
-            return sp.OursBackend(name, model, self.cfg, self.generation, threads)
-        if name in ("ct2", "ct2-int8"):
+            opened = registry.bench_model(name, BenchContext(self.out, self.manifest, self.checkpoint,
+                                                             self._reference, threads))
+            stack.callback(opened.close)
+            return sp.OursBackend(name, opened.model, self.cfg, self.generation, opened.threads)
+        if b.runs == "ctranslate2":
             compute = "int8_float32" if name == "ct2-int8" else "float32"
-            return sp.Ct2WhisperBackend(name, self.out / sp.CT2_DIR, 1 if name == "ct2-int8" else threads, compute)
+            return sp.Ct2WhisperBackend(name, self.out / sp.CT2_DIR, threads, compute)
         import torch
 
         from seq2trt.validation.bench.hf_baselines import _transformers
@@ -142,14 +143,11 @@ class SpeechBench:
             model = _transformers().WhisperForConditionalGeneration.from_pretrained(
                 str(self.source.path), local_files_only=True, dtype=torch.float32).eval()
             return sp.GenerateBackend(name, model, threads, set_threads=torch.set_num_threads)
-        import onnxruntime as ort
         from optimum.onnxruntime import ORTModelForSpeechSeq2Seq
 
-        from seq2trt.runtime.runners import configure_threads
+        from seq2trt.exporters.ort_session import session_options
 
-        options = ort.SessionOptions()
-        configure_threads(options, threads)
-        options.log_severity_level = 3
+        options, _, _ = session_options(None, threads, shared_pool=True)  # Optimum opens its sessions itself
         model = ORTModelForSpeechSeq2Seq.from_pretrained(str(self.out / sp.OPTIMUM_DIR), session_options=options,
                                                          provider="CPUExecutionProvider")
         return sp.GenerateBackend(name, model, threads)
@@ -186,7 +184,7 @@ class SpeechBench:
                     entry["beam"] = {"beam": self.beam, "identical": sum(a == c for a, c in zip(want_beam, beam)),
                                      "sequences": len(beam)}
                 checks.setdefault(b.name, []).append(entry)
-                if not agreement and b.name in ("hf", "optimum", "ct2"):
+                if not agreement and b.name in sp.FLOAT_BASELINES:
                     raise CheckFailed(f"{b.name} disagrees with the eager model on {seconds:g} s clips: "
                                       + "; ".join(agreement.mismatches[:3]) + "; its timings would not be comparable")
         return checks
