@@ -264,7 +264,8 @@ def measure(shape: str, root: Path, batches: list[int], new_tokens: int, repeats
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The arguments (also resolved by the GPU check's dry run, scripts/gpu_check_plan.py)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="resolve the plan on a CPU; run nothing")
     parser.add_argument("--out", type=Path, default=Path("gpu-runtime"))
@@ -274,7 +275,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: the torch routes on the CPU (a smoke run of the script, not a measurement)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     shapes = [s for s in args.shapes.split(",") if s]
     unknown = [s for s in shapes if s not in SHAPES]
     if unknown:

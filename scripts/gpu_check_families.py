@@ -9,7 +9,8 @@ off), and each route's greedy tokens/s stands beside transformers'. Routes:
 - `eager`: seq2trt's eager model on the device;
 - `kernels_triton`, `kernels_cubin` (CUDA; cubin with --aot-index): every attention block through the plugin's
   kernels (T5's position bias included), by triton's JIT and by the AOT cubins as the TensorRT plugin launches them;
-- ONNX Runtime's CUDA provider joins as a route here once the `ort-cuda` backend exists (see ROUTES).
+- ONNX Runtime's CUDA provider (the `ort-cuda` backend) is the `ort_cuda` step's, benchmarks/gpu_runtime.py:
+  it times and judges the same two families there.
 `--device cpu --small` runs the same code on a CPU in seconds (tests/test_gpu_check.py), so the check cannot rot
 unseen. Exit 1 when a route's tokens differ from transformers'.
 """
@@ -122,8 +123,6 @@ def routes(model, device: str, aot_index: Path | None) -> dict:
             major, minor = torch.cuda.get_device_capability()
             launcher = CudaDriverLauncher(aot_index, 10 * major + minor)
             found["kernels_cubin"] = lambda: kernel_attention(model, cubin_run(launcher))
-    # ROUTES: ONNX Runtime's CUDA provider (the `ort-cuda` backend) is added here, as a step model over the fused
-    # graphs of this model's export, once the registry declares it.
     return found
 
 

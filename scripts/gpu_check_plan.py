@@ -65,9 +65,9 @@ STEPS = (
     # kernels (JIT, and the AOT cubins when carried).
     Step("families", 240, ("{py}", "scripts/gpu_check_families.py", "{out}/families.json"),
          if_present={"kernels": ("--aot-index", "{kernels}")}),
-    # ONNX Runtime's CUDA provider: the `ort-cuda` backend's steps go here once it is in the registry, e.g.
-    #   Step("ort_cuda", 240, ("{py}", "-m", "seq2trt.cli.main", "bench", "{out}/export", "--backends", "ort-cuda")),
-    # the dry run then resolves its verb, flags and the backend name as it does every other step.
+    # ONNX Runtime's CUDA provider (the `ort-cuda` backend, the cache on the GPU) against transformers' generate in
+    # reduced precision on the same GPU: whisper-base and flan-t5-base shapes, greedy and beam, B=1 and 32.
+    Step("ort_cuda", 240, ("{py}", "{root}/benchmarks/gpu_runtime.py", "--out", "{out}/gpu_runtime", "--repeats", "3")),
     Step("pipeline", 180, ("{py}", "scripts/gpu_check.py", "pipeline", "{ckpt}", "{out}/export", "{out}/validate.json"),
          needs=("ckpt",)),
     Step("kernels", 300, ("{py}", "scripts/gpu_kernels.py", "{out}/kernels", "--no-bias-speed"),
