@@ -7,6 +7,9 @@ Two facts of the bundled server (measured, see docs/DESIGN): the Python-backend 
 interpreter's version, and it loads `libpython3.X.so` through the dynamic loader — the running interpreter's
 LIBDIR goes first on LD_LIBRARY_PATH, else a system copy of another patch level fails model loading.
 
+HTTP requests reach Triton through serve's front (`serving.http_guard`, on --http-port; Triton's HTTP endpoint on a
+private loopback port): the bundled 2.51 dies on some malformed requests and has no size limit (docs/serving-limits.md).
+
 The server dies with `serve`, even when `serve` is killed outright (a parent-death signal, as nvidia-pytriton sets
 for its own tritonserver), and its working folder `seq2trt-serve-<pid>-*` in the temporary directory names its owner,
 so the next `serve` removes the folders of owners that are gone.
@@ -62,7 +65,8 @@ class ServeSettings:
     grpc_port: int = 8001
     metrics_port: int = 8002
     # The largest HTTP request body (MiB) serve's front takes (serving.http_guard): later Triton releases' own
-    # --http-max-input-size default; 64 MiB of JSON floats is about 3 minutes of 16 kHz samples, of a WAV 30.
+    # --http-max-input-size default: 64 MiB of JSON floats (8-20 bytes each) is 3.5-9 min of 16 kHz samples, of a
+    # 16-bit WAV file 35 min (docs/serving-limits.md).
     max_request_mb: float = 64.0
 
     def endpoints(self) -> dict[str, str]:
