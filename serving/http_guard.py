@@ -130,6 +130,11 @@ def check_inputs(request: dict, binary_bytes: int, limit: int, inputs: dict | No
     if not isinstance(request, dict) or not isinstance(request.get("inputs"), list) or not request["inputs"]:
         raise RequestRefused(400, 'an infer request is a JSON object whose "inputs" lists the tensors sent: '
                                   '{"inputs": [{"name", "shape", "datatype", "data"}]}')
+    parameters = request.get("parameters") or {}
+    misplaced = sorted(set(parameters) & set(inputs or ())) if isinstance(parameters, dict) else []
+    if misplaced:  # the models read inputs only: a request parameter of an input's name would be ignored silently
+        raise RequestRefused(400, f"{', '.join(misplaced)} is an input of this model, not a request parameter; send "
+                                  f"it in \"inputs\" ({', '.join(f'{m} {inputs[m][0]}' for m in misplaced)} [1, 1])")
     total, binary, seen = 0, 0, set()
     for n, tensor in enumerate(request["inputs"]):
         if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import http.client
 import json
 import random
-import socket
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,20 +25,12 @@ CASES = 40  # per server
 REQUEST_TIMEOUT_S = 120
 
 
-def _free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 def _serve(out: Path, log: Path, backend: str):
     import seq2trt
 
-    http_port, grpc_port, metrics_port = _free_ports(3)
+    from helpers.ports import free_ports
+
+    http_port, grpc_port, metrics_port = free_ports(3)
     return seq2trt.serve(out, backend, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
                          max_queue_delay_us=20000, log=log, ready_timeout_s=180)
 

@@ -58,6 +58,8 @@ BAD_BODIES = {  # what was sent -> (status, a fragment of the reason)
                       "unknown input 'beams'"),
     "not an object": (b"[1, 2]", 400, 'whose "inputs" lists the tensors'),
     "not UTF-8": (b'{"inputs": "\xff"}', 400, "not UTF-8"),
+    "an input sent as a request parameter (ignored before)": (json.dumps({**GOOD, "parameters": {"num_beams": 4}})
+                                                              .encode(), 400, "num_beams is an input of this model"),
     "int64 out of range": (_inputs(("input_ids", [1, 1], "INT64", [2 ** 70])), 400, "whole numbers in"),
 }
 
