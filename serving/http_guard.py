@@ -116,6 +116,13 @@ def _check_values(values: list, dtype: str, name: str) -> None:
         raise RequestRefused(400, f"input {name!r} is {dtype}: its data must be {want}")
 
 
+def _check_fields(item: dict, what: str) -> None:
+    """The optional fields Triton reads as given types: "parameters" an object, "id" a string, "outputs" a list."""
+    for key, kind, name in (("parameters", dict, "an object"), ("id", str, "a string"), ("outputs", list, "a list")):
+        if key in item and not isinstance(item[key], kind):
+            raise RequestRefused(400, f'"{key}" of {what} must be {name}, got {type(item[key]).__name__}')
+
+
 def _count(shape) -> int:
     count = 1
     for dim in shape:
@@ -130,8 +137,13 @@ def check_inputs(request: dict, binary_bytes: int, limit: int, inputs: dict | No
     if not isinstance(request, dict) or not isinstance(request.get("inputs"), list) or not request["inputs"]:
         raise RequestRefused(400, 'an infer request is a JSON object whose "inputs" lists the tensors sent: '
                                   '{"inputs": [{"name", "shape", "datatype", "data"}]}')
+    _check_fields(request, "the request")
+    for n, output in enumerate(request.get("outputs") or []):
+        if not isinstance(output, dict) or not isinstance(output.get("name"), str):
+            raise RequestRefused(400, f'output {n + 1} is not an object with a "name"')
+        _check_fields(output, f"output {output['name']!r}")
     parameters = request.get("parameters") or {}
-    misplaced = sorted(set(parameters) & set(inputs or ())) if isinstance(parameters, dict) else []
+    misplaced = sorted(set(parameters) & set(inputs or ()))
     if misplaced:  # the models read inputs only: a request parameter of an input's name would be ignored silently
         raise RequestRefused(400, f"{', '.join(misplaced)} is an input of this model, not a request parameter; send "
                                   f"it in \"inputs\" ({', '.join(f'{m} {inputs[m][0]}' for m in misplaced)} [1, 1])")
@@ -140,6 +152,7 @@ def check_inputs(request: dict, binary_bytes: int, limit: int, inputs: dict | No
         if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):
             raise RequestRefused(400, f"input {n + 1} is not an object with a \"name\"")
         name, dtype, shape = tensor["name"], tensor.get("datatype"), tensor.get("shape")
+        _check_fields(tensor, f"input {name!r}")
         if name in seen:
             raise RequestRefused(400, f"input {name!r} is given twice; send each input once")
         seen.add(name)
@@ -175,6 +188,9 @@ def check_inputs(request: dict, binary_bytes: int, limit: int, inputs: dict | No
             continue
         if "data" not in tensor:
             raise RequestRefused(400, f"input {name!r} has no \"data\" (nor a binary part)")
+        if not isinstance(tensor["data"], list):  # Triton reads data as an array, a scalar is its 500
+            raise RequestRefused(400, f"input {name!r}: data must be a list of values (or of rows), got "
+                                      f"{type(tensor['data']).__name__}")
         values = _leaves(tensor["data"], name)
         if len(values) != count:
             raise RequestRefused(400, f"input {name!r}: shape {shape} holds {count} values, its data {len(values)}")
@@ -278,6 +294,10 @@ class _Handler(BaseHTTPRequestHandler):
             body = screen(self.command, self.path, self.headers, body, self.server.limit, self.server.models)
         except RequestRefused as exc:
             self._refuse(exc.status, str(exc))
+            return
+        except Exception as exc:  # noqa: BLE001 - a fault of this front: answered (and logged), not a dropped client
+            logger.exception("serve's HTTP front failed on %s %s", self.command, self.path)
+            self._refuse(500, f"internal error in serve's HTTP front: {type(exc).__name__}: {exc}")
             return
         headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
         try:

@@ -88,7 +88,7 @@ def damage_document(doc: dict, rng: random.Random) -> tuple[str, object]:
     doc = json.loads(json.dumps(doc))
     tensor = rng.choice(doc["inputs"])
     kind = rng.choice(["value-type", "shape", "datatype", "drop", "twice", "nan", "nest", "key", "huge", "truncate",
-                       "flip"])
+                       "flip", "fields"])
     if kind == "value-type":
         tensor["data"] = rng.choice([["x"], [None], [{"a": 1}], "text", 7, [True], [[1, 2], [3]]])
     elif kind == "shape":
@@ -111,6 +111,10 @@ def damage_document(doc: dict, rng: random.Random) -> tuple[str, object]:
     elif kind == "huge":
         tensor["data"] = [rng.choice([2 ** 64, -2 ** 63 - 1, 1e39, -1e308, 2 ** 31])] * max(1, len(tensor.get(
             "data", [1])) if isinstance(tensor.get("data"), list) else 1)
+    elif kind == "fields":  # the optional fields Triton reads: parameters, id, outputs
+        where, key = rng.choice([(doc, "parameters"), (tensor, "parameters"), (doc, "id"), (doc, "outputs")])
+        where[key] = rng.choice(["binary_data_size", 3, [1], {"binary_data_size": rng.choice([-1, 4, "x"])},
+                                 [{"name": "text"}], [{"name": 5}], {"timestamps": True}, None])
     elif kind == "truncate":
         raw = json.dumps(doc).encode()
         return kind, raw[: rng.randrange(len(raw))]

@@ -60,6 +60,9 @@ BAD_BODIES = {  # what was sent -> (status, a fragment of the reason)
     "not UTF-8": (b'{"inputs": "\xff"}', 400, "not UTF-8"),
     "an input sent as a request parameter (ignored before)": (json.dumps({**GOOD, "parameters": {"num_beams": 4}})
                                                               .encode(), 400, "num_beams is an input of this model"),
+    "data a scalar, not a list (500 before)": (json.dumps({"inputs": [{**GOOD["inputs"][0], "shape": [1, 1],
+                                                                        "data": 4}]}).encode(), 400,
+                                                "data must be a list"),
     "int64 out of range": (_inputs(("input_ids", [1, 1], "INT64", [2 ** 70])), 400, "whole numbers in"),
 }
 
