@@ -466,8 +466,11 @@ def _launch(settings: ServeSettings, served, tmp: Path, log: Path | None, reposi
         models = sorted(p.parent.name for p in Path(repository).glob("*/config.pbtxt"))
         inputs = None
     port = _private_port()
-    guard = HttpGuard((settings.host, settings.http_port), port, int(settings.max_request_mb * (1 << 20)),
-                      inputs).start()
+    try:
+        guard = HttpGuard((settings.host, settings.http_port), port, int(settings.max_request_mb * (1 << 20)),
+                          inputs).start()
+    except OSError as exc:  # taken since check_listen probed it
+        raise _listen_error(exc, settings.host, settings.http_port, "--http-port") from None
     command = server_command(binary, Path(repository).resolve(), backends, settings, exit_timeout_s, server_id, port)
     logger.debug("starting %s", " ".join(command))
     log_file = Path(log) if log else tmp / "server.log"  # kept to quote its errors
