@@ -1,6 +1,7 @@
 """What serve's HTTP front (serving.http_guard) adds to a request: the same requests sent, interleaved, to the front
 and to Triton's private HTTP port of one `seq2trt serve` (the numbers-task model of the tests, greedy, 4 source ids;
-and a transcribe request of 10 s of samples as a JSON body when --speech EXPORT is given).
+and a transcribe request of 10 s of samples, as a JSON body and in the binary tensor extension, when --speech EXPORT
+is given).
 
     python benchmarks/serve_front_overhead.py EXPORT [--speech WHISPER_EXPORT] [--n 200]
 """
@@ -22,14 +23,15 @@ def _free() -> int:
         return s.getsockname()[1]
 
 
-def _latencies(port_a: int, port_b: int, model: str, body: bytes, n: int) -> tuple[list[float], list[float]]:
+def _latencies(port_a: int, port_b: int, model: str, body: bytes, n: int,
+               headers: dict) -> tuple[list[float], list[float]]:
     times = {port_a: [], port_b: []}
     connections = {p: http.client.HTTPConnection("127.0.0.1", p, timeout=300) for p in times}
     for i in range(n):
         for port in (port_a, port_b) if i % 2 else (port_b, port_a):
             start = time.perf_counter()
             connections[port].request("POST", f"/v2/models/{model}/infer", body=body,
-                                      headers={"Content-Type": "application/json"})
+                                      headers={"Content-Type": "application/json", **headers})
             answer = connections[port].getresponse()
             answer.read()
             assert answer.status == 200
@@ -37,15 +39,15 @@ def _latencies(port_a: int, port_b: int, model: str, body: bytes, n: int) -> tup
     return times[port_a], times[port_b]
 
 
-def measure(out: Path, model: str, body: bytes, n: int) -> None:
+def measure(out: Path, model: str, body: bytes, n: int, headers: dict | None = None, what: str = "JSON") -> None:
     import seq2trt
 
     with seq2trt.serve(out, "ort", http_port=_free(), grpc_port=_free(), metrics_port=_free()) as server:
         front = int(server.endpoints["http"].rsplit(":", 1)[1])
         private = int(server._launched.upstream.rsplit(":", 1)[1])
-        via, direct = _latencies(front, private, model, body, n)
+        via, direct = _latencies(front, private, model, body, n, headers or {})
     med_via, med_direct = statistics.median(via) * 1e3, statistics.median(direct) * 1e3
-    print(f"{model}: {len(body)} B body, median {med_direct:.2f} ms direct, {med_via:.2f} ms through the front "
+    print(f"{model}: {len(body)} B {what} body, median {med_direct:.2f} ms direct, {med_via:.2f} ms through the front "
           f"(+{med_via - med_direct:.2f} ms), n={n}")
 
 
@@ -65,6 +67,12 @@ def main() -> None:
                              {"name": "sampling_rate", "shape": [1, 1], "datatype": "INT32", "data": [16000]},
                              {"name": "max_new_tokens", "shape": [1, 1], "datatype": "INT32", "data": [1]}]}
         measure(args.speech, "transcribe", json.dumps(speech).encode(), max(10, args.n // 10))
+        samples = np.asarray(clip, np.float32).tobytes()
+        speech["inputs"][0] = {"name": "samples", "shape": [1, len(clip)], "datatype": "FP32",
+                               "parameters": {"binary_data_size": len(samples)}}
+        head = json.dumps(speech).encode()
+        measure(args.speech, "transcribe", head + samples, max(10, args.n // 10),
+                {"Inference-Header-Content-Length": str(len(head))}, "binary")
 
 
 if __name__ == "__main__":
