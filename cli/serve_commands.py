@@ -25,6 +25,8 @@ from seq2trt.runtime.registry import SERVE_BACKENDS
 @click.option("--threads", type=int, default=1, show_default=True,
               help="CPU threads per instance: ONNX Runtime's, and torch's (the eager model, the search's arithmetic).")
 @click.option("--alpha", type=float, default=GNMT_ALPHA, show_default=True, help="GNMT length penalty of beam search.")
+@click.option("--max-request-mb", type=float, default=64.0, show_default=True,
+              help="The largest HTTP request body (MiB); larger ones get 413 (file bytes carry more audio than JSON).")
 @click.option("--checkpoint", type=click.Path(path_type=Path), help="The export's checkpoint, if it moved.")
 @click.option("--write-repository", type=click.Path(path_type=Path),
               help="Write a Triton model repository for a GPU host into this folder instead of serving.")
@@ -37,7 +39,8 @@ from seq2trt.runtime.registry import SERVE_BACKENDS
 @click.option("--log", type=click.Path(path_type=Path), help="Append the server's own log to this file.")
 @click.option("--force", is_flag=True, help="With --write-repository: replace an existing folder.")
 def serve(out: Path, backend: str, http_port: int, grpc_port: int, metrics_port: int, host: str, max_batch: int | None,
-          max_queue_delay_us: int, instances: int, threads: int, alpha: float, checkpoint: Path | None,
+          max_queue_delay_us: int, instances: int, threads: int, alpha: float, max_request_mb: float,
+          checkpoint: Path | None,
           write_repository: Path | None, repository_backend: str, repository: Path | None, log: Path | None,
           force: bool) -> None:
     """Serve the export in OUT with Triton: model `generate` (input_ids -> output_ids, optional max_new_tokens and
@@ -49,7 +52,7 @@ def serve(out: Path, backend: str, http_port: int, grpc_port: int, metrics_port:
 
     check_counts(threads, instances, max_batch, max_queue_delay_us, lambda field: "--" + field.replace("_", "-"))
     settings = ServeSettings(out, backend, checkpoint, threads, max_batch, max_queue_delay_us, instances, alpha, host,
-                             http_port, grpc_port, metrics_port)
+                             http_port, grpc_port, metrics_port, max_request_mb)
     if write_repository is not None:
         from seq2trt.serving.repository import write_repository as write
 

@@ -213,6 +213,12 @@ class Transcriber:
                              max_new_tokens)
         return batch_rows(batch_size, self.opened.max_batch, self.beams(beam))
 
+    def check_timestamps(self, clips: Sequence[np.ndarray], timestamps: bool) -> None:
+        """Refuse, before any decode, timestamps or a clip past 30 s (long-form decodes with timestamps) on a model
+        without timestamp tokens: the rest of such a clip would be dropped."""
+        if timestamps or any(len(c) > self.front_end.params.n_samples for c in clips):
+            self.speech.timestamp_begin(self.config)
+
     def decode_text(self, tokens: list[int]) -> str | None:
         return self.codec.decode(tokens) if self.codec is not None else None
 
@@ -238,8 +244,7 @@ class Transcriber:
         beams = self.beams(beam)
         gen = self.generation or {}
         rate, window = self.front_end.params.sampling_rate, self.front_end.params.n_samples
-        if timestamps or any(len(c) > window for c in clips):  # a model without timestamp tokens: before any decode
-            self.speech.timestamp_begin(self.config)
+        self.check_timestamps(clips, timestamps)
         for start in range(0, len(clips), rows):
             batch = clips[start: start + rows]
             features = self.front_end(batch)

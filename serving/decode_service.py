@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +56,25 @@ REQUEST_OPTIONS = {"do_sample": ("do_sample", "TYPE_BOOL"), "temperature": ("tem
                    "fast_sampling": ("fast_sampling", "TYPE_BOOL")}
 # What decode_jobs' messages call each option in a request (its flag names in translate's).
 PARAMETER_NAMES = {"beam": "num_beams", **{field: param for param, (field, _) in REQUEST_OPTIONS.items()}}
+# The flags of translate and transcribe that library messages name, and the request inputs of the same meaning: a
+# served request's error names what the request holds (`request_message`), never a flag it cannot pass.
+FLAG_INPUTS = {"--src-lang": "src_lang", "--tgt-lang": "tgt_lang", "--beam": "num_beams",
+               "--max-new-tokens": "max_new_tokens", "--sample": "do_sample", "--temperature": "temperature",
+               "--top-k": "top_k", "--top-p": "top_p", "--seed": "seed", "--n-best": "n_best",
+               "--scores": "output_scores", "--token-logprobs": "output_token_logprobs",
+               "--fast-sampling": "fast_sampling", "--min-new-tokens": "min_new_tokens",
+               "--no-repeat-ngram-size": "no_repeat_ngram_size", "--repetition-penalty": "repetition_penalty",
+               "--ids-file": "the generate model's input_ids",
+               "--language": "language", "--task": "task", "--timestamps": "timestamps",
+               "--condition-on-prev-tokens": "condition_on_prev_tokens",
+               "--compression-ratio-threshold": "compression_ratio_threshold",
+               "--logprob-threshold": "logprob_threshold"}
+_FLAG = re.compile(r"--[a-z][a-z-]*")
+
+
+def request_message(message: str) -> str:
+    """A library message with the CLI's flags named as the request inputs of the same meaning."""
+    return _FLAG.sub(lambda m: FLAG_INPUTS.get(m.group(0), m.group(0)), message)
 
 
 @dataclass(frozen=True)

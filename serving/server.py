@@ -7,6 +7,9 @@ Two facts of the bundled server (measured; docs/serving.md): the Python-backend 
 interpreter's version, and it loads `libpython3.X.so` through the dynamic loader — the running interpreter's
 LIBDIR goes first on LD_LIBRARY_PATH, else a system copy of another patch level fails model loading.
 
+HTTP requests reach Triton through serve's front (`serving.http_guard`, on --http-port; Triton's HTTP endpoint on a
+private loopback port): the bundled 2.51 dies on some malformed requests and has no size limit (docs/serving-limits.md).
+
 The server dies with `serve`, even when `serve` is killed outright (a parent-death signal, as nvidia-pytriton sets
 for its own tritonserver), and its working folder `seq2trt-serve-<pid>-*` in the temporary directory names its owner,
 so the next `serve` removes the folders of owners that are gone.
@@ -61,6 +64,10 @@ class ServeSettings:
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
+    # The largest HTTP request body (MiB) serve's front takes (serving.http_guard): later Triton releases' own
+    # --http-max-input-size default: 64 MiB of JSON floats (8-20 bytes each) is 3.5-9 min of 16 kHz samples, of a
+    # 16-bit WAV file 35 min (docs/serving-limits.md).
+    max_request_mb: float = 64.0
 
     def endpoints(self) -> dict[str, str]:
         return {"http": f"http://{self.host}:{self.http_port}", "grpc": f"grpc://{self.host}:{self.grpc_port}",
@@ -77,6 +84,18 @@ def check_counts(threads: int, instances: int, max_batch: int | None, max_queue_
                                 ("max_queue_delay_us", max_queue_delay_us, 0)):
         if value is not None and value < least:
             raise InputError(f"{name(field)} must be >= {least}, got {value}")
+
+
+def check_settings(settings: ServeSettings) -> None:
+    """Refuse, before anything starts, a thread count the machine cannot give, a length penalty that is not a finite
+    number and a request size limit that is not a positive number (named by serve's flags)."""
+    from seq2trt.runtime.decode_jobs import check_threads
+    from seq2trt.translator import check_decode_options
+
+    check_threads(settings.threads)
+    check_decode_options(settings.alpha, 1)
+    if not 0 < settings.max_request_mb < float("inf"):
+        raise InputError(f"--max-request-mb must be a number > 0, got {settings.max_request_mb}")
 
 
 def check_listen(settings: ServeSettings) -> str:
@@ -259,10 +278,11 @@ def bundled_server(workdir: Path) -> tuple[Path, Path, dict[str, str]]:
 
 
 def server_command(binary: Path, repository: Path, backends: Path, settings: ServeSettings, exit_timeout_s: int,
-                   server_id: str) -> list[str]:
+                   server_id: str, http_port: int) -> list[str]:
+    """tritonserver's command line; its HTTP endpoint on the private loopback `http_port` behind serve's front."""
     return [str(binary), f"--id={server_id}", f"--model-repository={repository}", f"--backend-directory={backends}",
-            f"--http-address={settings.host}", f"--grpc-address={settings.host}", f"--metrics-address={settings.host}",
-            f"--http-port={settings.http_port}", f"--grpc-port={settings.grpc_port}",
+            "--http-address=127.0.0.1", f"--grpc-address={settings.host}", f"--metrics-address={settings.host}",
+            f"--http-port={http_port}", f"--grpc-port={settings.grpc_port}",
             f"--metrics-port={settings.metrics_port}", "--allow-metrics=true", "--allow-gpu-metrics=false",
             "--allow-cpu-metrics=true", "--strict-readiness=true", f"--exit-timeout-secs={exit_timeout_s}",
             "--log-info=true", "--log-warning=true"]
@@ -377,6 +397,10 @@ def served_models(settings: ServeSettings) -> tuple[int, bool, bool]:
         if settings.backend not in TRANSCRIBE_BACKENDS:
             raise InputError(f"--backend {settings.backend} cannot serve a speech model (transcribe runs seq2trt's "
                              f"search over a step model); choose one of {', '.join(TRANSCRIBE_BACKENDS)}")
+    if settings.max_batch is not None and settings.max_batch > manifest.limits.max_batch:
+        raise InputError(f"--max-batch {settings.max_batch} is above the export's max_batch "
+                         f"{manifest.limits.max_batch} (its graphs take no larger batch); give at most "
+                         f"{manifest.limits.max_batch}, or re-export with --max-batch {settings.max_batch}")
     check_backend(Path(settings.out), settings.backend, manifest)
     return (manifest.limits.max_batch, has_tokenizer(checkpoint_folder(settings.out, manifest, settings.checkpoint)),
             audio)
@@ -385,6 +409,7 @@ def served_models(settings: ServeSettings) -> tuple[int, bool, bool]:
 def _prepare(settings: ServeSettings, log: Path | None, repository: Path | None) -> tuple[ServeSettings, Any]:
     """What can be checked before a start (ports, host, the log, the graphs or the repository): (the settings with
     the host resolved, what `served_models` says, or None for a repository of --write-repository)."""
+    check_settings(settings)
     settings = replace(settings, host=check_listen(settings))
     if log is not None:
         try:
@@ -400,25 +425,58 @@ def _prepare(settings: ServeSettings, log: Path | None, repository: Path | None)
     return settings, served
 
 
+def _private_port() -> int:
+    """A free loopback port for Triton's HTTP endpoint behind serve's front."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@dataclass
+class _Launched:
+    process: subprocess.Popen
+    models: list[str]
+    log_file: Path
+    start: int  # where this start's lines begin in log_file
+    guard: Any  # serving.http_guard.HttpGuard, the HTTP front
+    upstream: str  # Triton's own HTTP URL (private loopback)
+
+    def close(self) -> None:
+        self.guard.stop()
+
+
 def _launch(settings: ServeSettings, served, tmp: Path, log: Path | None, repository: Path | None,
-            exit_timeout_s: int, server_id: str) -> tuple[subprocess.Popen, list[str], Path, int]:
-    """Start tritonserver from the working folder `tmp`: (the process, its models, its log file, where this start's
-    lines begin in it)."""
+            exit_timeout_s: int, server_id: str) -> _Launched:
+    """Start serve's HTTP front on the user's port, then tritonserver from the working folder `tmp` behind it."""
+    from seq2trt.serving.http_guard import HttpGuard, model_inputs
+
     binary, backends, env = bundled_server(tmp)
     if served is not None:
         repository = tmp / "models"
         models = write_local_repository(repository, settings, settings.max_batch or served[0], served[1], served[2])
-    else:  # a repository written by --write-repository
+        inputs = {m: model_inputs((repository / m / "config.pbtxt").read_text()) for m in models}
+    else:  # a repository written by --write-repository: its configs are not ours to read, the JSON is still checked
         models = sorted(p.parent.name for p in Path(repository).glob("*/config.pbtxt"))
-    command = server_command(binary, Path(repository).resolve(), backends, settings, exit_timeout_s, server_id)
+        inputs = None
+    port = _private_port()
+    try:
+        guard = HttpGuard((settings.host, settings.http_port), port, int(settings.max_request_mb * (1 << 20)),
+                          inputs).start()
+    except OSError as exc:  # taken since check_listen probed it
+        raise _listen_error(exc, settings.host, settings.http_port, "--http-port") from None
+    command = server_command(binary, Path(repository).resolve(), backends, settings, exit_timeout_s, server_id, port)
     logger.debug("starting %s", " ".join(command))
     log_file = Path(log) if log else tmp / "server.log"  # kept to quote its errors
-    with open(log_file, "ab") as sink:
-        start = sink.tell()
-        # Its own session: a terminal's Ctrl-C reaches only us, and we pass one SIGTERM on.
-        process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
-                                   preexec_fn=die_with(os.getpid()))
-    return process, models, log_file, start
+    try:
+        with open(log_file, "ab") as sink:
+            start = sink.tell()
+            # Its own session: a terminal's Ctrl-C reaches only us, and we pass one SIGTERM on.
+            process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                       start_new_session=True, preexec_fn=die_with(os.getpid()))
+    except BaseException:
+        guard.stop()
+        raise
+    return _Launched(process, models, log_file, start, guard, f"http://127.0.0.1:{port}")
 
 
 def _with_log(exc: ServerError, log_file: Path, start: int, log: Path | None) -> ServerError:
@@ -436,14 +494,15 @@ def serve(settings: ServeSettings, on_ready, ready_timeout_s: float = 300, exit_
     settings, served = _prepare(settings, log, repository)
     server_id = f"{_WORKDIR_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
     with tempfile.TemporaryDirectory(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-") as tmp:
-        process, models, log_file, start = _launch(settings, served, Path(tmp), log, repository, exit_timeout_s,
-                                                   server_id)
+        launched = _launch(settings, served, Path(tmp), log, repository, exit_timeout_s, server_id)
         try:
-            code, stopped = _supervise(process, settings, models, server_id, on_ready, ready_timeout_s)
+            code, stopped = _supervise(launched, settings, server_id, on_ready, ready_timeout_s)
             if not stopped:
                 raise ServerError(f"tritonserver stopped by itself with code {code}")
         except ServerError as exc:
-            raise _with_log(exc, log_file, start, log) from None
+            raise _with_log(exc, launched.log_file, launched.start, log) from None
+        finally:
+            launched.close()
     return code
 
 
@@ -460,16 +519,19 @@ class RunningServer:
         server_id = f"{_WORKDIR_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
         self._tmp = tempfile.TemporaryDirectory(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-")
         try:
-            self.process, self.models, log_file, start = _launch(self.settings, served, Path(self._tmp.name), log,
-                                                                 None, exit_timeout_s, server_id)
+            self._launched = _launch(self.settings, served, Path(self._tmp.name), log, None, exit_timeout_s,
+                                     server_id)
+            self.process, self.models = self._launched.process, self._launched.models
             try:
-                wait_ready(self.settings.endpoints()["http"], self.process, ready_timeout_s, self.models, server_id)
+                wait_ready(self._launched.upstream, self.process, ready_timeout_s, self.models, server_id)
             except ServerError as exc:
-                raise _with_log(exc, log_file, start, log) from None
+                raise _with_log(exc, self._launched.log_file, self._launched.start, log) from None
         except BaseException:
             if getattr(self, "process", None) is not None and self.process.poll() is None:
                 self.process.kill()
                 self.process.wait()
+            if getattr(self, "_launched", None) is not None:
+                self._launched.close()
             self._tmp.cleanup()
             raise
 
@@ -487,6 +549,7 @@ class RunningServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.code = self.process.wait()
+            self._launched.close()
             self._tmp.cleanup()
         return self.code
 
@@ -497,10 +560,11 @@ class RunningServer:
         self.stop()
 
 
-def _supervise(process: subprocess.Popen, settings: ServeSettings, models: list[str], server_id: str, on_ready,
+def _supervise(launched: _Launched, settings: ServeSettings, server_id: str, on_ready,
                ready_timeout_s: float) -> tuple[int, bool]:
     """Wait for the started server to be ready, announce it, pass SIGINT/SIGTERM on as one SIGTERM and wait for its
     exit: (its exit code, whether a signal stopped it). Killed if anything else ends the wait."""
+    process, models = launched.process, launched.models
     stop = {"signal": None}
 
     def forward(signum, _frame):
@@ -511,7 +575,7 @@ def _supervise(process: subprocess.Popen, settings: ServeSettings, models: list[
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         try:
-            wait_ready(settings.endpoints()["http"], process, ready_timeout_s, models, server_id)
+            wait_ready(launched.upstream, process, ready_timeout_s, models, server_id)
             ready = True
         except ServerError:
             if stop["signal"] is None:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,22 +37,11 @@ import numpy as np
 from seq2trt.reference_model.errors import InputError, Seq2TrtError, first_line
 
 from seq2trt.runtime.transcription import MAX_SECONDS, Transcriber, Transcription, open_transcriber
+from seq2trt.serving.decode_service import request_message
 
 logger = logging.getLogger(__name__)
 
-# transcribe's flags, as its messages name them, and the request parameters of the same meaning.
-PARAMETER_NAMES = {"--language": "language", "--task": "task", "--beam": "num_beams",
-                   "--max-new-tokens": "max_new_tokens", "--timestamps": "timestamps",
-                   "--condition-on-prev-tokens": "condition_on_prev_tokens", "--temperature": "temperature",
-                   "--compression-ratio-threshold": "compression_ratio_threshold",
-                   "--logprob-threshold": "logprob_threshold", "--seed": "seed"}
-_FLAG = re.compile(r"--[a-z][a-z-]*")
 FORMATS = "WAV, FLAC or OGG"
-
-
-def request_message(message: str) -> str:
-    """A library message with transcribe's flags named as the request parameters of the same meaning."""
-    return _FLAG.sub(lambda m: PARAMETER_NAMES.get(m.group(0), m.group(0)), message)
 
 
 @dataclass(frozen=True)
@@ -113,10 +101,8 @@ class TranscribeService:
                              "tokens a window may take")
         try:
             self.transcriber.check(job.language, job.task, job.num_beams, job.max_new_tokens, 1, **job.long_form)
-            if job.timestamps or len(job.clip) > self.transcriber.front_end.params.n_samples:
-                # timestamps, and a clip past 30 s (long-form), need timestamp tokens: refused alone, not with the
-                # requests it would be grouped with
-                self.transcriber.speech.timestamp_begin(self.transcriber.config)
+            # refused alone, not with the requests it would be grouped with
+            self.transcriber.check_timestamps([job.clip], job.timestamps)
         except Seq2TrtError as exc:
             raise InputError(request_message(str(exc))) from None
 

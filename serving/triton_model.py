@@ -27,8 +27,8 @@ import numpy as np
 from seq2trt.reference_model.decoding import GNMT_ALPHA, Hypothesis
 from seq2trt.reference_model.errors import InputError, Seq2TrtError
 
-from seq2trt.serving.decode_service import (REQUEST_OPTIONS, DecodeService, Job, option_value, scalar, source_ids,
-                                             text_of)
+from seq2trt.serving.decode_service import (REQUEST_OPTIONS, DecodeService, Job, option_value, request_message, scalar,
+                                             source_ids, text_of)
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ def error_response(exc: Exception, pb_utils):
     """An error response: the request's fault (a Seq2TrtError) as HTTP 400 / gRPC INVALID_ARGUMENT with its message,
     anything else as an internal error."""
     if isinstance(exc, Seq2TrtError):
-        error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
+        error = pb_utils.TritonError(request_message(str(exc)), pb_utils.TritonError.INVALID_ARG)
     else:
         error = pb_utils.TritonError(f"internal error: {exc!r}")
     return pb_utils.InferenceResponse(output_tensors=[], error=error)

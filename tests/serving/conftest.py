@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +17,7 @@ import pytest
 
 from helpers.artifacts import checkpoint_and_export, numbers_model
 from helpers.cli import invoke
+from helpers.ports import free_ports
 
 HAS_SERVE = all(importlib.util.find_spec(name) is not None for name in ("pytriton", "tritonclient"))
 
@@ -30,16 +30,6 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 MAX_BATCH, MAX_LEN = 16, 24
-
-
-def free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 class Server:

@@ -24,9 +24,10 @@ def _processes() -> dict[int, list[str]]:
 
 
 def _server_of(port: int) -> tuple[int, Path]:
-    """(pid of the tritonserver listening on HTTP `port`, the serve working folder its repository lies in)."""
+    """(pid of the tritonserver listening on gRPC `port`, the serve working folder its repository lies in); its HTTP
+    port is a private one behind serve's front."""
     for pid, argv in _processes().items():
-        if f"--http-port={port}" in argv:
+        if f"--grpc-port={port}" in argv:
             repository = next(a.split("=", 1)[1] for a in argv if a.startswith("--model-repository="))
             return pid, Path(repository).parent
     raise AssertionError(f"no tritonserver on port {port}")
@@ -54,7 +55,7 @@ def _until(condition, timeout_s: float) -> bool:
 
 def test_sigkill_of_serve_stops_its_server_and_the_next_serve_cleans_up(exported, tmp_path):
     server = Server(exported, tmp_path / "killed.log")
-    pid, workdir = _server_of(server.http)
+    pid, workdir = _server_of(server.grpc)
     assert workdir.is_dir() and workdir.name.startswith(f"seq2trt-serve-{server.process.pid}-")
     os.kill(server.process.pid, signal.SIGKILL)
     server.process.wait(10)
@@ -70,6 +71,6 @@ def test_sigkill_of_serve_stops_its_server_and_the_next_serve_cleans_up(exported
     second = Server(exported, tmp_path / "second.log")
     try:
         assert not workdir.exists()
-        assert _server_of(second.http)[1].is_dir()  # a live serve's folder stays
+        assert _server_of(second.grpc)[1].is_dir()  # a live serve's folder stays
     finally:
         assert second.stop() == 0

@@ -187,3 +187,14 @@ def _served_requests(c, out):
         c.infer("generate", generate_inputs(source) + [_input("do_sample", True, "BOOL"), _input("top_p", 2.0, "FP32")])
     assert c.infer("generate", generate_inputs(source)).as_numpy("output_ids")[0].tolist() == \
         plain.as_numpy("output_ids")[0].tolist()  # and the server goes on
+
+
+@pytest.mark.parametrize("temperature", [1e-45, 1e-39], ids=["least-fp32", "subnormal"])
+def test_a_subnormal_temperature_is_refused_naming_the_input(exported, service, temperature):
+    """Issue 49 item 6: a subnormal temperature passes "> 0" and samples garbage (the logits over it overflow) where
+    transformers refuses it; a served request must be refused as translate's --temperature is (decode_settings)."""
+    value = float(str(np.float32(temperature)))  # what the FP32 request input reads as
+    result = service.run([Job(tuple(SOURCES[0]), options=dict(do_sample=True, temperature=value)),
+                          Job(tuple(SOURCES[0]))])
+    assert isinstance(result[0], InputError) and "temperature" in str(result[0]), result[0]
+    assert result[1] == translate_ids(exported, SOURCES[:1])[0]  # the batch's other request is answered

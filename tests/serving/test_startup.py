@@ -71,3 +71,16 @@ def test_a_log_that_cannot_be_written_is_named_before_the_start(exported, tmp_pa
 def test_a_repository_without_models_is_refused(exported, tmp_path):
     (tmp_path / "notes.txt").write_text("not a model")
     serve_error_line(_serve(str(exported), "--repository", str(tmp_path)), 2, f"--repository {tmp_path} holds no model")
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["--alpha", "nan"], ["--alpha must be a number, got nan"]),
+    (["--max-batch", "1000"], ["--max-batch 1000 is above the export's max_batch 16", "re-export"]),
+    (["--threads", "100000"], ["--threads must be in [1, ", "got 100000"]),
+    (["--max-request-mb", "0"], ["--max-request-mb must be a number > 0, got 0"]),
+], ids=["alpha-nan", "max-batch-over-export", "threads", "max-request-mb"])
+def test_every_flag_is_checked_before_triton_starts(exported, tmp_path, args, fragments):
+    """Refused with one error line and exit 2 before tritonserver starts (its log stays empty)."""
+    log = tmp_path / "server.log"
+    serve_error_line(_serve(str(exported), *args, "--log", str(log)), 2, *fragments)
+    assert not log.exists() or log.read_text() == ""

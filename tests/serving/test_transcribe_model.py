@@ -305,3 +305,17 @@ def test_without_timestamp_tokens_a_long_clip_is_refused_alone(tmp_path):
                 service.check(job)
     finally:
         service.close()
+
+
+def test_a_subnormal_temperature_is_refused_naming_the_input(whisper_exported):
+    """Issue 49 item 6: temperature 1e-45 (an FP32 subnormal) passes "> 0" and decodes garbage; transformers
+    refuses it, and a served request is refused as transcribe's --temperature is (WindowOptions.checked)."""
+    from seq2trt.serving.transcribe_service import SpeechJob, TranscribeService
+
+    service = TranscribeService(whisper_exported, "ort-fused")
+    try:
+        for temperature in ((1e-45,), (0.0, 1e-45)):
+            with pytest.raises(InputError, match="temperature"):
+                service.check(SpeechJob(synthetic("tone"), temperature=temperature))
+    finally:
+        service.close()
