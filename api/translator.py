@@ -31,7 +31,7 @@ import numpy as np
 from seq2trt.reference_model.decoding import GNMT_ALPHA
 from seq2trt.reference_model.errors import InputError
 from seq2trt.runtime.registry import CONCURRENT_BACKENDS, DECODE_BACKENDS  # CONCURRENT: the kinds' modules say
-from seq2trt.runtime.decode_jobs import decode_job, has_tokenizer, open_decoder
+from seq2trt.runtime.decode_jobs import check_decode_options, decode_job, has_tokenizer, open_decoder
 from seq2trt.runtime.transcription import (MAX_SECONDS, TRANSCRIBE_BACKENDS, TranscribedSegment, Transcriber,
                                            Transcription, check_backend, refuse_speech_model, refuse_text_model)
 
@@ -61,16 +61,6 @@ class Hypothesis:
     # Asked with `token_logprobs=True`: each generated token's log-probability where the search chose it, the
     # closing eos included when one was generated (transformers' compute_transition_scores).
     token_logprobs: tuple[float, ...] | None = None
-
-
-def check_decode_options(alpha: float, batch_size: int) -> None:
-    """Refuse a length penalty that is not a number and a batch size under 1, before anything is opened."""
-    if not alpha == alpha:
-        raise InputError(f"--alpha must be a number, got {alpha}; give a length penalty such as 0.6")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int):
-        raise InputError(f"--batch-size must be an integer, got {batch_size!r}")
-    if batch_size < 1:
-        raise InputError(f"--batch-size must be >= 1, got {batch_size}")
 
 
 class Translator:

@@ -14,7 +14,7 @@ from seq2trt.reference_model.errors import InputError
 from seq2trt.reference_model.tasks import TASKS
 from seq2trt.reference_model.train import TrainSettings
 from seq2trt.runtime.registry import DECODE_BACKENDS
-from seq2trt.translator import check_decode_options
+from seq2trt.runtime.decode_jobs import check_decode_options
 from seq2trt.runtime.decode_jobs import decode_job, has_tokenizer, open_decoder
 from seq2trt.runtime.transcription import refuse_speech_model
 

@@ -35,6 +35,16 @@ def check_threads(threads: int, flag: str = "--threads") -> None:
                          f"{os.cpu_count() or 1} here); give a count in that range")
 
 
+def check_decode_options(alpha: float, batch_size: int) -> None:
+    """Refuse a length penalty that is not a number and a batch size under 1, before anything is opened."""
+    if not alpha == alpha:
+        raise InputError(f"--alpha must be a number, got {alpha}; give a length penalty such as 0.6")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int):
+        raise InputError(f"--batch-size must be an integer, got {batch_size!r}")
+    if batch_size < 1:
+        raise InputError(f"--batch-size must be >= 1, got {batch_size}")
+
+
 def has_tokenizer(folder: Path) -> bool:
     """Whether the checkpoint can turn text into ids (its vocab.json, or an imported Hugging Face tokenizer)."""
     return (folder / layout.VOCAB).exists() or (folder / layout.TOKENIZER_DIR).is_dir()

@@ -206,7 +206,7 @@ def check_inputs(request: dict, binary_bytes: int, limit: int, inputs: dict | No
 
 
 def model_inputs(config_text: str) -> dict[str, tuple[str, list[int]]]:
-    """{input name: (datatype, dims)} of a config.pbtxt that `server.model_config` wrote."""
+    """{input name: (datatype, dims)} of a config.pbtxt that `model_config.model_config` wrote."""
     import re
 
     found = {}

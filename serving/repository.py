@@ -23,7 +23,8 @@ from seq2trt.reference_model.layout import FEATURES
 from seq2trt.reference_model.swap import staged_directory
 
 from seq2trt.runtime.decode_jobs import checkpoint_folder, has_tokenizer
-from seq2trt.serving.server import ServeSettings, model_config, model_kinds, tensor_block, write_python_model
+from seq2trt.serving.model_config import model_config, model_kinds, tensor_block, write_python_model
+from seq2trt.serving.server import ServeSettings
 
 REPOSITORY_BACKENDS = ("onnxruntime", "tensorrt_plan", "python")
 MARKER = "seq2trt.json"

@@ -3,9 +3,8 @@ started on a model repository of Python-backend models (`generate`, and `transla
 tokenizer, whose code is `serving.triton_model.TritonPythonModel`; for a Whisper export `transcribe` alone,
 `serving.triton_model.TranscribeModel`).
 
-Two facts of the bundled server (measured; docs/serving.md): the Python-backend stub must be the one for the running
-interpreter's version, and it loads `libpython3.X.so` through the dynamic loader — the running interpreter's
-LIBDIR goes first on LD_LIBRARY_PATH, else a system copy of another patch level fails model loading.
+The repository's configs are `serving.model_config`'s; the tritonserver process (binary, command line, readiness,
+death with its parent, log errors) is `serving.process`'s; this module checks the settings and supervises a run.
 
 HTTP requests reach Triton through serve's front (`serving.http_guard`, on --http-port; Triton's HTTP endpoint on a
 private loopback port): the bundled 2.51 dies on some malformed requests and has no size limit (docs/serving-limits.md).
@@ -17,61 +16,25 @@ so the next `serve` removes the folders of owners that are gone.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import errno
-import json
 import logging
 import os
-import re
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
-import sys
-import sysconfig
 import tempfile
-import time
-import urllib.request
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from seq2trt.reference_model.decoding import GNMT_ALPHA
-from seq2trt.reference_model.errors import DependencyError, InputError, Seq2TrtError
+from seq2trt.reference_model.errors import InputError
+from seq2trt.serving.model_config import write_local_repository
+from seq2trt.serving.process import (_WORKDIR_PREFIX, ServerError, bundled_server, die_with, log_errors,
+                                     remove_dead_workdirs, server_command, wait_ready)
+from seq2trt.serving.settings import ServeSettings
 
 logger = logging.getLogger(__name__)
-
-
-class ServerError(Seq2TrtError):
-    """The server did not start, or stopped with an error."""
-
-    exit_code = 1
-
-
-@dataclass(frozen=True)
-class ServeSettings:
-    out: Path
-    backend: str = "ort-fused"
-    checkpoint: Path | None = None
-    threads: int = 1
-    max_batch: int | None = None  # requests per server batch; None: the export's max_batch
-    max_queue_delay_us: int = 2000
-    instances: int = 1
-    alpha: float = GNMT_ALPHA
-    host: str = "127.0.0.1"
-    http_port: int = 8000
-    grpc_port: int = 8001
-    metrics_port: int = 8002
-    # The largest HTTP request body (MiB) serve's front takes (serving.http_guard): later Triton releases' own
-    # --http-max-input-size default: 64 MiB of JSON floats (8-20 bytes each) is 3.5-9 min of 16 kHz samples, of a
-    # 16-bit WAV file 35 min (docs/serving-limits.md).
-    max_request_mb: float = 64.0
-
-    def endpoints(self) -> dict[str, str]:
-        return {"http": f"http://{self.host}:{self.http_port}", "grpc": f"grpc://{self.host}:{self.grpc_port}",
-                "metrics": f"http://{self.host}:{self.metrics_port}/metrics"}
 
 
 _PORT_FLAGS = {"http_port": "--http-port", "grpc_port": "--grpc-port", "metrics_port": "--metrics-port"}
@@ -90,7 +53,7 @@ def check_settings(settings: ServeSettings) -> None:
     """Refuse, before anything starts, a thread count the machine cannot give, a length penalty that is not a finite
     number and a request size limit that is not a positive number (named by serve's flags)."""
     from seq2trt.runtime.decode_jobs import check_threads
-    from seq2trt.translator import check_decode_options
+    from seq2trt.runtime.decode_jobs import check_decode_options
 
     check_threads(settings.threads)
     check_decode_options(settings.alpha, 1)
@@ -146,230 +109,6 @@ def _listen_error(exc: OSError, host: str, port: int, flag: str) -> InputError:
     if exc.errno == errno.EACCES:
         return InputError(f"port {port} on {host} ({flag}) needs privileges; choose a port above 1023")
     return InputError(f"cannot listen on port {port} on {host} ({flag}): {exc.strerror}; choose another --host or port")
-
-
-def _pbtxt_value(value) -> str:
-    return json.dumps(value) if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def tensor_block(name: str, dtype: str, dims: list[int], **extra) -> str:
-    fields = [f"name: {json.dumps(name)}", f"data_type: {dtype}", f"dims: [ {', '.join(map(str, dims))} ]"]
-    fields += [f"{key}: {_pbtxt_value(value)}" for key, value in extra.items()]
-    return "  {\n    " + "\n    ".join(fields) + "\n  }"
-
-
-def model_config(name: str, inputs: list[str], outputs: list[str], max_batch: int, *, backend: str | None = None,
-                 platform: str | None = None, delay_us: int | None = None, instances: int = 1, kind: str = "KIND_CPU",
-                 parameters: dict[str, str] | None = None) -> str:
-    """A config.pbtxt in Triton's text format (parsed by its model-config protobuf, `ModelConfig`)."""
-    lines = [f"name: {json.dumps(name)}"]
-    lines += [f"backend: {json.dumps(backend)}"] if backend else []
-    lines += [f"platform: {json.dumps(platform)}"] if platform else []
-    lines.append(f"max_batch_size: {max_batch}")
-    lines.append("input [\n" + ",\n".join(inputs) + "\n]")
-    lines.append("output [\n" + ",\n".join(outputs) + "\n]")
-    if delay_us is not None:
-        lines.append(f"dynamic_batching {{\n  max_queue_delay_microseconds: {delay_us}\n}}")
-    lines.append(f"instance_group [\n  {{\n    count: {instances}\n    kind: {kind}\n  }}\n]")
-    for key, value in (parameters or {}).items():
-        lines.append(f"parameters {{\n  key: {json.dumps(key)}\n  value: {{ string_value: {json.dumps(value)} }}\n}}")
-    return "\n".join(lines) + "\n"
-
-
-def request_inputs(kind: str) -> list[str]:
-    """The served models' inputs: generate takes ids, translate text; both take the optional search limits and
-    search options (`decode_service.REQUEST_OPTIONS`: sampling, length floor, repetition rules, n_best, scores)."""
-    from seq2trt.serving.decode_service import REQUEST_OPTIONS
-
-    limits = [tensor_block("max_new_tokens", "TYPE_INT32", [1], optional=True),
-              tensor_block("num_beams", "TYPE_INT32", [1], optional=True)]
-    if kind == "transcribe":  # serving.transcribe_service: file bytes, or samples and their rate
-        return [tensor_block("audio", "TYPE_STRING", [1], optional=True),
-                tensor_block("samples", "TYPE_FP32", [-1], optional=True, allow_ragged_batch=True),
-                tensor_block("sampling_rate", "TYPE_INT32", [1], optional=True),
-                tensor_block("language", "TYPE_STRING", [1], optional=True),
-                tensor_block("task", "TYPE_STRING", [1], optional=True),
-                tensor_block("timestamps", "TYPE_BOOL", [1], optional=True),
-                # transformers' long-form options (transcribe_service.SpeechJob); temperature: one, or the fallback list
-                tensor_block("condition_on_prev_tokens", "TYPE_BOOL", [1], optional=True),
-                tensor_block("temperature", "TYPE_FP32", [-1], optional=True, allow_ragged_batch=True),
-                tensor_block("compression_ratio_threshold", "TYPE_FP32", [1], optional=True),
-                tensor_block("logprob_threshold", "TYPE_FP32", [1], optional=True),
-                tensor_block("seed", "TYPE_INT64", [1], optional=True)] + limits
-    limits += [tensor_block(name, dtype, [1], optional=True) for name, (_, dtype) in REQUEST_OPTIONS.items()]
-    if kind == "generate":
-        return [tensor_block("input_ids", "TYPE_INT64", [-1], allow_ragged_batch=True)] + limits
-    return [tensor_block("text", "TYPE_STRING", [1]), tensor_block("src_lang", "TYPE_STRING", [1], optional=True),
-            tensor_block("tgt_lang", "TYPE_STRING", [1], optional=True)] + limits
-
-
-def request_outputs(kind: str) -> list[str]:
-    """The best hypothesis (ids or text); `hypotheses` (JSON) and `scores` when a request asks n_best or scores.
-    transcribe: the text, its segments (JSON), the language and the token ids."""
-    if kind == "transcribe":
-        return [tensor_block("text", "TYPE_STRING", [1]), tensor_block("segments", "TYPE_STRING", [1]),
-                tensor_block("language", "TYPE_STRING", [1]), tensor_block("tokens", "TYPE_INT64", [-1])]
-    best = [tensor_block("output_ids", "TYPE_INT64", [-1])] if kind == "generate" else \
-        [tensor_block("text", "TYPE_STRING", [1])]
-    return best + [tensor_block("hypotheses", "TYPE_STRING", [1]), tensor_block("scores", "TYPE_FP32", [-1])]
-
-
-def write_python_model(repository: Path, kind: str, max_batch: int, delay_us: int, instances: int,
-                       parameters: dict[str, str], code: str) -> Path:
-    folder = repository / kind
-    (folder / "1").mkdir(parents=True, exist_ok=True)
-    (folder / "config.pbtxt").write_text(model_config(kind, request_inputs(kind), request_outputs(kind), max_batch,
-                                                      backend="python", delay_us=delay_us, instances=instances,
-                                                      parameters={"kind": kind, **parameters}))
-    (folder / "1" / "model.py").write_text(code)
-    return folder
-
-
-def model_kinds(text: bool, audio: bool) -> list[str]:
-    """The models served for an export: `transcribe` alone for a speech model (it reads audio, never ids), else
-    `generate`, and `translate` when the checkpoint has a tokenizer."""
-    if audio:
-        return ["transcribe"]
-    return ["generate", "translate"] if text else ["generate"]
-
-
-_MODEL_CODE = {
-    "transcribe": "from seq2trt.serving.triton_model import TranscribeModel as TritonPythonModel  # noqa: F401\n"}
-
-
-def write_local_repository(repository: Path, settings: ServeSettings, max_batch: int, text: bool,
-                           audio: bool = False) -> list[str]:
-    """The Python-backend models `serve` runs; returns their names."""
-    parameters = {"export": str(Path(settings.out).resolve()), "backend": settings.backend,
-                  "checkpoint": str(settings.checkpoint.resolve()) if settings.checkpoint else "",
-                  "threads": str(settings.threads), "alpha": repr(settings.alpha)}
-    kinds = model_kinds(text, audio)
-    for kind in kinds:
-        code = '"""seq2trt serve: the decoding lives in the installed package."""\n' + _MODEL_CODE.get(
-            kind, "from seq2trt.serving.triton_model import TritonPythonModel  # noqa: F401\n")
-        write_python_model(repository, kind, max_batch, settings.max_queue_delay_us, settings.instances, parameters, code)
-    return kinds
-
-
-def bundled_server(workdir: Path) -> tuple[Path, Path, dict[str, str]]:
-    """(tritonserver binary, backend directory, environment) of the server the nvidia-pytriton wheel ships, with the
-    Python-backend stub of this interpreter's version copied in."""
-    try:
-        import pytriton
-    except ImportError:
-        raise DependencyError("seq2trt serve needs Triton Inference Server: pip install 'seq2trt[serve]' "
-                              "(nvidia-pytriton bundles the server; it needs numpy < 2)") from None
-    package = Path(pytriton.__file__).parent
-    dist = package / "tritonserver"
-    stub = dist / "python_backend_stubs" / f"{sys.version_info[0]}.{sys.version_info[1]}" / "triton_python_backend_stub"
-    if not stub.exists():
-        raise DependencyError(f"nvidia-pytriton has no Python-backend stub for Python "
-                              f"{sys.version_info[0]}.{sys.version_info[1]} ({stub} is missing)")
-    backends = workdir / "backends"
-    shutil.copytree(dist / "backends", backends, dirs_exist_ok=True)
-    shutil.copy(stub, backends / "python" / "triton_python_backend_stub")
-    env = dict(os.environ)
-    libs = [sysconfig.get_config_var("LIBDIR") or "", str(package.parent / "nvidia_pytriton.libs"),
-            env.get("LD_LIBRARY_PATH", "")]
-    env["LD_LIBRARY_PATH"] = ":".join(p for p in libs if p)
-    # The stub's embedded interpreter takes its prefix (and so this environment's packages) from PATH's python.
-    env["PATH"] = f"{Path(sys.exec_prefix) / 'bin'}:{env.get('PATH', '')}"
-    return dist / "bin" / "tritonserver", backends, env
-
-
-def server_command(binary: Path, repository: Path, backends: Path, settings: ServeSettings, exit_timeout_s: int,
-                   server_id: str, http_port: int) -> list[str]:
-    """tritonserver's command line; its HTTP endpoint on the private loopback `http_port` behind serve's front."""
-    return [str(binary), f"--id={server_id}", f"--model-repository={repository}", f"--backend-directory={backends}",
-            "--http-address=127.0.0.1", f"--grpc-address={settings.host}", f"--metrics-address={settings.host}",
-            f"--http-port={http_port}", f"--grpc-port={settings.grpc_port}",
-            f"--metrics-port={settings.metrics_port}", "--allow-metrics=true", "--allow-gpu-metrics=false",
-            "--allow-cpu-metrics=true", "--strict-readiness=true", f"--exit-timeout-secs={exit_timeout_s}",
-            "--log-info=true", "--log-warning=true"]
-
-
-def wait_ready(url: str, process: subprocess.Popen, timeout_s: float, models: list[str], server_id: str) -> None:
-    """Poll until the server at `url` is ours (its metadata names `server_id`) and every model is loaded; raise if
-    the process dies or time runs out. A server of someone else's on that port never counts as ready."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise ServerError(f"tritonserver exited with code {process.returncode} before it was ready")
-        try:
-            with urllib.request.urlopen(f"{url}/v2", timeout=2) as answer:
-                ours = json.loads(answer.read()).get("name") == server_id
-            if ours and all(urllib.request.urlopen(f"{url}/v2/models/{m}/ready", timeout=2).status == 200
-                            for m in models):
-                return
-        except (OSError, ValueError, AttributeError):
-            pass
-        time.sleep(0.2)
-    raise ServerError(f"tritonserver was not ready within {timeout_s:.0f} s")
-
-
-_WORKDIR_PREFIX = "seq2trt-serve-"
-
-
-def die_with(parent_pid: int):
-    """A preexec_fn: the child gets SIGTERM (Triton's drain; it exits within its exit timeout) when `parent_pid`
-    dies, however it dies. Linux only; elsewhere the child outlives a killed parent."""
-    def preexec() -> None:
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-            libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            return
-        if os.getppid() != parent_pid:  # the parent died before prctl: no signal will come
-            os._exit(1)
-    return preexec
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
-
-
-def remove_dead_workdirs(root: Path | None = None) -> list[Path]:
-    """Remove the working folders of `serve` processes that are gone (killed before they could clean up)."""
-    removed = []
-    for folder in Path(root or tempfile.gettempdir()).glob(f"{_WORKDIR_PREFIX}*"):
-        match = re.fullmatch(rf"{_WORKDIR_PREFIX}(\d+)-.+", folder.name)
-        if match and folder.is_dir() and not folder.is_symlink() and not _alive(int(match.group(1))):
-            shutil.rmtree(folder, ignore_errors=True)
-            removed.append(folder)
-    if removed:
-        logger.info("removed %d working folder(s) of serve processes that are gone", len(removed))
-    return removed
-
-
-# What Triton's log says went wrong: its error lines, protobuf's parse errors, its last word; not the CUDA notice
-# every start on a machine without a GPU logs.
-_LOG_ERRORS = (re.compile(r"^E\d{4} \S+ +\d+ [^\]]+\] (.*)"), re.compile(r"^\[libprotobuf ERROR [^\]]*\] (.*)"),
-               re.compile(r"^(error: .*)"))
-_LOG_NOISE = ("CudaDriverHelper has not been initialized",)
-
-
-def log_errors(path: Path, start: int = 0, n: int = 3) -> list[str]:
-    """The last `n` error lines of the server log `path` written after byte `start`, each shortened to one line."""
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(start, size - (1 << 20)))
-            lines = f.read().decode("utf-8", errors="replace").splitlines()
-    except OSError:
-        return []
-    found = []
-    for line in lines:
-        match = next((m for m in (p.match(line) for p in _LOG_ERRORS) if m), None)
-        if match and not any(noise in line for noise in _LOG_NOISE):
-            message = match.group(1).strip().strip('"').split("\\n")[0]  # a Python error's frames follow
-            found.append(message if len(message) <= 300 else message[:297] + "...")
-    return found[-n:]
 
 
 def check_backend(out: Path, backend: str, manifest) -> None:

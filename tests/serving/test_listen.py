@@ -60,7 +60,7 @@ def test_a_host_this_machine_cannot_listen_on_is_named(exported, host, fragment)
 
 def test_readiness_counts_only_our_server(tmp_path):
     """Another server on the port answers ready for every model: that is not the server we started."""
-    from seq2trt.serving.server import ServerError, wait_ready
+    from seq2trt.serving.process import ServerError, wait_ready
 
     class Other(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - http.server's name

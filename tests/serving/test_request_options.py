@@ -129,7 +129,7 @@ def test_option_values_as_triton_hands_them_over():
 
 
 def test_the_served_models_declare_every_option_optional():
-    from seq2trt.serving.server import request_inputs, request_outputs
+    from seq2trt.serving.model_config import request_inputs, request_outputs
 
     for kind in ("generate", "translate"):
         declared = "\n".join(request_inputs(kind))

@@ -112,7 +112,8 @@ def batch_sizes(server) -> dict[int, int]:
 
 def test_a_whisper_export_serves_transcribe_alone(whisper_served, exported, tmp_path):
     from seq2trt.serving.decode_service import DecodeService
-    from seq2trt.serving.server import ServeSettings, served_models, write_local_repository
+    from seq2trt.serving.model_config import write_local_repository
+    from seq2trt.serving.server import ServeSettings, served_models
     from seq2trt.serving.transcribe_service import TranscribeService
 
     out, server = whisper_served
