@@ -21,7 +21,7 @@ from seq2trt.reference_model.checkpoint import load_checkpoint  # noqa: E402
 from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode, hf_beam_search  # noqa: E402
 from seq2trt.reference_model.eager import EagerStepModel  # noqa: E402
 from seq2trt.reference_model.errors import InputError  # noqa: E402
-from seq2trt.reference_model.hf_families import FAMILIES  # noqa: E402
+from seq2trt.reference_model.hf_families import FAMILIES, transformers_major  # noqa: E402
 from seq2trt.reference_model.hf_families.t5 import DEFAULT_MAX_LEN  # noqa: E402
 from seq2trt.reference_model.hf_verify import load_transformers_model, seeded_sources  # noqa: E402
 from seq2trt.reference_model.vocab import pad_batch  # noqa: E402
@@ -84,8 +84,10 @@ def test_import_equals_transformers(case, tmp_path):
     model, _ = load_checkpoint(tmp_path / "ckpt")
     hf = transformers.AutoConfig.from_pretrained(src)
     cfg = model.cfg
+    # transformers 4.x scales the decoder output when tied; 5.x reads its own scale_decoder_outputs (mT5: never)
+    scaled = getattr(hf, "scale_decoder_outputs", hf.tie_word_embeddings and transformers_major() < 5)
     assert (cfg.relative_bias, cfg.tie_embeddings, cfg.scale_logits, cfg.gated_ffn, cfg.inner_dim) == (
-        "per_layer" if family == "umt5" else "shared", hf.tie_word_embeddings, hf.tie_word_embeddings,
+        "per_layer" if family == "umt5" else "shared", hf.tie_word_embeddings, scaled,
         hf.is_gated_act, hf.num_heads * hf.d_kv)
     assert (cfg.max_src_len, cfg.max_tgt_len, cfg.bos_id, cfg.pad_id, cfg.eos_id) == (DEFAULT_MAX_LEN,) * 2 + (0, 0, 1)
 
