@@ -38,6 +38,9 @@ logger = logging.getLogger(__name__)
 
 HF_BACKENDS = registry.names(needs_import=True)
 OPTIMUM_DIR, OPTIMUM_TASK, OPTIMUM_RECORD = "optimum", "text2text-generation-with-past", "seq2trt_source.json"
+# optimum-onnx is an extra of its own: it pins a transformers older than the one seq2trt[hf] may run beside.
+OPTIMUM_MISSING = ("the optimum backend needs optimum-onnx, which pins transformers<4.58; pip install "
+                   "'seq2trt[optimum]' into an environment of its own")
 
 
 @dataclass(frozen=True)
@@ -95,9 +98,12 @@ def load_transformers(src: Path):
     """transformers' model for `src`, fp32, its default attention, local files only."""
     import torch
 
+    from seq2trt.reference_model.hf_verify import quiet_transformers
+
     transformers = _transformers()
-    return transformers.AutoModelForSeq2SeqLM.from_pretrained(str(src), local_files_only=True,
-                                                             dtype=torch.float32).eval()
+    with quiet_transformers():  # transformers 5 draws a progress bar over the bench's own
+        return transformers.AutoModelForSeq2SeqLM.from_pretrained(str(src), local_files_only=True,
+                                                                 dtype=torch.float32).eval()
 
 
 def export_optimum(source: ImportedSource, folder: Path, task: str = OPTIMUM_TASK) -> dict:
@@ -109,7 +115,7 @@ def export_optimum(source: ImportedSource, folder: Path, task: str = OPTIMUM_TAS
     try:
         from optimum.exporters.onnx import main_export
     except ImportError:
-        raise DependencyError("the optimum backend needs optimum-onnx; pip install 'seq2trt[hf]'") from None
+        raise DependencyError(OPTIMUM_MISSING) from None
     record = {"source": str(source.path), "weights_sha256": source.weights_sha256, "task": task,
               "optimum_onnx": version("optimum-onnx")}
     try:
@@ -137,7 +143,7 @@ def load_optimum(folder: Path, threads: int):
     try:
         from optimum.onnxruntime import ORTModelForSeq2SeqLM
     except ImportError:
-        raise DependencyError("the optimum backend needs optimum-onnx; pip install 'seq2trt[hf]'") from None
+        raise DependencyError(OPTIMUM_MISSING) from None
     options = ort.SessionOptions()
     threading = configure_threads(options, threads)
     options.log_severity_level = 3
