@@ -4,12 +4,14 @@ norms, no logits bias; a source and a target vocabulary of their own sizes (src_
 head (decoder.output_projection) a table of its own. Moses + BPE tokenizer (sacremoses) with a vocabulary per side.
 
 What ties: tie_word_embeddings makes one table of the source embedding, the target embedding and the head (then
-the two vocabularies are one). Otherwise transformers 5.x keeps the three apart; 4.x always ties the target embedding
-to the head (its FSMTDecoder does, whatever the config says), so what 4.x saves holds the head alone.
+the two vocabularies are one); otherwise transformers 5.x keeps the three apart.
 
 transformers computes the decoder position of a pad token the model itself generates differently in its cached
 generate (the previous step's position) than in a whole-sequence forward (the zero row); fairseq never generates
 pad. Ours gives it the zero row: where a model generates pad, the proof fails on that source.
+
+transformers 4.x cannot judge an FSMT import: its cached generate embeds the position of the newest token alone, so
+every step reads the first position (its own forward, fairseq and 5.x count them); the import needs 5.x.
 """
 
 from __future__ import annotations
@@ -52,8 +54,13 @@ class FSMTAdapter(BartLikeAdapter):
         if tied and tgt != fields["src_vocab_size"]:  # transformers could not tie them either
             raise ConfigError(f"{config}: tie_word_embeddings is true but src_vocab_size {fields['src_vocab_size']} "
                               f"differs from tgt_vocab_size {tgt}; one table cannot be both")
-        return {"tgt_vocab_size": tgt, "share_vocab": tied, "tie_embeddings": tied or transformers_major() < 5}
+        return {"tgt_vocab_size": tgt, "share_vocab": tied, "tie_embeddings": tied}
 
     def config_fields(self, src: Path, hf: dict) -> dict[str, Any]:
+        if transformers_major() < 5:
+            raise ConfigError(f"{src} holds an fsmt model, which seq2trt imports with transformers 5 or newer as its "
+                              "judge: transformers 4.x's FSMT generate gives every decoder step the first position "
+                              "(unlike its own forward and fairseq), so it cannot prove the import; pip install "
+                              "'transformers>=5,<6'")
         pad = integer(src / "config.json", hf, "pad_token_id", minimum=0)
         return {**super().config_fields(src, hf), "position_offset": pad + 1}
