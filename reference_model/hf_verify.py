@@ -398,9 +398,7 @@ def _judge_noise(hf_model, hf64, sources: list[list[int]], pad_id: int, new_toke
         sequences = hf_model.generate(input_ids=t_ids, attention_mask=t_mask, do_sample=False, num_beams=1,
                                       num_return_sequences=1,
                                       **({} if new_tokens is None else {"max_new_tokens": new_tokens}))
-        # no cache: a teacher-forced forward needs none (and 4.57's FSMT cannot make one outside generate)
-        runs = [m(input_ids=t_ids, attention_mask=t_mask, decoder_input_ids=sequences, use_cache=False)
-                for m in (hf_model, hf64)]
+        runs = [m(input_ids=t_ids, attention_mask=t_mask, decoder_input_ids=sequences) for m in (hf_model, hf64)]
     valid = mask.astype(bool)
     (enc32, logits32), (enc64, logits64) = ((r.encoder_last_hidden_state.double().numpy(), r.logits.double().numpy())
                                             for r in runs)

@@ -39,6 +39,9 @@ CASES = {
     "mt5-narrow": ("mt5", dict(d_model=40, num_heads=3, d_ff=56)),  # the class's untied gated-gelu; 3 x 8 = 24 != 40
     "umt5-per-layer-tables": ("umt5", dict(d_model=24, d_ff=40, num_layers=3)),  # tied, gated-gelu, a table a layer
     "t5-gated-silu-tied": ("t5", dict(feed_forward_proj="gated-silu")),
+    # Issue 47's Flan-style T5: transformers 5 saves it with one embedding (the head tied to it) and no scaling.
+    "flan-t5-untied-issue-47": ("t5", dict(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=None,
+                                           num_heads=4, feed_forward_proj="gated-gelu", tie_word_embeddings=False)),
 }
 SOURCES = 8  # seeded sources of 1 .. 24 tokens, batched padded
 
@@ -307,3 +310,30 @@ def test_a_type_registered_with_transformers_as_a_t5_subclass_imports_as_t5(tmp_
     assert record["family"] == "t5" and record["verification"]["passed"]
     ckpt, _ = load_checkpoint(tmp_path / "ckpt")
     _judge(tmp_path / "src", tmp_path / "ckpt", seeded_sources(ckpt.cfg, 4, seed=9))
+
+
+def test_a_flan_t5_saved_again_by_transformers_5_keeps_its_own_head(tmp_path):
+    """A Flan-T5 that transformers 5 loaded from the hub and saved again: config.json says tie_word_embeddings true
+    and scale_decoder_outputs false, and the weights hold its own lm_head beside the shared embedding. 5.x keeps the
+    two apart (both stored, different) and does not scale; so does the import. 4.x would tie them, dropping the head,
+    and scale: refused, naming the head."""
+    from safetensors.torch import load_file, save_file
+
+    src = t5_model_dir(tmp_path / "src", "t5", dict(feed_forward_proj="gated-gelu"))
+    state = load_file(src / "model.safetensors")
+    state["lm_head.weight"] = torch.randn(state["shared.weight"].shape, generator=torch.Generator().manual_seed(7))
+    save_file(state, src / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True, "scale_decoder_outputs": False}))
+    result = _import(src, tmp_path / "ckpt")
+    if transformers_major() < 5:
+        assert result.exit_code == 2 and "lm_head.weight differs from the embedding transformers 4.x ties it to" in \
+            result.output, result.output
+        assert not (tmp_path / "ckpt").exists()
+        return
+    assert result.exit_code == 0, result.output
+    model, _ = load_checkpoint(tmp_path / "ckpt")
+    assert (model.cfg.tie_embeddings, model.cfg.scale_logits) == (False, False)
+    torch.testing.assert_close(model.lm_head.weight, state["lm_head.weight"], rtol=0, atol=0)
+    greedy, _ = _judge(src, tmp_path / "ckpt", seeded_sources(model.cfg, SOURCES, seed=42))
+    assert len({t for row in greedy for t in row}) > 3, "degenerate outputs cannot tell a wrong model apart"
