@@ -271,7 +271,7 @@ def map_weights(adapter: FamilyAdapter, cfg: Seq2SeqConfig, hf_state: dict[str, 
     lm_head = state.pop(adapter.lm_head, None)
     if lm_head is not None and not cfg.tie_embeddings:
         out["lm_head.weight"] = lm_head.float()
-    elif lm_head is not None and not torch.equal(lm_head.float(), out["tgt_embed.weight"]):
+    elif lm_head is not None and not torch.equal(lm_head.float(), out.get("tgt_embed.weight", lm_head.float())):
         problems.append(f"{adapter.lm_head} differs from the embedding transformers "
                         f"{'4.x ties it to (5.x would keep both)' if transformers_major() < 5 else 'ties it to'}")
     for key in adapter.derived:  # rebuilt from the formula; the logits check proves them

@@ -65,10 +65,13 @@ def load_tokenizer(folder: Path):
         warnings.filterwarnings("ignore", message=".*sacremoses.*")
         try:
             return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        except ImportError as exc:  # a library the tokenizer class needs (FSMT's: sacremoses)
+            raise DependencyError(f"the tokenizer in {folder} needs a library that is not installed "
+                                  f"({first_line(exc)}); install it, or pip install 'seq2trt[hf]'") from None
         except Exception as exc:  # tokenizer classes raise anything from OSError to AttributeError on bad files
             first = exc
         # A sentencepiece model without tokenizer.json (T5's spiece.model) is converted to a fast tokenizer first,
-        # which needs a protobuf runtime matching sentencepiece's; the slow tokenizer reads the model itself.
+        # which needs a protobuf runtime matching sentencepiece's; 4.x's slow tokenizer reads the model itself.
         if (folder / "tokenizer.json").is_file():
             raise _bad_tokenizer(folder, first) from None
         try:

@@ -162,3 +162,18 @@ def test_pegasus_variants_with_other_attention_are_refused_by_name(model_type, n
     result = CliRunner().invoke(cli, ["import", "hf", str(tmp_path / "src"), "-o", str(tmp_path / "ckpt")])
     assert result.exit_code == 2 and named in result.output and "pegasus, fsmt" in result.output, result.output
     assert not (tmp_path / "ckpt").exists()
+
+
+def test_an_fsmt_tokenizer_without_sacremoses_is_one_line_naming_it(tmp_path, monkeypatch):
+    import sys
+
+    src = tmp_path / "src"
+    n_src, n_tgt = _fsmt_tokenizer(src)
+    bart_like_model_dir(src, "fsmt", dict(src_vocab_size=n_src, tgt_vocab_size=n_tgt), NO_PAD)
+    monkeypatch.setitem(sys.modules, "sacremoses", None)  # its import fails as if it were not installed
+    result = CliRunner().invoke(cli, ["import", "hf", str(src), "-o", str(tmp_path / "ckpt")])
+    if _refused_under_4("fsmt", result, tmp_path / "ckpt"):
+        return
+    assert result.exit_code == 2 and "needs a library that is not installed" in result.output, result.output
+    assert "sacremoses" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "ckpt").exists()
