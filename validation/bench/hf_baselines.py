@@ -5,7 +5,9 @@ these models run today, timed on the same work as our backends.
 - `optimum`: Optimum's ONNX Runtime export of the same directory (`optimum.exporters.onnx.main_export`, task
   text2text-generation-with-past, cached under OUT/optimum/), run by `ORTModelForSeq2SeqLM.generate` on ONNX
   Runtime's CPU provider with the same intra-op threading as our ORT sessions (`runners.configure_threads`) and
-  ONNX Runtime's default graph optimizations, as a user of Optimum gets them.
+  ONNX Runtime's default graph optimizations, as a user of Optimum gets them. optimum-onnx pins transformers<4.58:
+  it is the `optimum` extra, installed where transformers 4.57 is; elsewhere `bench` leaves it out in one line
+  (`settings.runnable`) and measures the rest.
 
 Both decode greedily and exactly `new_tokens` per source, as every bench backend does (`min_new_tokens` =
 `max_new_tokens`: eos cannot end a row), or with `bench --search beam` run generate's own beam search (K beams, the

@@ -16,7 +16,7 @@ import torch
 pytest.importorskip("transformers", reason="the hf extra is not installed")
 pytest.importorskip("ctranslate2")
 
-from seq2trt.reference_model.errors import CheckpointError  # noqa: E402
+from seq2trt.reference_model.errors import CheckpointError, DependencyError  # noqa: E402
 from seq2trt.reference_model.hf_import import config_from_hf  # noqa: E402
 from seq2trt.reference_model.hf_verify import load_transformers_model, seeded_sources  # noqa: E402
 from seq2trt.reference_model.vocab import pad_batch  # noqa: E402
@@ -167,7 +167,10 @@ def test_generate_backends_decode_exactly_the_forced_length(imported):
     source = hf_backends.imported_source(imported / "ckpt")
     _, cfg, _ = config_from_hf(source.path)
     ids, mask = pad_batch(seeded_sources(cfg, 3, seed=5), cfg.pad_id)
-    for name in ("hf", "optimum"):
+    if OPTIMUM_WHY:  # not installed beside this transformers: opening it says how to get it
+        with pytest.raises(DependencyError, match=r"pip install 'seq2trt\[optimum\]'"):
+            hf_backends.open_backend("optimum", source, imported / "out", threads=1)
+    for name in (p for p in PEERS if p != "ct2"):
         backend = hf_backends.open_backend(name, source, imported / "out", threads=1)
         try:
             backend.activate()
