@@ -78,6 +78,8 @@ def bench(out: Path, backends: str, batch_sizes: str, threads: str, repeats: int
             update(min(done[0], total), message)
 
         doc = run_bench(out, settings, checkpoint, progress)
+    for name, why in doc.get("not_measured", {}).items():  # a peer that cannot run here: the rest was measured
+        click.echo(f"not measured: {name}: {why}", err=True)
     if doc.get("kind") == "speech":
         _echo_speech(doc)
         click.echo(f"reports in {out / 'reports'} (latency.json, latency.md)")

@@ -30,6 +30,8 @@ from seq2trt.reference_model.errors import InputError
 
 # The backends whose step model is a pair of graph runners (runtime/step_model.py): the ones this class can drive.
 HF_BACKENDS = HF_MODEL_BACKENDS  # the backends with encoder and decoder graphs
+# transformers 5 names the cache `cache` (in forward's arguments and the output); 4.x `past_key_values`
+CACHE_FIELD = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
 
 
 @dataclass
@@ -216,6 +218,7 @@ class Seq2TrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         holding the past plus these T tokens. Without `encoder_outputs` the encoder runs on `input_ids` first."""
         if self._closed:
             raise InputError("this Seq2TrtModelForSeq2SeqLM is closed (its sessions released); load it again")
+        past_key_values = kwargs.pop("cache", None) if past_key_values is None else past_key_values  # 5.x's name
         if decoder_input_ids is None:
             raise InputError("Seq2TrtModelForSeq2SeqLM.forward needs decoder_input_ids (the target so far, starting "
                              "with the decoder start token); generate() passes them")
@@ -225,6 +228,9 @@ class Seq2TrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
             encoder_outputs = self.encoder(input_ids, attention_mask)
         hidden = encoder_outputs[0]
         if isinstance(past_key_values, tuple):
+            if not hasattr(EncoderDecoderCache, "from_legacy_cache"):  # transformers 5 dropped the tuple format
+                raise InputError("the cache must be an EncoderDecoderCache (transformers 5 takes no tuples); pass the "
+                                 "one the previous call returned")
             past_key_values = EncoderDecoderCache.from_legacy_cache(past_key_values)
         past_len = past_key_values.get_seq_length() if past_key_values is not None else 0
         batch, new = decoder_input_ids.shape
@@ -258,5 +264,4 @@ class Seq2TrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
             for layer, (key, value) in enumerate(spec.unflatten_kv(cross)):
                 cross_cache.update(_to_torch(key), _to_torch(value), layer)
             cache = EncoderDecoderCache(self_cache, cross_cache)
-        return Seq2SeqLMOutput(logits=logits, past_key_values=cache,
-                               encoder_last_hidden_state=hidden)
+        return Seq2SeqLMOutput(logits=logits, encoder_last_hidden_state=hidden, **{CACHE_FIELD: cache})

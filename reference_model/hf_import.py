@@ -10,6 +10,7 @@ source's tokenizer files under `tokenizer/`, its generation settings in `generat
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -26,7 +27,8 @@ from seq2trt.reference_model.atomic_files import sha256_file
 from seq2trt.reference_model.checkpoint import _read_pt, _read_safetensors, load_state_dict_checked, save_checkpoint
 from seq2trt.reference_model.config import Seq2SeqConfig, memory_parts, physical_memory
 from seq2trt.reference_model.errors import CheckFailed, CheckpointError, ConfigError
-from seq2trt.reference_model.hf_families import FAMILIES, REFUSED, SUPPORTED_LAYERS, FamilyAdapter, adapter_for
+from seq2trt.reference_model.hf_families import (FAMILIES, REFUSED, SUPPORTED_LAYERS, FamilyAdapter, adapter_for,
+                                                 transformers_major)
 from seq2trt.reference_model.hf_families import tokenizer_files  # noqa: F401  (callers import it from here)
 from seq2trt.reference_model.hf_families.generation import generation_settings
 from seq2trt.reference_model.hf_families.values import integer, read_json, show, token_ids, unreadable
@@ -228,6 +230,20 @@ def _read_weights(path: Path, reader: Callable[[Path], dict[str, torch.Tensor]])
     return state
 
 
+def untie_head(adapter: FamilyAdapter, cfg: Seq2SeqConfig, hf_state: dict[str, torch.Tensor]) -> Seq2SeqConfig:
+    """`cfg` untied where the installed transformers unties it: 5.x ties the head to the embedding only when the
+    weights do not hold both with different values (it keeps both then, with a warning; its T5s all say
+    tie_word_embeddings true, a Flan-T5's head its own). 4.x ties them regardless, dropping the stored head: such a
+    source is refused in `map_weights`, as that model is not the one the weights hold."""
+    state = {k.removeprefix(adapter.prefix): v for k, v in hf_state.items()}  # as map_weights names them
+    head = state.get(adapter.lm_head)
+    embed = next((state[k] for k in (adapter.shared_embedding, adapter.embeddings["decoder"]) if k in state), None)
+    if (not cfg.tie_embeddings or head is None or embed is None or transformers_major() < 5
+            or torch.equal(head.float(), embed.float())):
+        return cfg
+    return dataclasses.replace(cfg, tie_embeddings=False)
+
+
 def map_weights(adapter: FamilyAdapter, cfg: Seq2SeqConfig, hf_state: dict[str, torch.Tensor]
                 ) -> dict[str, torch.Tensor]:
     """Rename the source's tensors onto our parameter names by the family's adapter. Copies that ours derive (tied
@@ -243,22 +259,21 @@ def map_weights(adapter: FamilyAdapter, cfg: Seq2SeqConfig, hf_state: dict[str, 
 
     take(adapter.shared_embedding, "tgt_embed.weight")
     for side, ours in (("encoder", "src_embed.weight"), ("decoder", "tgt_embed.weight")):
-        key = adapter.embeddings[side]
+        key, ours = adapter.embeddings[side], "tgt_embed.weight" if cfg.share_vocab else ours
         if key in state:
             tensor = state.pop(key)
-            if ours in out or (cfg.share_vocab and "tgt_embed.weight" in out):
-                if not torch.equal(tensor.float(), out["tgt_embed.weight"]):
+            if ours in out:
+                if not torch.equal(tensor.float(), out[ours]):
                     problems.append(f"{key} differs from the shared embedding the config ties it to")
             else:
                 out[ours] = tensor.float()
-    if cfg.share_vocab:
-        out.pop("src_embed.weight", None)
     take(adapter.logits_bias, "logits_bias", lambda t: t.reshape(-1))
     lm_head = state.pop(adapter.lm_head, None)
     if lm_head is not None and not cfg.tie_embeddings:
         out["lm_head.weight"] = lm_head.float()
     elif lm_head is not None and not torch.equal(lm_head.float(), out.get("tgt_embed.weight", lm_head.float())):
-        problems.append(f"{adapter.lm_head} differs from the embedding tie_word_embeddings ties it to")
+        problems.append(f"{adapter.lm_head} differs from the embedding transformers "
+                        f"{'4.x ties it to (5.x would keep both)' if transformers_major() < 5 else 'ties it to'}")
     for key in adapter.derived:  # rebuilt from the formula; the logits check proves them
         state.pop(key, None)
     for key in list(state):
@@ -317,6 +332,7 @@ def load_hf_as_model(src: Path) -> tuple[str, Seq2SeqTransformer, dict[str, Any]
     family, cfg, gen = config_from_hf(src)
     adapter = FAMILIES[family]
     hf_state, files = read_hf_weights(src)
+    cfg = untie_head(adapter, cfg, hf_state)
     state = map_weights(adapter, cfg, hf_state)
     _check_sizes(adapter, src, cfg, state, files)
     model = Seq2SeqTransformer(cfg)

@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 LOGIT_TOLERANCE = 1e-4  # max |ours - transformers| / max(1, max |transformers|), fp32 both sides
 BEAM_SIZE = 4
+_LIBRARY_MAX_LENGTH = 20  # generate's model-agnostic max_length (GenerationConfig's default in transformers 4.x)
 
 
 def load_transformers_model(src: Path, speech: bool = False):
@@ -45,8 +46,9 @@ def load_transformers_model(src: Path, speech: bool = False):
                               "install it with: pip install 'seq2trt[hf]'") from None
     auto = AutoModelForSpeechSeq2Seq if speech else AutoModelForSeq2SeqLM
     try:
-        model = auto.from_pretrained(str(src), local_files_only=True, dtype=torch.float32,
-                                                      attn_implementation="eager")
+        with quiet_transformers():
+            model = auto.from_pretrained(str(src), local_files_only=True, dtype=torch.float32,
+                                         attn_implementation="eager")
     except Exception as exc:  # it reads the user's damaged files: anything it raises is theirs (torch's cause: line 2)
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
         raise CheckpointError(f"transformers cannot load {src}: {' '.join(lines[:2])[:400]}") from None
@@ -63,10 +65,13 @@ def load_tokenizer(folder: Path):
         warnings.filterwarnings("ignore", message=".*sacremoses.*")
         try:
             return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        except ImportError as exc:  # a library the tokenizer class needs (FSMT's: sacremoses)
+            raise DependencyError(f"the tokenizer in {folder} needs a library that is not installed "
+                                  f"({first_line(exc)}); install it, or pip install 'seq2trt[hf]'") from None
         except Exception as exc:  # tokenizer classes raise anything from OSError to AttributeError on bad files
             first = exc
         # A sentencepiece model without tokenizer.json (T5's spiece.model) is converted to a fast tokenizer first,
-        # which needs a protobuf runtime matching sentencepiece's; the slow tokenizer reads the model itself.
+        # which needs a protobuf runtime matching sentencepiece's; 4.x's slow tokenizer reads the model itself.
         if (folder / "tokenizer.json").is_file():
             raise _bad_tokenizer(folder, first) from None
         try:
@@ -118,19 +123,23 @@ def text_sources(tokenizer, cfg, count: int, seed: int = 1) -> tuple[list[str], 
 
 
 @contextlib.contextmanager
-def _quiet_transformers():
+def quiet_transformers():
     """transformers' own notes while it loads and generates (Whisper's generate logs several per call about settings
-    it moved or took from its config): not the user's business during a proof; errors still raise."""
+    it moved or took from its config; transformers 5 draws a progress bar for every load and save): not the user's
+    business during a proof or a bench; errors still raise."""
     from transformers.utils import logging as hf_logging
 
-    level = hf_logging.get_verbosity()
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
         hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 @contextlib.contextmanager
@@ -277,15 +286,15 @@ def compare_speech(hf_model, model: Seq2SeqTransformer, features: np.ndarray, ge
 
 def _limit_failure(hf_model, cfg) -> str | None:
     """Whether transformers' generate, given no length, stops where our checkpoint's default does (its max_new_tokens
-    winning over max_length, which counts the start token); the library's own default (max_length 20) where the
-    model sets no limit is not the model's, and ours then runs to the decoder's length."""
-    with warnings.catch_warnings(), _transformers_runs():  # generate's own resolution (config.json's legacy keys too)
-        warnings.simplefilter("ignore")
-        config, _ = hf_model._prepare_generation_config(None)
+    winning over max_length, which counts the start token). Where the model sets no limit, generate falls back on the
+    library's own default (20 new tokens, in 4.57 and 5.x alike), which is not the model's: ours then runs to the
+    decoder's length. transformers 5 leaves an unset max_length None in the model's generation config (4.x stored the
+    default, 20, there), so the model's own settings are read before generate fills in the library's."""
+    config = hf_model.generation_config  # generation_config.json, else config.json's keys (from_model_config)
     limit = config.max_length - 1 if isinstance(config.max_length, int) else None
     theirs = config.max_new_tokens if config.max_new_tokens is not None else limit
     if cfg.max_new_tokens is None:
-        if config.max_new_tokens is None and config.max_length in (None, type(config)().max_length):
+        if config.max_new_tokens is None and config.max_length in (None, _LIBRARY_MAX_LENGTH):
             return None
         return (f"transformers' generate stops after {theirs} new tokens (max_length {config.max_length}, "
                 f"max_new_tokens {config.max_new_tokens}) where the import read no length limit")
@@ -302,7 +311,7 @@ def verify(src: Path, model: Seq2SeqTransformer, gen: dict[str, Any], progress: 
 
     cfg = model.cfg
     if cfg.audio:
-        with _quiet_transformers():
+        with quiet_transformers():
             hf_model = load_transformers_model(src, speech=True)
             return _verify_speech(src, hf_model, model, gen, progress, count, max_new_tokens)
     hf_model = load_transformers_model(src)
@@ -324,12 +333,13 @@ def verify(src: Path, model: Seq2SeqTransformer, gen: dict[str, Any], progress: 
                               "options": {k: gen.get(k) for k in GENERATION_OPTIONS if gen.get(k) is not None}}
     failures = [] if (limit := _limit_failure(hf_model, cfg)) is None else [limit]
     in_fp32: dict[str, list[str]] = {}
-    for name, sources in sets.items():
-        progress(f"comparing {len(sources)} {name} sources with transformers")
-        report[name] = compare(hf_model, model, sources, gen, new_tokens)
-        in_fp32[name] = _failures(name, report[name], LOGIT_TOLERANCE)
-    if any(in_fp32.values()):
-        _judge_own_error(hf_model, model, sets, gen, new_tokens, report, in_fp32, progress)
+    with quiet_transformers():  # generate's notes on the source's settings (both max_length and max_new_tokens...)
+        for name, sources in sets.items():
+            progress(f"comparing {len(sources)} {name} sources with transformers")
+            report[name] = compare(hf_model, model, sources, gen, new_tokens)
+            in_fp32[name] = _failures(name, report[name], LOGIT_TOLERANCE)
+        if any(in_fp32.values()):
+            _judge_own_error(hf_model, model, sets, gen, new_tokens, report, in_fp32, progress)
     for found in in_fp32.values():
         failures += found
     report["failures"], report["passed"] = failures, not failures

@@ -50,6 +50,9 @@ class Backend:
     def threads_for(self, threads: int) -> int:
         """The threads it really runs on when given `threads`."""
         return 1 if self.single_thread else threads
+    # The distribution whose pinned requirements must hold beside what is installed (optimum-onnx 0.1 pins
+    # transformers < 4.58: beside transformers 5 it is installed but cannot run).
+    peer: str | None = None
 
 
 def _declare(*backends: Backend) -> dict[str, Backend]:
@@ -86,8 +89,9 @@ BACKENDS: dict[str, Backend] = _declare(
             ours=False, translate=False, demo=True, single_thread=True, int8=True),
     Backend("hf", "transformers", "transformers' generate on the imported source directory", extra="hf",
             modules=("transformers",), ours=False, translate=False, needs_import=True),
-    Backend("optimum", "optimum", "Optimum's ONNX Runtime export of the imported source directory", extra="hf",
-            modules=("transformers", "optimum.onnxruntime"), ours=False, translate=False, needs_import=True),
+    Backend("optimum", "optimum", "Optimum's ONNX Runtime export of the imported source directory", extra="optimum",
+            modules=("transformers", "optimum.onnxruntime"), peer="optimum-onnx", ours=False, translate=False,
+            needs_import=True),
 )
 
 DECODE_BACKENDS = tuple(n for n, b in BACKENDS.items() if b.translate)
@@ -152,7 +156,31 @@ def unavailable(backends: tuple[str, ...]) -> dict[str, str]:
         if missing:
             shown = " and ".join(_MODULE_NAMES.get(m, m) for m in missing)
             why[name] = f"{shown} {'is' if len(missing) == 1 else 'are'} not installed (pip install 'seq2trt[{b.extra}]')"
+        elif b.peer is not None and (conflict := peer_conflict(b.peer)):
+            why[name] = f"{conflict}, so it cannot run beside it (install 'seq2trt[{b.extra}]' in an environment of its own)"
     return why
+
+
+def peer_conflict(dist: str) -> str | None:
+    """The first requirement of the installed distribution `dist` that the installed packages break, said in one
+    phrase; None when all hold (or `dist` is not installed)."""
+    from importlib.metadata import PackageNotFoundError, requires, version
+
+    try:
+        from packaging.requirements import Requirement
+        wanted = [Requirement(text) for text in requires(dist) or []]
+    except (ImportError, PackageNotFoundError):
+        return None
+    for req in wanted:
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue  # an extra's requirement
+        try:
+            have = version(req.name)
+        except PackageNotFoundError:
+            continue
+        if not req.specifier.contains(have, prereleases=True):
+            return f"{dist} {version(dist)} needs {req.name}{req.specifier} and {req.name} {have} is installed"
+    return None
 
 
 def graph_folder(out: Path, name: str, manifest: Manifest) -> Path:

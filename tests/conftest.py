@@ -182,38 +182,32 @@ def m2m100_tokenizer_dir(path: Path) -> tuple[Path, int]:
 
 
 def t5_tokenizer_dir(path: Path, vocab_size: int = 70, extra_ids: int = 3) -> tuple[Path, int]:
-    """A T5 tokenizer (sentencepiece trained here with T5's ids: pad 0, eos 1, unk 2; `extra_ids` sentinel tokens
-    after the pieces) saved into `path` as spiece.model; returns (path, model vocabulary size)."""
+    """A T5 tokenizer as old checkpoints hold it (sentencepiece trained here with T5's ids: pad 0, eos 1, unk 2;
+    `extra_ids` sentinel tokens after the pieces): spiece.model and tokenizer_config.json, no tokenizer.json, written
+    as transformers 4.x's slow T5Tokenizer saved them (5.x has no slow T5 tokenizer to save them); returns (path,
+    model vocabulary size)."""
+    import json
     import shutil
 
-    from transformers import T5Tokenizer
+    from transformers import AutoTokenizer
 
     _sentencepiece(path, vocab_size, dict(pad_id=0, eos_id=1, unk_id=2))
     shutil.copyfile(path / "sp.model", path / "spiece.model")
     _drop_training_files(path)
-    tokenizer = T5Tokenizer(str(path / "spiece.model"), extra_ids=extra_ids)
-    tokenizer.save_pretrained(path)
-    return path, len(tokenizer)
+    (path / "tokenizer_config.json").write_text(json.dumps(dict(
+        tokenizer_class="T5Tokenizer", extra_ids=extra_ids, eos_token="</s>", unk_token="<unk>", pad_token="<pad>")))
+    return path, len(AutoTokenizer.from_pretrained(str(path)))
 
 
 def t5_fast_tokenizer_dir(path: Path, vocab_size: int = 70, extra_ids: int = 3) -> tuple[Path, int]:
-    """The same T5 tokenizer as `t5_tokenizer_dir` plus its tokenizer.json, built with the tokenizers library from
-    the sentencepiece model's pieces and scores (transformers' converter needs protobuf); returns (path, vocab size)."""
-    import sentencepiece as spm
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-    from transformers import T5TokenizerFast
+    """The same T5 tokenizer as `t5_tokenizer_dir` plus its tokenizer.json, converted by transformers from the
+    sentencepiece model and saved beside it; returns (path, vocab size)."""
+    from transformers import AutoTokenizer
 
     t5_tokenizer_dir(path, vocab_size, extra_ids)
-    sp = spm.SentencePieceProcessor(model_file=str(path / "spiece.model"))
-    backend = Tokenizer(models.Unigram([(sp.id_to_piece(i), sp.get_score(i)) for i in range(sp.get_piece_size())],
-                                       unk_id=2))
-    backend.normalizer = normalizers.Sequence([normalizers.Strip(), normalizers.Replace(Regex(" {2,}"), " ")])
-    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
-    backend.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
-    backend.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>",
-                                                           special_tokens=[("</s>", 1)])
-    tokenizer = T5TokenizerFast(str(path / "spiece.model"), tokenizer_object=backend, extra_ids=extra_ids)
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
     tokenizer.save_pretrained(path)
+    assert (path / "tokenizer.json").is_file() and (path / "spiece.model").is_file()
     return path, len(tokenizer)
 
 

@@ -116,6 +116,18 @@ def adapter_for(model_type: str) -> FamilyAdapter | None:
     return None
 
 
+def transformers_major() -> int:
+    """The installed transformers' major version (4 or 5): the judge whose reading the import follows where the two
+    read one checkpoint differently (docs/families.md). 5 when transformers is not installed, the newest reading (the
+    proof then stops with a DependencyError anyway)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return int(version("transformers").split(".")[0])
+    except (PackageNotFoundError, ValueError):
+        return 5
+
+
 def tokenizer_files(folder: Path) -> list[str]:
     """The files of any family's tokenizer in `folder`: whether it holds a tokenizer at all."""
     names = dict.fromkeys(name for adapter in FAMILIES.values() for name in adapter.tokenizer_files)
@@ -128,11 +140,15 @@ REFUSED = {
               "source",
     "switch_transformers": "Switch Transformers replace T5's dense FFN with routed mixture-of-experts layers",
     "t5gemma": "T5Gemma's layers are Gemma's (rotary positions, grouped-query attention, soft-capped logits), not T5's",
+    "pegasus_x": "PEGASUS-X replaces Pegasus's full encoder self-attention with staggered block-local attention and "
+                 "global tokens",
+    "bigbird_pegasus": "BigBird-Pegasus replaces Pegasus's full encoder self-attention with block-sparse attention",
 }
 # What an unknown model type's refusal says the import reads, beyond the type names.
-SUPPORTED_LAYERS = ("it reads an encoder-decoder whose layers are BART's (Marian, BART, mBART, M2M100/NLLB), T5's "
-                    "(T5, mT5, UMT5) or Whisper's under one of those model types, or a type registered with transformers whose "
-                    "model class subclasses T5's, mT5's or UMT5's")
+SUPPORTED_LAYERS = ("it reads an encoder-decoder whose layers are BART's (Marian, BART, mBART, M2M100/NLLB, Pegasus, "
+                    "FSMT), T5's (T5, mT5, UMT5) or Whisper's under one of those model types, or a type registered "
+                    "with transformers whose model class subclasses T5's, mT5's or UMT5's")
 
 # Each module registers its adapter; this order is the order an unknown model type's refusal names them.
-from seq2trt.reference_model.hf_families import marian, bart, mbart, m2m_100, t5, whisper  # noqa: E402, F401
+from seq2trt.reference_model.hf_families import (marian, bart, mbart, m2m_100, pegasus, fsmt, t5,  # noqa: E402, F401
+                                                 whisper)

@@ -1,6 +1,6 @@
-"""What transformers' BART and its copies (Marian, mBART, M2M100; their modeling code is BART's) share: the
-config.json keys and the names of a layer's parameters. Each family's module adds what differs: positions, norms,
-logits bias, tokenizer files."""
+"""What transformers' BART and its copies (Marian, mBART, M2M100, Pegasus; their modeling code is BART's) and FSMT
+(fairseq's layers, named as BART names them) share: the config.json keys and the names of a layer's parameters. Each
+family's module adds what differs: positions, norms, logits bias, vocabularies, tokenizer files."""
 
 from __future__ import annotations
 
@@ -54,12 +54,12 @@ class BartLikeAdapter(FamilyAdapter):
                  "decoder": "decoder_layers, d_model, decoder_ffn_dim"}
     prefix = "model."
     logits_bias = "final_logits_bias"
+    default_scale_embedding: ClassVar[bool] = False  # the config class's scale_embedding
 
     def config_fields(self, src: Path, hf: dict) -> dict[str, Any]:
         config = src / "config.json"
         fields, problems = self.read_sizes(config, hf)
         max_pos = integer(config, hf, "max_position_embeddings", minimum=2, default=1024)  # the start token + 1
-        shared = flag(config, hf, "share_encoder_decoder_embeddings", True)
         if fields["d_model"] % fields["num_heads"]:
             problems.append(f"d_model={fields['d_model']} is not divisible by "
                             f"encoder_attention_heads={fields['num_heads']}")
@@ -72,10 +72,16 @@ class BartLikeAdapter(FamilyAdapter):
             problems.append("add_bias_logits / add_final_layer_norm (older BART variants)")
         if problems:
             raise ConfigError(f"{src}: unsupported options in this {self.model_type} model: {'; '.join(problems)}")
+        return {**fields, "max_src_len": max_pos, "max_tgt_len": max_pos, "activation": ACTIVATIONS[act],
+                "scale_embeddings": flag(config, hf, "scale_embedding", self.default_scale_embedding),
+                **self.vocabularies(config, hf, fields), **self.architecture}
+
+    def vocabularies(self, config: Path, hf: dict, fields: dict[str, Any]) -> dict[str, Any]:
+        """tgt_vocab_size, share_vocab and tie_embeddings: one table shared by both sides unless
+        share_encoder_decoder_embeddings is false (Marian's own target vocabulary), the head tied to it by
+        tie_word_embeddings."""
+        shared = flag(config, hf, "share_encoder_decoder_embeddings", True)
         vocab = fields["src_vocab_size"]
-        return {**fields, "tgt_vocab_size": vocab if shared else
-                integer(config, hf, "decoder_vocab_size", nullable=True) or vocab,
-                "max_src_len": max_pos, "max_tgt_len": max_pos, "activation": ACTIVATIONS[act],
-                "scale_embeddings": flag(config, hf, "scale_embedding", False),
-                "tie_embeddings": flag(config, hf, "tie_word_embeddings", True), "share_vocab": shared,
-                **self.architecture}
+        target = vocab if shared else integer(config, hf, "decoder_vocab_size", nullable=True) or vocab
+        return {"tgt_vocab_size": target,
+                "share_vocab": shared, "tie_embeddings": flag(config, hf, "tie_word_embeddings", True)}

@@ -1,8 +1,8 @@
 """T5 (v1.0 and v1.1/Flan), mT5 and UMT5: pre-norm RMSNorm blocks without biases, no position table, a bucketed
 relative position bias in self-attention (block 0's table shared by its stack; UMT5: a table in every block), no
 1/sqrt(d) attention scale, head width d_kv independent of d_model, a relu or gated FFN (`feed_forward_proj` "ACT" or
-"gated-ACT"), and with tied embeddings the decoder output scaled by d_model**-0.5. Sentencepiece tokenizer, no BOS,
-inputs end with </s>; the decoder starts with pad (0).
+"gated-ACT"), and the decoder output scaled by d_model**-0.5 where the installed transformers scales it
+(`scales_decoder_output`). Sentencepiece tokenizer, no BOS, inputs end with </s>; the decoder starts with pad (0).
 
 T5 has no maximum position: the checkpoint's limits are config.json's n_positions where an old config still names it,
 else `DEFAULT_MAX_LEN` (the T5 paper's training length). The model refuses longer inputs with a message saying how to
@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from seq2trt.reference_model.errors import ConfigError
-from seq2trt.reference_model.hf_families import ACTIVATIONS, COMMON_TOKENIZER_FILES, FamilyAdapter, register
+from seq2trt.reference_model.hf_families import (ACTIVATIONS, COMMON_TOKENIZER_FILES, FamilyAdapter, register,
+                                                 transformers_major)
 from seq2trt.reference_model.hf_families.values import flag, integer, show
 
 DEFAULT_MAX_LEN = 512  # source and target tokens (eos / the start token included) when config.json names no limit
@@ -78,6 +79,16 @@ class T5LikeAdapter(FamilyAdapter):
     default_ffn: ClassVar[str] = "gated-gelu"
     default_tie: ClassVar[bool]
     relative_bias: ClassVar[str] = "shared"
+    scales_in_5: ClassVar[bool] = True  # transformers 5's class still scales the decoder output (mT5's never does)
+
+    def scales_decoder_output(self, config: Path, hf: dict, tied: bool) -> bool:
+        """Whether the decoder output is scaled by d_model**-0.5 before the head, as the installed transformers
+        reads config.json. 4.x scales whenever tie_word_embeddings is true. 5.x writes tie_word_embeddings true for
+        every T5 (it ties the head unless the weights hold a different one) and reads the scaling from its own key
+        scale_decoder_outputs, else from tie_word_embeddings as 4.x did; its mT5 never scales."""
+        if transformers_major() < 5:
+            return tied
+        return self.scales_in_5 and flag(config, hf, "scale_decoder_outputs", tied)
 
     def config_fields(self, src: Path, hf: dict) -> dict[str, Any]:
         config = src / "config.json"
@@ -85,6 +96,7 @@ class T5LikeAdapter(FamilyAdapter):
         decoder_layers = integer(config, hf, "num_decoder_layers", nullable=True) or fields["num_encoder_layers"]
         activation, gated = feed_forward(config, hf, self.default_ffn)
         tied = flag(config, hf, "tie_word_embeddings", self.default_tie)
+        scaled = self.scales_decoder_output(config, hf, tied)
         max_len = integer(config, hf, "n_positions", minimum=4, default=DEFAULT_MAX_LEN)
         eps = hf.get("layer_norm_epsilon", 1e-6)
         if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and eps > 0):
@@ -98,7 +110,7 @@ class T5LikeAdapter(FamilyAdapter):
                 "max_src_len": max_len, "max_tgt_len": max_len, "activation": activation, "gated_ffn": gated,
                 "norm": "rms", "pre_norm": True, "scale_embeddings": False, "tie_embeddings": tied,
                 "share_vocab": True, "layer_norm_eps": float(eps), "positions": "none", "bias": False,
-                "scale_attention": False, "scale_logits": tied, "relative_bias": self.relative_bias,
+                "scale_attention": False, "scale_logits": scaled, "relative_bias": self.relative_bias,
                 "relative_buckets": buckets, "relative_max_distance": distance}
 
 
@@ -117,6 +129,7 @@ class MT5Adapter(T5LikeAdapter):
     transformers_class = "MT5ForConditionalGeneration"
     title = "mT5"
     default_tie = False
+    scales_in_5 = False
 
 
 @register

@@ -54,7 +54,7 @@ def whisper_tokenizer(folder: Path, timestamps: int = 0) -> Path:
     import json
 
     from transformers import WhisperTokenizer
-    from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+    from transformers.convert_slow_tokenizer import bytes_to_unicode  # (4.x and 5.x alike)
 
     byte_chars = bytes_to_unicode()
     merges = [("Ġ", "t"), ("Ġt", "h"), ("Ġth", "e"), ("h", "e"), ("i", "n")]

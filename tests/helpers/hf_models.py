@@ -75,3 +75,39 @@ def whisper_model_dir(path, config: dict | None = None, seed: int = 0, std: floa
     model.generation_config = GenerationConfig(**{**gen, **(generation or {})})
     model.save_pretrained(path)
     return path
+
+
+# Pegasus and FSMT at the sizes of conftest's HF_COMMON; FSMT with vocabularies of their own sizes per side.
+PEGASUS_SMALL = dict(vocab_size=97, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                     decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64)
+FSMT_SMALL = dict({k: v for k, v in PEGASUS_SMALL.items() if k != "vocab_size"}, langs=["en", "de"],
+                  src_vocab_size=71, tgt_vocab_size=83)
+
+
+def bart_like_model_dir(path, family: str, config: dict | None = None, generation: dict | None = None, seed: int = 0,
+                        std: float = 0.35):
+    """A random transformers Pegasus or FSMT saved with save_pretrained: matrices at std `std`, layer norms near 1, a
+    logits bias of unit scale (Pegasus), the sinusoid tables left as the class builds them (they are not weights);
+    `generation`: settings set on its generation config."""
+    import torch
+    import transformers
+
+    config_class, model_class = {"pegasus": ("PegasusConfig", "PegasusForConditionalGeneration"),
+                                 "fsmt": ("FSMTConfig", "FSMTForConditionalGeneration")}[family]
+    small = PEGASUS_SMALL if family == "pegasus" else FSMT_SMALL
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**{**small, **(config or {})}))
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            if "embed_positions" in key:
+                continue
+            if "layer_norm.weight" in key:
+                p.normal_(1.0, 0.2)
+            elif p.dim() > 1:
+                p.normal_(0, std)
+        if hasattr(model, "final_logits_bias"):
+            model.final_logits_bias.normal_(0, 1)
+    for key, value in (generation or {}).items():
+        setattr(model.generation_config, key, value)
+    model.eval().save_pretrained(path)
+    return path

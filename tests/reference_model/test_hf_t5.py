@@ -21,7 +21,7 @@ from seq2trt.reference_model.checkpoint import load_checkpoint  # noqa: E402
 from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode, hf_beam_search  # noqa: E402
 from seq2trt.reference_model.eager import EagerStepModel  # noqa: E402
 from seq2trt.reference_model.errors import InputError  # noqa: E402
-from seq2trt.reference_model.hf_families import FAMILIES  # noqa: E402
+from seq2trt.reference_model.hf_families import FAMILIES, transformers_major  # noqa: E402
 from seq2trt.reference_model.hf_families.t5 import DEFAULT_MAX_LEN  # noqa: E402
 from seq2trt.reference_model.hf_verify import load_transformers_model, seeded_sources  # noqa: E402
 from seq2trt.reference_model.vocab import pad_batch  # noqa: E402
@@ -39,6 +39,9 @@ CASES = {
     "mt5-narrow": ("mt5", dict(d_model=40, num_heads=3, d_ff=56)),  # the class's untied gated-gelu; 3 x 8 = 24 != 40
     "umt5-per-layer-tables": ("umt5", dict(d_model=24, d_ff=40, num_layers=3)),  # tied, gated-gelu, a table a layer
     "t5-gated-silu-tied": ("t5", dict(feed_forward_proj="gated-silu")),
+    # Issue 47's Flan-style T5: transformers 5 saves it with one embedding (the head tied to it) and no scaling.
+    "flan-t5-untied-issue-47": ("t5", dict(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=None,
+                                           num_heads=4, feed_forward_proj="gated-gelu", tie_word_embeddings=False)),
 }
 SOURCES = 8  # seeded sources of 1 .. 24 tokens, batched padded
 
@@ -84,8 +87,10 @@ def test_import_equals_transformers(case, tmp_path):
     model, _ = load_checkpoint(tmp_path / "ckpt")
     hf = transformers.AutoConfig.from_pretrained(src)
     cfg = model.cfg
+    # transformers 4.x scales the decoder output when tied; 5.x reads its own scale_decoder_outputs (mT5: never)
+    scaled = getattr(hf, "scale_decoder_outputs", hf.tie_word_embeddings and transformers_major() < 5)
     assert (cfg.relative_bias, cfg.tie_embeddings, cfg.scale_logits, cfg.gated_ffn, cfg.inner_dim) == (
-        "per_layer" if family == "umt5" else "shared", hf.tie_word_embeddings, hf.tie_word_embeddings,
+        "per_layer" if family == "umt5" else "shared", hf.tie_word_embeddings, scaled,
         hf.is_gated_act, hf.num_heads * hf.d_kv)
     assert (cfg.max_src_len, cfg.max_tgt_len, cfg.bos_id, cfg.pad_id, cfg.eos_id) == (DEFAULT_MAX_LEN,) * 2 + (0, 0, 1)
 
@@ -271,8 +276,10 @@ def test_translate_text_with_the_sentencepiece_tokenizer_is_transformers(fast, b
     out = CliRunner().invoke(cli, ["translate", str(tmp_path / "ckpt"), *texts, "--beam", str(beam),
                                    "--max-new-tokens", "20"])
     assert out.exit_code == 0, out.output
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(src), use_fast=fast)
-    assert type(tokenizer).__name__ == ("T5TokenizerFast" if fast else "T5Tokenizer")
+    # What a user's AutoTokenizer gives: a lone spiece.model converted too (transformers 5 has one T5Tokenizer,
+    # tokenizers-backed; 4.x's fast one is T5TokenizerFast)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(src))
+    assert type(tokenizer).__name__ == ("T5TokenizerFast" if transformers_major() < 5 else "T5Tokenizer")
     encoded = tokenizer(texts)["input_ids"]
     assert all(row[-1] == 1 and row[0] != 1 for row in encoded)
     ids, mask = pad_batch(encoded, 0)
@@ -304,3 +311,30 @@ def test_a_type_registered_with_transformers_as_a_t5_subclass_imports_as_t5(tmp_
     assert record["family"] == "t5" and record["verification"]["passed"]
     ckpt, _ = load_checkpoint(tmp_path / "ckpt")
     _judge(tmp_path / "src", tmp_path / "ckpt", seeded_sources(ckpt.cfg, 4, seed=9))
+
+
+def test_a_flan_t5_saved_again_by_transformers_5_keeps_its_own_head(tmp_path):
+    """A Flan-T5 that transformers 5 loaded from the hub and saved again: config.json says tie_word_embeddings true
+    and scale_decoder_outputs false, and the weights hold its own lm_head beside the shared embedding. 5.x keeps the
+    two apart (both stored, different) and does not scale; so does the import. 4.x would tie them, dropping the head,
+    and scale: refused, naming the head."""
+    from safetensors.torch import load_file, save_file
+
+    src = t5_model_dir(tmp_path / "src", "t5", dict(feed_forward_proj="gated-gelu"))
+    state = load_file(src / "model.safetensors")
+    state["lm_head.weight"] = torch.randn(state["shared.weight"].shape, generator=torch.Generator().manual_seed(7))
+    save_file(state, src / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True, "scale_decoder_outputs": False}))
+    result = _import(src, tmp_path / "ckpt")
+    if transformers_major() < 5:
+        assert result.exit_code == 2 and "lm_head.weight differs from the embedding transformers 4.x ties it to" in \
+            result.output, result.output
+        assert not (tmp_path / "ckpt").exists()
+        return
+    assert result.exit_code == 0, result.output
+    model, _ = load_checkpoint(tmp_path / "ckpt")
+    assert (model.cfg.tie_embeddings, model.cfg.scale_logits) == (False, False)
+    torch.testing.assert_close(model.lm_head.weight, state["lm_head.weight"], rtol=0, atol=0)
+    greedy, _ = _judge(src, tmp_path / "ckpt", seeded_sources(model.cfg, SOURCES, seed=42))
+    assert len({t for row in greedy for t in row}) > 3, "degenerate outputs cannot tell a wrong model apart"

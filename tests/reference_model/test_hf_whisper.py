@@ -32,6 +32,9 @@ CASES = {
     "multilingual-128-unequal": dict(config=dict(num_mel_bins=128, encoder_layers=3, decoder_layers=1, d_model=48,
                                                  encoder_attention_heads=6, decoder_attention_heads=6),
                                      multilingual=True),
+    # No max_length of its own: generate's library default (20 new tokens; transformers 5 leaves it unset in the
+    # model's generation config) is not the model's, and the import reads no limit (it was refused under 5.x).
+    "no-max-length": dict(config={}, multilingual=True, generation=dict(max_length=None)),
 }
 
 
@@ -49,6 +52,7 @@ def test_import_equals_transformers(tmp_path, case):
     speech = json.loads((tmp_path / "ckpt" / "generation.json").read_text())["speech"]
     assert speech["multilingual"] is CASES[case]["multilingual"]
     assert speech["no_timestamps_id"] == WHISPER_IDS["no_timestamps"]
+    assert model.cfg.max_new_tokens == (None if case == "no-max-length" else 447)
 
 
 def test_detected_language_and_prompted_tokens_equal_generate(tmp_path):

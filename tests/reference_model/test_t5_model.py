@@ -20,6 +20,7 @@ from transformers.models.t5.modeling_t5 import T5Attention
 from seq2trt.reference_model.checkpoint import canonical_state_dict, load_checkpoint, save_checkpoint
 from seq2trt.reference_model.config import Seq2SeqConfig
 from seq2trt.reference_model.errors import ConfigError
+from seq2trt.reference_model.hf_families import transformers_major
 from seq2trt.reference_model.model import Seq2SeqTransformer, distance_bias, relative_position_buckets
 
 MAX_LEN = 160  # our limits in these tests: past T5's default max_distance of 128
@@ -75,11 +76,13 @@ def our_config(hf) -> Seq2SeqConfig:
         activation={"relu": "relu", "gelu_new": "gelu_tanh"}[c.dense_act_fn], gated_ffn=gated, norm="rms",
         pre_norm=True, scale_embeddings=False, tie_embeddings=c.tie_word_embeddings, share_vocab=True,
         layer_norm_eps=c.layer_norm_epsilon, positions="none", bias=False, scale_attention=False,
-        scale_logits=c.tie_word_embeddings,
+        # transformers 4.x scales when tied; 5.x reads its own scale_decoder_outputs (mT5: never)
+        scale_logits=getattr(c, "scale_decoder_outputs", c.tie_word_embeddings and transformers_major() < 5),
         relative_bias="per_layer" if c.model_type == "umt5" else "shared",
         relative_buckets=c.relative_attention_num_buckets, relative_max_distance=c.relative_attention_max_distance,
         # The decoder starts with pad: T5Config leaves decoder_start_token_id unset, MT5/UMT5 set it to pad (0).
-        pad_id=c.pad_token_id, bos_id=c.pad_token_id if c.decoder_start_token_id is None else c.decoder_start_token_id,
+        pad_id=c.pad_token_id, bos_id=c.pad_token_id if getattr(c, "decoder_start_token_id", None) is None
+        else c.decoder_start_token_id,
         eos_id=c.eos_token_id)
 
 
@@ -256,7 +259,8 @@ def test_bucket_lookup_gathers_transformers_bias():
         by_distance = attn.relative_attention_bias(lookup).t()  # (H, 2M - 1)
         with torch.no_grad():
             for past, T in ((0, 150), (139, 1), (150, 10)):
-                theirs = attn.compute_bias(past + T, past + T, cache_position=torch.arange(past, past + T))
+                theirs = (attn.compute_bias(T, past + T, past_seen_tokens=past) if transformers_major() >= 5  # 5.x's
+                          else attn.compute_bias(past + T, past + T, cache_position=torch.arange(past, past + T)))
                 torch.testing.assert_close(distance_bias(by_distance, past, T, past + T), theirs, rtol=0, atol=0)
 
 

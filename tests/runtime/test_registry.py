@@ -143,7 +143,7 @@ def test_unavailable_says_why_and_the_extra(monkeypatch):
     assert set(why) == {"tensorrt-rtx", "ct2", "optimum"}
     assert "only on an NVIDIA GPU" in why["tensorrt-rtx"]
     assert why["ct2"] == "CTranslate2 is not installed (pip install 'seq2trt[ct2]')"
-    assert why["optimum"] == "optimum.onnxruntime is not installed (pip install 'seq2trt[hf]')"
+    assert why["optimum"] == "optimum.onnxruntime is not installed (pip install 'seq2trt[optimum]')"
     monkeypatch.setattr(trt_compat, "has_gpu", lambda: True)
     monkeypatch.setattr(registry, "_missing_module", lambda module: module == "tensorrt_rtx")
     assert registry.unavailable(("tensorrt-rtx",)) == {
@@ -167,6 +167,30 @@ def test_the_cuda_provider_is_asked_of_onnxruntime(monkeypatch):
     assert "needs an NVIDIA GPU" in registry.unavailable(("ort-cuda",))["ort-cuda"]
     monkeypatch.setattr(trt_compat, "has_gpu", lambda: True)
     assert registry.unavailable(("ort-cuda", "ort-generate-cuda")) == {}
+
+
+def test_a_peer_installed_beside_a_transformers_it_excludes_is_unavailable(monkeypatch):
+    """optimum-onnx 0.1 pins transformers<4.58: installed beside transformers 5 (pip does not stop a later upgrade)
+    it cannot run, and the reason names both versions; its extras' requirements and packages absent do not count."""
+    import importlib.metadata as metadata
+
+    installed = {"optimum-onnx": "0.1.0", "transformers": "5.25.0", "onnx": "1.23.2"}
+    requires = {"optimum-onnx": ["transformers<4.58.0,>=4.36", "onnx", "absent-package>=1",
+                                 "pytest; extra == 'tests'"]}
+
+    def version(name):
+        if name not in installed:
+            raise metadata.PackageNotFoundError(name)
+        return installed[name]
+
+    monkeypatch.setattr(metadata, "version", version)
+    monkeypatch.setattr(metadata, "requires", lambda name: requires.get(name))
+    monkeypatch.setattr(registry, "_missing_module", lambda module: False)
+    assert registry.unavailable(("optimum", "hf")) == {"optimum": (
+        "optimum-onnx 0.1.0 needs transformers<4.58.0,>=4.36 and transformers 5.25.0 is installed, so it cannot run "
+        "beside it (install 'seq2trt[optimum]' in an environment of its own)")}
+    installed["transformers"] = "4.57.6"
+    assert registry.unavailable(("optimum",)) == {}
 
 
 # --- validate on TensorRT engines ------------------------------------------------------------------------------------

@@ -5,7 +5,9 @@ these models run today, timed on the same work as our backends.
 - `optimum`: Optimum's ONNX Runtime export of the same directory (`optimum.exporters.onnx.main_export`, task
   text2text-generation-with-past, cached under OUT/optimum/), run by `ORTModelForSeq2SeqLM.generate` on ONNX
   Runtime's CPU provider with the same intra-op threading as our ORT sessions (`ort_session.configure_threads`) and
-  ONNX Runtime's default graph optimizations, as a user of Optimum gets them.
+  ONNX Runtime's default graph optimizations, as a user of Optimum gets them. optimum-onnx pins transformers<4.58:
+  it is the `optimum` extra, installed where transformers 4.57 is; elsewhere `bench` leaves it out in one line
+  (`settings.runnable`) and measures the rest.
 
 Both decode greedily and exactly `new_tokens` per source, as every bench backend does (`min_new_tokens` =
 `max_new_tokens`: eos cannot end a row), or with `bench --search beam` run generate's own beam search (K beams, the
@@ -38,6 +40,9 @@ logger = logging.getLogger(__name__)
 
 HF_BACKENDS = registry.names(needs_import=True)
 OPTIMUM_DIR, OPTIMUM_TASK, OPTIMUM_RECORD = "optimum", "text2text-generation-with-past", "seq2trt_source.json"
+# optimum-onnx is an extra of its own: it pins a transformers older than the one seq2trt[hf] may run beside.
+OPTIMUM_MISSING = ("the optimum backend needs optimum-onnx, which pins transformers<4.58; pip install "
+                   "'seq2trt[optimum]' into an environment of its own")
 
 
 @dataclass(frozen=True)
@@ -95,9 +100,12 @@ def load_transformers(src: Path):
     """transformers' model for `src`, fp32, its default attention, local files only."""
     import torch
 
+    from seq2trt.reference_model.hf_verify import quiet_transformers
+
     transformers = _transformers()
-    return transformers.AutoModelForSeq2SeqLM.from_pretrained(str(src), local_files_only=True,
-                                                             dtype=torch.float32).eval()
+    with quiet_transformers():  # transformers 5 draws a progress bar over the bench's own
+        return transformers.AutoModelForSeq2SeqLM.from_pretrained(str(src), local_files_only=True,
+                                                                 dtype=torch.float32).eval()
 
 
 def export_optimum(source: ImportedSource, folder: Path, task: str = OPTIMUM_TASK) -> dict:
@@ -109,7 +117,7 @@ def export_optimum(source: ImportedSource, folder: Path, task: str = OPTIMUM_TAS
     try:
         from optimum.exporters.onnx import main_export
     except ImportError:
-        raise DependencyError("the optimum backend needs optimum-onnx; pip install 'seq2trt[hf]'") from None
+        raise DependencyError(OPTIMUM_MISSING) from None
     record = {"source": str(source.path), "weights_sha256": source.weights_sha256, "task": task,
               "optimum_onnx": version("optimum-onnx")}
     try:
@@ -135,7 +143,7 @@ def load_optimum(folder: Path, threads: int):
     try:
         from optimum.onnxruntime import ORTModelForSeq2SeqLM
     except ImportError:
-        raise DependencyError("the optimum backend needs optimum-onnx; pip install 'seq2trt[hf]'") from None
+        raise DependencyError(OPTIMUM_MISSING) from None
     options, _, threading = session_options(None, threads, shared_pool=True)  # Optimum opens its sessions itself
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

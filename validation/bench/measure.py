@@ -29,7 +29,7 @@ from seq2trt.validation.bench import backends as bb
 from seq2trt.validation.bench import prepare as bench_prepare
 from seq2trt.runtime import registry
 from seq2trt.validation.bench.settings import (TEXT_SRC_LEN, BenchSettings, Sampling, available_backends,
-                                              unavailable)
+                                              runnable, unavailable)
 
 logger = logging.getLogger(__name__)
 
@@ -331,9 +331,11 @@ def run_bench(out: Path, settings: BenchSettings, checkpoint: Path | None = None
     from seq2trt.validation.reports.bench_table import write_reports
 
     started = generation(out)  # the figures must describe the export measured, not one that replaced it
+    settings, skipped = runnable(settings)  # doc["not_measured"]: the peers that cannot run here, and why
     if _is_speech(out):
-        return _run_speech(out, settings, checkpoint, progress, started)
+        return _run_speech(out, settings, checkpoint, progress, started, skipped)
     doc = Bench(out, settings, checkpoint, progress).run()
+    doc["not_measured"] = skipped
     with writing_into(out, started, "bench"):
         write_reports(layout.reports_dir(out), doc)
     return doc
@@ -348,7 +350,7 @@ def _is_speech(out: Path) -> bool:
 
 
 def _run_speech(out: Path, settings: BenchSettings, checkpoint: Path | None, progress: Progress | None,
-                started) -> dict:
+                started, skipped: dict[str, str]) -> dict:
     """A Whisper export: validation/bench/speech_bench.py measures and writes its reports."""
     from seq2trt.exporters.manifest import writing_into
 
@@ -359,6 +361,7 @@ def _run_speech(out: Path, settings: BenchSettings, checkpoint: Path | None, pro
         raise DependencyError("cannot bench " + "; ".join(f"{n}: {why}" for n, why in missing.items()))
     manifest = verify(out, ["encoder.onnx", "decoder.onnx", layout.FEATURES])
     doc = speech_bench.SpeechBench(out, settings, manifest, checkpoint, progress).run()
+    doc["not_measured"] = skipped
     with writing_into(out, started, "bench"):
         speech_bench.write_reports(layout.reports_dir(out), doc)
     return doc

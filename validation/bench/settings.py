@@ -5,11 +5,11 @@ which backends can run on this machine for a given export (`unavailable`, `avail
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from seq2trt.reference_model.decoding import GNMT_ALPHA
-from seq2trt.reference_model.errors import InputError
+from seq2trt.reference_model.errors import DependencyError, InputError
 
 from seq2trt.runtime.decode_jobs import check_threads
 from seq2trt.runtime.registry import BACKENDS, BENCH_DEFAULT, unavailable  # noqa: F401  (unavailable: re-exported)
@@ -143,6 +143,17 @@ class Sampling:
         """generate's options (the seed goes to torch.manual_seed)."""
         return {"do_sample": True, "temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
                 "num_return_sequences": self.n}
+
+
+def runnable(settings: BenchSettings) -> tuple[BenchSettings, dict[str, str]]:
+    """`settings` without the requested peers (what users run today, timed beside ours: transformers, Optimum,
+    CTranslate2) that cannot run here, and {peer: why}: a bench measures the rest and says so. Optimum's export pins
+    a transformers older than the one seq2trt may run beside (docs/families.md), so it is often absent."""
+    missing = unavailable(settings.backends)
+    skipped = {name: why for name, why in missing.items() if not BACKENDS[name].ours}
+    if skipped and len(skipped) == len(settings.backends):
+        raise DependencyError("cannot bench " + "; ".join(f"{n}: {why}" for n, why in skipped.items()))
+    return replace(settings, backends=tuple(n for n in settings.backends if n not in skipped)), skipped
 
 
 def available_backends(out: Path) -> tuple[str, ...]:

@@ -16,11 +16,11 @@ import torch
 
 pytest.importorskip("transformers", reason="the hf extra is not installed")
 pytest.importorskip("ctranslate2")
-pytest.importorskip("optimum.onnxruntime")
 
 from seq2trt.exporters.manifest import verify  # noqa: E402
 from seq2trt.reference_model.eager import EagerStepModel  # noqa: E402
 from seq2trt.reference_model.checkpoint import load_checkpoint  # noqa: E402
+from seq2trt.runtime import registry  # noqa: E402
 from seq2trt.validation.bench import speech  # noqa: E402
 
 from helpers.artifacts import import_and_export  # noqa: E402
@@ -30,6 +30,9 @@ from helpers.hf_models import WHISPER_IDS  # noqa: E402
 
 NEW_TOKENS = 6
 BACKENDS = "eager,ort,ort-fused,ort-int8,hf,optimum,ct2"
+# optimum-onnx pins transformers<4.58: under transformers 5 the bench measures the rest and says why (CI's second
+# pass, under 4.57, installs it and measures it).
+OPTIMUM_WHY = registry.unavailable(("optimum",)).get("optimum")
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +98,9 @@ def test_the_bench_times_every_backend_on_the_tiny_whisper(whisper):
     doc = json.loads((out / "reports" / "latency.json").read_text())
     assert doc["kind"] == "speech" and doc["settings"]["new_tokens"] == NEW_TOKENS
     assert doc["prompt"]["ids"] == [101, 102, 106, 107]  # start, <|en|>, <|transcribe|>, <|notimestamps|>
-    names = BACKENDS.split(",")
+    assert doc["not_measured"] == ({"optimum": OPTIMUM_WHY} if OPTIMUM_WHY else {})
+    assert (f"not measured: optimum: {OPTIMUM_WHY}" in output) == bool(OPTIMUM_WHY)
+    names = [n for n in BACKENDS.split(",") if n != "optimum" or not OPTIMUM_WHY]
     rows = {(r["backend"], r["clip_seconds"], r["batch"]): r for r in doc["rows"]}
     assert set(rows) == {(n, c, b) for n in names for c in (2.0, 10.0) for b in (1, 2)}
     for (name, clip, batch), r in rows.items():
@@ -104,8 +109,8 @@ def test_the_bench_times_every_backend_on_the_tiny_whisper(whisper):
         assert r["rtf"] == pytest.approx(r["decode_ms_p50"] / 1e3 / (batch * clip), rel=1e-2)
         assert r["rtf_with_front_end"] > r["rtf"]
         assert r["front_end"] == ("extractor" if name in speech.BASELINES else "features.onnx")
-        assert (r.get("vs_optimum") is None) == (name == "optimum")
-    for name in ("hf", "optimum", "ct2", "ort", "ort-fused"):  # float32: token for token (no near-tie here)
+        assert (r.get("vs_optimum") is None) == (name == "optimum" or bool(OPTIMUM_WHY))
+    for name in (n for n in ("hf", "optimum", "ct2", "ort", "ort-fused") if n in names):  # float32: token for token (no near-tie here)
         assert all(e["identical"] == e["sequences"] == 2 for e in doc["checks"][name]), doc["checks"][name]
     for clip in ("2.0", "10.0"):
         front = doc["front_end"][clip]
