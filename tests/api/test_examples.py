@@ -93,13 +93,14 @@ def judge_transcriber(found: dict, workdir: Path, marian) -> None:
 
 
 def judge_hf_model(found: dict, workdir: Path, marian) -> None:
-    """transformers' pipeline and generate over seq2trt's graphs: what they give over transformers' own model."""
+    """transformers' generate over seq2trt's graphs, and its ids decoded: what they give over transformers' own
+    model."""
     model, tokenizer = marian
-    want_text = transformers.pipeline("translation", model=model, tokenizer=tokenizer)(
-        ["kalo mine suta"], num_beams=4, max_new_tokens=20)
     with torch.inference_mode():
         want_ids = model.generate(**tokenizer(["kalo mine suta"], return_tensors="pt"), num_beams=4,
                                   max_new_tokens=20)
+    want_text = tokenizer.batch_decode(want_ids, skip_special_tokens=True)
+    assert any(want_text)  # a judge of empty strings would pass anything
     assert found["translated"] == want_text
     assert found["generated"].tolist() == want_ids.tolist()
 
