@@ -37,6 +37,9 @@ SHORT_NAME = re.compile(r"(?<![\w./])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)")  # a.b(
 # Module names that the docs mostly use as variables ("model.generate", "settings.plain"): a short name starting
 # with one is not checked (the seq2trt.-prefixed and path forms still are).
 VARIABLES = {"model", "settings", "sampling", "translator", "whisper"}
+# Libraries that a seq2trt module is also named after (runtime/backends/onnxruntime.py, tensorrt.py): their dotted
+# names (`onnxruntime.quantization.quantize_dynamic`) are the library's, not ours.
+LIBRARIES = {"onnxruntime", "tensorrt", "tensorrt_rtx", "ctranslate2", "transformers", "optimum", "triton", "torch"}
 
 
 @lru_cache(maxsize=None)
@@ -98,7 +101,7 @@ def short_name_ok(name: str) -> bool | None:
     part names no seq2trt module (a variable, another library) or several."""
     first, *attrs = name.split(".")
     homes = modules().get(first, [])
-    if len(homes) != 1 or first in VARIABLES:
+    if len(homes) != 1 or first in VARIABLES or first in LIBRARIES:
         return None
     return resolves(homes[0], attrs)
 
