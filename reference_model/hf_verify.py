@@ -226,8 +226,13 @@ def compare_speech(hf_model, model: Seq2SeqTransformer, features: np.ndarray, ge
                    max_new_tokens: int | None) -> dict[str, Any]:
     """`compare` for a speech model on a (B, n_mels, frames) feature batch: encoder states, the step logits of
     greedy search, greedy and beam tokens against transformers' `generate(input_features, language, task)` with a
-    given language (the first the model knows), and the languages transformers detects against ours."""
-    from seq2trt.reference_model.speech import SpeechTokens, detect_languages, generation_limit, transcribe_features
+    given language (the first the model knows), and the languages transformers detects against ours.
+
+    The tokens are judged on what each side transcribes: transformers' plain output (its long-form loop runs for
+    short inputs too, so a model that emits a timestamp pair is decoded again from it inside the window) against
+    our `transcribe`, which follows it. The step logits are those of one decode of each window's first pass
+    (generate with `force_unique_generate_call`, whose returned logits are that call's)."""
+    from seq2trt.reference_model.speech import SpeechTokens, detect_languages, generation_limit, transcribe
 
     cfg, speech = model.cfg, SpeechTokens.from_record(gen.get("speech"))
     language = next(iter(speech.languages), None) if speech.multilingual else None
@@ -244,20 +249,26 @@ def compare_speech(hf_model, model: Seq2SeqTransformer, features: np.ndarray, ge
     settings = dataclasses.replace(DecodeSettings.for_model(cfg, 1, gen), prompt=prompt, max_new_tokens=limit,
                                    do_sample=False, num_return_sequences=1)
     recorded: list[tuple[int, np.ndarray, np.ndarray]] = []
-    ours_greedy = greedy_decode(step_model, features, mask, settings,
-                                on_step=lambda step, rows, logits: recorded.append((step, rows.copy(), logits.copy())))
-    ours_beam = transcribe_features(step_model, cfg, speech, features, language=language, task="transcribe",
-                                    beam_size=BEAM_SIZE, length_penalty=gen["length_penalty"],
-                                    early_stopping=gen["early_stopping"], max_new_tokens=limit, generation=gen)
+    ours_first = greedy_decode(step_model, features, mask, settings,
+                               on_step=lambda step, rows, logits: recorded.append((step, rows.copy(), logits.copy())))
+    ours_greedy, ours_beam = ([t.tokens for t in transcribe(
+        step_model, cfg, speech, list(features), language=language, task="transcribe", beam_size=beams,
+        length_penalty=gen["length_penalty"], early_stopping=gen["early_stopping"], max_new_tokens=limit,
+        generation=gen)] for beams in (1, BEAM_SIZE))
     common = dict(input_features=x, max_new_tokens=limit, do_sample=False,
                   **({"language": language, "task": "transcribe"} if speech.multilingual else {}))
     with torch.inference_mode(), _transformers_runs(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        greedy = hf_model.generate(**common, num_beams=1, output_logits=True, return_dict_in_generate=True)
+        first = hf_model.generate(**common, num_beams=1, output_logits=True, return_dict_in_generate=True,
+                                  force_unique_generate_call=True)
+        greedy = hf_model.generate(**common, num_beams=1)
         beam = hf_model.generate(**common, num_beams=BEAM_SIZE, length_penalty=gen["length_penalty"],
-                                 early_stopping=gen["early_stopping"], return_dict_in_generate=True)
-    theirs_greedy, theirs_beam = (whisper_generated(out.sequences, len(prompt), cfg.eos_id) for out in (greedy, beam))
-    compared, logit_err, logit_rel = _step_logits(recorded, ours_greedy, theirs_greedy, greedy.logits, cfg.eos_id)
+                                 early_stopping=gen["early_stopping"])
+    theirs_greedy, theirs_beam = ([r[: r.index(cfg.eos_id)] if cfg.eos_id in r else r for r in out.tolist()]
+                                  for out in (greedy, beam))  # no prompt, padded with pad (eos) on the right
+    compared, logit_err, logit_rel = _step_logits(recorded, ours_first,
+                                                  whisper_generated(first.sequences, len(prompt), cfg.eos_id),
+                                                  first.logits, cfg.eos_id)
     result = {"sources": len(features), "language": language, "prompt": list(prompt),
               "encoder_max_abs_err": enc_err, "encoder_scaled_err": enc_rel,
               "step_logits_compared": compared, "logits_max_abs_err": logit_err,

@@ -137,3 +137,35 @@ def test_transcribe_without_timestamp_tokens(tmp_path):
     assert all(len(t.segments) == 1 and t.segments[0].start == 0.0 and t.language == "en" for t in found)
     with pytest.raises(ConfigError, match="timestamp"):
         transcribe(EagerStepModel(model), model.cfg, speech, features[:1], timestamps=True, generation=gen)
+
+
+def test_released_layout_that_emits_timestamps_imports_and_transcribes_as_generate(tmp_path):
+    """A Whisper laid out like every released checkpoint (1,501 timestamp tokens, max_initial_timestamp_index 50)
+    whose random weights emit timestamp pairs without --timestamps: transformers' generate then cuts the decode at
+    the last pair and decodes the rest of the 30 s window again (its long-form loop runs for short inputs too). The
+    import's proof follows it (it crashed with an IndexError), and transcribe without timestamps returns generate's
+    own tokens, every re-seek included (it returned the first window's decode)."""
+    from seq2trt.reference_model.speech import transcribe
+
+    from helpers.audio import whisper_source
+
+    src = whisper_source(tmp_path / "hf", generation=dict(max_initial_timestamp_index=50))
+    result = CliRunner().invoke(cli, ["import", "hf", str(src), "-o", str(tmp_path / "ckpt")])
+    assert result.exit_code == 0, result.output
+    proof = json.loads((tmp_path / "ckpt" / "import.json").read_text())["verification"]
+    assert proof["passed"] and proof["seeded"]["greedy_equal"] == proof["seeded"]["sources"]
+    model, _ = load_checkpoint(tmp_path / "ckpt")
+    gen = json.loads((tmp_path / "ckpt" / "generation.json").read_text())
+    features = source_kind(model.cfg).random(np.random.default_rng(0), 3)
+    ours = transcribe(EagerStepModel(model), model.cfg, SpeechTokens.from_record(gen["speech"]), features,
+                      language="en", max_new_tokens=24, generation=gen)
+    hf_model = load_transformers_model(src, speech=True)
+    with torch.inference_mode():  # the plain output: every re-seek's tokens (return_dict keeps the last call's)
+        theirs = hf_model.generate(input_features=torch.as_tensor(np.stack(features)), max_new_tokens=24,
+                                   language="en", task="transcribe").tolist()
+    eot, begin = WHISPER_IDS["eot"], WHISPER_IDS["no_timestamps"] + 1
+    theirs = [row[: row.index(eot)] if eot in row else row for row in theirs]
+    assert any(len(row) > 24 for row in theirs), "no row re-seeked: the case is not exercised"
+    assert [t.tokens for t in ours] == theirs
+    assert all(len(t.segments) == 1 and t.segments[0].start == 0.0 for t in ours)
+    assert any(tok >= begin for t in ours for tok in t.tokens)
