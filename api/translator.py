@@ -31,7 +31,7 @@ import numpy as np
 from seq2trt.reference_model.decoding import GNMT_ALPHA
 from seq2trt.reference_model.errors import InputError
 from seq2trt.runtime.registry import DECODE_BACKENDS
-from seq2trt.runtime.decode_jobs import decode_job, has_tokenizer, open_decoder
+from seq2trt.runtime.decode_jobs import check_threads, decode_job, has_tokenizer, open_decoder
 from seq2trt.runtime.transcription import (MAX_SECONDS, TRANSCRIBE_BACKENDS, TranscribedSegment, Transcriber,
                                            Transcription, check_backend, refuse_speech_model, refuse_text_model)
 
@@ -66,14 +66,23 @@ class Hypothesis:
     token_logprobs: tuple[float, ...] | None = None
 
 
-def check_decode_options(alpha: float, batch_size: int) -> None:
-    """Refuse a length penalty that is not a number and a batch size under 1, before anything is opened."""
-    if not alpha == alpha:
-        raise InputError(f"--alpha must be a number, got {alpha}; give a length penalty such as 0.6")
+# translate/generate's keywords by the DecodeSettings field (or decode_job option) each sets: what the API's
+# messages name (the CLI's name its flags, decode_jobs.OPTION_FLAGS).
+KEYWORDS = {**{field: keyword for keyword, field in SEARCH_OPTIONS.items()}, "num_return_sequences": "n_best",
+            "output_scores": "scores", "beam": "beam", "alpha": "alpha", "max_new_tokens": "max_new_tokens",
+            "batch_size": "batch_size"}
+FLAGS = {"alpha": "--alpha", "batch_size": "--batch-size"}
+
+
+def check_decode_options(alpha: float, batch_size: int, names: dict[str, str] = FLAGS) -> None:
+    """Refuse a length penalty that is not a number and a batch size under 1, before anything is opened; `names`:
+    how messages name them (the CLI's flags, or KEYWORDS)."""
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not alpha == alpha:
+        raise InputError(f"{names['alpha']} must be a number, got {alpha!r}; give a length penalty such as 0.6")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int):
-        raise InputError(f"--batch-size must be an integer, got {batch_size!r}")
+        raise InputError(f"{names['batch_size']} must be an integer, got {batch_size!r}")
     if batch_size < 1:
-        raise InputError(f"--batch-size must be >= 1, got {batch_size}")
+        raise InputError(f"{names['batch_size']} must be >= 1, got {batch_size}")
 
 
 class Translator:
@@ -89,8 +98,12 @@ class Translator:
 
     def __init__(self, path: str | Path, backend: str = "ort-fused", threads: int = 1,
                  checkpoint: str | Path | None = None, src_lang: str | None = None, tgt_lang: str | None = None):
+        if not isinstance(path, (str, Path)):
+            raise InputError(f"path must be a checkpoint or export directory (a str or Path), got "
+                             f"{type(path).__name__} {path!r}")
         if backend not in DECODE_BACKENDS:
             raise InputError(f"unknown backend {backend!r}; choose one of {', '.join(DECODE_BACKENDS)}")
+        check_threads(threads, "threads")
         self.path, self.backend = Path(path), backend
         self._refuse_whole_search_on_speech()
         self._stack = contextlib.ExitStack()
@@ -158,8 +171,13 @@ class Translator:
         if self._codec is None:
             raise InputError(f"{self._opened.folder} has no tokenizer (no tokenizer/ and no vocab.json), so text cannot "
                              "be encoded; give token ids to Translator.generate")
-        if any(not isinstance(t, str) or not t.strip() for t in texts):
-            raise InputError("empty source text; give at least one symbol")
+        texts = list(texts)  # an iterator is read once
+        for n, text in enumerate(texts, 1):
+            if not isinstance(text, str):
+                raise InputError(f"text {n} is a {type(text).__name__}, not a string; texts must be a list of "
+                                 "strings" + (" (decode bytes first)" if isinstance(text, bytes) else ""))
+            if not text.strip():
+                raise InputError(f"text {n} is empty; give at least one symbol")
         return self._run([self._codec.encode(t) for t in texts], beam, max_new_tokens, alpha, batch_size,
                          self._options(scores, n_best, search), n_best is not None)
 
@@ -191,13 +209,13 @@ class Translator:
              batch_size: int, options: dict[str, Any], lists: bool) -> list[Hypothesis] | list[list[Hypothesis]]:
         if self._closed:
             raise InputError("this Translator is closed; open a new one")
-        check_decode_options(alpha, batch_size)
+        check_decode_options(alpha, batch_size, KEYWORDS)
         if not sources:
             return []
         forced = self._codec.forced_bos_id if self._codec is not None else None
         with self._lock:
             settings, decoded = decode_job(self._opened, self.backend, sources, "source", beam, alpha,
-                                           max_new_tokens, batch_size, forced, options)
+                                           max_new_tokens, batch_size, forced, options, KEYWORDS)
             outputs = list(decoded)
         found = [[self._hypothesis(out, None)] if settings.plain else
                  [self._hypothesis(h.tokens, h.score if settings.output_scores else None, h.token_logprobs)

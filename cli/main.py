@@ -90,6 +90,10 @@ class Seq2TrtGroup(click.Group):
     """Turns library errors into one clear line and an exit code."""
 
     def invoke(self, ctx: click.Context):
+        if sys.stdout is None:  # started with standard output closed (`>&-`): echo would write nowhere, exit 0
+            err_console.print("[bold red]error:[/] cannot write to standard output: it is closed; send it to a file "
+                              "or to a program that reads it", highlight=False, soft_wrap=True)
+            sys.exit(2)
         try:
             return super().invoke(ctx)
         except click.NoSuchOption as exc:

@@ -28,8 +28,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from seq2trt.reference_model.decoding import (DecodeSettings, StepModel, greedy_decode, hf_beam_search,
-                                                seeded_generator)
+from seq2trt.reference_model.decoding import (MIN_TEMPERATURE, DecodeSettings, StepModel, greedy_decode,
+                                                hf_beam_search, option_problem, seeded_generator)
 from seq2trt.reference_model.errors import ConfigError, InputError
 
 TASKS = ("transcribe", "translate")
@@ -220,8 +220,9 @@ class WindowOptions:
                              "reproduced); drop it")
         values = (0.0,) if temperature is None else \
             (temperature,) if isinstance(temperature, (int, float)) else tuple(temperature)
-        if not values or not all(_number(t) and t >= 0 for t in values):
-            raise InputError(f"temperature must be a number >= 0 or a list of them (0: greedy), got {temperature!r}")
+        if not values or not all(_number(t) and (t == 0 or option_problem("temperature", t) is None) for t in values):
+            raise InputError(f"temperature must be a number >= 0 or a list of them (0: greedy; one that samples at "
+                             f"least {MIN_TEMPERATURE:.3g}, the smallest normal float32), got {temperature!r}")
         if compression_ratio_threshold is not None and not (_number(compression_ratio_threshold)
                                                             and compression_ratio_threshold > 0):
             raise InputError(f"compression_ratio_threshold must be a number > 0 (e.g. 2.4), got "
@@ -230,8 +231,8 @@ class WindowOptions:
             raise InputError(f"logprob_threshold must be a number (e.g. -1.0), got {logprob_threshold!r}")
         if not isinstance(condition_on_prev_tokens, bool):
             raise InputError(f"condition_on_prev_tokens must be true or false, got {condition_on_prev_tokens!r}")
-        if seed is not None and not (isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0):
-            raise InputError(f"seed must be an integer >= 0, got {seed!r}")
+        if option_problem("seed", seed) is not None:
+            raise InputError(f"seed must be {option_problem('seed', seed)}, got {seed!r}")
         return cls(tuple(float(t) for t in values),
                    None if compression_ratio_threshold is None else float(compression_ratio_threshold),
                    None if logprob_threshold is None else float(logprob_threshold), condition_on_prev_tokens, seed)

@@ -178,7 +178,8 @@ def test_errors(whisper, audio, text_model, no_timestamps, tmp_path):
         ((ckpt, audio[0], "--temperature", "0,x"), ("--temperature must be a number or a comma list",)),
         ((ckpt, audio[0], "--temperature", "0,-0.2"), ("temperature must be a number >= 0",)),
         ((ckpt, audio[0], "--compression-ratio-threshold", 0), ("compression_ratio_threshold must be a number > 0",)),
-        ((ckpt, audio[0], "--seed", -3), ("seed must be an integer >= 0",)),
+        ((ckpt, audio[0], "--seed", -3), ("--seed", "must be an integer in [0, 2**64)",)),
+        ((ckpt, audio[0], "--seed", "99999999999999999999999"), ("--seed", "must be an integer in [0, 2**64)",)),
     ]
     for args, fragments in cases:
         one_error_line(invoke("transcribe", *args, "--output-ids", ids), 2, *fragments)

@@ -16,17 +16,33 @@ from seq2trt.reference_model import layout
 from seq2trt.exporters import spec
 from seq2trt.exporters.manifest import Manifest, generation, verify, writing_into
 from seq2trt.reference_model.config import Seq2SeqConfig
+from seq2trt.reference_model.errors import ArtifactError, first_line
 from seq2trt.reference_model.atomic_files import atomic_write_text
 
 from seq2trt.validation.reports import bench_table
 from seq2trt.validation.reports import parity_table
 
 
+# The command that writes each stage record the report reads (what to re-run when one is damaged).
+WRITERS = {"latency.json": "seq2trt bench OUT", "parity": "seq2trt validate OUT", "build.json": "seq2trt build OUT",
+           "fusion.json": "seq2trt fuse OUT", "quantization.json": "seq2trt quantize OUT"}
+
+
 def _load(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+    """A stage's JSON record; None when the stage never wrote it. One that is there but cannot be read (cut short,
+    not JSON, not an object) is refused: showing it as "not run" would hide that the stage ran."""
+    if not path.exists():
         return None
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        doc = exc
+    if not isinstance(doc, dict):
+        detail = f"{type(doc).__name__}: {first_line(doc)}" if isinstance(doc, Exception) else \
+            f"a JSON {type(doc).__name__}, not an object"
+        writer = next((w for k, w in WRITERS.items() if path.name.startswith(k)), "the stage that wrote it")
+        raise ArtifactError(f"{path} is damaged ({detail}); re-run `{writer}` to write it again, or delete it")
+    return doc
 
 
 def _records(out: Path, pattern: str) -> dict[str, dict | None]:
