@@ -221,8 +221,9 @@ class WindowOptions:
         values = (0.0,) if temperature is None else \
             (temperature,) if isinstance(temperature, (int, float)) else tuple(temperature)
         if not values or not all(_number(t) and (t == 0 or option_problem("temperature", t) is None) for t in values):
+            shown = ",".join(map(str, values)) if isinstance(temperature, (list, tuple)) else repr(temperature)
             raise InputError(f"temperature must be a number >= 0 or a list of them (0: greedy; one that samples at "
-                             f"least {MIN_TEMPERATURE:.3g}, the smallest normal float32), got {temperature!r}")
+                             f"least {MIN_TEMPERATURE:.3g}, the smallest normal float32), got {shown}")
         if compression_ratio_threshold is not None and not (_number(compression_ratio_threshold)
                                                             and compression_ratio_threshold > 0):
             raise InputError(f"compression_ratio_threshold must be a number > 0 (e.g. 2.4), got "

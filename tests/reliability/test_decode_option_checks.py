@@ -126,3 +126,21 @@ def test_threads_of_the_wrong_type_is_a_typed_error(numbers_export):
     root, _, _ = numbers_export
     with pytest.raises(InputError, match="^threads must be an integer"):
         seq2trt.Translator(root / "ckpt", backend="eager", threads="2")
+
+
+def test_a_decoder_past_its_positions_is_named_in_user_terms(numbers_export):
+    """"decoder: past_len + tgt_len = 65 exceeds max_tgt_len 64" named the graph's axes, not what the user did."""
+    from seq2trt.runtime.registry import open_step_model
+
+    root, model, _ = numbers_export
+    ids = np.asarray([[5, 6, model.cfg.eos_id]], np.int64)
+    mask = np.ones_like(ids)
+    with open_step_model(root / "out", "ort", None, 1) as (step_model, manifest):
+        state, past = step_model.encode(ids, mask), step_model.empty_past(1)
+        limit = manifest.limits.max_tgt_len
+        _, past = step_model.step(np.full((1, limit), model.cfg.bos_id, np.int64), mask, state, past)
+        with pytest.raises(InputError) as exc:
+            step_model.step(np.full((1, 1), model.cfg.bos_id, np.int64), mask, state, past)
+    message = str(exc.value)
+    assert f"the decoder would hold {limit + 1} tokens" in message and f"max_tgt_len {limit}" in message
+    assert "past_len" not in message and "max_new_tokens" in message
