@@ -40,6 +40,9 @@ __all__ = ["Translator", "Hypothesis", "Transcription", "TranscribedSegment", "c
 
 Audio = Union[str, Path, np.ndarray]  # a WAV/FLAC/OGG file, or float samples (n,) or (n, channels)
 
+# What a refusal of bytes adds: the API reads files and arrays, not encoded audio in memory.
+_BYTES_HINT = " (encoded audio: write them to a file, or decode them with soundfile.read(io.BytesIO(data)))"
+
 # Backends whose step model takes calls from several threads at once (see the module docstring).
 CONCURRENT_BACKENDS = ("eager", "ort", "ort-fused", "ort-int8")
 
@@ -269,7 +272,13 @@ class Translator:
         """16 kHz mono float32 clips from `audio` (see `transcribe`), each checked."""
         from seq2trt.reference_model.audio import load_audio, prepare_audio
 
-        items = [audio] if isinstance(audio, (str, Path, np.ndarray)) else list(audio)
+        if isinstance(audio, (str, Path, np.ndarray)):
+            items = [audio]
+        elif isinstance(audio, (list, tuple)):
+            items = list(audio)
+        else:
+            raise InputError(f"audio is a {type(audio).__name__}; give a file path, an array of samples, or a list "
+                             "of them" + _BYTES_HINT * isinstance(audio, (bytes, bytearray)))
         if not items:
             raise InputError("no audio given; pass a file path, an array of samples, or a list of them")
         clips = []
@@ -283,7 +292,8 @@ class Translator:
                 clips.append(prepare_audio(item, sampling_rate, max_seconds, where=f"audio {n}"))
             else:
                 raise InputError(f"audio {n} is a {type(item).__name__}; give a file path or a numpy array of float "
-                                 "samples (a list of numbers: np.asarray it first)")
+                                 "samples (a list of numbers: np.asarray it first)"
+                                 + _BYTES_HINT * isinstance(item, (bytes, bytearray)))
         return clips
 
     def close(self) -> None:

@@ -26,7 +26,7 @@ import torch
 from seq2trt.reference_model.decoding import GENERATION_OPTIONS, DecodeSettings, greedy_decode, hf_beam_search
 from seq2trt.reference_model.eager import EagerStepModel
 from seq2trt.reference_model.errors import CheckpointError, DependencyError, first_line
-from seq2trt.reference_model.hf_families import tokenizer_files
+from seq2trt.reference_model.hf_families import vocabulary_files
 from seq2trt.reference_model.model import Seq2SeqTransformer
 from seq2trt.reference_model.vocab import pad_batch
 
@@ -57,7 +57,7 @@ def load_tokenizer(folder: Path):
     """The Hugging Face tokenizer saved in `folder`, or None when it holds no tokenizer file."""
     from transformers import AutoTokenizer
 
-    if not tokenizer_files(folder):
+    if not vocabulary_files(folder):  # none, or a feature extractor's settings alone
         return None
     with warnings.catch_warnings():  # Marian's tokenizer recommends sacremoses on every load
         warnings.filterwarnings("ignore", message=".*sacremoses.*")
@@ -77,7 +77,7 @@ def load_tokenizer(folder: Path):
 
 def _bad_tokenizer(folder: Path, exc: BaseException) -> CheckpointError:
     detail = f"{type(exc).__name__}: {str(exc).splitlines()[0]}" if str(exc).strip() else type(exc).__name__
-    return CheckpointError(f"the tokenizer files in {folder} ({', '.join(tokenizer_files(folder))}) cannot be loaded "
+    return CheckpointError(f"the tokenizer files in {folder} ({', '.join(vocabulary_files(folder))}) cannot be loaded "
                            f"({detail}); re-save them with tokenizer.save_pretrained, or remove them to import "
                            "without a tokenizer")
 
@@ -420,6 +420,13 @@ def _verify_speech(src: Path, hf_model, model: Seq2SeqTransformer, gen: dict[str
     tokenizer = load_tokenizer(src)
     if tokenizer is not None:
         check_tokenizer_ids(src, tokenizer, cfg)
+    from seq2trt.exporters.whisper_features import FeatureParams
+    from seq2trt.reference_model.hf_families.whisper import FEATURE_EXTRACTOR
+
+    # The extractor the checkpoint will transcribe with, against the model: a damaged one would be copied as it is.
+    FeatureParams.from_file(src / FEATURE_EXTRACTOR, cfg.n_mels, cfg.source_frames,
+                            f"fix it (WhisperFeatureExtractor(feature_size={cfg.n_mels}).save_pretrained), or remove "
+                            f"it to transcribe with the default extractor for {cfg.n_mels} mel bins")
     features = np.stack(source_kind(cfg).random(np.random.default_rng(0), min(count, 4)))
     progress(f"comparing {len(features)} seeded feature batches with transformers")
     result = compare_speech(hf_model, model, features, gen, max_new_tokens)

@@ -169,3 +169,39 @@ def test_released_layout_that_emits_timestamps_imports_and_transcribes_as_genera
     assert [t.tokens for t in ours] == theirs
     assert all(len(t.segments) == 1 and t.segments[0].start == 0.0 for t in ours)
     assert any(tok >= begin for t in ours for tok in t.tokens)
+
+
+@pytest.mark.parametrize("damage, fragment", [
+    (lambda path: path.write_text("{not json"), "cannot be read"),
+    (lambda path: path.write_text(json.dumps({**json.loads(path.read_text()), "sampling_rate": 8000})),
+     "sampling_rate 8000"),
+    (lambda path: path.write_text(json.dumps({**json.loads(path.read_text()), "n_fft": 0})), "n_fft"),
+    (lambda path: path.write_text(json.dumps({**json.loads(path.read_text()), "feature_size": 128})),
+     "the model reads (80, 3000)"),
+])
+def test_a_damaged_feature_extractor_is_refused_at_import(tmp_path, damage, fragment):
+    """preprocessor_config.json was copied unchecked: the import said "equal to transformers" and the checkpoint
+    could not transcribe (and "re-import" copied the same file again). It is now checked against the model."""
+    from transformers import WhisperFeatureExtractor
+
+    from helpers.cli import one_error_line
+
+    src = whisper_model_dir(tmp_path / "hf")
+    WhisperFeatureExtractor(feature_size=80).save_pretrained(src)
+    damage(src / "preprocessor_config.json")
+    line = one_error_line(CliRunner().invoke(cli, ["import", "hf", str(src), "-o", str(tmp_path / "ckpt")]), 2,
+                          "preprocessor_config.json", fragment)
+    assert "re-import" not in line
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_a_feature_extractor_without_a_tokenizer_imports(tmp_path):
+    """preprocessor_config.json alone was taken for tokenizer files that cannot load, and the advice "remove them"
+    would have deleted the feature extractor's settings: it is no tokenizer, and is kept."""
+    from transformers import WhisperFeatureExtractor
+
+    src = whisper_model_dir(tmp_path / "hf")
+    WhisperFeatureExtractor(feature_size=80).save_pretrained(src)
+    result = CliRunner().invoke(cli, ["import", "hf", str(src), "-o", str(tmp_path / "ckpt")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "ckpt" / "tokenizer" / "preprocessor_config.json").is_file()
