@@ -28,11 +28,13 @@ from seq2trt.reference_model.eager import EagerStepModel
 from seq2trt.reference_model.errors import CheckpointError, DependencyError, first_line
 from seq2trt.reference_model.hf_families import vocabulary_files
 from seq2trt.reference_model.model import Seq2SeqTransformer
+from seq2trt.reference_model.numerics import FP32_LOGIT_TOLERANCE, scaled_error
 from seq2trt.reference_model.vocab import pad_batch
 
 logger = logging.getLogger(__name__)
 
-LOGIT_TOLERANCE = 1e-4  # max |ours - transformers| / max(1, max |transformers|), fp32 both sides
+# max |ours - transformers| / max(1, max |transformers|), fp32 both sides: validate's bound too (numerics.py)
+LOGIT_TOLERANCE = FP32_LOGIT_TOLERANCE
 BEAM_SIZE = 4
 
 
@@ -152,9 +154,7 @@ def _generated(sequences: torch.Tensor, eos_id: int) -> list[list[int]]:
     return out
 
 
-def _scaled_err(ours: np.ndarray, theirs: np.ndarray) -> tuple[float, float]:
-    err = float(np.abs(ours - theirs).max()) if ours.size else 0.0
-    return err, err / max(1.0, float(np.abs(theirs).max()) if theirs.size else 1.0)
+_scaled_err = scaled_error
 
 
 def _step_logits(recorded: list[tuple[int, np.ndarray, np.ndarray]], ours_greedy: list[list[int]],
