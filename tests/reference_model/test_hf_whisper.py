@@ -205,3 +205,11 @@ def test_a_feature_extractor_without_a_tokenizer_imports(tmp_path):
     result = CliRunner().invoke(cli, ["import", "hf", str(src), "-o", str(tmp_path / "ckpt")])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "ckpt" / "tokenizer" / "preprocessor_config.json").is_file()
+
+
+def test_no_speech_threshold_in_the_generation_config_is_named_at_import(tmp_path):
+    """The import ran transformers' generate with it, which failed (UnboundLocalError: logprobs, without a
+    logprob_threshold) and was reported as transformers' own model failing on the source."""
+    src = whisper_model_dir(tmp_path / "hf", generation=dict(no_speech_threshold=0.6))
+    with pytest.raises(ConfigError, match="generation_config.json: no_speech_threshold 0.6 is not supported.*remove it"):
+        config_from_hf(src)
