@@ -64,9 +64,6 @@ def open_decoder(source: Path, backend: str, checkpoint: Path | None, threads: i
 
 
 def _open_decoder(source: Path, backend: str, checkpoint: Path | None, threads: int):
-    if not source.exists():
-        raise InputError(f"{source} does not exist; give a checkpoint directory (--backend eager) or an export "
-                         "directory")
     if (source / layout.MANIFEST).exists():
         from seq2trt.runtime.registry import open_step_model
 
@@ -77,6 +74,8 @@ def _open_decoder(source: Path, backend: str, checkpoint: Path | None, threads: 
             yield OpenedDecoder(model, manifest.config, checkpoint_folder(source, manifest, checkpoint),
                                 (manifest.limits.max_src_len, "the export's max_src_len"), manifest.limits.max_batch)
         return
+    if backend != "eager" and not source.exists():
+        raise InputError(f"{source} not found; give an export directory (or a checkpoint with --backend eager)")
     if backend != "eager":
         raise InputError(f"--backend {backend} runs exported graphs: {source} is a checkpoint, not an export "
                          f"directory; export it first (`seq2trt export {source} -o OUT`) and translate OUT")

@@ -28,15 +28,18 @@ WRITERS = {"latency.json": "seq2trt bench OUT", "parity": "seq2trt validate OUT"
            "fusion.json": "seq2trt fuse OUT", "quantization.json": "seq2trt quantize OUT"}
 
 
-def _load(path: Path) -> dict | None:
-    """A stage's JSON record; None when the stage never wrote it. One that is there but cannot be read (cut short,
-    not JSON, not an object) is refused: showing it as "not run" would hide that the stage ran."""
+def _load(path: Path, strict: bool = False) -> dict | None:
+    """A stage's JSON record; None when the stage never wrote it, or (not `strict`: a row among others, which the
+    table marks unreadable) when it cannot be read. A `strict` one that is there but cannot be read (cut short, not
+    JSON, not an object) is refused: showing a section as "not run" would hide that the stage ran."""
     if not path.exists():
         return None
     try:
         doc = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         doc = exc
+    if not isinstance(doc, dict) and not strict:
+        return None
     if not isinstance(doc, dict):
         detail = f"{type(doc).__name__}: {first_line(doc)}" if isinstance(doc, Exception) else \
             f"a JSON {type(doc).__name__}, not an object"
@@ -150,7 +153,7 @@ def _axis_ranges(cfg: Seq2SeqConfig, kind: spec.GraphKind, profiles: dict) -> di
 
 def _parity(out: Path) -> list[str]:
     runs = sorted(layout.reports_dir(out).glob("parity-*.json")) or sorted(layout.reports_dir(out).glob("parity.json"))
-    docs = {p.stem: _load(p) for p in runs}
+    docs = {p.stem: _load(p, strict=True) for p in runs}
     docs = {k: v for k, v in docs.items() if v}
     if not docs:
         return ["## Parity", "", "Not run (`seq2trt validate OUT`).", ""]
@@ -172,7 +175,7 @@ def _parity(out: Path) -> list[str]:
 
 
 def _latency(out: Path) -> list[str]:
-    doc = _load(layout.reports_dir(out) / "latency.json")
+    doc = _load(layout.reports_dir(out) / "latency.json", strict=True)
     if not doc:
         return ["## Latency", "", "Not run (`seq2trt bench OUT`).", ""]
     if doc.get("kind") == "speech":  # a Whisper export's bench: its own table (validation/bench/speech_bench.py)
