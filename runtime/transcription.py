@@ -23,7 +23,8 @@ import numpy as np
 from seq2trt.reference_model import layout
 from seq2trt.reference_model.errors import ConfigError, InputError
 from seq2trt.reference_model.hf_families.whisper import FEATURE_EXTRACTOR
-from seq2trt.runtime.decode_jobs import OpenedDecoder, batch_rows, generation_config, open_decoder
+from seq2trt.runtime.decode_jobs import (OpenedDecoder, batch_rows, check_beam_memory, generation_config,
+                                        open_decoder)
 from seq2trt.runtime.registry import names
 
 logger = logging.getLogger(__name__)
@@ -193,6 +194,7 @@ class Transcriber:
         if max_new_tokens is not None:  # every language's prompt is as long: any one measures the room left
             generation_limit(self.config, self.speech.prompt(code or next(iter(self.speech.languages), None), task),
                              max_new_tokens)
+        check_beam_memory(self.config, self.beams(beam), "beam size")  # a hang or a huge allocation otherwise
         return batch_rows(batch_size, self.opened.max_batch, self.beams(beam))
 
     def decode_text(self, tokens: list[int]) -> str | None:
