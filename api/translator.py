@@ -31,7 +31,7 @@ import numpy as np
 from seq2trt.reference_model.decoding import GNMT_ALPHA
 from seq2trt.reference_model.errors import InputError
 from seq2trt.runtime.registry import CONCURRENT_BACKENDS, DECODE_BACKENDS  # CONCURRENT: the kinds' modules say
-from seq2trt.runtime.decode_jobs import check_decode_options, decode_job, has_tokenizer, open_decoder
+from seq2trt.runtime.decode_jobs import check_decode_options, check_threads, decode_job, has_tokenizer, open_decoder
 from seq2trt.runtime.transcription import (MAX_SECONDS, TRANSCRIBE_BACKENDS, TranscribedSegment, Transcriber,
                                            Transcription, check_backend, refuse_speech_model, refuse_text_model)
 
@@ -39,6 +39,9 @@ __all__ = ["Translator", "Hypothesis", "Transcription", "TranscribedSegment", "c
            "CONCURRENT_BACKENDS", "SEARCH_OPTIONS"]
 
 Audio = Union[str, Path, np.ndarray]  # a WAV/FLAC/OGG file, or float samples (n,) or (n, channels)
+
+# What a refusal of bytes adds: the API reads files and arrays, not encoded audio in memory.
+_BYTES_HINT = " (encoded audio: write them to a file, or decode them with soundfile.read(io.BytesIO(data)))"
 
 # Keyword options of translate/generate -> the DecodeSettings field each sets (decode_jobs.OPTION_FLAGS: the
 # CLI's flags of the same names).
@@ -63,6 +66,13 @@ class Hypothesis:
     token_logprobs: tuple[float, ...] | None = None
 
 
+# translate/generate's keywords by the DecodeSettings field (or decode_job option) each sets: what the API's
+# messages name (the CLI's name its flags, decode_jobs.OPTION_FLAGS).
+KEYWORDS = {**{field: keyword for keyword, field in SEARCH_OPTIONS.items()}, "num_return_sequences": "n_best",
+            "output_scores": "scores", "beam": "beam", "alpha": "alpha", "max_new_tokens": "max_new_tokens",
+            "batch_size": "batch_size"}
+
+
 class Translator:
     """A checkpoint (backend "eager") or an export directory (any backend of `seq2trt.DECODE_BACKENDS`) opened for
     decoding. `threads`: ONNX Runtime's intra-op threads, and torch's while the Translator is open. `checkpoint`:
@@ -76,8 +86,12 @@ class Translator:
 
     def __init__(self, path: str | Path, backend: str = "ort-fused", threads: int = 1,
                  checkpoint: str | Path | None = None, src_lang: str | None = None, tgt_lang: str | None = None):
+        if not isinstance(path, (str, Path)):
+            raise InputError(f"path must be a checkpoint or export directory (a str or Path), got "
+                             f"{type(path).__name__} {path!r}")
         if backend not in DECODE_BACKENDS:
             raise InputError(f"unknown backend {backend!r}; choose one of {', '.join(DECODE_BACKENDS)}")
+        check_threads(threads, "threads")
         self.path, self.backend = Path(path), backend
         self._refuse_whole_search_on_speech()
         self._stack = contextlib.ExitStack()
@@ -145,8 +159,13 @@ class Translator:
         if self._codec is None:
             raise InputError(f"{self._opened.folder} has no tokenizer (no tokenizer/ and no vocab.json), so text cannot "
                              "be encoded; give token ids to Translator.generate")
-        if any(not isinstance(t, str) or not t.strip() for t in texts):
-            raise InputError("empty source text; give at least one symbol")
+        texts = list(texts)  # an iterator is read once
+        for n, text in enumerate(texts, 1):
+            if not isinstance(text, str):
+                raise InputError(f"text {n} is a {type(text).__name__}, not a string; texts must be a list of "
+                                 "strings" + (" (decode bytes first)" if isinstance(text, bytes) else ""))
+            if not text.strip():
+                raise InputError(f"text {n} is empty; give at least one symbol")
         return self._run([self._codec.encode(t) for t in texts], beam, max_new_tokens, alpha, batch_size,
                          self._options(scores, n_best, search), n_best is not None)
 
@@ -178,13 +197,13 @@ class Translator:
              batch_size: int, options: dict[str, Any], lists: bool) -> list[Hypothesis] | list[list[Hypothesis]]:
         if self._closed:
             raise InputError("this Translator is closed; open a new one")
-        check_decode_options(alpha, batch_size)
+        check_decode_options(alpha, batch_size, KEYWORDS)
         if not sources:
             return []
         forced = self._codec.forced_bos_id if self._codec is not None else None
         with self._lock:
             settings, decoded = decode_job(self._opened, self.backend, sources, "source", beam, alpha,
-                                           max_new_tokens, batch_size, forced, options)
+                                           max_new_tokens, batch_size, forced, options, KEYWORDS)
             outputs = list(decoded)
         found = [[self._hypothesis(out, None)] if settings.plain else
                  [self._hypothesis(h.tokens, h.score if settings.output_scores else None, h.token_logprobs)
@@ -238,7 +257,13 @@ class Translator:
         """16 kHz mono float32 clips from `audio` (see `transcribe`), each checked."""
         from seq2trt.reference_model.audio import load_audio, prepare_audio
 
-        items = [audio] if isinstance(audio, (str, Path, np.ndarray)) else list(audio)
+        if isinstance(audio, (str, Path, np.ndarray)):
+            items = [audio]
+        elif isinstance(audio, (list, tuple)):
+            items = list(audio)
+        else:
+            raise InputError(f"audio is a {type(audio).__name__}; give a file path, an array of samples, or a list "
+                             "of them" + _BYTES_HINT * isinstance(audio, (bytes, bytearray)))
         if not items:
             raise InputError("no audio given; pass a file path, an array of samples, or a list of them")
         clips = []
@@ -252,7 +277,8 @@ class Translator:
                 clips.append(prepare_audio(item, sampling_rate, max_seconds, where=f"audio {n}"))
             else:
                 raise InputError(f"audio {n} is a {type(item).__name__}; give a file path or a numpy array of float "
-                                 "samples (a list of numbers: np.asarray it first)")
+                                 "samples (a list of numbers: np.asarray it first)"
+                                 + _BYTES_HINT * isinstance(item, (bytes, bytearray)))
         return clips
 
     def close(self) -> None:

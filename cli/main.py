@@ -86,16 +86,33 @@ def _stdout_broken(exc: BaseException) -> bool:
     return True
 
 
+# Verbs whose arguments may start with '-' (texts, file names): what click's "No such option" adds for them.
+_DASH_HINTS = {"translate": ("to translate a text that starts with '-'", "the texts", "seq2trt translate SOURCE"),
+               "transcribe": ("to transcribe a file whose name starts with '-'", "the files",
+                              "seq2trt transcribe MODEL")}
+
+
 class Seq2TrtGroup(click.Group):
     """Turns library errors into one clear line and an exit code."""
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["seq2trt.argv"] = list(args)  # the verb's raw arguments, for the '-' hint below
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context):
+        if sys.stdout is None:  # started with standard output closed (`>&-`): echo would write nowhere, exit 0
+            err_console.print("[bold red]error:[/] cannot write to standard output: it is closed; send it to a file "
+                              "or to a program that reads it", highlight=False, soft_wrap=True)
+            sys.exit(2)
         try:
             return super().invoke(ctx)
         except click.NoSuchOption as exc:
-            if ctx.invoked_subcommand == "translate" and not exc.possibilities:  # most likely a text such as -5
-                exc.message = (f"{exc.message.rstrip('.')}; to translate a text that starts with '-', put `--` before "
-                               f"the texts: seq2trt translate SOURCE -- {exc.option_name}")
+            # most likely a text such as -5, or a file named -dash.wav
+            if ctx.invoked_subcommand in _DASH_HINTS and not exc.possibilities:
+                what, them, usage = _DASH_HINTS[ctx.invoked_subcommand]
+                given = next((a for a in ctx.meta.get("seq2trt.argv", ()) if a.startswith(exc.option_name)),
+                             exc.option_name)  # "-dash.wav", which click names "-d"
+                exc.message = (f"{exc.message.rstrip('.')}; {what}, put `--` before {them}: {usage} -- {given}")
             raise
         except (KeyboardInterrupt, Exception) as exc:
             # A signal can land inside a library that turns it into an error of its own (torch.onnx.export wraps

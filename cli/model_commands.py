@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from seq2trt.cli.options import SEED
 from seq2trt.reference_model.decoding import GNMT_ALPHA
 from seq2trt.reference_model.config import PRESETS
 from seq2trt.reference_model.errors import InputError
@@ -26,7 +27,7 @@ from seq2trt.runtime.transcription import refuse_speech_model
 @click.option("--steps", type=int, default=TrainSettings.steps, show_default=True)
 @click.option("--batch-size", type=int, default=TrainSettings.batch_size, show_default=True)
 @click.option("--lr", type=float, default=TrainSettings.lr, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--eval-examples", type=int, default=TrainSettings.eval_examples, show_default=True,
               help="Held-out examples decoded for heldout_exact_match.")
 @click.option("--force", is_flag=True, help="Replace an existing checkpoint directory.")
@@ -139,7 +140,7 @@ def _check_output_ids(output: Path, ids_file: Path | None, read: list[Path]) -> 
 @click.option("--temperature", type=float, help="Sampling temperature (default: the model's, else 1.0).")
 @click.option("--top-k", type=int, help="Sample among the k likeliest tokens; 0: all (default: the model's, else 50).")
 @click.option("--top-p", type=float, help="Sample within top-p probability mass (default: the model's, else 1.0).")
-@click.option("--seed", type=int, help="Seed of the sampling (transformers' torch.manual_seed). Default: random.")
+@click.option("--seed", type=SEED, help="Seed of the sampling (transformers' torch.manual_seed). Default: random.")
 @click.option("--n-best", type=int, help="Hypotheses a source: at most --beam, or this many samples "
                    "(default: the model's num_return_sequences, else 1).")
 @click.option("--scores", is_flag=True, help="Print each hypothesis's score (beam: Hugging Face's sequences_scores, "
@@ -168,6 +169,9 @@ def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path
 
     if bool(texts) == bool(ids_file):
         raise InputError("give either TEXTS or --ids-file F (JSON lines of source ids), not both or neither")
+    if flags["token_logprobs"] and output_ids is None:
+        raise InputError("--token-logprobs writes each token's log-probability to --output-ids (the printed lines "
+                         "hold the text alone); add --output-ids FILE")
     check_decode_options(alpha, batch_size)
     if any(not t.strip() for t in texts):
         raise InputError("empty source text; give at least one symbol")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from seq2trt.cli.options import SEED
 from seq2trt.reference_model.errors import InputError
 from seq2trt.runtime.transcription import MAX_SECONDS, TRANSCRIBE_BACKENDS
 
@@ -83,7 +84,7 @@ def _check_output_path(output: Path, audio: tuple[Path, ...], read: list[Path]) 
               help="Fall back when a window's zlib compression ratio is above this (e.g. 2.4).")
 @click.option("--logprob-threshold", type=float, default=None,
               help="Fall back when a window's average log-probability is below this (e.g. -1.0).")
-@click.option("--seed", type=int, default=None, help="Seed of the sampling draws (each batch: torch.manual_seed).")
+@click.option("--seed", type=SEED, default=None, help="Seed of the sampling draws (each batch: torch.manual_seed).")
 def transcribe(source: Path, audio: tuple[Path, ...], language: str | None, task: str | None, timestamps: bool,
                backend: str, beam: int | None, max_new_tokens: int | None, fmt: str, output_ids: Path | None,
                batch_size: int, max_seconds: float, checkpoint: Path | None, threads: int,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from seq2trt.cli.options import SEED
 from seq2trt.validation.validate import BACKENDS, GRAPH_SETS
 
 
@@ -30,7 +31,7 @@ from seq2trt.validation.validate import BACKENDS, GRAPH_SETS
               help="ONNX Runtime provider: CPU, CUDA, or CUDA when present.")
 @click.option("--threads", type=int, default=1, show_default=True,
               help="ONNX Runtime intra-op threads (0: one per core).")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--localize", is_flag=True,
               help="Also localise the worst clean case of each graph (failing and near-tie cases always are): which "
                    "layer and sub-block first exceeds the tolerance, error growth by layer, that block's op types.")

@@ -31,7 +31,7 @@ from seq2trt.exporters import spec
 from seq2trt.exporters.torch_cache import check_torch_cache, reused_torchlib_registry
 from seq2trt.reference_model import layout
 from seq2trt.reference_model.atomic_files import atomic_write_bytes
-from seq2trt.reference_model.errors import ConfigError, DependencyError, InputError
+from seq2trt.reference_model.errors import ConfigError, DependencyError, InputError, first_line
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +67,43 @@ class FeatureParams:
     def n_frames(self) -> int:
         """STFT frames without the last one: 3000 for 30 s."""
         return self.n_samples // self.hop_length
+
+    @classmethod
+    def from_file(cls, path: Path, n_mels: int, frames: int, advice: str) -> "FeatureParams":
+        """The settings of the preprocessor_config.json at `path` (transformers' defaults for `n_mels` bins when
+        there is none), checked against a model reading (n_mels, frames) features of 16 kHz audio; a file that
+        cannot be read or does not fit is refused with one line ending in `advice`."""
+        from seq2trt.reference_model.audio import SAMPLING_RATE
+
+        try:
+            from transformers import WhisperFeatureExtractor
+        except ImportError:
+            raise DependencyError("computing log-mel features needs transformers' mel filters, which is not "
+                                  "installed; pip install 'seq2trt[hf]'") from None
+        path = Path(path)
+        if not path.is_file():
+            return cls.from_extractor(WhisperFeatureExtractor(feature_size=n_mels))
+        import json
+
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"{path} cannot be read: it is not JSON ({first_line(exc)}); {advice}") from None
+        try:
+            extractor = WhisperFeatureExtractor.from_pretrained(str(path.parent), local_files_only=True)
+            params = cls.from_extractor(extractor)
+        except Exception as exc:  # a foreign or inconsistent file: transformers raises anything from OSError to KeyError
+            shown = ", ".join(f"{k} {raw.get(k)!r}" for k in ("feature_size", "n_fft", "hop_length", "chunk_length")
+                              if isinstance(raw, dict) and k in raw)
+            raise ConfigError(f"{path} cannot be read as a Whisper feature extractor ({shown}; "
+                              f"{type(exc).__name__}: {first_line(exc)}); {advice}") from None
+        if params.sampling_rate != SAMPLING_RATE:
+            raise ConfigError(f"{path} sets sampling_rate {params.sampling_rate}; Whisper's front end reads "
+                              f"{SAMPLING_RATE} Hz audio (seq2trt resamples every clip to it); {advice}")
+        if (params.n_mels, params.n_frames) != (n_mels, frames):
+            raise ConfigError(f"{path} makes ({params.n_mels}, {params.n_frames}) features and the model reads "
+                              f"({n_mels}, {frames}); {advice}")
+        return params
 
     @classmethod
     def from_extractor(cls, fe) -> "FeatureParams":

@@ -62,10 +62,12 @@ class Seq2TrtEncoder(torch.nn.Module):
         super().__init__()
         self.runner = runner
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, return_dict: bool = True,
-                **kwargs: Any) -> Seq2TrtEncoderOutput:
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                return_dict: bool = True, **kwargs: Any) -> Seq2TrtEncoderOutput:
         if not self.runner.is_active:
             raise InputError("this Seq2TrtModelForSeq2SeqLM is closed (its sessions released); load it again")
+        if input_ids is None:  # generate(inputs_embeds=...): the graph embeds ids itself
+            raise InputError("the export's encoder graph takes token ids, not inputs_embeds; pass input_ids")
         ids = _to_numpy(input_ids, np.dtype(np.int64))
         mask = np.ones_like(ids) if attention_mask is None else _to_numpy(attention_mask, np.dtype(np.int64))
         out = self.runner.infer({"input_ids": ids, "attention_mask": mask})
@@ -163,6 +165,11 @@ class Seq2TrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         if not (out / "manifest.json").is_file():
             raise InputError(f"{out} is not an export directory (no manifest.json); export the checkpoint first "
                              f"(`seq2trt export CHECKPOINT -o {out}`)")
+        from seq2trt.exporters.manifest import read_manifest
+
+        if read_manifest(out).config.audio:  # refused here, not at the first generate
+            raise InputError(f"{out} is the export of a speech model (it reads audio, not token ids); transcribe "
+                             "with seq2trt.Translator(out).transcribe or `seq2trt transcribe`")
         stack = contextlib.ExitStack()
         try:
             step_model, manifest = stack.enter_context(open_step_model(out, backend, checkpoint and Path(checkpoint),
@@ -187,6 +194,21 @@ class Seq2TrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def save_pretrained(self, *args: Any, **kwargs: Any) -> None:
+        raise InputError("a Seq2TrtModelForSeq2SeqLM runs an export's graphs and holds no weights, so it cannot be "
+                         f"saved; copy the export directory ({self.config.name_or_path}) instead, or save the "
+                         "original transformers model")
+
+    def to(self, *args: Any, **kwargs: Any) -> "Seq2TrtModelForSeq2SeqLM":
+        """The graphs run where their backend runs (ONNX Runtime's CPU provider, TensorRT's GPU); tensors stay on
+        the CPU. A CUDA device is refused where there is none (it was a silent no-op); any other move changes
+        nothing."""
+        device = torch._C._nn._parse_to(*args, **kwargs)[0]
+        if device is not None and device.type == "cuda" and not torch.cuda.is_available():
+            raise InputError(f"CUDA is not available here, so the model cannot move to {device}; its graphs run on "
+                             f"the {self.backend} backend, on the CPU for ONNX Runtime")
+        return self
 
     @property
     def device(self) -> torch.device:

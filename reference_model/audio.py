@@ -9,12 +9,15 @@ soundfile and soxr are the `audio` extra, imported only when audio is read.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
 import numpy as np
 
 from seq2trt.reference_model.errors import DependencyError, InputError, first_line
+
+logger = logging.getLogger(__name__)
 
 SAMPLING_RATE = 16000  # what Whisper's feature extractor reads
 RESAMPLE_QUALITY = "HQ"  # soxr's quality preset: librosa's and datasets' default
@@ -94,6 +97,24 @@ def load_audio(path: Union[str, Path], max_seconds: Optional[float] = None) -> n
         samples, rate = sf.read(str(path), dtype="float32", always_2d=True)
     except (sf.SoundFileError, RuntimeError) as exc:
         why = getattr(exc, "error_string", None) or first_line(exc)  # libsndfile's reason, without the path
+        if "does not exist" in why:  # libsndfile's reason when its MPEG decoder finds no stream; the file exists
+            why = "no audio stream it can decode"
         raise InputError(f"{where} is corrupt or in a format libsndfile cannot read ({why}); "
                          f"give a {FORMATS} file") from None
+    announced = _announced_frames(info)
+    if announced > len(samples):  # a file cut short: libsndfile reads what is there
+        logger.warning("%s is cut short: its header announces %.2f s of audio and it holds %.2f s; transcribing "
+                       "what is there", where, announced / rate, len(samples) / rate)
     return prepare_audio(samples, rate, max_seconds, where)
+
+
+def _announced_frames(info) -> float:
+    """The frames a file's header announces. libsndfile counts the frames the file holds, and notes in its log a
+    WAV data chunk larger than the file ("data : 192000 (should be 63946)"): the announced count is its frames
+    scaled by the chunk's claimed bytes over those present."""
+    import re
+
+    found = re.search(r"^data\s*:\s*(\d+)\s*\(should be (\d+)\)", info.extra_info or "", re.MULTILINE)
+    if found is None or int(found[2]) <= 0:
+        return info.frames
+    return info.frames * int(found[1]) / int(found[2])

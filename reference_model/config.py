@@ -276,6 +276,12 @@ def memory_parts(cfg: Seq2SeqConfig) -> dict[str, int]:
             "decoder": 4 * cfg.num_decoder_layers * (8 * d * inner + 6 * inner + 2 * d + ffn + 6 * d + relative)}
 
 
+def beam_bytes(cfg: Seq2SeqConfig) -> int:
+    """Bytes one beam of a search holds at most: float32 logits and scores over the vocabulary (4 copies) and the
+    decoder's self- and cross-attention K/V at full length."""
+    return 4 * (4 * cfg.tgt_vocab_size + 2 * cfg.num_decoder_layers * 2 * cfg.max_positions * cfg.d_model)
+
+
 def physical_memory() -> int:
     """The machine's memory in bytes."""
     import os

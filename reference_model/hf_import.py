@@ -25,7 +25,7 @@ import torch
 from seq2trt.reference_model import hf_verify
 from seq2trt.reference_model.atomic_files import sha256_file
 from seq2trt.reference_model.checkpoint import _read_pt, _read_safetensors, load_state_dict_checked, save_checkpoint
-from seq2trt.reference_model.config import Seq2SeqConfig, memory_parts, physical_memory
+from seq2trt.reference_model.config import Seq2SeqConfig, beam_bytes, memory_parts, physical_memory
 from seq2trt.reference_model.errors import CheckFailed, CheckpointError, ConfigError
 from seq2trt.reference_model.hf_families import (FAMILIES, REFUSED, SUPPORTED_LAYERS, FamilyAdapter, adapter_for,
                                                  transformers_major)
@@ -155,7 +155,7 @@ def _check_memory(config: Path, adapter: FamilyAdapter, cfg: Seq2SeqConfig, beam
         raise ConfigError(f"{config} describes a model of about {need / 8:.2g} parameters ({need / 2**30:,.0f} GiB "
                           f"to import), more than this machine's {total / 2**30:,.0f} GiB of memory; most of it is "
                           f"the {biggest} ({adapter.part_keys[biggest]}): check those values")
-    per_beam = 4 * (4 * cfg.tgt_vocab_size + 2 * cfg.num_decoder_layers * 2 * cfg.max_positions * cfg.d_model)
+    per_beam = beam_bytes(cfg)
     if beams * per_beam > total // 2:
         raise ConfigError(f"{beams_file}: num_beams {beams} needs about {beams * per_beam / 2**30:,.0f} GiB for one "
                           f"source's beam search, over half this machine's {total / 2**30:,.0f} GiB of memory; "

@@ -26,13 +26,15 @@ import torch
 from seq2trt.reference_model.decoding import GENERATION_OPTIONS, DecodeSettings, greedy_decode, hf_beam_search
 from seq2trt.reference_model.eager import EagerStepModel
 from seq2trt.reference_model.errors import CheckpointError, DependencyError, first_line
-from seq2trt.reference_model.hf_families import tokenizer_files
+from seq2trt.reference_model.hf_families import vocabulary_files
 from seq2trt.reference_model.model import Seq2SeqTransformer
+from seq2trt.reference_model.numerics import FP32_LOGIT_TOLERANCE, scaled_error
 from seq2trt.reference_model.vocab import pad_batch
 
 logger = logging.getLogger(__name__)
 
-LOGIT_TOLERANCE = 1e-4  # max |ours - transformers| / max(1, max |transformers|), fp32 both sides
+# max |ours - transformers| / max(1, max |transformers|), fp32 both sides: validate's bound too (numerics.py)
+LOGIT_TOLERANCE = FP32_LOGIT_TOLERANCE
 BEAM_SIZE = 4
 _LIBRARY_MAX_LENGTH = 20  # generate's model-agnostic max_length (GenerationConfig's default in transformers 4.x)
 
@@ -59,7 +61,7 @@ def load_tokenizer(folder: Path):
     """The Hugging Face tokenizer saved in `folder`, or None when it holds no tokenizer file."""
     from transformers import AutoTokenizer
 
-    if not tokenizer_files(folder):
+    if not vocabulary_files(folder):  # none, or a feature extractor's settings alone
         return None
     with warnings.catch_warnings():  # Marian's tokenizer recommends sacremoses on every load
         warnings.filterwarnings("ignore", message=".*sacremoses.*")
@@ -82,7 +84,7 @@ def load_tokenizer(folder: Path):
 
 def _bad_tokenizer(folder: Path, exc: BaseException) -> CheckpointError:
     detail = f"{type(exc).__name__}: {str(exc).splitlines()[0]}" if str(exc).strip() else type(exc).__name__
-    return CheckpointError(f"the tokenizer files in {folder} ({', '.join(tokenizer_files(folder))}) cannot be loaded "
+    return CheckpointError(f"the tokenizer files in {folder} ({', '.join(vocabulary_files(folder))}) cannot be loaded "
                            f"({detail}); re-save them with tokenizer.save_pretrained, or remove them to import "
                            "without a tokenizer")
 
@@ -161,9 +163,7 @@ def _generated(sequences: torch.Tensor, eos_id: int) -> list[list[int]]:
     return out
 
 
-def _scaled_err(ours: np.ndarray, theirs: np.ndarray) -> tuple[float, float]:
-    err = float(np.abs(ours - theirs).max()) if ours.size else 0.0
-    return err, err / max(1.0, float(np.abs(theirs).max()) if theirs.size else 1.0)
+_scaled_err = scaled_error
 
 
 def _step_logits(recorded: list[tuple[int, np.ndarray, np.ndarray]], ours_greedy: list[list[int]],
@@ -235,8 +235,13 @@ def compare_speech(hf_model, model: Seq2SeqTransformer, features: np.ndarray, ge
                    max_new_tokens: int | None) -> dict[str, Any]:
     """`compare` for a speech model on a (B, n_mels, frames) feature batch: encoder states, the step logits of
     greedy search, greedy and beam tokens against transformers' `generate(input_features, language, task)` with a
-    given language (the first the model knows), and the languages transformers detects against ours."""
-    from seq2trt.reference_model.speech import SpeechTokens, detect_languages, generation_limit, transcribe_features
+    given language (the first the model knows), and the languages transformers detects against ours.
+
+    The tokens are judged on what each side transcribes: transformers' plain output (its long-form loop runs for
+    short inputs too, so a model that emits a timestamp pair is decoded again from it inside the window) against
+    our `transcribe`, which follows it. The step logits are those of one decode of each window's first pass
+    (generate with `force_unique_generate_call`, whose returned logits are that call's)."""
+    from seq2trt.reference_model.speech import SpeechTokens, detect_languages, generation_limit, transcribe
 
     cfg, speech = model.cfg, SpeechTokens.from_record(gen.get("speech"))
     language = next(iter(speech.languages), None) if speech.multilingual else None
@@ -253,20 +258,26 @@ def compare_speech(hf_model, model: Seq2SeqTransformer, features: np.ndarray, ge
     settings = dataclasses.replace(DecodeSettings.for_model(cfg, 1, gen), prompt=prompt, max_new_tokens=limit,
                                    do_sample=False, num_return_sequences=1)
     recorded: list[tuple[int, np.ndarray, np.ndarray]] = []
-    ours_greedy = greedy_decode(step_model, features, mask, settings,
-                                on_step=lambda step, rows, logits: recorded.append((step, rows.copy(), logits.copy())))
-    ours_beam = transcribe_features(step_model, cfg, speech, features, language=language, task="transcribe",
-                                    beam_size=BEAM_SIZE, length_penalty=gen["length_penalty"],
-                                    early_stopping=gen["early_stopping"], max_new_tokens=limit, generation=gen)
+    ours_first = greedy_decode(step_model, features, mask, settings,
+                               on_step=lambda step, rows, logits: recorded.append((step, rows.copy(), logits.copy())))
+    ours_greedy, ours_beam = ([t.tokens for t in transcribe(
+        step_model, cfg, speech, list(features), language=language, task="transcribe", beam_size=beams,
+        length_penalty=gen["length_penalty"], early_stopping=gen["early_stopping"], max_new_tokens=limit,
+        generation=gen)] for beams in (1, BEAM_SIZE))
     common = dict(input_features=x, max_new_tokens=limit, do_sample=False,
                   **({"language": language, "task": "transcribe"} if speech.multilingual else {}))
     with torch.inference_mode(), _transformers_runs(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        greedy = hf_model.generate(**common, num_beams=1, output_logits=True, return_dict_in_generate=True)
+        first = hf_model.generate(**common, num_beams=1, output_logits=True, return_dict_in_generate=True,
+                                  force_unique_generate_call=True)
+        greedy = hf_model.generate(**common, num_beams=1)
         beam = hf_model.generate(**common, num_beams=BEAM_SIZE, length_penalty=gen["length_penalty"],
-                                 early_stopping=gen["early_stopping"], return_dict_in_generate=True)
-    theirs_greedy, theirs_beam = (whisper_generated(out.sequences, len(prompt), cfg.eos_id) for out in (greedy, beam))
-    compared, logit_err, logit_rel = _step_logits(recorded, ours_greedy, theirs_greedy, greedy.logits, cfg.eos_id)
+                                 early_stopping=gen["early_stopping"])
+    theirs_greedy, theirs_beam = ([r[: r.index(cfg.eos_id)] if cfg.eos_id in r else r for r in out.tolist()]
+                                  for out in (greedy, beam))  # no prompt, padded with pad (eos) on the right
+    compared, logit_err, logit_rel = _step_logits(recorded, ours_first,
+                                                  whisper_generated(first.sequences, len(prompt), cfg.eos_id),
+                                                  first.logits, cfg.eos_id)
     result = {"sources": len(features), "language": language, "prompt": list(prompt),
               "encoder_max_abs_err": enc_err, "encoder_scaled_err": enc_rel,
               "step_logits_compared": compared, "logits_max_abs_err": logit_err,
@@ -419,6 +430,13 @@ def _verify_speech(src: Path, hf_model, model: Seq2SeqTransformer, gen: dict[str
     tokenizer = load_tokenizer(src)
     if tokenizer is not None:
         check_tokenizer_ids(src, tokenizer, cfg)
+    from seq2trt.exporters.whisper_features import FeatureParams
+    from seq2trt.reference_model.hf_families.whisper import FEATURE_EXTRACTOR
+
+    # The extractor the checkpoint will transcribe with, against the model: a damaged one would be copied as it is.
+    FeatureParams.from_file(src / FEATURE_EXTRACTOR, cfg.n_mels, cfg.source_frames,
+                            f"fix it (WhisperFeatureExtractor(feature_size={cfg.n_mels}).save_pretrained), or remove "
+                            f"it to transcribe with the default extractor for {cfg.n_mels} mel bins")
     features = np.stack(source_kind(cfg).random(np.random.default_rng(0), min(count, 4)))
     progress(f"comparing {len(features)} seeded feature batches with transformers")
     result = compare_speech(hf_model, model, features, gen, max_new_tokens)

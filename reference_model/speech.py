@@ -28,8 +28,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from seq2trt.reference_model.decoding import (DecodeSettings, StepModel, greedy_decode, hf_beam_search,
-                                                seeded_generator)
+from seq2trt.reference_model.decoding import (MIN_TEMPERATURE, DecodeSettings, StepModel, greedy_decode,
+                                                hf_beam_search, option_problem, seeded_generator)
 from seq2trt.reference_model.errors import ConfigError, InputError
 
 TASKS = ("transcribe", "translate")
@@ -220,8 +220,10 @@ class WindowOptions:
                              "reproduced); drop it")
         values = (0.0,) if temperature is None else \
             (temperature,) if isinstance(temperature, (int, float)) else tuple(temperature)
-        if not values or not all(_number(t) and t >= 0 for t in values):
-            raise InputError(f"temperature must be a number >= 0 or a list of them (0: greedy), got {temperature!r}")
+        if not values or not all(_number(t) and (t == 0 or option_problem("temperature", t) is None) for t in values):
+            shown = ",".join(map(str, values)) if isinstance(temperature, (list, tuple)) else repr(temperature)
+            raise InputError(f"temperature must be a number >= 0 or a list of them (0: greedy; one that samples at "
+                             f"least {MIN_TEMPERATURE:.3g}, the smallest normal float32), got {shown}")
         if compression_ratio_threshold is not None and not (_number(compression_ratio_threshold)
                                                             and compression_ratio_threshold > 0):
             raise InputError(f"compression_ratio_threshold must be a number > 0 (e.g. 2.4), got "
@@ -230,8 +232,8 @@ class WindowOptions:
             raise InputError(f"logprob_threshold must be a number (e.g. -1.0), got {logprob_threshold!r}")
         if not isinstance(condition_on_prev_tokens, bool):
             raise InputError(f"condition_on_prev_tokens must be true or false, got {condition_on_prev_tokens!r}")
-        if seed is not None and not (isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0):
-            raise InputError(f"seed must be an integer >= 0, got {seed!r}")
+        if option_problem("seed", seed) is not None:
+            raise InputError(f"seed must be {option_problem('seed', seed)}, got {seed!r}")
         return cls(tuple(float(t) for t in values),
                    None if compression_ratio_threshold is None else float(compression_ratio_threshold),
                    None if logprob_threshold is None else float(logprob_threshold), condition_on_prev_tokens, seed)
@@ -471,9 +473,9 @@ def transcribe(model: StepModel, cfg, speech: SpeechTokens, features: Sequence[n
     out: list = [None] * len(clips)
     plain = [i for i in range(len(clips)) if i not in set(timed)]
     if plain:
-        found, _ = decode_with_fallback(model, cfg, speech, np.stack([clips[i] for i in plain]),
-                                        [codes[i] for i in plain], task, False, options, fallback, generator,
-                                        state=None if state is None else model.select(state, np.asarray(plain)))
+        found = _plain_windows(model, cfg, speech, [clips[i] for i in plain], [codes[i] for i in plain], task,
+                               options, None if state is None else model.select(state, np.asarray(plain)), fallback,
+                               generator)
         seconds = window * SECONDS_PER_FRAME
         for i, tokens in zip(plain, found):
             out[i] = Transcript(tokens, codes[i] if speech.multilingual else None,
@@ -485,6 +487,23 @@ def transcribe(model: StepModel, cfg, speech: SpeechTokens, features: Sequence[n
         out[i] = Transcript([t for s in segments for t in s.tokens], codes[i] if speech.multilingual else None,
                             segments)
     return out
+
+
+def _plain_windows(model: StepModel, cfg, speech: SpeechTokens, clips: list[np.ndarray], codes: list,
+                   task: str | None, options: dict, state: Any, fallback: WindowOptions, generator) -> list[list[int]]:
+    """Each clip of at most 30 s decoded without timestamps (the prompt ends with <|notimestamps|>, no timestamp
+    rule), as transformers' generate decodes it: its long-form loop runs for short inputs too, so where a decode
+    holds a timestamp pair (a model whose vocabulary has timestamp tokens emits them freely) it keeps the tokens up
+    to the last pair and decodes the window again from that timestamp, until the window is spent. The tokens are
+    generate's output: every decode's kept tokens in order, their timestamps included."""
+    begin = None if speech.no_timestamps_id is None else speech.no_timestamps_id + 1
+    if begin is None or begin >= cfg.tgt_vocab_size:  # no id is a timestamp: one decode a clip
+        found, _ = decode_with_fallback(model, cfg, speech, np.stack(clips), codes, task, False, options, fallback,
+                                        generator, state=state)
+        return found
+    segments = _sequential(model, cfg, speech, clips, codes, task, options, state, fallback, generator,
+                           timestamps=False)
+    return [[t for s in row for t in s.decoded] for row in segments]
 
 
 def previous_text(cfg, speech: SpeechTokens, segments: Sequence[Segment], begin: int) -> tuple[int, ...]:
@@ -501,11 +520,12 @@ def previous_text(cfg, speech: SpeechTokens, segments: Sequence[Segment], begin:
 
 def _sequential(model: StepModel, cfg, speech: SpeechTokens, clips: list[np.ndarray], codes: list, task: str | None,
                 options: dict, first_state: Any = None, fallback: WindowOptions = WindowOptions(),
-                generator=None) -> list[list[Segment]]:
+                generator=None, timestamps: bool = True) -> list[list[Segment]]:
     """transformers' sequential transcription of each clip: every live clip's window at its `seek` decoded in one
     batch with timestamps (with temperature fallback, and after the clip's previous text where it conditions), its
     segments kept, `seek` moved on; until every clip's frames are spent. `first_state`: the encoder state of the
-    clips' first windows when language detection computed it (not encoded again)."""
+    clips' first windows when language detection computed it (not encoded again). `timestamps` False: decoded
+    without them (`_plain_windows`); the segments are still cut at the timestamps a decode holds."""
     window, begin = cfg.source_frames, speech.timestamp_begin(cfg)
     stride = window // cfg.max_src_len
     seek, segments = [0] * len(clips), [[] for _ in clips]
@@ -518,11 +538,13 @@ def _sequential(model: StepModel, cfg, speech: SpeechTokens, clips: list[np.ndar
         state, first_state = first_state, None  # every clip is at seek 0 in the first round, and only then
         prefixes = [previous_text(cfg, speech, segments[i], begin) if conditioned[i] and segments[i] else ()
                     for i in live]
-        found, low = decode_with_fallback(model, cfg, speech, batch, [codes[i] for i in live], task, True, options,
-                                          fallback, generator, state=state, prefixes=prefixes)
+        found, low = decode_with_fallback(model, cfg, speech, batch, [codes[i] for i in live], task, timestamps,
+                                          options, fallback, generator, state=state, prefixes=prefixes)
         for i, n, tokens, cool in zip(live, frames, found, low):
             got, advance = window_segments(tokens, begin, seek[i] * TIME_PRECISION / stride, n, stride)
             segments[i] += got
-            seek[i] += advance
+            # A last pair at <|0.00|> (possible without the timestamp rule) moves nothing: transformers' loop would
+            # decode the same window forever; the window is taken as spent instead.
+            seek[i] += advance if advance > 0 else n
             conditioned[i] = fallback.condition_on_prev_tokens and cool
     return segments

@@ -33,13 +33,17 @@ class TextCodec:
 
 
 def _language_id(tokenizer, lang: str, folder: Path) -> int:
+    """The id of language code `lang`: M2M100's get_lang_id, or a special token of that name (mBART-50 / NLLB
+    codes are added special tokens: "de_DE", "deu_Latn"). An ordinary piece that spells a code ("de" in a Marian or
+    T5 vocabulary) is no language token, and forcing it first would decode garbage: refused as any unknown code."""
     ids = []
     if hasattr(tokenizer, "get_lang_id"):  # M2M100: "de" -> "__de__"
         try:
             ids.append(tokenizer.get_lang_id(lang))
         except KeyError:
             pass
-    ids.append(tokenizer.convert_tokens_to_ids(lang))  # mBART-50 / NLLB codes are tokens: "de_DE", "deu_Latn"
+    if lang in set(tokenizer.all_special_tokens):
+        ids.append(tokenizer.convert_tokens_to_ids(lang))
     valid = [i for i in ids if i is not None and i != tokenizer.unk_token_id]
     if not valid:
         known = getattr(tokenizer, "lang_code_to_id", None) or getattr(tokenizer, "lang_token_to_id", None) or {}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
+import numbers
 import os
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -15,7 +15,9 @@ from typing import Callable, Iterator, Sequence
 from seq2trt.exporters.manifest import checkpoint_folder
 from seq2trt.reference_model import layout
 from seq2trt.reference_model.checkpoint import generation_config
-from seq2trt.reference_model.decoding import DecodeSettings, beam_search, greedy_decode, hf_beam_search
+from seq2trt.reference_model.decoding import (DecodeSettings, beam_search, greedy_decode, hf_beam_search,
+                                                length_penalty_problem, option_problem)
+from seq2trt.reference_model.config import beam_bytes, physical_memory
 from seq2trt.reference_model.errors import InputError
 from seq2trt.reference_model.vocab import pad_batch
 
@@ -30,19 +32,25 @@ MAX_THREADS = 4 * (os.cpu_count() or 1)
 
 def check_threads(threads: int, flag: str = "--threads") -> None:
     """Refuse a thread count outside [1, MAX_THREADS], naming `flag`, the value and the limit."""
+    if isinstance(threads, bool) or not isinstance(threads, int):
+        raise InputError(f"{flag} must be an integer, got {threads!r}")
     if not 1 <= threads <= MAX_THREADS:
         raise InputError(f"{flag} must be in [1, {MAX_THREADS}], got {threads} (the limit is 4 per CPU core, "
                          f"{os.cpu_count() or 1} here); give a count in that range")
 
 
-def check_decode_options(alpha: float, batch_size: int) -> None:
-    """Refuse a length penalty that is not a number and a batch size under 1, before anything is opened."""
-    if not alpha == alpha:
-        raise InputError(f"--alpha must be a number, got {alpha}; give a length penalty such as 0.6")
+FLAGS = {"alpha": "--alpha", "batch_size": "--batch-size"}  # how check_decode_options' messages name them: the CLI
+
+
+def check_decode_options(alpha: float, batch_size: int, names: dict[str, str] = FLAGS) -> None:
+    """Refuse a length penalty that is not a number and a batch size under 1, before anything is opened; `names`:
+    how messages name them (the CLI's flags, or the API's keywords, `seq2trt.translator.KEYWORDS`)."""
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not alpha == alpha:
+        raise InputError(f"{names['alpha']} must be a number, got {alpha!r}; give a length penalty such as 0.6")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int):
-        raise InputError(f"--batch-size must be an integer, got {batch_size!r}")
+        raise InputError(f"{names['batch_size']} must be an integer, got {batch_size!r}")
     if batch_size < 1:
-        raise InputError(f"--batch-size must be >= 1, got {batch_size}")
+        raise InputError(f"{names['batch_size']} must be >= 1, got {batch_size}")
 
 
 def has_tokenizer(folder: Path) -> bool:
@@ -81,6 +89,8 @@ def _open_decoder(source: Path, backend: str, checkpoint: Path | None, threads: 
             yield OpenedDecoder(model, manifest.config, checkpoint_folder(source, manifest, checkpoint),
                                 (manifest.limits.max_src_len, "the export's max_src_len"), manifest.limits.max_batch)
         return
+    if backend != "eager" and not source.exists():
+        raise InputError(f"{source} not found; give an export directory (or a checkpoint with --backend eager)")
     if backend != "eager":
         raise InputError(f"--backend {backend} runs exported graphs: {source} is a checkpoint, not an export "
                          f"directory; export it first (`seq2trt export {source} -o OUT`) and translate OUT")
@@ -152,14 +162,6 @@ OPTION_FLAGS = {"do_sample": "--sample", "temperature": "--temperature", "top_k"
                 "output_token_logprobs": "--token-logprobs", "fast_sampling": "--fast-sampling",
                 "min_length": "--min-length", "min_new_tokens": "--min-new-tokens",
                 "no_repeat_ngram_size": "--no-repeat-ngram-size", "repetition_penalty": "--repetition-penalty"}
-_RULES = {"temperature": (lambda v: v > 0 and math.isfinite(v), "a number > 0 such as 0.7"),
-          "top_k": (lambda v: v >= 0, "an integer >= 0 (0: the whole vocabulary)"),
-          "top_p": (lambda v: 0 < v <= 1, "a number in (0, 1] such as 0.9"),
-          "seed": (lambda v: 0 <= v < 2 ** 64, "an integer in [0, 2**64)"),
-          "num_return_sequences": (lambda v: v >= 1, "an integer >= 1"),
-          "min_length": (lambda v: v >= 0, "an integer >= 0"), "min_new_tokens": (lambda v: v >= 0, "an integer >= 0"),
-          "no_repeat_ngram_size": (lambda v: v >= 0, "an integer >= 0 (0: off)"),
-          "repetition_penalty": (lambda v: v > 0 and math.isfinite(v), "a number > 0 such as 1.2 (1: off)")}
 SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed", "fast_sampling")
 
 
@@ -172,23 +174,48 @@ def decode_settings(cfg, max_new_tokens: int | None, forced_bos_id: int | None =
     `serve`'s request parameters)."""
     flags = {**OPTION_FLAGS, **(flags or {})}
     limit = cfg.max_tgt_len - 1
-    if max_new_tokens is not None and not 1 <= max_new_tokens <= limit:
-        raise InputError(f"{name} must be in [1, {limit}], got {max_new_tokens}")
+    if max_new_tokens is not None and (option_problem("max_new_tokens", max_new_tokens) is not None
+                                       or not 1 <= max_new_tokens <= limit):
+        raise InputError(f"{name} must be an integer in [1, {limit}], got {max_new_tokens!r}")
     settings = DecodeSettings.for_model(cfg, max_new_tokens, generation)
     if forced_bos_id is not None:
         settings = dataclasses.replace(settings, forced_bos_id=forced_bos_id)
     given = {k: v for k, v in (options or {}).items() if v is not None}
-    for key, value in given.items():
-        ok, rule = _RULES.get(key, (lambda v: True, ""))
-        if not ok(value):
-            raise InputError(f"{flags[key]} must be {rule}, got {value}")
+    for key, value in given.items():  # DecodeSettings' own rules, named by the flag that set the value
+        rule = option_problem(key, value)
+        if rule is not None:
+            raise InputError(f"{flags[key]} must be {rule}, got {value!r}")
     settings = dataclasses.replace(settings, **given)
+    _check_length_floors(settings, given, flags, name, max_new_tokens)
     if not settings.do_sample:
         stray = [flags[k] for k in SAMPLING_ONLY if k in given]
         if stray:
             raise InputError(f"{', '.join(stray)} set{'s' * (len(stray) == 1)} how sampling draws, and this decode "
                              f"does not sample; add {flags['do_sample']}, or drop " + ", ".join(stray))
     return settings
+
+
+def _check_length_floors(settings: DecodeSettings, given: dict, flags: dict, name: str,
+                         max_new_tokens: int | None) -> None:
+    """A length floor given above what the decode may generate would never hold (transformers only warns, and
+    stops at the limit): refused, naming both."""
+    limit = f"{name} {max_new_tokens}" if max_new_tokens is not None else "the model's own limit"
+    room = {"min_new_tokens": settings.max_new_tokens, "min_length": settings.max_new_tokens + len(settings.start)}
+    for key, most in room.items():
+        if key in given and given[key] > most:
+            counted = "" if key == "min_new_tokens" else f", {most} with the start token, which it counts"
+            raise InputError(f"{flags[key]} {given[key]} is more than the decode may generate ({limit}: "
+                             f"{settings.max_new_tokens} tokens{counted}); give a smaller {flags[key]} or a larger "
+                             f"{name}")
+
+
+def check_beam_memory(cfg, beams: int, flag: str = "--beam") -> None:
+    """Refuse a beam count whose logits and K/V for one source would take over half the machine's memory (the
+    import's estimate for num_beams: config.beam_bytes), before anything is allocated."""
+    need, total = beams * beam_bytes(cfg), physical_memory()
+    if need > total // 2:
+        raise InputError(f"{flag} {beams} needs about {need / 2**30:,.0f} GiB for one source's beams, over half this "
+                         f"machine's {total / 2**30:,.0f} GiB of memory; give a smaller {flag}")
 
 
 def unsupported_in_graph(settings: DecodeSettings) -> list[str]:
@@ -246,17 +273,25 @@ def decode_batches(step_model, sources: Sequence[Sequence[int]], pad_id: int, de
 
 def decode_job(opened: OpenedDecoder, backend: str, sources: Sequence[Sequence[int]], origin: str, beam: int | None,
                alpha: float, max_new_tokens: int | None, batch_size: int, forced_bos_id: int | None = None,
-               options: dict | None = None) -> tuple[DecodeSettings, Iterator[list]]:
+               options: dict | None = None, flags: dict | None = None) -> tuple[DecodeSettings, Iterator[list]]:
     """(settings, each source's output as `decode_batches` yields it) for `opened` (what `open_decoder` yields),
     everything checked before the first decode: the sources (errors name `origin` and the number), the search
     options (an imported model's generation settings, overridden by `options`: OPTION_FLAGS keys), the search, the
-    length limit, the batch. ONNX Runtime's BeamSearch graph refuses the options it would not apply."""
+    length limit and penalty, the memory the beams take, the batch. ONNX Runtime's BeamSearch graph refuses the
+    options it would not apply. `flags` renames the options in messages (OPTION_FLAGS' keys, "beam", "alpha",
+    "max_new_tokens"), as the Python API's keywords."""
     step_model, cfg, folder, src_limit, max_batch = (opened.model, opened.config, opened.folder, opened.src_limit,
                                                      opened.max_batch)
+    flags = {"beam": "--beam", "alpha": "--alpha", "max_new_tokens": "--max-new-tokens", **OPTION_FLAGS,
+             **(flags or {})}
     check_sources(sources, cfg, *src_limit, origin)
     generation = generation_config(folder)
-    settings = decode_settings(cfg, max_new_tokens, forced_bos_id, generation=generation, options=options)
-    beams, decode = choose_search(generation, beam, alpha, settings)
+    settings = decode_settings(cfg, max_new_tokens, forced_bos_id, flags["max_new_tokens"], generation, options,
+                               flags)
+    beams, decode = choose_search(generation, beam, alpha, settings, flags)
+    if beams > 1 and (problem := length_penalty_problem(alpha, settings.max_new_tokens)) is not None:
+        raise InputError(f"{flags['alpha']} must be {problem}, got {alpha!r}")
+    check_beam_memory(cfg, beams, flags["beam"])
     if backend.startswith("ort-generate"):  # the search runs inside the graph (Hugging Face's; alpha: length_penalty)
         from seq2trt.runtime.ort_search import generate_search
 

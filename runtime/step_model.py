@@ -69,9 +69,10 @@ class RunnerStepModel:
         # check is ~10% of a one-token ORT step.
         past_len = next(iter(past.values())).shape[2]
         if past_len and past_len + input_ids.shape[1] > self.decoder.limits.max_tgt_len:
-            raise InputError(f"decoder: past_len + tgt_len = {past_len + input_ids.shape[1]} exceeds max_tgt_len "
-                             f"{self.decoder.limits.max_tgt_len}; lower --max-new-tokens or re-export with a larger "
-                             "--max-tgt-len")
+            raise InputError(f"the decoder would hold {past_len + input_ids.shape[1]} tokens (the start token, the "
+                             f"prompt and the tokens generated so far), over the export's max_tgt_len "
+                             f"{self.decoder.limits.max_tgt_len}; generate fewer tokens (max_new_tokens) or re-export "
+                             "with a larger --max-tgt-len")
         out = self.decoder.infer(feed, check=False) if past_len else self.decoder.infer(feed)
         names = self._names("decoder")
         logits = out["logits"][:, -1]  # (B, V); float32 as it is, narrower types widened for the loops' arithmetic

@@ -23,7 +23,8 @@ import numpy as np
 from seq2trt.reference_model import layout
 from seq2trt.reference_model.errors import ConfigError, InputError
 from seq2trt.reference_model.hf_families.whisper import FEATURE_EXTRACTOR
-from seq2trt.runtime.decode_jobs import OpenedDecoder, batch_rows, generation_config, open_decoder
+from seq2trt.runtime.decode_jobs import (OpenedDecoder, batch_rows, check_beam_memory, generation_config,
+                                        open_decoder)
 from seq2trt.runtime.registry import names
 
 logger = logging.getLogger(__name__)
@@ -31,7 +32,6 @@ logger = logging.getLogger(__name__)
 # A speech model runs seq2trt's search over a step model: a whole-search graph (generate.onnx) has no prompt input.
 TRANSCRIBE_BACKENDS = names(translate=True, whole_search=False)
 MAX_SECONDS = 4 * 3600.0  # the default longest clip: 4 h of 16 kHz float32 is 920 MB of samples
-_NOT_TEXT_FILES = (FEATURE_EXTRACTOR, "normalizer.json")  # tokenizer/ files that hold no vocabulary
 
 
 @dataclass(frozen=True)
@@ -87,10 +87,10 @@ def check_backend(backend: str) -> None:
 
 def text_tokenizer(folder: Path, eos_id: int):
     """The checkpoint's text codec (reference_model.text) when tokenizer/ holds a vocabulary, else None."""
-    from seq2trt.reference_model.hf_families import tokenizer_files
+    from seq2trt.reference_model.hf_families import vocabulary_files
 
     tokenizer = Path(folder) / layout.TOKENIZER_DIR
-    if not tokenizer.is_dir() or not [n for n in tokenizer_files(tokenizer) if n not in _NOT_TEXT_FILES]:
+    if not tokenizer.is_dir() or not vocabulary_files(tokenizer):
         return None
     from seq2trt.reference_model.text import load_codec
 
@@ -102,27 +102,8 @@ def feature_params(folder: Path, n_mels: int, frames: int):
     `n_mels` bins; refused when they do not make the model's (n_mels, frames) window."""
     from seq2trt.exporters.whisper_features import FeatureParams
 
-    try:
-        from transformers import WhisperFeatureExtractor
-    except ImportError:
-        from seq2trt.reference_model.errors import DependencyError
-
-        raise DependencyError("computing log-mel features needs transformers' mel filters, which is not installed; "
-                              "pip install 'seq2trt[hf]'") from None
-    path = Path(folder) / layout.TOKENIZER_DIR / FEATURE_EXTRACTOR
-    if path.is_file():
-        try:
-            extractor = WhisperFeatureExtractor.from_pretrained(str(path.parent), local_files_only=True)
-        except Exception as exc:  # a corrupt or foreign file: transformers raises anything from OSError to KeyError
-            raise ConfigError(f"{path} cannot be read as a Whisper feature extractor ({type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0] if str(exc) else ''}); re-import the model") from None
-    else:
-        extractor = WhisperFeatureExtractor(feature_size=n_mels)
-    params = FeatureParams.from_extractor(extractor)
-    if (params.n_mels, params.n_frames) != (n_mels, frames):
-        raise ConfigError(f"the feature extractor makes ({params.n_mels}, {params.n_frames}) features and the model "
-                          f"reads ({n_mels}, {frames}); use the model's own preprocessor_config.json")
-    return params
+    return FeatureParams.from_file(Path(folder) / layout.TOKENIZER_DIR / FEATURE_EXTRACTOR, n_mels, frames,
+                                   "re-import the model")
 
 
 class FrontEnd:
@@ -211,6 +192,7 @@ class Transcriber:
         if max_new_tokens is not None:  # every language's prompt is as long: any one measures the room left
             generation_limit(self.config, self.speech.prompt(code or next(iter(self.speech.languages), None), task),
                              max_new_tokens)
+        check_beam_memory(self.config, self.beams(beam), "beam size")  # a hang or a huge allocation otherwise
         return batch_rows(batch_size, self.opened.max_batch, self.beams(beam))
 
     def check_timestamps(self, clips: Sequence[np.ndarray], timestamps: bool) -> None:

@@ -27,6 +27,7 @@ import numpy as np
 
 from seq2trt.reference_model.decoding import DecodeSettings, StepHook, StepModel, beam_search, greedy_decode
 from seq2trt.reference_model.vocab import pad_batch
+from seq2trt.reference_model.numerics import FP32_LOGIT_TOLERANCE, magnitude
 
 from seq2trt.validation.ties import BEAM_ALPHA, beam_near_ties, beam_tracer, greedy_tie, near_tie_cap
 
@@ -43,7 +44,7 @@ class EndToEndTargets:
 # (validation/precision.py), so here it is reported, and every divergence it cannot explain counts against the
 # token targets.
 TARGETS: dict[str, EndToEndTargets] = {
-    "fp32": EndToEndTargets(token_agreement=1.0, sequence_match=1.0, max_logit_abs_err=1e-4),
+    "fp32": EndToEndTargets(token_agreement=1.0, sequence_match=1.0, max_logit_abs_err=FP32_LOGIT_TOLERANCE),
     "fp16": EndToEndTargets(token_agreement=0.99, sequence_match=0.97, max_logit_abs_err=None),
     "bf16": EndToEndTargets(token_agreement=0.97, sequence_match=0.90, max_logit_abs_err=None),
     "int8": EndToEndTargets(token_agreement=0.97, sequence_match=0.90, max_logit_abs_err=None),
@@ -56,6 +57,7 @@ class PairedStepModel:
     def __init__(self, reference: StepModel, candidate: StepModel):
         self.reference, self.candidate = reference, candidate
         self.max_abs_err = 0.0
+        self.magnitude = 1.0  # max(1, max |reference logit|): what the error is judged against (numerics.py)
         self.steps = 0
 
     def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple[Any, Any]:
@@ -69,6 +71,7 @@ class PairedStepModel:
         got_logits, got_past = self.candidate.step(input_ids, encoder_attention_mask, encoder_state[1], past[1])
         err = np.abs(got_logits.astype(np.float64) - ref_logits.astype(np.float64))
         self.max_abs_err = max(self.max_abs_err, float(np.nan_to_num(err, nan=np.inf).max(initial=0.0)))
+        self.magnitude = max(self.magnitude, magnitude(ref_logits))
         self.steps += 1
         return ref_logits, (ref_past, got_past)
 
@@ -156,6 +159,7 @@ class EndToEndResult:
     max_logit_abs_err: float  # along the eager greedy path: the target
     beam_max_logit_abs_err: float  # along the eager beam search: reported
     targets: EndToEndTargets
+    logit_magnitude: float = 1.0  # max(1, max |eager logit|) along the greedy path: the target scales with it
     # The task's own metric on the greedy outputs (held-out exact match for a task checkpoint), reference and
     # candidate: what the graphs' numerical error costs in the model's accuracy. Reported, not judged.
     task_metric: dict[str, float] | None = None
@@ -178,9 +182,11 @@ class EndToEndResult:
                            f">= {t.token_agreement}), sequence_match {sequences:.6f} (target >= "
                            f"{t.sequence_match}), first divergent step {a.first_divergent_step}, samples "
                            f"{a.divergent_samples}")
-        if t.max_logit_abs_err is not None and not self.max_logit_abs_err <= t.max_logit_abs_err:
+        bound = None if t.max_logit_abs_err is None else t.max_logit_abs_err * self.logit_magnitude
+        if bound is not None and not self.max_logit_abs_err <= bound:
             out.append(f"end_to_end: max_logit_abs_err {self.max_logit_abs_err:.3g} along the eager greedy path "
-                       f"(target <= {t.max_logit_abs_err:g})")
+                       f"(target <= {t.max_logit_abs_err:g} x the logits' magnitude {self.logit_magnitude:.3g} = "
+                       f"{bound:.3g})")
         return out
 
     def __bool__(self) -> bool:
@@ -189,7 +195,7 @@ class EndToEndResult:
     def to_dict(self) -> dict:
         return {"samples": self.samples, "token_agreement": self.token_agreement,
                 "sequence_match": self.sequence_match, "max_logit_abs_err": self.max_logit_abs_err,
-                "beam_max_logit_abs_err": self.beam_max_logit_abs_err,
+                "beam_max_logit_abs_err": self.beam_max_logit_abs_err, "logit_magnitude": self.logit_magnitude,
                 "beam_size": self.beam_size, "greedy": self.greedy.to_dict(), "beam": self.beam.to_dict(),
                 "targets": asdict(self.targets), "task_metric": self.task_metric, "passed": bool(self)}
 
@@ -233,7 +239,7 @@ def end_to_end(candidate: StepModel, reference: StepModel, sources: list, settin
     greedy: Decoder = lambda m, ids, mask, hook: greedy_decode(m, ids, mask, settings, on_step=hook)
     beam: Decoder = lambda m, ids, mask, trace: beam_search(m if trace is None else trace(m), ids, mask, settings,
                                                             beam_size=beam_size, alpha=BEAM_ALPHA)
-    agreements, max_err, metric = {}, {}, None
+    agreements, max_err, scale, metric = {}, {}, {}, None
     for name, decode, size in (("greedy", greedy, batch_size), ("beam", beam, max(1, batch_size // beam_size))):
         if progress:
             progress(f"{name} decoding of {len(sources)} sources")
@@ -243,7 +249,7 @@ def end_to_end(candidate: StepModel, reference: StepModel, sources: list, settin
         want = _decode_all(paired, sources, decode, size, pad, hooks[0])  # the reference's tokens
         got = _decode_all(candidate, sources, decode, size, pad, hooks[1])
         agreements[name] = agreement(want, got, settings.eos_id)
-        max_err[name] = paired.max_abs_err
+        max_err[name], scale[name] = paired.max_abs_err, paired.magnitude
         if name == "greedy":
             agreements[name] = with_near_ties(agreements[name], want, got, settings.eos_id, margins, max_err[name])
         else:
@@ -255,4 +261,4 @@ def end_to_end(candidate: StepModel, reference: StepModel, sources: list, settin
             label, score = task_metric
             metric = {"name": label, "reference": score(want), "candidate": score(got)}
     return EndToEndResult(dtype, len(sources), agreements["greedy"], agreements["beam"], beam_size,
-                          max_err["greedy"], max_err["beam"], TARGETS[dtype], metric)
+                          max_err["greedy"], max_err["beam"], TARGETS[dtype], scale["greedy"], metric)

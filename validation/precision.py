@@ -64,7 +64,7 @@ def twin_tolerance(dtype: str) -> Tolerance:
     """The structure check's bound (module docstring)."""
     fp32 = TOLERANCES["fp32"]["*"]
     return Tolerance(atol=fp32.atol, rtol=fp32.rtol + UNIT_ROUNDOFF[dtype], min_cosine=fp32.min_cosine,
-                     basis=f"fp32, rtol + {dtype} unit roundoff")
+                     basis=f"fp32, rtol + {dtype} unit roundoff", scaled=fp32.scaled)
 
 
 def noise_tolerance(reference: np.ndarray, peer: np.ndarray, dtype: str) -> Tolerance:

@@ -129,9 +129,19 @@ def transformers_major() -> int:
 
 
 def tokenizer_files(folder: Path) -> list[str]:
-    """The files of any family's tokenizer in `folder`: whether it holds a tokenizer at all."""
+    """The files of any family's tokenizer in `folder` (what an import copies beside the model)."""
     names = dict.fromkeys(name for adapter in FAMILIES.values() for name in adapter.tokenizer_files)
     return [name for name in names if (Path(folder) / name).is_file()]
+
+
+# Files copied with a tokenizer that hold no vocabulary (Whisper's feature extractor settings and its English text
+# normalizer): a folder holding only these has no tokenizer.
+NOT_VOCABULARY = ("preprocessor_config.json", "normalizer.json")
+
+
+def vocabulary_files(folder: Path) -> list[str]:
+    """The tokenizer files in `folder` that make a tokenizer: whether it holds one at all."""
+    return [name for name in tokenizer_files(folder) if name not in NOT_VOCABULARY]
 
 
 # Model types whose transformers code differs from every registered family in the layers themselves: what differs.

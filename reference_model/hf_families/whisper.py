@@ -24,7 +24,7 @@ FEATURE_EXTRACTOR = "preprocessor_config.json"
 # Generation settings only Whisper has, read by `speech_settings` instead of the generic check.
 SPEECH_KEYS = ("lang_to_id", "task_to_id", "no_timestamps_token_id", "is_multilingual", "alignment_heads",
                "max_initial_timestamp_index", "prev_sot_token_id", "return_timestamps", "forced_decoder_ids",
-               "begin_suppress_tokens", "language", "task", "suppress_tokens")
+               "begin_suppress_tokens", "language", "task", "suppress_tokens", "no_speech_threshold")
 
 
 @register
@@ -88,6 +88,10 @@ class WhisperAdapter(FamilyAdapter):
                 raise ConfigError(f"{where}: {key} must be an object of token -> id, got {show(value)[:80]}")
             return {(name.strip("<|>") if strip else name): token(f"{key}[{name!r}]", i) for name, i in value.items()}
 
+        if gen.get("no_speech_threshold") is not None:  # else transformers' generate runs it, and fails without
+            raise ConfigError(f"{where}: no_speech_threshold {show(gen['no_speech_threshold'])} is not supported "
+                              "(transformers' no-speech detection is not reproduced, and its generate needs "
+                              "logprob_threshold beside it); remove it")
         languages, tasks = table("lang_to_id", True), table("task_to_id", False)
         no_timestamps = gen.get("no_timestamps_token_id")
         no_timestamps = None if no_timestamps is None else token("no_timestamps_token_id", no_timestamps)

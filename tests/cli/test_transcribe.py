@@ -178,7 +178,8 @@ def test_errors(whisper, audio, text_model, no_timestamps, tmp_path):
         ((ckpt, audio[0], "--temperature", "0,x"), ("--temperature must be a number or a comma list",)),
         ((ckpt, audio[0], "--temperature", "0,-0.2"), ("temperature must be a number >= 0",)),
         ((ckpt, audio[0], "--compression-ratio-threshold", 0), ("compression_ratio_threshold must be a number > 0",)),
-        ((ckpt, audio[0], "--seed", -3), ("seed must be an integer >= 0",)),
+        ((ckpt, audio[0], "--seed", -3), ("--seed", "must be an integer in [0, 2**64)",)),
+        ((ckpt, audio[0], "--seed", "99999999999999999999999"), ("--seed", "must be an integer in [0, 2**64)",)),
     ]
     for args, fragments in cases:
         one_error_line(invoke("transcribe", *args, "--output-ids", ids), 2, *fragments)
@@ -269,3 +270,21 @@ def test_long_form_options_equal_generate(timed):
                        temperature=(0.0, 0.2, 0.4), logprob_threshold=0.0, compression_ratio_threshold=1e9)
     assert [(s["start"], s["end"], s["tokens"]) for s in rows[0]["segments"]] == want
     assert want != hf_segments(hf_model, src, judge_clip(files[1]))  # the options change the transcription
+
+
+def test_a_file_named_like_a_flag_gets_the_double_dash_hint(tmp_path):
+    """click's "No such option: -d" gave no hint for a file named -dash.wav (translate's texts had one)."""
+    one_error_line(invoke("transcribe", tmp_path, "-dash.wav"), 2, "No such option", "put `--` before the files",
+                   "seq2trt transcribe MODEL -- -dash.wav")
+
+
+def test_a_temperature_list_is_shown_as_given():
+    """The refusal of --temperature -1 showed a Python tuple: "got (-1.0,)"."""
+    from seq2trt.reference_model.errors import InputError
+    from seq2trt.reference_model.speech import WindowOptions
+
+    with pytest.raises(InputError) as exc:
+        WindowOptions.checked(temperature=(-1.0,))
+    assert str(exc.value).endswith("got -1.0") and "(" not in str(exc.value).split("got")[-1]
+    with pytest.raises(InputError, match=r"got 0.0,-0.2$"):
+        WindowOptions.checked(temperature=(0.0, -0.2))

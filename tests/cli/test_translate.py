@@ -12,6 +12,7 @@ import torch
 
 from seq2trt.reference_model.decoding import DecodeSettings, beam_search, greedy_decode
 from seq2trt.reference_model.eager import EagerStepModel
+from seq2trt.reference_model.errors import InputError
 from seq2trt.reference_model.vocab import pad_batch
 
 from helpers.artifacts import import_and_export
@@ -197,3 +198,24 @@ def test_a_text_that_is_not_utf8_is_one_error_line(imported_marian):
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: source 2 holds byte 0xff at character 3"), result.output
     assert "UTF-8" in lines[0]
+
+
+@pytest.mark.skipif(not HAS_HF, reason="the hf extra is not installed")
+def test_a_language_code_must_be_a_language_token_not_an_ordinary_piece(make_marian_tokenizer,
+                                                                          make_m2m100_tokenizer, tmp_path):
+    """A tokenizer without language codes (Marian, T5) refuses every code alike: an ordinary piece that happens to
+    spell one ("de", "fr") was forced as the first token, exit 0, where a code that is no piece was refused."""
+    from transformers import AutoTokenizer
+
+    from seq2trt.reference_model.text import _language_id
+
+    marian = AutoTokenizer.from_pretrained(str(make_marian_tokenizer(tmp_path / "marian")[0]))
+    special = set(marian.all_special_tokens)
+    pieces = [p for p in marian.get_vocab() if p not in special][:3] + ["zz_not_a_piece"]
+    for piece in pieces:
+        with pytest.raises(InputError, match="this tokenizer has no language codes"):
+            _language_id(marian, piece, tmp_path)
+    m2m = AutoTokenizer.from_pretrained(str(make_m2m100_tokenizer(tmp_path / "m2m")[0]))
+    assert _language_id(m2m, "de", tmp_path) == m2m.get_lang_id("de")
+    with pytest.raises(InputError, match="language 'xx' is not in the tokenizer"):
+        _language_id(m2m, "xx", tmp_path)

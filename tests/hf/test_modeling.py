@@ -178,3 +178,31 @@ def test_a_model_trained_here_generates_its_eager_greedy_decode(numbers_export):
         rows = hf_model.generate(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask))[:, 1:].tolist()
     eos = model.cfg.eos_id
     assert [r[: r.index(eos)] if eos in r else r for r in rows] == want
+
+
+def test_what_the_model_cannot_do_is_a_typed_error(fused, original):
+    """save_pretrained ended in an IndexError deep in transformers, generate(inputs_embeds=...) in an untyped error,
+    and .to("cuda") on a machine without CUDA did nothing, silently."""
+    _, tokenizer = original
+    with pytest.raises(InputError, match="cannot be saved.*copy the export directory"):
+        fused.save_pretrained("/nonexistent/never-written")
+    batch = tokenizer(TEXTS[:1], return_tensors="pt")
+    with pytest.raises(InputError, match="inputs_embeds.*input_ids"):
+        fused.generate(inputs_embeds=torch.zeros(1, 3, 8), attention_mask=batch["attention_mask"][:, :3],
+                       max_new_tokens=4)
+    if not torch.cuda.is_available():
+        with pytest.raises(InputError, match="CUDA is not available"):
+            fused.to("cuda")
+    assert fused.to("cpu") is fused
+
+
+def test_a_speech_export_is_refused_when_opened(tmp_path):
+    """A Whisper export opened as a text model failed only at generate."""
+    from seq2trt.hf import Seq2TrtModelForSeq2SeqLM
+
+    from helpers.hf_models import whisper_model_dir
+
+    out = import_and_export(whisper_model_dir(tmp_path / "src", config=dict(max_target_positions=32)), tmp_path,
+                            fuse=None)
+    with pytest.raises(InputError, match="speech model.*transcribe"):
+        Seq2TrtModelForSeq2SeqLM.from_pretrained(out / "out", backend="ort")

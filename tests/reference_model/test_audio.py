@@ -173,3 +173,35 @@ def test_speech_tests_fail_without_espeak(tmp_path, monkeypatch):
     monkeypatch.setattr("shutil.which", lambda name: None)
     with pytest.raises(pytest.fail.Exception, match="espeak-ng is not installed; apt-get install espeak-ng"):
         speak(tmp_path, "hello")
+
+
+def test_a_cut_wav_is_read_with_a_warning(tmp_path, caplog):
+    """A WAV cut to a third was decoded as if whole, without a word: what is there is read, and a warning says how
+    much the header announced."""
+    x = synthetic("tone", SAMPLING_RATE, seconds=3.0)
+    path = tmp_path / "cut.wav"
+    sf.write(str(path), x, SAMPLING_RATE, subtype="FLOAT")
+    data = path.read_bytes()
+    path.write_bytes(data[: 44 + (len(data) - 44) // 3])
+    with caplog.at_level("WARNING", logger="seq2trt"):
+        got = load_audio(path)
+    assert abs(len(got) - SAMPLING_RATE) < 100  # about the first second (the header's size aside), as soundfile reads it
+    np.testing.assert_array_equal(got, reference(path))
+    assert any("cut short" in r.getMessage() and "3.00 s" in r.getMessage() and "1.00 s" in r.getMessage()
+               for r in caplog.records), caplog.text
+    caplog.clear()
+    sf.write(str(path), x, SAMPLING_RATE, subtype="FLOAT")
+    with caplog.at_level("WARNING", logger="seq2trt"):
+        load_audio(path)
+    assert not caplog.records
+
+
+def test_a_damaged_mp3_is_not_called_missing(tmp_path):
+    """libsndfile's reason for an MP3 it cannot decode is "File does not exist or is not a regular file", which the
+    error repeated about a file that exists."""
+    path = tmp_path / "song.mp3"
+    path.write_bytes(b"ID3\x03\x00\x00\x00\x00\x00\x00" + bytes(range(256)) * 20)
+    with pytest.raises(InputError) as exc:
+        load_audio(path)
+    assert "does not exist" not in str(exc.value) and "song.mp3" in str(exc.value)
+    assert "corrupt" in str(exc.value)

@@ -210,8 +210,12 @@ def test_options_that_cannot_hold_are_refused(models):
         hf_beam_search(step, ids, mask, _settings(model, {}, num_return_sequences=5), 4)
     with pytest.raises(ConfigError, match="greedy search returns one sequence"):
         greedy_decode(step, ids, mask, _settings(model, {}, num_return_sequences=2))
-    for bad, message in ((dict(top_p=0.0), "top_p must be in"), (dict(temperature=0.0), "temperature must be > 0"),
-                         (dict(repetition_penalty=-1.0), "repetition_penalty must be > 0")):
+    for bad, message in ((dict(top_p=0.0), "top_p must be a number in"),
+                         (dict(temperature=0.0), "temperature must be a number > 0"),
+                         (dict(temperature=1e-45), "temperature must be at least 1.18e-38 .the smallest normal float32"),
+                         (dict(repetition_penalty=-1.0), "repetition_penalty must be a number > 0"),
+                         (dict(max_new_tokens=4.7), "max_new_tokens must be an integer"),
+                         (dict(seed=2 ** 64), r"seed must be an integer in \[0, 2\*\*64\)")):
         with pytest.raises(ConfigError, match=message):
             _settings(model, bad)
 

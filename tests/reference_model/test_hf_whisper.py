@@ -141,3 +141,79 @@ def test_transcribe_without_timestamp_tokens(tmp_path):
     assert all(len(t.segments) == 1 and t.segments[0].start == 0.0 and t.language == "en" for t in found)
     with pytest.raises(ConfigError, match="timestamp"):
         transcribe(EagerStepModel(model), model.cfg, speech, features[:1], timestamps=True, generation=gen)
+
+
+def test_released_layout_that_emits_timestamps_imports_and_transcribes_as_generate(tmp_path):
+    """A Whisper laid out like every released checkpoint (1,501 timestamp tokens, max_initial_timestamp_index 50)
+    whose random weights emit timestamp pairs without --timestamps: transformers' generate then cuts the decode at
+    the last pair and decodes the rest of the 30 s window again (its long-form loop runs for short inputs too). The
+    import's proof follows it (it crashed with an IndexError), and transcribe without timestamps returns generate's
+    own tokens, every re-seek included (it returned the first window's decode)."""
+    from seq2trt.reference_model.speech import transcribe
+
+    from helpers.audio import whisper_source
+
+    src = whisper_source(tmp_path / "hf", generation=dict(max_initial_timestamp_index=50))
+    result = CliRunner().invoke(cli, ["import", "hf", str(src), "-o", str(tmp_path / "ckpt")])
+    assert result.exit_code == 0, result.output
+    proof = json.loads((tmp_path / "ckpt" / "import.json").read_text())["verification"]
+    assert proof["passed"] and proof["seeded"]["greedy_equal"] == proof["seeded"]["sources"]
+    model, _ = load_checkpoint(tmp_path / "ckpt")
+    gen = json.loads((tmp_path / "ckpt" / "generation.json").read_text())
+    features = source_kind(model.cfg).random(np.random.default_rng(0), 3)
+    ours = transcribe(EagerStepModel(model), model.cfg, SpeechTokens.from_record(gen["speech"]), features,
+                      language="en", max_new_tokens=24, generation=gen)
+    hf_model = load_transformers_model(src, speech=True)
+    with torch.inference_mode():  # the plain output: every re-seek's tokens (return_dict keeps the last call's)
+        theirs = hf_model.generate(input_features=torch.as_tensor(np.stack(features)), max_new_tokens=24,
+                                   language="en", task="transcribe").tolist()
+    eot, begin = WHISPER_IDS["eot"], WHISPER_IDS["no_timestamps"] + 1
+    theirs = [row[: row.index(eot)] if eot in row else row for row in theirs]
+    assert any(len(row) > 24 for row in theirs), "no row re-seeked: the case is not exercised"
+    assert [t.tokens for t in ours] == theirs
+    assert all(len(t.segments) == 1 and t.segments[0].start == 0.0 for t in ours)
+    assert any(tok >= begin for t in ours for tok in t.tokens)
+
+
+@pytest.mark.parametrize("damage, fragment", [
+    (lambda path: path.write_text("{not json"), "cannot be read"),
+    (lambda path: path.write_text(json.dumps({**json.loads(path.read_text()), "sampling_rate": 8000})),
+     "sampling_rate 8000"),
+    (lambda path: path.write_text(json.dumps({**json.loads(path.read_text()), "n_fft": 0})), "n_fft"),
+    (lambda path: path.write_text(json.dumps({**json.loads(path.read_text()), "feature_size": 128})),
+     "the model reads (80, 3000)"),
+])
+def test_a_damaged_feature_extractor_is_refused_at_import(tmp_path, damage, fragment):
+    """preprocessor_config.json was copied unchecked: the import said "equal to transformers" and the checkpoint
+    could not transcribe (and "re-import" copied the same file again). It is now checked against the model."""
+    from transformers import WhisperFeatureExtractor
+
+    from helpers.cli import one_error_line
+
+    src = whisper_model_dir(tmp_path / "hf")
+    WhisperFeatureExtractor(feature_size=80).save_pretrained(src)
+    damage(src / "preprocessor_config.json")
+    line = one_error_line(CliRunner().invoke(cli, ["import", "hf", str(src), "-o", str(tmp_path / "ckpt")]), 2,
+                          "preprocessor_config.json", fragment)
+    assert "re-import" not in line
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_a_feature_extractor_without_a_tokenizer_imports(tmp_path):
+    """preprocessor_config.json alone was taken for tokenizer files that cannot load, and the advice "remove them"
+    would have deleted the feature extractor's settings: it is no tokenizer, and is kept."""
+    from transformers import WhisperFeatureExtractor
+
+    src = whisper_model_dir(tmp_path / "hf")
+    WhisperFeatureExtractor(feature_size=80).save_pretrained(src)
+    result = CliRunner().invoke(cli, ["import", "hf", str(src), "-o", str(tmp_path / "ckpt")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "ckpt" / "tokenizer" / "preprocessor_config.json").is_file()
+
+
+def test_no_speech_threshold_in_the_generation_config_is_named_at_import(tmp_path):
+    """The import ran transformers' generate with it, which failed (UnboundLocalError: logprobs, without a
+    logprob_threshold) and was reported as transformers' own model failing on the source."""
+    src = whisper_model_dir(tmp_path / "hf", generation=dict(no_speech_threshold=0.6))
+    with pytest.raises(ConfigError, match="generation_config.json: no_speech_threshold 0.6 is not supported.*remove it"):
+        config_from_hf(src)

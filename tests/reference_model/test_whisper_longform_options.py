@@ -221,7 +221,9 @@ def test_compression_ratio_is_transformers():
     ("temperature", (), "temperature must be"),
     ("compression_ratio_threshold", 0.0, "compression_ratio_threshold must be a number > 0"),
     ("logprob_threshold", float("nan"), "logprob_threshold must be a number"),
-    ("seed", -1, "seed must be an integer >= 0"),
+    ("seed", -1, r"seed must be an integer in \[0, 2\*\*64\)"),
+    ("seed", 99999999999999999999999, r"seed must be an integer in \[0, 2\*\*64\)"),  # was an OverflowError
+    ("temperature", 1e-45, "smallest normal float32"),  # subnormal: every score / T overflowed float32
     ("condition_on_prev_tokens", "yes", "condition_on_prev_tokens must be true or false"),
     ("no_speech_threshold", 0.6, "no_speech_threshold is not supported"),
 ])

@@ -133,3 +133,15 @@ def test_a_bad_beam_count_names_where_it_came_from(generation, beam, fragment):
     with pytest.raises(InputError) as raised:
         choose_search(generation, beam, 0.6)
     assert fragment in str(raised.value)
+
+
+@pytest.mark.parametrize("name, rerun", [("latency.json", "seq2trt bench"), ("parity.json", "seq2trt validate")])
+def test_report_of_a_damaged_stage_record_names_it(work, invoke, one_error_line, name, rerun):
+    """A latency.json cut short was shown as "Not run (`seq2trt bench OUT`)" with exit 0: the report hid that the
+    bench ran and its record is damaged. A missing record still reads "Not run"."""
+    reports = work / "out" / "reports"
+    reports.mkdir(exist_ok=True)
+    (reports / name).write_text('{"runs": [')
+    one_error_line(invoke("report", work / "out"), 2, name, "damaged", rerun)
+    (reports / name).unlink()
+    assert invoke("report", work / "out").exit_code == 0

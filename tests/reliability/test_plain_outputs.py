@@ -151,3 +151,11 @@ def test_a_closed_standard_output_is_one_error_line(work):
     finally:
         os.close(write)
     _one_stderr_line(proc, "cannot write to standard output", "broken pipe")
+
+
+def test_a_standard_output_closed_at_start_is_one_error_line(work):
+    """`seq2trt translate ... >&-`: Python starts with sys.stdout None and click's echo then writes nowhere; the
+    translations were lost with exit 0."""
+    proc = subprocess.run([sys.executable, "-m", "seq2trt.cli.main", "translate", str(work / "ckpt"), "12", "7"],
+                          stderr=subprocess.PIPE, text=True, timeout=120, preexec_fn=lambda: os.close(1))
+    _one_stderr_line(proc, "cannot write to standard output", "closed")

@@ -71,3 +71,31 @@ def test_agreement_counts_positions_and_the_first_divergence():
     assert a.sequence_match == pytest.approx(1 / 3)
     assert a.first_divergent_step == 1 and a.divergent_samples == [1, 2]
     assert agreement(ref, ref, eos).token_agreement == 1.0 and agreement(ref, ref, eos).first_divergent_step is None
+
+
+def _large_logits(seed: int = 0, scale: float = 4000.0):
+    """Logits of a large-activation model computed in float64 (the truth) and in float32 (its rounding alone): a
+    product of d = 512 terms whose result reaches the thousands, small entries among them."""
+    rng = np.random.default_rng(seed)
+    hidden, weight = rng.normal(0, scale, (64, 512)), rng.normal(0, 0.05, (512, 1000))
+    return (hidden.astype(np.float32) @ weight.astype(np.float32)).astype(np.float64), hidden @ weight
+
+
+def test_validate_and_the_import_judge_float32_rounding_alike():
+    """An fp32 export of a large-activation model passed the import's proof (1e-4 of the logits' magnitude) and
+    failed validate (1e-4 absolute + 1e-4 relative elementwise, which a small logit beside large ones cannot meet
+    through float32 rounding alone). Both now bound the error by 1e-4 of the reference's magnitude."""
+    from seq2trt.reference_model.hf_verify import LOGIT_TOLERANCE
+    from seq2trt.reference_model.numerics import scaled_error
+    from seq2trt.validation.end_to_end import TARGETS, EndToEndResult, SequenceAgreement
+
+    got, ref = _large_logits()
+    err, scaled = scaled_error(got, ref)
+    assert err > 1e-4 and scaled <= LOGIT_TOLERANCE  # the import's judge passes it; the old absolute bound did not
+    assert compare_output("logits", got, ref, tolerance_for("fp32", "logits"))
+    bound = LOGIT_TOLERANCE * np.abs(ref).max()
+    assert not compare_output("logits", ref + 2 * bound, ref, tolerance_for("fp32", "logits"))  # past it: refused
+    same = SequenceAgreement(8, 1.0, 1.0, None)
+    result = EndToEndResult("fp32", 8, same, same, 4, err, err, TARGETS["fp32"], float(np.abs(ref).max()))
+    assert not result.failures()
+    assert EndToEndResult("fp32", 8, same, same, 4, err, err, TARGETS["fp32"], 1.0).failures()

@@ -186,7 +186,7 @@ def convert_hf(src: Path, cfg, out: Path, quantization: str = "float32", force: 
     import_ctranslate2()
     from ctranslate2.converters import TransformersConverter
 
-    from seq2trt.reference_model.hf_import import tokenizer_files
+    from seq2trt.reference_model.hf_families import vocabulary_files
 
     if quantization not in QUANTIZATIONS:
         raise ConfigError(f"unknown CTranslate2 quantization {quantization!r}; choose one of {', '.join(QUANTIZATIONS)}")
@@ -202,7 +202,7 @@ def convert_hf(src: Path, cfg, out: Path, quantization: str = "float32", force: 
             return model
 
         def load_tokenizer(self, tokenizer_class, path, **kwargs):
-            if not tokenizer_files(src):
+            if not vocabulary_files(src):  # none, or Whisper's feature extractor alone
                 return IdTokenizer(cfg)
             with warnings.catch_warnings():  # Marian's tokenizer recommends sacremoses on every load
                 warnings.filterwarnings("ignore", message=".*sacremoses.*")

@@ -78,6 +78,10 @@ class SpeechBench:
                              f"checkpoint was imported from, and {self.checkpoint} was not imported; drop them")
         self.model = None
         self.builds: dict = {}
+        # The backends measured: the ones asked for, less a peer whose preparation failed (`unavailable`: name ->
+        # why, in latency.json), which one line names while the rest is measured.
+        self.backends = list(s.backends)
+        self.unavailable: dict[str, str] = {}
 
     # -- inputs and backends --------------------------------------------------------------------------------
     def _front_ends(self, threads: int):
@@ -116,8 +120,20 @@ class SpeechBench:
 
             self.progress("converting the source with CTranslate2")
             start = time.perf_counter()
-            with staged_directory(self.out / sp.CT2_DIR, force=True, what="CTranslate2 model") as tmp:
-                TransformersConverter(str(self.source.path)).convert(str(tmp), quantization="float32", force=True)
+            try:
+                with staged_directory(self.out / sp.CT2_DIR, force=True, what="CTranslate2 model") as tmp:
+                    TransformersConverter(str(self.source.path)).convert(str(tmp), quantization="float32", force=True)
+            except Exception as exc:  # the peer's own converter on the user's source (one without tokenizer files
+                # fails in WhisperTokenizer): that peer cannot run, the others are measured
+                from seq2trt.reference_model.errors import first_line
+
+                peers = [n for n in self.backends if n in ("ct2", "ct2-int8")]
+                why = (f"CTranslate2's converter cannot convert {self.source.path} ({type(exc).__name__}: "
+                       f"{first_line(exc)}; it needs the model's tokenizer files)")
+                logger.warning("%s cannot run: %s; measuring the other backends", ", ".join(peers), why)
+                self.unavailable.update(dict.fromkeys(peers, why))
+                self.backends = [n for n in self.backends if n not in peers]
+                return
             self.builds["ct2"] = {"convert_seconds": round(time.perf_counter() - start, 3),
                                   "converter": "CTranslate2's TransformersConverter",
                                   "model_bytes": (self.out / sp.CT2_DIR / "model.bin").stat().st_size}
@@ -202,7 +218,7 @@ class SpeechBench:
                                                            "num_decoder_layers", "d_ff", "tgt_vocab_size", "n_mels")},
                "dtype": self.manifest.dtype, "machine": _load("before"), "checks": {}, "front_end": {}, "rows": []}
         self._prepare()
-        doc["builds"] = self.builds
+        doc["builds"], doc["unavailable"] = self.builds, self.unavailable
         clips = {c: [sp.synthetic_clip(c, s.seed + i) for i in range(max(s.batch_sizes))] for c in self.clip_seconds}
         for threads in s.threads:
             self._run_threads(threads, clips, doc)
@@ -219,7 +235,7 @@ class SpeechBench:
                 doc["front_end"][str(c)] = {"max_abs_diff_vs_extractor": round(diff, 7)}
         with contextlib.ExitStack() as stack:
             backends = []
-            for name in s.backends:
+            for name in self.backends:
                 backends.append(self._make(name, threads, stack))
                 stack.callback(backends[-1].close)
             if not doc["checks"]:
@@ -270,7 +286,7 @@ class SpeechBench:
                            "rtf_with_front_end": round(float(np.median(decode + front)) / audio, 5),
                            "repeats": len(decode)}
                     for ref in sp.REFERENCES:
-                        if ref in s.backends and ref != b.name:
+                        if ref in self.backends and ref != b.name:
                             ref_b = next(x for x in backends if x.name == ref)
                             ref_decode = np.asarray(raw[(ref, c, batch)])
                             ref_front = np.asarray(raw[("front:" + ref_b.front_end, c, batch)])

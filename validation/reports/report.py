@@ -16,17 +16,36 @@ from seq2trt.reference_model import layout
 from seq2trt.exporters import spec
 from seq2trt.exporters.manifest import Manifest, generation, verify, writing_into
 from seq2trt.reference_model.config import Seq2SeqConfig
+from seq2trt.reference_model.errors import ArtifactError, first_line
 from seq2trt.reference_model.atomic_files import atomic_write_text
 
 from seq2trt.validation.reports import bench_table
 from seq2trt.validation.reports import parity_table
 
 
-def _load(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+# The command that writes each stage record the report reads (what to re-run when one is damaged).
+WRITERS = {"latency.json": "seq2trt bench OUT", "parity": "seq2trt validate OUT", "build.json": "seq2trt build OUT",
+           "fusion.json": "seq2trt fuse OUT", "quantization.json": "seq2trt quantize OUT"}
+
+
+def _load(path: Path, strict: bool = False) -> dict | None:
+    """A stage's JSON record; None when the stage never wrote it, or (not `strict`: a row among others, which the
+    table marks unreadable) when it cannot be read. A `strict` one that is there but cannot be read (cut short, not
+    JSON, not an object) is refused: showing a section as "not run" would hide that the stage ran."""
+    if not path.exists():
         return None
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        doc = exc
+    if not isinstance(doc, dict) and not strict:
+        return None
+    if not isinstance(doc, dict):
+        detail = f"{type(doc).__name__}: {first_line(doc)}" if isinstance(doc, Exception) else \
+            f"a JSON {type(doc).__name__}, not an object"
+        writer = next((w for k, w in WRITERS.items() if path.name.startswith(k)), "the stage that wrote it")
+        raise ArtifactError(f"{path} is damaged ({detail}); re-run `{writer}` to write it again, or delete it")
+    return doc
 
 
 def _records(out: Path, pattern: str) -> dict[str, dict | None]:
@@ -134,7 +153,7 @@ def _axis_ranges(cfg: Seq2SeqConfig, kind: spec.GraphKind, profiles: dict) -> di
 
 def _parity(out: Path) -> list[str]:
     runs = sorted(layout.reports_dir(out).glob("parity-*.json")) or sorted(layout.reports_dir(out).glob("parity.json"))
-    docs = {p.stem: _load(p) for p in runs}
+    docs = {p.stem: _load(p, strict=True) for p in runs}
     docs = {k: v for k, v in docs.items() if v}
     if not docs:
         return ["## Parity", "", "Not run (`seq2trt validate OUT`).", ""]
@@ -156,7 +175,7 @@ def _parity(out: Path) -> list[str]:
 
 
 def _latency(out: Path) -> list[str]:
-    doc = _load(layout.reports_dir(out) / "latency.json")
+    doc = _load(layout.reports_dir(out) / "latency.json", strict=True)
     if not doc:
         return ["## Latency", "", "Not run (`seq2trt bench OUT`).", ""]
     if doc.get("kind") == "speech":  # a Whisper export's bench: its own table (validation/bench/speech_bench.py)

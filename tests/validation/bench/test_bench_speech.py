@@ -156,3 +156,24 @@ def test_synthetic_clips_are_deterministic_and_of_their_length():
     a, b = speech.synthetic_clip(10.0, 3), speech.synthetic_clip(10.0, 3)
     assert a.dtype == np.float32 and a.shape == (160000,) and np.array_equal(a, b)
     assert not np.array_equal(a, speech.synthetic_clip(10.0, 4)) and 0.01 < np.abs(a).max() <= 1.0
+
+
+def test_a_peer_that_cannot_convert_is_named_and_the_rest_is_measured(tmp_path, caplog):
+    """A Whisper source without tokenizer files (its feature extractor alone): CTranslate2's converter needs a
+    tokenizer and ended the bench in a TypeError from WhisperTokenizer. Now one line says ct2 cannot run, and the
+    other backends are measured."""
+    from transformers import WhisperFeatureExtractor
+
+    from helpers.hf_models import whisper_model_dir
+
+    src = whisper_model_dir(tmp_path / "src", config=dict(suppress_tokens=[1, 2]))
+    WhisperFeatureExtractor(feature_size=80).save_pretrained(src)
+    import_and_export(src, tmp_path, "--max-batch", 2, "--max-tgt-len", 32, fuse=None)
+    with caplog.at_level("WARNING", logger="seq2trt"):
+        output = invoke_ok("bench", tmp_path / "out", "--backends", "eager,ort,ct2", "--batch-sizes", "1",
+                           "--repeats", 1, "--warmup", 0, "--new-tokens", 4, "--clip-seconds", "2")
+    warned = [r.getMessage() for r in caplog.records if "cannot run" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("ct2 cannot run: CTranslate2's converter cannot convert")
+    doc = json.loads((tmp_path / "out" / "reports" / "latency.json").read_text())
+    assert {r["backend"] for r in doc["rows"]} == {"eager", "ort"}
+    assert "tokenizer" in doc["unavailable"]["ct2"] and "Traceback" not in output
