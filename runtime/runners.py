@@ -232,9 +232,10 @@ class OrtRunner(Runner):
     def __init__(self, model: Path | bytes | Callable[[], Path | bytes], cfg, kind: spec.GraphKind, dtype: str,
                  limits: spec.Limits, device: str = "cpu", intra_op_threads: int = 1, name: str | None = None,
                  prepare: Callable[[bytes], bytes] | None = None, custom_op_libraries: tuple[str, ...] = (),
-                 optimization: str = "basic"):
+                 optimization: str = "basic", data_dir: Path | None = None):
         super().__init__(name or f"onnxruntime-{device}", cfg, kind, dtype, limits)
         self._source, self.device, self.intra_op_threads = model, device, intra_op_threads
+        self.data_dir = data_dir  # where graph bytes' external data lie (a graph file's own folder otherwise)
         self.prepare, self.custom_op_libraries = prepare, custom_op_libraries
         if optimization not in OPTIMIZATION:
             raise ValueError(f"optimization must be one of {', '.join(OPTIMIZATION)}, got {optimization!r}")
@@ -255,6 +256,9 @@ class OrtRunner(Runner):
         self.threading = configure_threads(options, self.intra_op_threads)
         for library in self.custom_op_libraries:
             options.register_custom_ops_library(library)
+        data_dir = Path(source).parent if isinstance(source, (str, Path)) else self.data_dir
+        if data_dir is not None:  # the graph is passed as bytes: its external data (graph_files) is found here
+            options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(data_dir))
         try:
             if self.prepare is not None:
                 model = self.prepare(model)
@@ -339,6 +343,8 @@ def emulate_bf16(model: bytes) -> bytes:
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
+    from seq2trt.exporters.graph_files import widen_external
+
     proto = onnx.load_from_string(model)
     g = proto.graph
     values = [*g.input, *g.output, *g.value_info]
@@ -346,6 +352,7 @@ def emulate_bf16(model: bytes) -> bytes:
     for v in values:
         if v.type.tensor_type.elem_type == TensorProto.BFLOAT16:
             v.type.tensor_type.elem_type = TensorProto.FLOAT
+    widen_external(g, {TensorProto.BFLOAT16})  # a big graph's weights (external data): widened by Casts
     for i, init in enumerate(g.initializer):
         if init.data_type == TensorProto.BFLOAT16:
             g.initializer[i].CopyFrom(numpy_helper.from_array(
