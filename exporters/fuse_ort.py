@@ -242,7 +242,9 @@ def fold_constant_transposes(model: onnx.ModelProto, base_dir: Path | None = Non
     The tied output projection is exported as MatMul(h, Transpose(embedding)) — the embedding stays shared with
     the Gather — and onnxscript's optimizer leaves that Transpose alone. ONNX Runtime folds it at load time
     anyway (the same extra copy), but only an initializer second input lets `seq2trt quantize` make the MatMul
-    int8: for the `base` preset that projection is 40% of the decoder's weight bytes. Returns how many folded.
+    int8: for the `base` preset that projection is 40% of the decoder's weight bytes. A weight held as external data
+    (a graph past the threshold, graph_files) is left to ONNX Runtime: its copy could pass protobuf's 2 GiB, and int8
+    then leaves that projection in fp32 (docs/large-models.md). Returns how many folded.
     """
     from onnx import numpy_helper
 
@@ -253,6 +255,8 @@ def fold_constant_transposes(model: onnx.ModelProto, base_dir: Path | None = Non
     for node in model.graph.node:
         if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx") or node.input[0] not in weights:
             continue
+        if weights[node.input[0]].data_location == onnx.TensorProto.EXTERNAL:
+            continue  # a big graph's weight: its transposed copy could not be one protobuf tensor (2 GiB); ORT folds it
         array = tensor_array(weights[node.input[0]], base_dir)
         perm = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "perm"), None) or list(range(array.ndim))[::-1]
         model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(array.transpose(perm)),

@@ -104,7 +104,12 @@ def export_copy(model: Seq2SeqTransformer, dtype: str) -> Seq2SeqTransformer:
         # T5 v1.1 / mT5 / UMT5 activations pass fp16's 65504 in the gated FFN (transformers keeps `wo` in fp32).
         raise ConfigError("fp16 is refused for gated-FFN T5 models (T5 v1.1, flan-t5, mT5, UMT5): their FFN "
                           "activations overflow fp16; export with --dtype bf16 (same range as fp32) or fp32")
-    copied = copy.deepcopy(model).eval().use_attention(marked_core)
+    # Weights already in the export's dtype are shared with the copy, not copied (`.to` leaves them as they are): a
+    # model past 2 GiB exports holding one copy of its weights, not two. Others convert on the copy only.
+    target = TORCH_DTYPES[dtype]
+    shared = {id(p): p for p in model.parameters() if p.dtype == target} \
+        if all(p.dtype == target for p in model.parameters()) else {}
+    copied = copy.deepcopy(model, shared).eval().use_attention(marked_core)
     norms = {name: m for name, m in copied.named_modules() if isinstance(m, nn.LayerNorm)}
     copied = copied.to(TORCH_DTYPES[dtype])
     if dtype != "fp32":
@@ -293,6 +298,7 @@ def export(model: Seq2SeqTransformer, out: Path, dtype: str = "fp32", opset: int
     with staged_directory(out, force, "export", kind=MANIFEST, protect=protect) as tmp:
         for kind in spec.GraphKind:
             start = time.perf_counter()
+            logger.info("tracing and writing the %s graph", kind.value)
             proto = write_graph(exported, kind, opset, tmp / kind.filename)
             check_graph(proto, model.cfg, kind, dtype)
             del proto

@@ -151,6 +151,7 @@ def quantize_artifacts(out: Path, settings: QuantizeSettings = QuantizeSettings(
     with staged_directory(quantized_dir(out), force, "int8 graphs", kind=QUANTIZATION_JSON) as tmp:
         for kind in spec.GraphKind:
             source = source_dir / kind.filename
+            logger.info("quantizing the %s graph", kind.value)
             entry = quantize_graph(source, tmp / kind.filename, settings,
                                    lambda path: load_graph(path, manifest.config, kind, manifest.dtype))
             if entry["quantized"] != entry["constant_weight_matmuls"]:

@@ -114,8 +114,10 @@ def _few(keys: list[str], n: int = 8) -> str:
 
 
 def load_state_dict_checked(model: Seq2SeqTransformer, state: dict[str, torch.Tensor], source: str) -> None:
-    """Load `state` into `model`, or raise one error listing every missing, unexpected or misshapen key."""
+    """Load `state` into `model`, or raise one error listing every missing, unexpected or misshapen key. Each tensor
+    loaded is taken out of `state`, so the weights are held twice one tensor at a time, not whole."""
     aliases = _aliases(model.cfg)
+    owned = state
     expected = {k: v for k, v in model.state_dict().items() if k not in aliases}
     problems = []
     for alias, canonical in aliases.items():
@@ -146,7 +148,8 @@ def load_state_dict_checked(model: Seq2SeqTransformer, state: dict[str, torch.Te
                               "; load the weights with the config.json they were saved with, or re-save the checkpoint")
     with torch.no_grad():
         for key, param in expected.items():
-            param.copy_(state[key])
+            owned.pop(key, None)  # the caller's reference: the tensor goes once copied
+            param.copy_(state.pop(key))
 
 
 def weights_path(path: Path) -> Path:
@@ -213,9 +216,9 @@ def load_checkpoint(path: Path) -> tuple[Seq2SeqTransformer, tuple[Vocab, Vocab]
     except Exception as exc:  # ConfigError and friends: re-raise as a checkpoint problem with the same text
         raise CheckpointError(f"{folder / CONFIG}: {exc}") from None
     _check_fits(folder / CONFIG, cfg)
+    model = Seq2SeqTransformer(cfg)  # first: its construction's transient copies (an untied head) never meet `state`
     state = _read_pt(weights) if weights.suffix in (".pt", ".pth", ".bin") else _read_safetensors(weights)
     _check_layers(folder / CONFIG, cfg, state, weights)
-    model = Seq2SeqTransformer(cfg)
     load_state_dict_checked(model, state, str(weights))
     vocabs = load_vocabs(folder / VOCAB) if (folder / VOCAB).exists() else None
     if vocabs is not None and (len(vocabs[0]) != cfg.src_vocab_size or len(vocabs[1]) != cfg.tgt_vocab_size):
