@@ -354,7 +354,7 @@ def emulate_bf16(model: bytes) -> bytes:
             v.type.tensor_type.elem_type = TensorProto.FLOAT
     widen_external(g, {TensorProto.BFLOAT16})  # a big graph's weights (external data): widened by Casts
     for i, init in enumerate(g.initializer):
-        if init.data_type == TensorProto.BFLOAT16:
+        if init.data_type == TensorProto.BFLOAT16 and init.data_location != TensorProto.EXTERNAL:
             g.initializer[i].CopyFrom(numpy_helper.from_array(
                 numpy_helper.to_array(init).astype(np.float32), init.name))
     nodes = []

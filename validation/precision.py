@@ -96,7 +96,7 @@ def fp32_twin(model: bytes) -> bytes:
             value.type.tensor_type.elem_type = TensorProto.FLOAT
     widen_external(graph, low)  # a big graph's weights: widened by Casts in the session (graph_files)
     for i, init in enumerate(graph.initializer):
-        if init.data_type in low:
+        if init.data_type in low and init.data_location != TensorProto.EXTERNAL:
             graph.initializer[i].CopyFrom(numpy_helper.from_array(
                 numpy_helper.to_array(init).astype(np.float32), init.name))
     for node in [*graph.node, *(n for f in proto.functions for n in f.node)]:
