@@ -216,9 +216,9 @@ def load_checkpoint(path: Path) -> tuple[Seq2SeqTransformer, tuple[Vocab, Vocab]
     except Exception as exc:  # ConfigError and friends: re-raise as a checkpoint problem with the same text
         raise CheckpointError(f"{folder / CONFIG}: {exc}") from None
     _check_fits(folder / CONFIG, cfg)
-    model = Seq2SeqTransformer(cfg)  # first: its construction's transient copies (an untied head) never meet `state`
     state = _read_pt(weights) if weights.suffix in (".pt", ".pth", ".bin") else _read_safetensors(weights)
     _check_layers(folder / CONFIG, cfg, state, weights)
+    model = Seq2SeqTransformer(cfg)
     load_state_dict_checked(model, state, str(weights))
     vocabs = load_vocabs(folder / VOCAB) if (folder / VOCAB).exists() else None
     if vocabs is not None and (len(vocabs[0]) != cfg.src_vocab_size or len(vocabs[1]) != cfg.tgt_vocab_size):

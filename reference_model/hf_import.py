@@ -317,11 +317,11 @@ def load_hf_as_model(src: Path) -> tuple[str, Seq2SeqTransformer, dict[str, Any]
     check_source_dir(src)
     family, cfg, gen = config_from_hf(src)
     adapter = FAMILIES[family]
-    model = Seq2SeqTransformer(cfg)  # first: its construction's transient copies never meet the source's weights
     hf_state, files = read_hf_weights(src)
     state = map_weights(adapter, cfg, hf_state)
     del hf_state  # what map_weights transformed goes now; the rest lives on in `state` until copied into the model
     _check_sizes(adapter, src, cfg, state, files)
+    model = Seq2SeqTransformer(cfg)
     load_state_dict_checked(model, state, str(src))
     return family, model.eval(), gen, files
 
