@@ -18,10 +18,10 @@ import onnx
 import pytest
 import torch
 
-from seq2trt.exporters import graph_files, spec
+from seq2trt.exporters import graph_files
 from seq2trt.reference_model.errors import ConfigError
 
-from helpers.cli import invoke, invoke_ok
+from helpers.cli import invoke_ok
 
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
 HAS_RTX = importlib.util.find_spec("tensorrt_rtx") is not None
