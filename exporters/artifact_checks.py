@@ -13,19 +13,24 @@ import onnx
 from seq2trt.plugins.op import DOMAIN, attrs_from_node
 from seq2trt.reference_model.config import Seq2SeqConfig
 from seq2trt.reference_model.errors import ArtifactError, first_line
-from seq2trt.reference_model.atomic_files import sha256_file
 
-from seq2trt.exporters import spec
+from seq2trt.exporters import graph_files, spec
 
 
 def load_graph(path: Path, cfg: Seq2SeqConfig, kind: spec.GraphKind, dtype: str) -> onnx.ModelProto:
     """Parse and check a graph of the contract: a corrupt file, another model's graph, inputs or outputs of the
-    wrong type (`dtype`: the export's) or attention nodes sized for another model are an ArtifactError.
+    wrong type (`dtype`: the export's), attention nodes sized for another model or a missing or short data file are
+    an ArtifactError. The graph comes as structure: external tensors stay references (`graph_files`).
     TensorRT's parser can crash the process on such graphs instead of failing."""
     fix = "re-export with `seq2trt export --force` (and re-fuse)"
     try:
-        model = onnx.load(str(path))
-        onnx.checker.check_model(model)
+        model = graph_files.load_structure(path, fix)
+        if graph_files.external_ranges(model):
+            graph_files.check_model_file(path)  # the checker on the path: it reads the data file's references
+        else:
+            onnx.checker.check_model(model)
+    except ArtifactError:
+        raise
     except Exception as exc:  # protobuf's DecodeError, onnx's ValidationError, ...: the file is not a valid model
         first = first_line(exc)
         raise ArtifactError(f"{path} is not a valid ONNX model ({first}); {fix}") from exc
@@ -76,8 +81,8 @@ def check_derived_graphs(folder: Path, record: str, sources: dict[str, str], sta
         entry, graph = files.get(name), folder / name
         if entry is None or not graph.is_file():
             problems.append(f"{name} is missing")
-        elif sha256_file(graph) != entry.get("sha256"):
-            problems.append(f"{name} does not match its sha256 in {record} (modified since {stage})")
+        elif found := graph_files.record_problems(folder, files, name, record, stage):
+            problems += found
         elif entry.get("source_sha256") != source_sha256:
             problems.append(f"{name} was {stale}")
     if problems:

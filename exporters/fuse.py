@@ -31,10 +31,10 @@ from onnx import helper
 from seq2trt.plugins.op import DOMAIN, PLUGIN_NAME, AttentionAttrs, attrs_from_node
 from seq2trt.reference_model.config import Seq2SeqConfig
 from seq2trt.reference_model.errors import ArtifactError, CheckFailed, InputError, Seq2TrtError
-from seq2trt.reference_model.atomic_files import atomic_write_text, sha256_file
+from seq2trt.reference_model.atomic_files import atomic_write_text
 from seq2trt.reference_model.swap import staged_directory
 
-from seq2trt.exporters import spec
+from seq2trt.exporters import graph_files, spec
 from seq2trt.reference_model import layout
 from seq2trt.reference_model.layout import FUSION_JSON
 from seq2trt.exporters.artifact_checks import check_derived_graphs, load_graph
@@ -93,11 +93,12 @@ def _plugin_node(node: onnx.NodeProto, attrs: AttentionAttrs, biases: dict[str, 
 REWRITES = {Target.TRT: (_plugin_node, DOMAIN), Target.ORT: (ort_nodes, MS_DOMAIN)}
 
 
-def fuse(model: onnx.ModelProto, target: Target, cfg: Seq2SeqConfig,
-         kind: spec.GraphKind) -> tuple[onnx.ModelProto, GraphAudit]:
-    """Rewrite every marked attention block of `model` for `target`; returns the new model and its audit."""
+def fuse(model: onnx.ModelProto, target: Target, cfg: Seq2SeqConfig, kind: spec.GraphKind,
+         base_dir: Path | None = None) -> tuple[onnx.ModelProto, GraphAudit]:
+    """Rewrite every marked attention block of `model` for `target`; returns the new model and its audit.
+    `base_dir`: the folder of `model`'s external data when it was loaded as structure (`graph_files`); its weights
+    are then read one at a time where a fold needs a value and never all held."""
     import onnx.inliner
-    import onnxscript.optimizer
 
     rewrite, domain = REWRITES[target]
     nodes_before = len(onnx.inliner.inline_local_functions(model).graph.node)  # attention bodies counted
@@ -118,11 +119,11 @@ def fuse(model: onnx.ModelProto, target: Target, cfg: Seq2SeqConfig,
     if found:
         fused.opset_import.append(helper.make_opsetid(domain, 1))
     if target is Target.ORT:
-        fold_projections_into_attention(fused)
-        fold_constant_transposes(fused)
-    fused = onnxscript.optimizer.optimize(fused)
+        fold_projections_into_attention(fused, base_dir)
+        fold_constant_transposes(fused, base_dir)
+    fused = _optimize(fused, base_dir)
     if target is Target.ORT:  # the scale: a decoder step's queries are one row (an encoder's are the source)
-        scales = fold_attention_scale(fused) if kind is spec.GraphKind.DECODER else 0
+        scales = fold_attention_scale(fused, base_dir) if kind is spec.GraphKind.DECODER else 0
         folded = {**fold_norms_and_activations(fused), "attention_scale": scales}
     else:
         folded = {}
@@ -137,6 +138,20 @@ def fuse(model: onnx.ModelProto, target: Target, cfg: Seq2SeqConfig,
     return fused, audit
 
 
+
+
+def _optimize(model: onnx.ModelProto, base_dir: Path | None) -> onnx.ModelProto:
+    """onnxscript's optimizer (constant folding, dead code, unused functions) on the IR, its external tensors read
+    from `base_dir` should it fold one; they stay references in the result."""
+    import onnx_ir as ir
+    import onnxscript.optimizer
+
+    if base_dir is None or not graph_files.external_ranges(model):
+        return onnxscript.optimizer.optimize(model)
+    ir_model = ir.serde.deserialize_model(model)
+    ir.external_data.set_base_dir(ir_model.graph, str(base_dir))
+    onnxscript.optimizer.optimize(ir_model)
+    return ir.serde.serialize_model(ir_model)
 
 
 def fused_dir(out: Path, target: Target) -> Path:
@@ -160,11 +175,13 @@ def fuse_artifacts(out: Path, target: Target, allow_partial: bool = False, force
     with staged_directory(fused_dir(out, target), force, f"fused {target.value}", kind=FUSION_JSON) as tmp:
         files = {}
         for kind in spec.GraphKind:
+            logger.info("fusing the %s graph for %s", kind.value, target.value)
             model, graph_audit = _fuse_file(manifest.path(kind.filename), target, manifest, kind)
             audit.graphs.append(graph_audit)
-            onnx.save(model, tmp / kind.filename)
-            files[kind.filename] = {"sha256": sha256_file(tmp / kind.filename),
-                                    "source_sha256": manifest.data["files"][kind.filename]["sha256"]}
+            graph_files.save_graph(model, tmp / kind.filename, base_dir=manifest.root)
+            del model
+            files.update(graph_files.file_records(
+                tmp / kind.filename, source_sha256=graph_files.graph_sha256(manifest.data["files"], kind.filename)))
         if not audit.complete and not allow_partial:
             raise CheckFailed(f"fusion for {target.value} is incomplete: {len(audit.unfused())} attention block(s) "
                               f"not fused: {', '.join(audit.unfused())}; re-export with this seq2trt version "
@@ -178,7 +195,7 @@ def _fuse_file(path: Path, target: Target, manifest: Manifest,
                kind: spec.GraphKind) -> tuple[onnx.ModelProto, GraphAudit]:
     model = load_graph(path, manifest.config, kind, manifest.dtype)
     try:
-        return fuse(model, target, manifest.config, kind)
+        return fuse(model, target, manifest.config, kind, base_dir=path.parent)
     except Seq2TrtError:
         raise
     except Exception as exc:  # the optimizer or an attention node's attributes choke on a damaged graph
@@ -191,7 +208,7 @@ def verify_fused(out: Path, target: Target, manifest: Manifest | None = None) ->
     the export's, already verified with both graphs by the caller; else verified here)."""
     if manifest is None:
         manifest = verify(out, [kind.filename for kind in spec.GraphKind])
-    sources = {kind.filename: manifest.data["files"][kind.filename]["sha256"] for kind in spec.GraphKind}
+    sources = {kind.filename: graph_files.graph_sha256(manifest.data["files"], kind.filename) for kind in spec.GraphKind}
     return check_derived_graphs(fused_dir(out, target), FUSION_JSON, sources, "fusion", "fused from an older export",
                                 f"seq2trt fuse {out} --target {target.value}")
 

@@ -12,14 +12,20 @@ folds that only ONNX Runtime's graphs want.
   the tied output projection int8;
 - `fold_norms_and_activations`: T5's residual add + RMSNorm becomes one `SkipSimplifiedLayerNormalization` and its
   tanh GELU one `FastGelu`, where a one-token step pays per node rather than per element.
+
+A pass that reads a weight's value takes `base_dir`, the folder of a graph loaded as structure, whose external data
+it reads one tensor at a time (`graph_files`).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import onnx
 from onnx import helper
 
 from seq2trt.exporters.attention_functions import bias_by_distance
+from seq2trt.exporters.graph_files import tensor_array
 from seq2trt.plugins.op import LOWEST_FP32, AttentionAttrs, AttentionKind, unpack_inputs
 
 MS_DOMAIN = "com.microsoft"
@@ -91,7 +97,7 @@ def _linear(name: str, producers: dict, weights: dict) -> tuple[str, str, str | 
     return None
 
 
-def fold_projections_into_attention(model: onnx.ModelProto) -> int:
+def fold_projections_into_attention(model: onnx.ModelProto, base_dir: Path | None = None) -> int:
     """ORT target: move the input projections' work into MultiHeadAttention where it is cheaper for a one-token step.
 
     Self-attention: the q/k/v projections of one input become one MatMul (x @ [Wq | Wk | Wv]) and a Split, their
@@ -115,9 +121,9 @@ def fold_projections_into_attention(model: onnx.ModelProto) -> int:
             continue
         prefix = f"{node.name}.packed_qkv"
         if None not in parts and len({x for x, _, _ in parts}) == 1:  # self-attention: pack q, k, v
-            w = np.concatenate([numpy_helper.to_array(weights[p[1]]) for p in parts], axis=1)  # (D, 3D)
+            w = np.concatenate([tensor_array(weights[p[1]], base_dir) for p in parts], axis=1)  # (D, 3D)
             b = None if all(p[2] is None for p in parts) else np.concatenate(
-                [numpy_helper.to_array(weights[p[2]]) if p[2] else np.zeros(w.shape[1] // 3, w.dtype)
+                [tensor_array(weights[p[2]], base_dir) if p[2] else np.zeros(w.shape[1] // 3, w.dtype)
                  for p in parts])  # (3D,)
             graph.initializer.extend([
                 numpy_helper.from_array(w, f"{prefix}.weight"),
@@ -130,7 +136,7 @@ def fold_projections_into_attention(model: onnx.ModelProto) -> int:
             renamed.update(zip(node.input[:3], (q, k, v)))  # the same values: other readers (a bias's Shape) follow
             node.input[0], node.input[1], node.input[2] = q, k, v
         elif parts[1] is None and parts[2] is None and parts[0][2] is not None:  # cross: only the query's bias
-            bias = numpy_helper.to_array(weights[parts[0][2]])
+            bias = tensor_array(weights[parts[0][2]], base_dir)
             b = np.concatenate([bias, np.zeros_like(bias), np.zeros_like(bias)])
             node.input[0] = producers[node.input[0]].input[0] if producers[node.input[0]].input[1] == parts[0][2] \
                 else producers[node.input[0]].input[1]  # the MatMul's output, the Add's other input
@@ -149,7 +155,7 @@ def fold_projections_into_attention(model: onnx.ModelProto) -> int:
     return changed
 
 
-def fold_attention_scale(model: onnx.ModelProto) -> int:
+def fold_attention_scale(model: onnx.ModelProto, base_dir: Path | None = None) -> int:
     """ORT target, decoder graphs, after the optimizer: each MultiHeadAttention's `scale` moves onto its query, a
     `Mul` before the node (and the query's third of the node's `bias`, which it adds first), and the node keeps
     `scale=1.0`.
@@ -191,7 +197,7 @@ def fold_attention_scale(model: onnx.ModelProto) -> int:
             continue
         if bias:  # (3D,): q, k, v biases; the node adds q's before its product
             tensor = inits[bias]
-            array = numpy_helper.to_array(tensor)
+            array = tensor_array(tensor, base_dir)
             scaled = array.astype(np.float64)
             scaled[: len(scaled) // 3] *= factor
             new = numpy_helper.from_array(scaled.astype(array.dtype), bias)
@@ -230,13 +236,15 @@ def _topological(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
     return ready
 
 
-def fold_constant_transposes(model: onnx.ModelProto) -> int:
+def fold_constant_transposes(model: onnx.ModelProto, base_dir: Path | None = None) -> int:
     """ORT target: a Transpose of a weight becomes a transposed weight.
 
     The tied output projection is exported as MatMul(h, Transpose(embedding)) — the embedding stays shared with
     the Gather — and onnxscript's optimizer leaves that Transpose alone. ONNX Runtime folds it at load time
     anyway (the same extra copy), but only an initializer second input lets `seq2trt quantize` make the MatMul
-    int8: for the `base` preset that projection is 40% of the decoder's weight bytes. Returns how many folded.
+    int8: for the `base` preset that projection is 40% of the decoder's weight bytes. A weight held as external data
+    (a graph past the threshold, graph_files) is left to ONNX Runtime: its copy could pass protobuf's 2 GiB, and int8
+    then leaves that projection in fp32 (docs/large-models.md). Returns how many folded.
     """
     from onnx import numpy_helper
 
@@ -247,7 +255,9 @@ def fold_constant_transposes(model: onnx.ModelProto) -> int:
     for node in model.graph.node:
         if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx") or node.input[0] not in weights:
             continue
-        array = numpy_helper.to_array(weights[node.input[0]])
+        if weights[node.input[0]].data_location == onnx.TensorProto.EXTERNAL:
+            continue  # a big graph's weight: its transposed copy could not be one protobuf tensor (2 GiB); ORT folds it
+        array = tensor_array(weights[node.input[0]], base_dir)
         perm = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "perm"), None) or list(range(array.ndim))[::-1]
         model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(array.transpose(perm)),
                                                                f"{node.input[0]}.transposed"))

@@ -22,6 +22,7 @@ from seq2trt.reference_model.atomic_files import atomic_write_text, sha256_file
 from seq2trt.reference_model.swap import recover_tree, replacements_paused
 
 from seq2trt.exporters import spec
+from seq2trt.exporters.graph_files import data_name
 from seq2trt.reference_model.layout import MANIFEST
 
 
@@ -185,7 +186,9 @@ def verify(out: Path, names: list[str] | None = None) -> Manifest:
     """Read the manifest and check the sha256 of `names` (default: every listed file); one error lists all."""
     manifest = read_manifest(out)
     files = manifest.data["files"]
-    names = list(files) if names is None else names
+    # a graph's data file is checked with its graph (graph_files: missing, truncated or another model's)
+    names = list(files) if names is None else [n for name in names for n in (name, data_name(name))
+                                                if n == name or n in files]
     problems = []
     for name in names:
         path = manifest.path(name)

@@ -29,7 +29,7 @@ from seq2trt.reference_model.errors import ArtifactError, ConfigError
 from seq2trt.reference_model.swap import staged_directory
 from seq2trt.reference_model.model import Seq2SeqTransformer
 
-from seq2trt.exporters import spec
+from seq2trt.exporters import graph_files, spec
 from seq2trt.exporters.attention_functions import attention_functions, marked_kind, marked_op_type
 from seq2trt.exporters.manifest import MANIFEST, write_manifest
 from seq2trt.exporters.torch_cache import check_torch_cache, reused_torchlib_registry
@@ -104,7 +104,12 @@ def export_copy(model: Seq2SeqTransformer, dtype: str) -> Seq2SeqTransformer:
         # T5 v1.1 / mT5 / UMT5 activations pass fp16's 65504 in the gated FFN (transformers keeps `wo` in fp32).
         raise ConfigError("fp16 is refused for gated-FFN T5 models (T5 v1.1, flan-t5, mT5, UMT5): their FFN "
                           "activations overflow fp16; export with --dtype bf16 (same range as fp32) or fp32")
-    copied = copy.deepcopy(model).eval().use_attention(marked_core)
+    # Weights already in the export's dtype are shared with the copy, not copied (`.to` leaves them as they are): a
+    # model past 2 GiB exports holding one copy of its weights, not two. Others convert on the copy only.
+    target = TORCH_DTYPES[dtype]
+    shared = {id(p): p for p in model.parameters() if p.dtype == target} \
+        if all(p.dtype == target for p in model.parameters()) else {}
+    copied = copy.deepcopy(model, shared).eval().use_attention(marked_core)
     norms = {name: m for name, m in copied.named_modules() if isinstance(m, nn.LayerNorm)}
     copied = copied.to(TORCH_DTYPES[dtype])
     if dtype != "fp32":
@@ -177,8 +182,8 @@ def _examples(model: Seq2SeqTransformer, kind: spec.GraphKind) -> tuple[tuple, t
     return args, ({0: batch, 1: tgt}, {0: batch, 1: src}, kv_dims(src), kv_dims(past))
 
 
-def trace(model: Seq2SeqTransformer, kind: spec.GraphKind, opset: int) -> onnx.ModelProto:
-    """One graph, marked, with its attention functions attached and its nodes named after their blocks."""
+def trace_program(model: Seq2SeqTransformer, kind: spec.GraphKind, opset: int):
+    """torch.onnx's program of one graph (its tensors still the model's: nothing is copied until it is written)."""
     encoder = AudioEncoderGraph if spec.audio_source(model.cfg) else EncoderGraph
     wrapper = (encoder if kind is spec.GraphKind.ENCODER else DecoderGraph)(model).eval()
     args, dynamic = _examples(model, kind)
@@ -188,13 +193,40 @@ def trace(model: Seq2SeqTransformer, kind: spec.GraphKind, opset: int) -> onnx.M
         # Dims that share constraints produce "axis name ... will not be used" notes; the names are checked below.
         warnings.filterwarnings("ignore", message=".*will not be used.*")
         warnings.filterwarnings("ignore", category=FutureWarning)
-        program = torch.onnx.export(wrapper, args, dynamo=True, dynamic_shapes=dynamic, input_names=names_in,
-                                    output_names=names_out, opset_version=opset, external_data=False,
-                                    verbose=False)
-    proto = program.model_proto
-    proto.functions.extend(attention_functions(opset, biased=model.cfg.relative_bias != "none"))
+        return torch.onnx.export(wrapper, args, dynamo=True, dynamic_shapes=dynamic, input_names=names_in,
+                                 output_names=names_out, opset_version=opset, external_data=False, verbose=False)
+
+
+def finish(proto: onnx.ModelProto, cfg, opset: int) -> onnx.ModelProto:
+    """The traced graph made the contract's: attention functions attached, nodes named after their blocks."""
+    proto.functions.extend(attention_functions(opset, biased=cfg.relative_bias != "none"))
     _name_blocks(proto)
     proto.producer_name = "seq2trt"
+    return proto
+
+
+def trace(model: Seq2SeqTransformer, kind: spec.GraphKind, opset: int) -> onnx.ModelProto:
+    """One graph in memory, marked, with its attention functions attached and its nodes named after their blocks
+    (a small model's: `write_graph` writes a graph of any size)."""
+    return finish(trace_program(model, kind, opset).model_proto, model.cfg, opset)
+
+
+def write_graph(model: Seq2SeqTransformer, kind: spec.GraphKind, opset: int, path: Path) -> onnx.ModelProto:
+    """Trace one graph into `path` (its weights streamed into external data past the threshold: graph_files) and
+    return its structure, finished (`finish`) and written back over the file (the data file is unchanged)."""
+    import onnx_ir as ir
+
+    program = trace_program(model, kind, opset)
+    size = sum(v.const_value.nbytes for v in program.model.graph.initializers.values() if v.const_value is not None)
+    external = size > graph_files.threshold()
+    if external:
+        logger.info("writing the %s graph's %.2f GiB of weights to %s", kind.value, size / 2**30,
+                    graph_files.data_name(path))
+    ir.save(program.model, str(path), external_data=graph_files.data_name(path) if external else None,
+            size_threshold_bytes=graph_files.INLINE_TENSOR_BYTES)
+    del program  # the torch tensors it references belong to the model; its own buffers go now
+    proto = finish(onnx.load(str(path), load_external_data=False), model.cfg, opset)
+    onnx.save(proto, str(path))
     return proto
 
 
@@ -266,15 +298,16 @@ def export(model: Seq2SeqTransformer, out: Path, dtype: str = "fp32", opset: int
     with staged_directory(out, force, "export", kind=MANIFEST, protect=protect) as tmp:
         for kind in spec.GraphKind:
             start = time.perf_counter()
-            proto = trace(exported, kind, opset)
+            logger.info("tracing and writing the %s graph", kind.value)
+            proto = write_graph(exported, kind, opset, tmp / kind.filename)
             check_graph(proto, model.cfg, kind, dtype)
-            onnx.checker.check_model(proto, full_check=True)  # strict type inference: strongly typed
-            (tmp / kind.filename).write_bytes(proto.SerializeToString())
+            del proto
+            graph_files.check_model_file(tmp / kind.filename, full_check=True)  # strict type inference
             timings[kind.value] = round(time.perf_counter() - start, 2)
             logger.info("exported %s graph in %.1f s", kind.value, timings[kind.value])
-        files = [k.filename for k in spec.GraphKind]
+        files = [p.name for k in spec.GraphKind for p in graph_files.graph_files(tmp / k.filename)]
         if spec.audio_source(model.cfg):
-            files.append(write_model_features(tmp, model.cfg, source, opset).name)
+            files += [p.name for p in graph_files.graph_files(write_model_features(tmp, model.cfg, source, opset))]
         settings = {"dtype": dtype, "opset": opset, "limits": vars(limits), "export_seconds": timings}
         write_manifest(tmp, model.cfg, settings, files, source=source)
     return Path(out)

@@ -63,10 +63,10 @@ from onnx import TensorProto, helper
 
 from seq2trt.reference_model.config import Seq2SeqConfig
 from seq2trt.reference_model.errors import ArtifactError, InputError
-from seq2trt.reference_model.atomic_files import atomic_write_text, sha256_file
+from seq2trt.reference_model.atomic_files import atomic_write_text
 from seq2trt.reference_model.swap import staged_directory
 
-from seq2trt.exporters import spec
+from seq2trt.exporters import graph_files, spec
 from seq2trt.reference_model.checkpoint import generation_config
 from seq2trt.reference_model.layout import GENERATE_JSON, generate_dir
 from seq2trt.exporters.artifact_checks import load_graph
@@ -297,10 +297,12 @@ def generate_artifacts(out: Path, force: bool = False, int8: bool = False,
                             "forced_bos_id": cfg.forced_bos_id, "forced_eos": cfg.forced_eos,
                             "suppress_ids": list(cfg.suppress_ids)},
               "graphs": "int8" if int8 else "fused", "max_rows": manifest.limits.max_batch, "max_length": manifest.limits.max_tgt_len,
-              "sources": {kind.filename: fusion["files"][kind.filename]["sha256"] for kind in spec.GraphKind}}
+              "sources": {kind.filename: graph_files.graph_sha256(fusion["files"], kind.filename)
+                          for kind in spec.GraphKind}}
     with staged_directory(generate_dir(out, int8), force, "generation graph") as tmp:
-        onnx.save(model, tmp / FILENAME)
-        record["files"] = {FILENAME: {"sha256": sha256_file(tmp / FILENAME)}}
+        # the subgraphs' weights stay references into the fused graphs' data files until written (graph_files)
+        graph_files.save_graph(model, tmp / FILENAME, base_dir=folder)
+        record["files"] = graph_files.file_records(tmp / FILENAME)
         atomic_write_text(tmp / GENERATE_JSON, json.dumps(record, indent=2) + "\n")
     return record
 
@@ -316,15 +318,12 @@ def verify_generate(out: Path, manifest: Manifest | None = None, int8: bool = Fa
     _, fusion, _ = _source_graphs(out, int8, manifest)
     try:
         record = json.loads(path.read_text())
-        recorded, sources = record["files"][FILENAME]["sha256"], dict(record["sources"])
+        _, sources = record["files"][FILENAME]["sha256"], dict(record["sources"])
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as exc:
         raise ArtifactError(f"{path} is malformed ({exc!r}); re-run `{fix} --force`") from None
-    problems = []
-    if not (folder / FILENAME).is_file():
-        problems.append(f"{FILENAME} is missing")
-    elif sha256_file(folder / FILENAME) != recorded:
-        problems.append(f"{FILENAME} does not match its sha256 in {GENERATE_JSON} (modified since it was written)")
-    stale = [k.filename for k in spec.GraphKind if sources.get(k.filename) != fusion["files"][k.filename]["sha256"]]
+    problems = graph_files.record_problems(folder, record["files"], FILENAME, GENERATE_JSON, "it was written")
+    stale = [k.filename for k in spec.GraphKind
+             if sources.get(k.filename) != graph_files.graph_sha256(fusion["files"], k.filename)]
     if stale:
         problems.append(f"it was built from older {'int8' if int8 else 'fused'} graphs ({', '.join(stale)} changed "
                         "since)")

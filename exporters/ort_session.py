@@ -1,10 +1,10 @@
 """The one way seq2trt opens an ONNX Runtime session: providers (CPU, or CUDA on a device id), threads, graph
 optimization, custom-op libraries, and a rewrite of the graph before it loads.
 
-ONNX Runtime always opens a graph from a file path, never from serialized bytes: a graph may keep its weights as
-ONNX external data beside it, which only a path lets ONNX Runtime find. A graph that is rewritten first (plugin
-nodes for the CPU, bf16 emulated in fp32) or built in memory (a debug copy) is loaded with its external data,
-rewritten and written to a temporary folder, and opened from there.
+ONNX Runtime opens a graph file from its path, so it finds the graph's ONNX external data beside it
+(`exporters.graph_files`). A graph that is rewritten first (plugin nodes for the CPU, bf16 emulated in fp32) or built
+in memory (a debug copy, an fp32 twin) is opened from the bytes of its structure alone — a graph past 2 GiB has no
+bytes with its weights in — with the folder of its data files named to ONNX Runtime.
 
 It lives with the exporters because the lowest layer that runs a graph is here (`whisper_features.run_features`);
 the runtime's runners, the whole-search model, the transcriber's front end and the Triton Python models use it too.
@@ -13,7 +13,6 @@ the runtime's runners, the whole-search model, the transcriber's front end and t
 from __future__ import annotations
 
 import logging
-import tempfile
 from pathlib import Path
 from typing import Callable, Union
 
@@ -32,7 +31,7 @@ OPTIMIZATION: dict[str, tuple[str, list[str]]] = {
     "extended": ("ORT_ENABLE_EXTENDED", ["SkipLayerNormFusion"]),
 }
 
-Source = Union[str, Path, bytes, "onnx.ModelProto"]  # noqa: F821
+Source = Union[str, Path, bytes, "onnx.ModelProto"]  # noqa: F821  (onnx is imported where it is needed)
 
 
 def _ort():
@@ -117,34 +116,36 @@ def session_options(optimization: str | None = "basic", threads: int | None = No
     return options, list(disabled), threading
 
 
-def _as_path(source: Source, rewrite: Callable[[bytes], bytes] | None, folder: Path) -> Path:
-    """A file ONNX Runtime can open: `source` itself when it is a path and nothing rewrites it, else the (rewritten)
-    model, its external data loaded, written into `folder`."""
+def _model(source: Source, rewrite: Callable[[bytes], bytes] | None,
+           data_dir: Path | None) -> tuple[str | bytes, Path | None]:
+    """What ONNX Runtime opens, and the folder of its external data when that is not the file's own: `source`
+    itself when it is a path and nothing rewrites it; else the (rewritten) graph's bytes, its weights left in their
+    data files (`exporters.graph_files`) — a graph past 2 GiB has no bytes of its own, and its structure is small."""
     if isinstance(source, (str, Path)) and rewrite is None:
-        return Path(source)
+        return str(source), None
     import onnx
 
     if isinstance(source, (str, Path)):
-        data = onnx.load(str(source)).SerializeToString()  # external data loaded into the model
+        data = onnx.load(str(source), load_external_data=False).SerializeToString()
+        data_dir = data_dir or Path(source).parent
     else:
         data = source if isinstance(source, bytes) else source.SerializeToString()
-    if rewrite is not None:
-        data = rewrite(data)
-    path = folder / "model.onnx"
-    path.write_bytes(data)
-    return path
+    return (rewrite(data) if rewrite is not None else data), data_dir
 
 
 def open_session(source: Source, *, device: str = "cpu", device_id: int = 0, threads: int | None = 1,
                  shared_pool: bool = False, optimization: str | None = "basic",
-                 custom_op_libraries: tuple[str, ...] = (), rewrite: Callable[[bytes], bytes] | None = None):
+                 custom_op_libraries: tuple[str, ...] = (), rewrite: Callable[[bytes], bytes] | None = None,
+                 data_dir: Path | None = None):
     """(InferenceSession, how it threads) of a graph file (or an in-memory model), on `device` (`cpu`, `cuda`,
     `auto`) and `device_id`. `rewrite` turns the serialized graph into the one to run (the plugin graphs' CPU
-    nodes, bf16 emulation). ONNX Runtime's own errors pass through: callers say which artifact failed."""
+    nodes, bf16 emulation). `data_dir`: where the external data of a graph given as bytes lie. ONNX Runtime's own
+    errors pass through: callers say which artifact failed."""
     ort = _ort()
     chosen = providers(device, device_id)
     options, disabled, threading = session_options(optimization, threads, shared_pool, custom_op_libraries)
-    with tempfile.TemporaryDirectory(prefix="seq2trt-ort-") as tmp:
-        path = _as_path(source, rewrite, Path(tmp))
-        session = ort.InferenceSession(str(path), options, providers=chosen, disabled_optimizers=disabled)
+    model, data_dir = _model(source, rewrite, data_dir)
+    if data_dir is not None:  # bytes whose external data lie in a graph's folder
+        options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(data_dir))
+    session = ort.InferenceSession(model, options, providers=chosen, disabled_optimizers=disabled)
     return session, threading

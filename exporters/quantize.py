@@ -26,10 +26,10 @@ from typing import Callable
 import onnx
 
 from seq2trt.reference_model.errors import ArtifactError, DependencyError, InputError
-from seq2trt.reference_model.atomic_files import atomic_write_text, sha256_file
+from seq2trt.reference_model.atomic_files import atomic_write_text
 from seq2trt.reference_model.swap import staged_directory
 
-from seq2trt.exporters import spec
+from seq2trt.exporters import graph_files, spec
 from seq2trt.reference_model import layout
 from seq2trt.reference_model.layout import QUANTIZATION_JSON
 from seq2trt.exporters.artifact_checks import check_derived_graphs, load_graph
@@ -111,16 +111,20 @@ def quantize_graph(source: Path, target: Path, settings: QuantizeSettings,
         raise DependencyError("onnxruntime's quantization tools are missing; pip install onnxruntime") from None
     before = load(source)
     constant, total = _constant_matmuls(before)
+    # a big source's int8 graph keeps external data too (the quantizer names it `<graph>.data`, graph_files' rule)
+    external = graph_files.tensor_bytes(before) > graph_files.threshold()
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch, _quiet_quantizer():
         quantize_dynamic(source, Path(scratch) / target.name, weight_type=QuantType.QInt8,
                          per_channel=settings.per_channel, reduce_range=settings.reduce_range,
-                         op_types_to_quantize=["MatMul"], extra_options={"MatMulConstBOnly": True})
-        Path(scratch, target.name).replace(target)
+                         op_types_to_quantize=["MatMul"], extra_options={"MatMulConstBOnly": True},
+                         use_external_data_format=external)
+        for path in graph_files.graph_files(Path(scratch) / target.name)[::-1]:  # the data file first
+            path.replace(target.parent / path.name)
     after = load(target)
     ops = Counter(n.op_type for n in after.graph.node)
     return {"matmuls": total, "constant_weight_matmuls": constant, "quantized": ops.get("MatMulInteger", 0),
-            "float_matmuls_left": ops.get("MatMul", 0), "bytes_before": source.stat().st_size,
-            "bytes_after": target.stat().st_size, "nodes_before": len(before.graph.node),
+            "float_matmuls_left": ops.get("MatMul", 0), "bytes_before": sum(p.stat().st_size for p in graph_files.graph_files(source)),
+            "bytes_after": sum(p.stat().st_size for p in graph_files.graph_files(target)), "nodes_before": len(before.graph.node),
             "nodes_after": len(after.graph.node)}
 
 
@@ -147,14 +151,15 @@ def quantize_artifacts(out: Path, settings: QuantizeSettings = QuantizeSettings(
     with staged_directory(quantized_dir(out), force, "int8 graphs", kind=QUANTIZATION_JSON) as tmp:
         for kind in spec.GraphKind:
             source = source_dir / kind.filename
+            logger.info("quantizing the %s graph", kind.value)
             entry = quantize_graph(source, tmp / kind.filename, settings,
                                    lambda path: load_graph(path, manifest.config, kind, manifest.dtype))
             if entry["quantized"] != entry["constant_weight_matmuls"]:
                 raise ArtifactError(f"quantizing {source}: {entry['quantized']} of {entry['constant_weight_matmuls']} "
                                     "weight MatMuls became int8; re-fuse the graphs (`seq2trt fuse --force`)")
             doc["graphs"][kind.value] = entry
-            doc["files"][kind.filename] = {"sha256": sha256_file(tmp / kind.filename),
-                                           "source_sha256": fusion["files"][kind.filename]["sha256"]}
+            doc["files"].update(graph_files.file_records(
+                tmp / kind.filename, source_sha256=graph_files.graph_sha256(fusion["files"], kind.filename)))
         atomic_write_text(tmp / QUANTIZATION_JSON, json.dumps(doc, indent=2) + "\n")
     return doc
 
@@ -166,6 +171,6 @@ def verify_quantized(out: Path, manifest: Manifest | None = None) -> dict:
     if not (quantized_dir(out) / QUANTIZATION_JSON).exists():
         raise ArtifactError(f"{quantized_dir(out) / QUANTIZATION_JSON} not found; run `seq2trt quantize {out}` first")
     fusion = verify_fused(out, Target.ORT, manifest)
-    sources = {kind.filename: fusion["files"][kind.filename]["sha256"] for kind in spec.GraphKind}
+    sources = {kind.filename: graph_files.graph_sha256(fusion["files"], kind.filename) for kind in spec.GraphKind}
     return check_derived_graphs(quantized_dir(out), QUANTIZATION_JSON, sources, "quantization",
                                 "quantized from older fused graphs", f"seq2trt quantize {out}")

@@ -159,11 +159,16 @@ def parse(trt, builder, onnx_path: Path, settings: BuildSettings):
     """A strongly typed network from the ONNX file; the parser's errors become one InputError."""
     import onnx
 
+    from seq2trt.exporters.graph_files import check_data
+
     try:
         model = onnx.load(str(onnx_path), load_external_data=False)
     except Exception as exc:  # protobuf's DecodeError: not an ONNX file
         first = first_line(exc)
         raise ArtifactError(f"{onnx_path} is not a valid ONNX model ({first}); re-export (and re-fuse) it") from exc
+    # the parser reads the weights from the graph's folder (parse_from_file); a missing or short data file would
+    # fail inside it, or crash it
+    check_data(Path(onnx_path), model, "re-export (and re-fuse) it")
     if graph_has_plugin(model):
         if not settings.plugin:
             raise InputError(f"{onnx_path} holds {PLUGIN_NAME} plugin nodes but the plugin is disabled; build the "

@@ -32,6 +32,7 @@ from seq2trt.reference_model.errors import ArtifactError, InputError
 from seq2trt.reference_model.atomic_files import atomic_write_bytes, atomic_write_text, refuse_existing, sha256_file
 from seq2trt.reference_model.swap import locked, staged_directory
 
+from seq2trt.exporters.graph_files import graph_sha256
 from seq2trt.exporters import fuse, spec
 from seq2trt.exporters.artifact_checks import load_graph
 from seq2trt.exporters import manifest as manifest_mod
@@ -65,14 +66,14 @@ def source_graphs(out: Path, plugin: bool) -> dict[spec.GraphKind, tuple[Path, s
     out = Path(out)
     manifest = manifest_mod.verify(out, [graph.filename for graph in spec.GraphKind])
     if not plugin:
-        return {graph: (out / graph.filename, manifest.data["files"][graph.filename]["sha256"])
+        return {graph: (out / graph.filename, graph_sha256(manifest.data["files"], graph.filename))
                 for graph in spec.GraphKind}
     if not (fuse.fused_dir(out, fuse.Target.TRT) / fuse.FUSION_JSON).exists():
         raise ArtifactError(f"{out} has no fused TensorRT graphs: run `seq2trt fuse {out} --target trt` first, or "
                             "build the unfused graphs with --no-plugin")
     report = fuse.verify_fused(out, fuse.Target.TRT)
     folder = fuse.fused_dir(out, fuse.Target.TRT)
-    return {graph: (folder / graph.filename, report["files"][graph.filename]["sha256"]) for graph in spec.GraphKind}
+    return {graph: (folder / graph.filename, graph_sha256(report["files"], graph.filename)) for graph in spec.GraphKind}
 
 
 def _check_limits(limits: spec.Limits, exported: spec.Limits, out: Path) -> None:

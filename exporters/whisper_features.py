@@ -30,7 +30,7 @@ from torch import nn
 from seq2trt.exporters import spec
 from seq2trt.exporters.torch_cache import check_torch_cache, reused_torchlib_registry
 from seq2trt.reference_model import layout
-from seq2trt.reference_model.atomic_files import atomic_write_bytes
+from seq2trt.exporters.graph_files import save_graph
 from seq2trt.reference_model.errors import ConfigError, DependencyError, InputError, first_line
 
 logger = logging.getLogger(__name__)
@@ -188,7 +188,7 @@ def features_graph(source, opset: int = spec.DEFAULT_OPSET) -> onnx.ModelProto:
 def write_features_graph(out_path: Union[str, Path], source, opset: int = spec.DEFAULT_OPSET) -> Path:
     """Write the front end of `source` (a WhisperFeatureExtractor or FeatureParams) to `out_path` atomically."""
     proto = features_graph(source, opset)
-    atomic_write_bytes(Path(out_path), proto.SerializeToString())
+    save_graph(proto, Path(out_path))
     logger.info("wrote the %d-mel front end to %s", _params(source).n_mels, out_path)
     return Path(out_path)
 

@@ -11,6 +11,7 @@ import json
 import pickle
 import re
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Callable
 
 import torch
@@ -80,6 +81,67 @@ def _save_weights(save_file: Callable, state: dict[str, torch.Tensor], path: Pat
         raise error from exc
 
 
+def _pieces(state: Mapping[str, torch.Tensor], key: str):
+    """(shape, (first row, rows) pieces) of one tensor: the whole tensor from a dict, row blocks of ~64 MiB from a
+    `LazySafetensors` (read straight from the file: no whole copy of a 2 GB embedding beside the model's)."""
+    if isinstance(state, LazySafetensors):
+        return state.shape(key), state.row_blocks(key)
+    tensor = state[key]
+    return tuple(tensor.shape), iter([(0, tensor)])
+
+
+class LazySafetensors(Mapping):
+    """A safetensors file as a read-only mapping that reads each tensor when asked (safe_open): a checkpoint is
+    loaded into the model one tensor at a time (`load_state_dict_checked`), not held whole beside it."""
+
+    def __init__(self, path: Path):
+        from safetensors import safe_open
+
+        self.path = path
+        try:
+            self._file = safe_open(str(path), framework="pt")
+            self._keys = list(self._file.keys())
+        except Exception as exc:  # SafetensorError, OSError, ValueError: the file is not what it claims
+            raise _unreadable(path, exc) from None
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        if key not in self._keys:
+            raise KeyError(key)
+        try:
+            return self._file.get_tensor(key)
+        except Exception as exc:
+            raise _unreadable(self.path, exc) from None
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self._file.get_slice(key).get_shape())
+
+    def row_blocks(self, key: str, block_bytes: int = 64 * 2**20):
+        """(first row, rows) blocks of one tensor, each read when reached."""
+        shape = self.shape(key)
+        if len(shape) < 2:
+            yield 0, self[key]
+            return
+        part = self._file.get_slice(key)
+        rows = max(1, block_bytes // max(1, 4 * int(torch.tensor(shape[1:]).prod())))
+        for start in range(0, shape[0], rows):
+            try:
+                block = part[start:start + rows]
+            except Exception as exc:
+                raise _unreadable(self.path, exc) from None
+            yield start, block
+
+    def __iter__(self):
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
+def _unreadable(path: Path, exc: BaseException) -> CheckpointError:
+    return CheckpointError(f"cannot read {path}: {exc} (truncated or not a safetensors file); "
+                           "re-save or re-download the checkpoint")
+
+
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -87,8 +149,7 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"cannot read {path}: {exc} (truncated or not a safetensors file); "
-                              "re-save or re-download the checkpoint") from None
+        raise _unreadable(path, exc) from None
 
 
 def _read_pt(path: Path) -> dict[str, torch.Tensor]:
@@ -113,29 +174,40 @@ def _few(keys: list[str], n: int = 8) -> str:
     return str(keys[:n]) + (f" and {len(keys) - n} more" if len(keys) > n else "")
 
 
-def load_state_dict_checked(model: Seq2SeqTransformer, state: dict[str, torch.Tensor], source: str) -> None:
-    """Load `state` into `model`, or raise one error listing every missing, unexpected or misshapen key."""
+def load_state_dict_checked(model: Seq2SeqTransformer, state: Mapping[str, torch.Tensor], source: str) -> None:
+    """Load `state` into `model`, or raise one error listing every missing, unexpected or misshapen key. Each tensor
+    is read from `state` once, checked and copied, then let go (`state` may read lazily: `LazySafetensors`), so the
+    weights are held twice one tensor at a time, never whole."""
     aliases = _aliases(model.cfg)
     expected = {k: v for k, v in model.state_dict().items() if k not in aliases}
     problems = []
     for alias, canonical in aliases.items():
         if alias in state and canonical in state and not torch.equal(state[alias], state[canonical]):
             problems.append(f"{alias} must equal {canonical} (tied in the config) but differs")
-    state = {k: v for k, v in state.items() if k not in aliases}
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
+    keys = [k for k in state.keys() if k not in aliases]
+    missing = sorted(set(expected) - set(keys))
+    unexpected = sorted(set(keys) - set(expected))
     if missing:
         problems.append(f"missing keys {_few(missing)}")
     if unexpected:
         problems.append(f"unexpected keys {_few(unexpected)}")
-    for key in sorted(set(expected) & set(state)):
-        if tuple(state[key].shape) != tuple(expected[key].shape):
-            problems.append(f"{key}: weights have shape {tuple(state[key].shape)}, "
-                            f"config expects {tuple(expected[key].shape)}")
-        elif not state[key].is_floating_point():
-            problems.append(f"{key}: expected a floating-point tensor, got {state[key].dtype}")
-    non_finite = sorted(k for k in set(expected) & set(state)
-                        if state[k].is_floating_point() and not torch.isfinite(state[k]).all())
+    non_finite = []
+    with torch.no_grad():
+        for key in sorted(set(expected) & set(keys)):
+            shape, pieces = _pieces(state, key)
+            if shape != tuple(expected[key].shape):
+                problems.append(f"{key}: weights have shape {shape}, config expects {tuple(expected[key].shape)}")
+                continue
+            for start, piece in pieces:  # a failed check raises below: the half-filled model is dropped
+                if not piece.is_floating_point():
+                    problems.append(f"{key}: expected a floating-point tensor, got {piece.dtype}")
+                    break
+                if not torch.isfinite(piece).all():
+                    non_finite.append(key)
+                    break
+                (expected[key][start:start + len(piece)] if piece.dim() else expected[key]).copy_(piece)
+            if isinstance(state, dict):
+                state.pop(key, None)  # the caller's dict lets each tensor go once copied
     if non_finite:  # every output of such a model is NaN or inf: exports, engines and translations would be garbage
         shown = ", ".join(non_finite[:8]) + (f" and {len(non_finite) - 8} more" if len(non_finite) > 8 else "")
         raise CheckpointError(f"checkpoint {source} holds NaN or infinite weights in {len(non_finite)} tensor(s): "
@@ -144,9 +216,6 @@ def load_state_dict_checked(model: Seq2SeqTransformer, state: dict[str, torch.Te
     if problems:
         raise CheckpointError(f"checkpoint {source} does not match its config: " + "; ".join(problems) +
                               "; load the weights with the config.json they were saved with, or re-save the checkpoint")
-    with torch.no_grad():
-        for key, param in expected.items():
-            param.copy_(state[key])
 
 
 def weights_path(path: Path) -> Path:
@@ -213,7 +282,7 @@ def load_checkpoint(path: Path) -> tuple[Seq2SeqTransformer, tuple[Vocab, Vocab]
     except Exception as exc:  # ConfigError and friends: re-raise as a checkpoint problem with the same text
         raise CheckpointError(f"{folder / CONFIG}: {exc}") from None
     _check_fits(folder / CONFIG, cfg)
-    state = _read_pt(weights) if weights.suffix in (".pt", ".pth", ".bin") else _read_safetensors(weights)
+    state = _read_pt(weights) if weights.suffix in (".pt", ".pth", ".bin") else LazySafetensors(weights)
     _check_layers(folder / CONFIG, cfg, state, weights)
     model = Seq2SeqTransformer(cfg)
     load_state_dict_checked(model, state, str(weights))

@@ -11,6 +11,7 @@ source's tokenizer files under `tokenizer/`, its generation settings in `generat
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import logging
 import math
@@ -334,6 +335,7 @@ def load_hf_as_model(src: Path) -> tuple[str, Seq2SeqTransformer, dict[str, Any]
     hf_state, files = read_hf_weights(src)
     cfg = untie_head(adapter, cfg, hf_state)
     state = map_weights(adapter, cfg, hf_state)
+    del hf_state  # what map_weights transformed goes now; the rest lives on in `state` until copied into the model
     _check_sizes(adapter, src, cfg, state, files)
     model = Seq2SeqTransformer(cfg)
     load_state_dict_checked(model, state, str(src))
@@ -348,6 +350,7 @@ def import_hf(src: Path, out: Path, force: bool = False, progress: Callable[[str
     family, model, gen, files = load_hf_as_model(src)
     progress(f"verifying the {family} model against transformers")
     report = hf_verify.verify(src, model, gen, progress)
+    gc.collect()  # transformers' model, only the proof's: freed before the checkpoint's write copies ours
     adapter = FAMILIES[family]
     record = {"family": family, "source": {"path": str(src.resolve()),
                                            "weights_sha256": {f.name: sha256_file(f) for f in files}},

@@ -167,9 +167,10 @@ class OrtRunner(Runner):
     def __init__(self, model: Path | bytes | Callable[[], Path | bytes], cfg, kind: spec.GraphKind, dtype: str,
                  limits: spec.Limits, device: str = "cpu", intra_op_threads: int = 1, name: str | None = None,
                  prepare: Callable[[bytes], bytes] | None = None, custom_op_libraries: tuple[str, ...] = (),
-                 optimization: str = "basic", device_id: int = 0):
+                 optimization: str = "basic", device_id: int = 0, data_dir: Path | None = None):
         super().__init__(name or f"onnxruntime-{device}", cfg, kind, dtype, limits)
         self._source, self.device, self.device_id, self.intra_op_threads = model, device, device_id, intra_op_threads
+        self.data_dir = data_dir  # where graph bytes' external data lie (a graph file's own folder otherwise)
         self.prepare, self.custom_op_libraries = prepare, custom_op_libraries
         if optimization not in ort_session.OPTIMIZATION:
             raise ValueError(f"optimization must be one of {', '.join(ort_session.OPTIMIZATION)}, got {optimization!r}")
@@ -187,7 +188,7 @@ class OrtRunner(Runner):
             self.session, self.threading = ort_session.open_session(
                 source, device=self.device, device_id=self.device_id, threads=self.intra_op_threads,
                 shared_pool=True, optimization=self.optimization, custom_op_libraries=self.custom_op_libraries,
-                rewrite=_chain(rewrites) if rewrites else None)
+                rewrite=_chain(rewrites) if rewrites else None, data_dir=self.data_dir)
         except DependencyError:
             raise
         except Exception as exc:  # protobuf's DecodeError, ORT's Fail / InvalidGraph: a damaged or foreign file
@@ -277,6 +278,8 @@ def emulate_bf16(model: bytes) -> bytes:
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
+    from seq2trt.exporters.graph_files import widen_external
+
     proto = onnx.load_from_string(model)
     g = proto.graph
     values = [*g.input, *g.output, *g.value_info]
@@ -284,8 +287,9 @@ def emulate_bf16(model: bytes) -> bytes:
     for v in values:
         if v.type.tensor_type.elem_type == TensorProto.BFLOAT16:
             v.type.tensor_type.elem_type = TensorProto.FLOAT
+    widen_external(g, {TensorProto.BFLOAT16})  # a big graph's weights (external data): widened by Casts
     for i, init in enumerate(g.initializer):
-        if init.data_type == TensorProto.BFLOAT16:
+        if init.data_type == TensorProto.BFLOAT16 and init.data_location != TensorProto.EXTERNAL:
             g.initializer[i].CopyFrom(numpy_helper.from_array(
                 numpy_helper.to_array(init).astype(np.float32), init.name))
     nodes = []

@@ -20,6 +20,7 @@ from seq2trt.exporters.manifest import verify
 from seq2trt.reference_model.errors import InputError
 from seq2trt.reference_model.atomic_files import refuse_existing
 from seq2trt.reference_model.layout import FEATURES
+from seq2trt.exporters.graph_files import copy_graph
 from seq2trt.reference_model.swap import staged_directory
 
 from seq2trt.runtime.decode_jobs import checkpoint_folder, has_tokenizer
@@ -165,8 +166,10 @@ def write_repository(settings: ServeSettings, folder: Path, repository_backend: 
             (tmp / kind.value / "1").mkdir(parents=True)
             (tmp / kind.value / "config.pbtxt").write_text(
                 graph_config(kind, cfg, manifest.dtype, repository_backend, settings.threads))
-            suffix = "plan" if repository_backend == "tensorrt_plan" else "onnx"
-            shutil.copyfile(graph, tmp / kind.value / "1" / f"model.{suffix}")
+            if repository_backend == "tensorrt_plan":
+                shutil.copyfile(graph, tmp / kind.value / "1" / "model.plan")
+            else:  # a big graph's data file comes along, hard-linked where it can be, named for model.onnx
+                copy_graph(graph, tmp / kind.value / "1" / "model.onnx", link=True)
             if repository_backend == "python":
                 (tmp / kind.value / "1" / "model.py").write_text(
                     "from seq2trt.serving.triton_bls import OnnxModel as TritonPythonModel  # noqa: F401\n")
@@ -176,7 +179,7 @@ def write_repository(settings: ServeSettings, folder: Path, repository_backend: 
                                        parameters, _BLS_CODE[kind])
             shutil.copyfile(out / "manifest.json", model / "1" / "manifest.json")
             if audio:  # the feature extractor graph, checked against the manifest where it loads
-                shutil.copyfile(out / FEATURES, model / "1" / FEATURES)
+                copy_graph(out / FEATURES, model / "1" / FEATURES, link=True)
             (model / "1" / "checkpoint").mkdir()
             for name in ("vocab.json", "generation.json", "tokenizer"):
                 if (source / name).is_dir():

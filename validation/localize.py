@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 
 from seq2trt.exporters import spec
+from seq2trt.exporters.graph_files import external_ranges, load_structure
 from seq2trt.reference_model.errors import ArtifactError
 
 from seq2trt.validation.parity import GraphParity, OutputStats, case_feeds, compare_output, tolerance_for
@@ -156,10 +157,12 @@ class GraphLocaliser:
 
     def __init__(self, candidate: onnx.ModelProto, plain: onnx.ModelProto, model, kind: spec.GraphKind, dtype: str,
                  limits: spec.Limits, precision: str, runner_options: Mapping | None = None,
-                 fp32_options: Mapping | None = None):
+                 fp32_options: Mapping | None = None, data_dir: Path | None = None):
         """`precision` "fp16"/"bf16": the graph runs as its fp32 twin beside the eager model holding the same rounded
         values (`fp32_options`: an fp32 graph's runner options); "int8": beside the reference that quantizes as it
-        does and follows its decisions. Every comparison is then at the fp32 tolerances (validation/precision.py)."""
+        does and follows its decisions. Every comparison is then at the fp32 tolerances (validation/precision.py).
+        `data_dir`: the folder of `candidate`'s external data, when it was loaded as structure (exporters/graph_files:
+        the debug copy then stays structure too, its session reading the weights from there)."""
         from seq2trt.validation.precision import UNIT_ROUNDOFF, peer_model, rounded_model, twin_options
 
         cfg = model.cfg
@@ -175,9 +178,14 @@ class GraphLocaliser:
             from seq2trt.validation.int8_reference import expose_decisions, quantized_reference
 
             marked = expose_decisions(marked)
-            reference = quantized_reference(model, candidate)[0]
+            weighed = candidate
+            if data_dir is not None and external_ranges(candidate):  # the reference reads the int8 weights
+                weighed = copy.deepcopy(candidate)
+                onnx.load_external_data_for_model(weighed, str(data_dir))
+            reference = quantized_reference(model, weighed)[0]
         self.run_dtype = run_dtype
-        self.runner = OrtRunner(marked, cfg, kind, run_dtype, limits, name="onnxruntime-debug", **options)
+        self.runner = OrtRunner(marked, cfg, kind, run_dtype, limits, name="onnxruntime-debug", data_dir=data_dir,
+                                **options)
         self.eager = EagerLayers(reference, kind, limits)
         # near-ties of a reduced-precision graph: against what its rounding can move the logits (precision.py)
         self.peer = EagerRunner(peer_model(model, precision), kind, limits, name=f"eager-{precision}") \
@@ -295,8 +303,10 @@ def localise_export(graph_dir: Path, plain_dir: Path, model, dtype: str, limits:
     budget left unchecked."""
     start = time.perf_counter()
     try:
-        localisers = {kind: GraphLocaliser(onnx.load(graph_dir / kind.filename), onnx.load(plain_dir / kind.filename),
-                                           model, kind, dtype, limits, precision, runner_options, fp32_options)
+        fix = "re-export (and re-fuse) it"  # the graphs were checked by validate before: this is a late change
+        localisers = {kind: GraphLocaliser(load_structure(graph_dir / kind.filename, fix),
+                                           load_structure(plain_dir / kind.filename, fix), model, kind, dtype, limits,
+                                           precision, runner_options, fp32_options, data_dir=graph_dir)
                       for kind in spec.GraphKind}
     except ArtifactError as exc:
         if requested:

@@ -86,14 +86,17 @@ def fp32_twin(model: bytes) -> bytes:
     import onnx
     from onnx import TensorProto, numpy_helper
 
+    from seq2trt.exporters.graph_files import widen_external
+
     low = {TensorProto.FLOAT16, TensorProto.BFLOAT16}
     proto = onnx.load_from_string(model)
     graph = proto.graph
     for value in [*graph.input, *graph.output, *graph.value_info]:
         if value.type.tensor_type.elem_type in low:
             value.type.tensor_type.elem_type = TensorProto.FLOAT
+    widen_external(graph, low)  # a big graph's weights: widened by Casts in the session (graph_files)
     for i, init in enumerate(graph.initializer):
-        if init.data_type in low:
+        if init.data_type in low and init.data_location != TensorProto.EXTERNAL:
             graph.initializer[i].CopyFrom(numpy_helper.from_array(
                 numpy_helper.to_array(init).astype(np.float32), init.name))
     for node in [*graph.node, *(n for f in proto.functions for n in f.node)]:
