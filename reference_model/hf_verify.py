@@ -430,7 +430,7 @@ def _verify_speech(src: Path, hf_model, model: Seq2SeqTransformer, gen: dict[str
     tokenizer = load_tokenizer(src)
     if tokenizer is not None:
         check_tokenizer_ids(src, tokenizer, cfg)
-    from seq2trt.exporters.whisper_features import FeatureParams
+    from seq2trt.reference_model.logmel import FeatureParams
     from seq2trt.reference_model.hf_families.whisper import FEATURE_EXTRACTOR
 
     # The extractor the checkpoint will transcribe with, against the model: a damaged one would be copied as it is.

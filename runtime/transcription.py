@@ -100,7 +100,7 @@ def text_tokenizer(folder: Path, eos_id: int):
 def feature_params(folder: Path, n_mels: int, frames: int):
     """The feature extractor's settings: the checkpoint's preprocessor_config.json, else transformers' defaults for
     `n_mels` bins; refused when they do not make the model's (n_mels, frames) window."""
-    from seq2trt.exporters.whisper_features import FeatureParams
+    from seq2trt.reference_model.logmel import FeatureParams
 
     return FeatureParams.from_file(Path(folder) / layout.TOKENIZER_DIR / FEATURE_EXTRACTOR, n_mels, frames,
                                    "re-import the model")
@@ -120,7 +120,7 @@ class FrontEnd:
     def _torch(self, batch: np.ndarray, params) -> np.ndarray:
         import torch
 
-        from seq2trt.exporters.whisper_features import LogMel
+        from seq2trt.reference_model.logmel import LogMel
 
         with torch.no_grad():
             return LogMel(params).eval()(torch.from_numpy(batch)).numpy()

@@ -161,7 +161,7 @@ class GraphLocaliser:
         """`precision` "fp16"/"bf16": the graph runs as its fp32 twin beside the eager model holding the same rounded
         values (`fp32_options`: an fp32 graph's runner options); "int8": beside the reference that quantizes as it
         does and follows its decisions. Every comparison is then at the fp32 tolerances (validation/precision.py).
-        `data_dir`: the folder of `candidate`'s external data, when it was loaded as structure (exporters/graph_files:
+        `data_dir`: the folder of `candidate`'s external data, when it was loaded as structure (exporters/graph_files.py:
         the debug copy then stays structure too, its session reading the weights from there)."""
         from seq2trt.validation.precision import UNIT_ROUNDOFF, peer_model, rounded_model, twin_options
 
