@@ -79,7 +79,7 @@ def test_bad_requests_are_named_and_the_server_stays_up(served):
         "is empty": lambda: c.infer("generate", generate_inputs([])),
         "outside the source vocabulary": lambda: c.infer("generate", generate_inputs([4, 999, 2])),
         f"over the export's max_src_len {MAX_LEN}": lambda: c.infer("generate", generate_inputs([4] * (MAX_LEN + 1))),
-        "max_new_tokens must be in [1, ": lambda: c.infer("generate", generate_inputs([4, 2], max_new_tokens=0)),
+        "max_new_tokens must be an integer in [1, ": lambda: c.infer("generate", generate_inputs([4, 2], max_new_tokens=0)),
         "num_beams must be in [1, ": lambda: c.infer("generate", generate_inputs([4, 2], num_beams=99)),
         "not UTF-8": lambda: c.infer("translate", text_inputs(b"\xff\xfe12")),
         "outside the vocabulary": lambda: c.infer("translate", text_inputs("twelve")),

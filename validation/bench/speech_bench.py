@@ -123,11 +123,12 @@ class SpeechBench:
             try:
                 with staged_directory(self.out / sp.CT2_DIR, force=True, what="CTranslate2 model") as tmp:
                     TransformersConverter(str(self.source.path)).convert(str(tmp), quantization="float32", force=True)
+                    _check_ct2_prompt_tokens(Path(tmp))
             except Exception as exc:  # the peer's own converter on the user's source (one without tokenizer files
                 # fails in WhisperTokenizer): that peer cannot run, the others are measured
                 from seq2trt.reference_model.errors import first_line
 
-                peers = [n for n in self.backends if n in ("ct2", "ct2-int8")]
+                peers = [n for n in self.backends if registry.BACKENDS[n].runs == "ctranslate2"]
                 why = (f"CTranslate2's converter cannot convert {self.source.path} ({type(exc).__name__}: "
                        f"{first_line(exc)}; it needs the model's tokenizer files)")
                 logger.warning("%s cannot run: %s; measuring the other backends", ", ".join(peers), why)
@@ -349,3 +350,18 @@ def write_reports(reports: Path, doc: dict) -> None:
 
     atomic_write_text(Path(reports) / "latency.json", json.dumps(doc, indent=2) + "\n")
     atomic_write_text(Path(reports) / "latency.md", markdown(doc))
+
+
+def _check_ct2_prompt_tokens(folder: Path) -> None:
+    """CTranslate2's Whisper finds its prompt by token text in the converted vocabulary: a source without tokenizer
+    files converts under transformers 5 (4.x fails in WhisperTokenizer), but with no <|startoftranscript|> the model
+    then fails at its first generate. Raise here, so the bench names the peer that cannot run before timing any."""
+    files = [folder / "vocabulary.json", folder / "vocabulary.txt"]
+    found = next((f for f in files if f.is_file()), None)
+    if found is None:
+        raise ValueError(f"the converted model has no vocabulary file in {folder}")
+    text = found.read_text(encoding="utf-8", errors="replace")
+    tokens = json.loads(text) if found.suffix == ".json" else text.splitlines()
+    if "<|startoftranscript|>" not in tokens:
+        raise ValueError("its converted vocabulary has no <|startoftranscript|> token, which CTranslate2's Whisper "
+                         "needs to find the prompt")
