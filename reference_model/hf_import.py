@@ -74,7 +74,7 @@ def _check_ids(src: Path, hf: dict, gen: dict, where: Callable[[str], Path], sup
     suppress: set[int] = set()
     for file, key, value, nested in suppress_lists:
         found = token_ids(file, key, value, tgt_vocab, nested)
-        if nested:  # bad words: single ones are suppressed ids, longer ones are the search's (decoding.py)
+        if nested:  # bad words: single ones are suppressed ids, longer ones are the search's (reference_model/decoding/greedy.py)
             suppress |= {w[0] for w in found if len(w) == 1}
             gen["bad_words_ids"] = sorted({tuple(w) for w in found if len(w) > 1}) or None
         else:

@@ -241,7 +241,8 @@ def compare_speech(hf_model, model: Seq2SeqTransformer, features: np.ndarray, ge
     short inputs too, so a model that emits a timestamp pair is decoded again from it inside the window) against
     our `transcribe`, which follows it. The step logits are those of one decode of each window's first pass
     (generate with `force_unique_generate_call`, whose returned logits are that call's)."""
-    from seq2trt.reference_model.speech import SpeechTokens, detect_languages, generation_limit, transcribe
+    from seq2trt.reference_model.speech import SpeechTokens, detect_languages, generation_limit
+    from seq2trt.reference_model.longform import transcribe
 
     cfg, speech = model.cfg, SpeechTokens.from_record(gen.get("speech"))
     language = next(iter(speech.languages), None) if speech.multilingual else None

@@ -1,4 +1,4 @@
-"""Speech to text with a Whisper checkpoint or export: audio in, log-mel features, `reference_model.speech.transcribe`
+"""Speech to text with a Whisper checkpoint or export: audio in, log-mel features, `reference_model.longform.transcribe`
 over the step model of any backend that has one, the tokens decoded to text by the checkpoint's tokenizer.
 
 The checkpoint or export is opened as `translate` opens it (`decode_jobs.open_decoder`: the registry's opener, the
@@ -180,9 +180,10 @@ class Transcriber:
     def check(self, language: str | None, task: str | None, beam: int | None, max_new_tokens: int | None,
               batch_size: int, **long_form) -> int:
         """Every option checked before audio is read; returns the clips a batch takes. `long_form`: the options
-        of `reference_model.speech.WindowOptions.checked` (condition_on_prev_tokens, temperature,
+        of `reference_model.longform.WindowOptions.checked` (condition_on_prev_tokens, temperature,
         compression_ratio_threshold, logprob_threshold, no_speech_threshold, seed), a bad value refused naming it."""
-        from seq2trt.reference_model.speech import WindowOptions, generation_limit
+        from seq2trt.reference_model.speech import generation_limit
+        from seq2trt.reference_model.longform import WindowOptions
 
         if WindowOptions.checked(**long_form).condition_on_prev_tokens:
             self.speech.previous_start()  # an older import: refused before any audio is read
@@ -213,11 +214,11 @@ class Transcriber:
                    seed: int | None = None) -> Iterator[Transcription]:
         """One Transcription per 16 kHz mono clip, in order, decoded in batches (options checked before the first);
         `progress(done)` after each batch; errors of a batch name its clips by `names`. transformers' long-form
-        options (`reference_model.speech.transcribe`; defaults: none): `condition_on_prev_tokens`, `temperature`
+        options (`reference_model.longform.transcribe`; defaults: none): `condition_on_prev_tokens`, `temperature`
         (a number or a list: fallback) with `compression_ratio_threshold` and `logprob_threshold`, and `seed`, which
         seeds each batch's decode as `torch.manual_seed(seed)` before generate (batch_size 1: each clip's draws are
         generate's for the clip alone)."""
-        from seq2trt.reference_model.speech import transcribe
+        from seq2trt.reference_model.longform import transcribe
 
         long_form = dict(condition_on_prev_tokens=condition_on_prev_tokens, temperature=temperature,
                          compression_ratio_threshold=compression_ratio_threshold,

@@ -125,7 +125,7 @@ def test_scale_embedding_is_refused_by_name(tmp_path):
 def test_transcribe_without_timestamp_tokens(tmp_path):
     """A model whose vocabulary has no timestamp tokens transcribes 30 s clips (one window each, one segment) as
     transformers' generate does; only timestamps and clips past 30 s need those tokens."""
-    from seq2trt.reference_model.speech import transcribe
+    from seq2trt.reference_model.longform import transcribe
 
     src = whisper_model_dir(tmp_path / "hf", seed=2)
     _, model, gen, _ = load_hf_as_model(src)
@@ -149,7 +149,7 @@ def test_released_layout_that_emits_timestamps_imports_and_transcribes_as_genera
     the last pair and decodes the rest of the 30 s window again (its long-form loop runs for short inputs too). The
     import's proof follows it (it crashed with an IndexError), and transcribe without timestamps returns generate's
     own tokens, every re-seek included (it returned the first window's decode)."""
-    from seq2trt.reference_model.speech import transcribe
+    from seq2trt.reference_model.longform import transcribe
 
     from helpers.audio import whisper_source
 

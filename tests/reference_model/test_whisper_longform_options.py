@@ -1,4 +1,4 @@
-"""Whisper's long-form options of `reference_model.speech.transcribe` (condition_on_prev_tokens, temperature
+"""Whisper's long-form options of `reference_model.longform.transcribe` (condition_on_prev_tokens, temperature
 fallback with compression_ratio_threshold and logprob_threshold, seed), judged by transformers'
 `WhisperForConditionalGeneration.generate(return_timestamps=True, return_segments=True, ...)` with the same options:
 every segment's tokens (timestamps included), start and end, equal.
@@ -25,7 +25,8 @@ from seq2trt.reference_model.eager import EagerStepModel  # noqa: E402
 from seq2trt.reference_model.errors import ConfigError, InputError  # noqa: E402
 from seq2trt.reference_model.hf_import import load_hf_as_model  # noqa: E402
 from seq2trt.reference_model.hf_verify import load_transformers_model  # noqa: E402
-from seq2trt.reference_model.speech import SpeechTokens, compression_ratio, transcribe  # noqa: E402
+from seq2trt.reference_model.speech import SpeechTokens, compression_ratio  # noqa: E402
+from seq2trt.reference_model.longform import transcribe  # noqa: E402
 
 from helpers.hf_models import WHISPER_IDS, whisper_model_dir  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Whisper's timestamps and long-form transcription (`reference_model.speech.transcribe`), judged by transformers:
+"""Whisper's timestamps and long-form transcription (`reference_model.longform.transcribe`), judged by transformers:
 the timestamp rule against its `WhisperTimeStampLogitsProcessor`, the segments of a decode against its
 `_retrieve_segment`, and whole transcriptions, short-form (greedy and beam-4) and long-form (greedy and beam-4, one
 clip and a batch of two lengths), against `WhisperForConditionalGeneration.generate(return_timestamps=True,
@@ -24,7 +24,8 @@ from seq2trt.reference_model.eager import EagerStepModel  # noqa: E402
 from seq2trt.reference_model.errors import ConfigError, InputError  # noqa: E402
 from seq2trt.reference_model.hf_import import load_hf_as_model  # noqa: E402
 from seq2trt.reference_model.hf_verify import load_transformers_model, whisper_generated  # noqa: E402
-from seq2trt.reference_model.speech import SpeechTokens, transcribe, transcribe_features, window_segments  # noqa: E402
+from seq2trt.reference_model.speech import SpeechTokens, transcribe_features  # noqa: E402
+from seq2trt.reference_model.longform import transcribe, window_segments  # noqa: E402
 
 from helpers.audio import SENTENCES, judge_clip, speak  # noqa: E402
 from helpers.hf_models import WHISPER_IDS, whisper_model_dir  # noqa: E402

@@ -303,7 +303,7 @@ def prepare(name: str, source: ImportedSource, out: Path, reference, input_ids: 
     and, for a beam bench, {"beam": (K, length_penalty, n-best, every hypothesis of hf_beam_search with
     early_stopping=True)}, for a sampling bench {"sample": (settings.Sampling, the eager samples under its seed)}.
     Greedy tokens must agree (near-ties aside), beam tokens and samples exactly (sampling with the same seed draws
-    the same q: reference_model/decoding.py). Returns (the check, the build or None)."""
+    the same q: reference_model/decoding/greedy.py). Returns (the check, the build or None)."""
     from seq2trt.validation.ties import compare_greedy
 
     build = export_optimum(source, Path(out) / OPTIMUM_DIR) if name == "optimum" else None

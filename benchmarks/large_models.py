@@ -1,7 +1,8 @@
 """The large-model figures of benchmarks/README.md ("Large models: external data and peak memory", issue 45).
 
-    python benchmarks/large_marian.py make VOCAB D_MODEL OUT     # a random Marian (one layer a side), save_pretrained
-    python benchmarks/large_marian.py greedy SRC IDS OUT NEW     # transformers' greedy tokens for IDS (JSON lines)
+    python benchmarks/large_models.py make VOCAB D_MODEL OUT     # a random Marian (one layer a side), save_pretrained
+    python benchmarks/large_models.py greedy SRC IDS OUT NEW     # transformers' greedy tokens for IDS (JSON lines)
+    python benchmarks/large_models.py whisper-large-v3 OUT       # a random Whisper of whisper-large-v3's shape
 
 Each seq2trt stage is then timed on its own under `/usr/bin/time -v` (the README lists the commands).
 """
@@ -32,6 +33,28 @@ def make(vocab: int, d_model: int, out: str) -> None:
     model.save_pretrained(out)
 
 
+def whisper_large_v3(out: str) -> None:
+    """whisper-large-v3's shape (32 + 32 layers, d_model 1280, 20 heads, 128 mel bins, 51,866 tokens; 1.55 B
+    parameters, 6.2 GB in float32), random weights at transformers' own initialisation, with the prompt tokens of
+    the released generation_config.json (lang_to_id, task_to_id, no_timestamps_token_id)."""
+    import torch
+    import transformers
+
+    cfg = transformers.WhisperConfig(
+        vocab_size=51866, num_mel_bins=128, d_model=1280, encoder_layers=32, decoder_layers=32,
+        encoder_attention_heads=20, decoder_attention_heads=20, encoder_ffn_dim=5120, decoder_ffn_dim=5120,
+        max_source_positions=1500, max_target_positions=448, decoder_start_token_id=50258, bos_token_id=50257,
+        eos_token_id=50257, pad_token_id=50256)
+    torch.manual_seed(0)
+    model = transformers.WhisperForConditionalGeneration(cfg).eval()
+    languages = {"en": 50259, "de": 50261, "fr": 50265}
+    model.generation_config = transformers.GenerationConfig(
+        decoder_start_token_id=50258, bos_token_id=50257, eos_token_id=50257, pad_token_id=50257, max_length=448,
+        no_timestamps_token_id=50364, is_multilingual=True, begin_suppress_tokens=[220, 50257],
+        lang_to_id={f"<|{c}|>": i for c, i in languages.items()}, task_to_id={"translate": 50359, "transcribe": 50360})
+    model.save_pretrained(out)
+
+
 def greedy(src: str, ids_file: str, out: str, new_tokens: int) -> None:
     import torch
     import transformers
@@ -52,5 +75,7 @@ if __name__ == "__main__":
     command, args = sys.argv[1], sys.argv[2:]
     if command == "make":
         make(int(args[0]), int(args[1]), args[2])
+    elif command == "whisper-large-v3":
+        whisper_large_v3(args[0])
     else:
         greedy(args[0], args[1], args[2], int(args[3]))
