@@ -90,7 +90,9 @@ def path_ok(text: str) -> bool:
         return True
     folder, _, rest = text.rpartition("/")
     stem, *attrs = rest.split(".")
-    if not attrs or not (ROOT / folder / f"{stem}.py").is_file() or folder.split("/")[0] not in PACKAGES:
+    module = ROOT / folder / f"{stem}.py"
+    package = ROOT / folder / stem / "__init__.py"
+    if not attrs or not (module.is_file() or package.is_file()) or folder.split("/")[0] not in PACKAGES:
         return False
     top, *inner = folder.split("/")
     return resolves(".".join([PACKAGES[top], *inner, stem]), attrs)

@@ -20,6 +20,7 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
 
+from seq2trt.reference_model import longform as longform_module  # noqa: E402  (its windows decoded by name there)
 from seq2trt.reference_model import speech as speech_module  # noqa: E402
 from seq2trt.reference_model.eager import EagerStepModel  # noqa: E402
 from seq2trt.reference_model.errors import ConfigError, InputError  # noqa: E402
@@ -78,7 +79,7 @@ def counting_decodes():
         calls.append((len(windows), kwargs.get("temperature", 0.0), [len(p) for p in kwargs.get("prefixes") or []]))
         return real(model, cfg, speech, windows, *args, **kwargs)
 
-    return calls, mock.patch.object(speech_module, "decode_windows", recording)
+    return calls, mock.patch.object(longform_module, "decode_windows", recording)
 
 
 def test_the_import_records_startofprev(tmp_path, models):
@@ -169,7 +170,7 @@ def test_beam_fallback_then_one_beam_as_generate(models, clip):
         beams.append(kwargs["beam_size"])
         return real(*args, **kwargs)
 
-    with mock.patch.object(speech_module, "decode_windows", recording):
+    with mock.patch.object(longform_module, "decode_windows", recording):
         ours = ours_segments(step_model, cfg, speech, gen, clip, 2, seed=5, **options)
     assert ours == theirs
     assert beams[0] == 2 and set(beams[1:]) == {1} and len(beams) >= 6

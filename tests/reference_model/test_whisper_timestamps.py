@@ -209,7 +209,7 @@ def test_long_form_batch_of_two_lengths_equals_generate(models, long_clip):
     with torch.inference_mode():
         detected = hf_model.detect_language(input_features=torch.as_tensor(features[:, :, :3000])).tolist()
     by_id = {i: code for code, i in speech.languages.items()}
-    from seq2trt.reference_model import speech as speech_module
+    from seq2trt.reference_model import longform as longform_module, speech as speech_module
 
     encoded, rounds = [], []
 
@@ -227,7 +227,7 @@ def test_long_form_batch_of_two_lengths_equals_generate(models, long_clip):
         rounds.append(len(windows))
         return real(model, cfg, speech, windows, *args, **kwargs)
 
-    with mock.patch.object(speech_module, "decode_windows", recording):
+    with mock.patch.object(longform_module, "decode_windows", recording):
         ours = transcribe(Counting(), cfg, speech, [f[:, :n] for f, n in zip(features, frames)], task="transcribe",
                           max_new_tokens=NEW, generation=gen)
     check_transcripts(ours, theirs, [by_id[i] for i in detected])
