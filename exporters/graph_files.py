@@ -17,14 +17,16 @@ time when a pass needs a value (`tensor_array`).
 from __future__ import annotations
 
 import logging
+import contextlib
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import onnx
 
-from seq2trt.reference_model.atomic_files import atomic_write_bytes, sha256_file
+from seq2trt.reference_model.atomic_files import atomic_write_bytes, current_umask, sha256_file, write_error
 from seq2trt.reference_model.errors import ArtifactError, ConfigError
 
 logger = logging.getLogger(__name__)
@@ -177,11 +179,43 @@ def save_graph(model: onnx.ModelProto, path: Path, base_dir: Path | None = None)
         ir.external_data.set_base_dir(ir_model.graph, str(base_dir))
     if size <= threshold():
         ir.external_data.load_to_model(ir_model)
-        ir.save(ir_model, str(path))
-        return [path]
+        return _atomic_save(path, lambda staged: ir.save(ir_model, str(staged)))
     logger.info("writing %s with %.2f GiB of weights in %s", path.name, size / 2**30, data_name(path))
-    ir.save(ir_model, str(path), external_data=data_name(path), size_threshold_bytes=INLINE_TENSOR_BYTES)
-    return graph_files(path)
+    return _atomic_save(path, lambda staged: ir.save(ir_model, str(staged), external_data=data_name(path),
+                                                     size_threshold_bytes=INLINE_TENSOR_BYTES))
+
+
+def _atomic_save(path: Path, write) -> list[Path]:
+    """atomic_write_bytes for a graph that a writer streams to disk (with its data file): `write(staged)` writes it
+    into a hidden folder beside `path` under the same name(s), then each file is synced and renamed into place (the
+    data file first, so the graph never names weights that are not there). A failed or interrupted write removes
+    what was staged and leaves the previous graph as it was; a full disk, a quota or a read-only folder is one
+    WriteError naming `path`. Returns the files written."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    except OSError as exc:
+        raise (write_error(exc, path) or exc) from exc
+    try:
+        staged = stage / path.name
+        write(staged)
+        files = graph_files(staged)
+        for file in files:
+            with open(file, "rb") as f:
+                os.fsync(f.fileno())
+            os.chmod(file, 0o666 & ~current_umask())
+        for file in files[::-1]:  # the data file first
+            os.replace(file, path.parent / file.name)
+        return [path.parent / file.name for file in files]
+    except BaseException as exc:
+        kept = f"the previous {path.name} is intact" if path.exists() else "nothing was written"
+        error = write_error(exc, path, kept)
+        if error is not None:
+            raise error from exc
+        raise
+    finally:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(stage)
 
 
 def check_model_file(path: Path, full_check: bool = False) -> None:

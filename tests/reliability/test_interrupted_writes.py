@@ -13,7 +13,6 @@ import shutil
 import signal
 from pathlib import Path
 
-import onnx
 import pytest
 
 from helpers.faults import DISK_FULL, fail_on_call, raising
@@ -26,8 +25,10 @@ from helpers.faults import DISK_FULL, fail_on_call, raising
     (KeyboardInterrupt(), 130, ("interrupted",)),
 ], ids=["disk-full", "interrupted"])
 def test_failed_fuse_keeps_the_old_fused_graphs(work, monkeypatch, exc, code, fragments, snapshot, invoke):
-    """The second graph's save fails inside the staged directory: the previous fused/trt stays as it was."""
-    monkeypatch.setattr(onnx, "save", fail_on_call(2, exc, onnx.save))
+    """The second graph's save fails inside the staged directory: the previous fused/trt stays as it was. Graphs
+    are written through graph_files.save_graph (atomic_write_bytes), so the fault is its fsync: call 1 is the
+    encoder's, call 2 the decoder's, after its bytes went to the temporary file."""
+    monkeypatch.setattr(os, "fsync", fail_on_call(2, exc, os.fsync))
     before = snapshot(work)
     result = invoke("fuse", work / "out", "--force")
     assert result.exit_code == code and "Traceback" not in result.output, result.output
@@ -91,9 +92,16 @@ def test_train_force_interrupted_mid_training_keeps_the_old_checkpoint(work, mon
 
 def test_full_disk_names_the_file_and_says_the_previous_one_is_intact(work, monkeypatch, snapshot, invoke,
                                                                       one_error_line):
-    """The file is named as the artifact's (fused/trt/fusion.json), not by its hidden staging path."""
+    """The file is named as the artifact's (fused/trt/fusion.json), not by its hidden staging path. The graphs are
+    synced too (graph_files.save_graph), so the disk fills at fusion.json's write: its temporary's fsync fails."""
     real = os.fsync
-    monkeypatch.setattr(os, "fsync", raising(DISK_FULL))
+
+    def fsync(fd):
+        if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith(".fusion.json."):
+            raising(DISK_FULL)()
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
     before = snapshot(work)
     line = one_error_line(invoke("fuse", work / "out", "--force"), 2, "fused/trt/fusion.json: no space left",
                           "the previous fused trt in", "is intact", "free some space")
