@@ -329,6 +329,11 @@ class HttpGuard(ThreadingHTTPServer):
 
     daemon_threads = True
     allow_reuse_address = True
+    # The listen backlog (socketserver's default: 5). Clients connect in bursts (a pool of 24 at once); past the
+    # backlog the kernel drops their SYNs and they retry a second later, by when a SIGTERM may have closed Triton's
+    # HTTP endpoint to new connections: requests sent before the drain refused (503). The kernel caps it at
+    # net.core.somaxconn.
+    request_queue_size = 1024
 
     def __init__(self, address: tuple[str, int], upstream_port: int, limit: int, models: dict | None = None):
         super().__init__(address, _Handler)
