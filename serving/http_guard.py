@@ -28,7 +28,6 @@ logger = logging.getLogger(__name__)
 # Triton's tensor datatypes: bytes an element (BYTES: variable), and the JSON values each takes.
 ELEMENT_BYTES = {"BOOL": 1, "UINT8": 1, "UINT16": 2, "UINT32": 4, "UINT64": 8, "INT8": 1, "INT16": 2, "INT32": 4,
                  "INT64": 8, "FP16": 2, "FP32": 4, "FP64": 8, "BF16": 2, "BYTES": None}
-_CONFIG_DTYPES = {"TYPE_" + name: name for name in ELEMENT_BYTES} | {"TYPE_STRING": "BYTES"}
 MAX_DEPTH = 8  # a request's JSON nests 5 levels deep at most ({"inputs": [{"data": [[...]]}]}) for a 2-D tensor
 _HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection", "host",
         "content-length", "content-encoding"}
@@ -203,20 +202,6 @@ def check_inputs(request: dict, binary_bytes: int, limit: int, inputs: dict | No
     if total > limit:
         raise RequestRefused(413, f"the request's tensors take {total} bytes, more than a request may carry ({limit} "
                                   "bytes; serve --max-request-mb)")
-
-
-def model_inputs(config_text: str) -> dict[str, tuple[str, list[int]]]:
-    """{input name: (datatype, dims)} of a config.pbtxt that `model_config.model_config` wrote."""
-    import re
-
-    found = {}
-    for block in re.findall(r"\{([^{}]*)\}", config_text.split("output [")[0]):
-        name, dtype = re.search(r'name: "([^"]+)"', block), re.search(r"data_type: (\w+)", block)
-        dims = re.search(r"dims: \[([^\]]*)\]", block)
-        if name and dtype and dims:
-            found[name.group(1)] = (_CONFIG_DTYPES.get(dtype.group(1), dtype.group(1)),
-                                    [int(d) for d in dims.group(1).split(",") if d.strip()])
-    return found
 
 
 def screen(method: str, path: str, headers, body: bytes, limit: int, models: dict[str, dict] | None) -> bytes:

@@ -39,31 +39,40 @@ def model_config(name: str, inputs: list[str], outputs: list[str], max_batch: in
     return "\n".join(lines) + "\n"
 
 
-def request_inputs(kind: str) -> list[str]:
-    """The served models' inputs: generate takes ids, translate text; both take the optional search limits and
-    search options (`decode_service.REQUEST_OPTIONS`: sampling, length floor, repetition rules, n_best, scores)."""
+def input_declarations(kind: str) -> list[tuple[str, str, list[int], dict]]:
+    """The served models' inputs as (name, config data type, dims, config extras), declared once: `request_inputs`
+    writes them into config.pbtxt and serve's HTTP front checks requests against them (`input_specs`). generate
+    takes ids, translate text; both take the optional search limits and search options (`decode_service.
+    REQUEST_OPTIONS`: sampling, length floor, repetition rules, n_best, scores)."""
     from seq2trt.serving.decode_service import REQUEST_OPTIONS
 
-    limits = [tensor_block("max_new_tokens", "TYPE_INT32", [1], optional=True),
-              tensor_block("num_beams", "TYPE_INT32", [1], optional=True)]
+    optional, ragged = dict(optional=True), dict(optional=True, allow_ragged_batch=True)
+    limits = [("max_new_tokens", "TYPE_INT32", [1], optional), ("num_beams", "TYPE_INT32", [1], optional)]
     if kind == "transcribe":  # serving.transcribe_service: file bytes, or samples and their rate
-        return [tensor_block("audio", "TYPE_STRING", [1], optional=True),
-                tensor_block("samples", "TYPE_FP32", [-1], optional=True, allow_ragged_batch=True),
-                tensor_block("sampling_rate", "TYPE_INT32", [1], optional=True),
-                tensor_block("language", "TYPE_STRING", [1], optional=True),
-                tensor_block("task", "TYPE_STRING", [1], optional=True),
-                tensor_block("timestamps", "TYPE_BOOL", [1], optional=True),
+        return [("audio", "TYPE_STRING", [1], optional), ("samples", "TYPE_FP32", [-1], ragged),
+                ("sampling_rate", "TYPE_INT32", [1], optional), ("language", "TYPE_STRING", [1], optional),
+                ("task", "TYPE_STRING", [1], optional), ("timestamps", "TYPE_BOOL", [1], optional),
                 # transformers' long-form options (transcribe_service.SpeechJob); temperature: one, or the fallback list
-                tensor_block("condition_on_prev_tokens", "TYPE_BOOL", [1], optional=True),
-                tensor_block("temperature", "TYPE_FP32", [-1], optional=True, allow_ragged_batch=True),
-                tensor_block("compression_ratio_threshold", "TYPE_FP32", [1], optional=True),
-                tensor_block("logprob_threshold", "TYPE_FP32", [1], optional=True),
-                tensor_block("seed", "TYPE_INT64", [1], optional=True)] + limits
-    limits += [tensor_block(name, dtype, [1], optional=True) for name, (_, dtype) in REQUEST_OPTIONS.items()]
+                ("condition_on_prev_tokens", "TYPE_BOOL", [1], optional), ("temperature", "TYPE_FP32", [-1], ragged),
+                ("compression_ratio_threshold", "TYPE_FP32", [1], optional),
+                ("logprob_threshold", "TYPE_FP32", [1], optional), ("seed", "TYPE_INT64", [1], optional)] + limits
+    limits += [(name, dtype, [1], optional) for name, (_, dtype) in REQUEST_OPTIONS.items()]
     if kind == "generate":
-        return [tensor_block("input_ids", "TYPE_INT64", [-1], allow_ragged_batch=True)] + limits
-    return [tensor_block("text", "TYPE_STRING", [1]), tensor_block("src_lang", "TYPE_STRING", [1], optional=True),
-            tensor_block("tgt_lang", "TYPE_STRING", [1], optional=True)] + limits
+        return [("input_ids", "TYPE_INT64", [-1], dict(allow_ragged_batch=True))] + limits
+    return [("text", "TYPE_STRING", [1], {}), ("src_lang", "TYPE_STRING", [1], optional),
+            ("tgt_lang", "TYPE_STRING", [1], optional)] + limits
+
+
+def request_inputs(kind: str) -> list[str]:
+    """The served models' inputs as config.pbtxt blocks (`input_declarations`)."""
+    return [tensor_block(name, dtype, dims, **extra) for name, dtype, dims, extra in input_declarations(kind)]
+
+
+def input_specs(kind: str) -> dict[str, tuple[str, list[int]]]:
+    """{input name: (Triton's request datatype, dims)} of a served model kind: what serve's HTTP front checks an
+    infer request against (config data type TYPE_X is datatype X in a request; TYPE_STRING is BYTES)."""
+    return {name: ("BYTES" if dtype == "TYPE_STRING" else dtype.removeprefix("TYPE_"), dims)
+            for name, dtype, dims, _ in input_declarations(kind)}
 
 
 def request_outputs(kind: str) -> list[str]:

@@ -187,13 +187,14 @@ class _Launched:
 def _launch(settings: ServeSettings, served, tmp: Path, log: Path | None, repository: Path | None,
             exit_timeout_s: int, server_id: str) -> _Launched:
     """Start serve's HTTP front on the user's port, then tritonserver from the working folder `tmp` behind it."""
-    from seq2trt.serving.http_guard import HttpGuard, model_inputs
+    from seq2trt.serving.http_guard import HttpGuard
+    from seq2trt.serving.model_config import input_specs
 
     binary, backends, env = bundled_server(tmp)
     if served is not None:
         repository = tmp / "models"
         models = write_local_repository(repository, settings, settings.max_batch or served[0], served[1], served[2])
-        inputs = {m: model_inputs((repository / m / "config.pbtxt").read_text()) for m in models}
+        inputs = {m: input_specs(m) for m in models}  # a served model is named by its kind
     else:  # a repository written by --write-repository: its configs are not ours to read, the JSON is still checked
         models = sorted(p.parent.name for p in Path(repository).glob("*/config.pbtxt"))
         inputs = None
