@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from seq2trt.reference_model.atomic_files import atomic_write_bytes, current_umask, sha256_file, write_error
+from seq2trt.reference_model.atomic_files import (atomic_write_bytes, current_umask, raise_write_error, sha256_file,
+                                                  write_error)
 from seq2trt.reference_model.errors import ArtifactError, ConfigError
 
 logger = logging.getLogger(__name__)
@@ -208,10 +209,7 @@ def _atomic_save(path: Path, write) -> list[Path]:
             os.replace(file, path.parent / file.name)
         return [path.parent / file.name for file in files]
     except BaseException as exc:
-        kept = f"the previous {path.name} is intact" if path.exists() else "nothing was written"
-        error = write_error(exc, path, kept)
-        if error is not None:
-            raise error from exc
+        raise_write_error(exc, path)
         raise
     finally:
         with contextlib.suppress(OSError):

@@ -65,11 +65,17 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        kept = f"the previous {path.name} is intact" if path.exists() else "nothing was written"
-        error = write_error(exc, path, kept)
-        if error is not None:
-            raise error from exc
+        raise_write_error(exc, path)
         raise
+
+
+def raise_write_error(exc: BaseException, path: Path) -> None:
+    """Raise the one-line WriteError for a failed replacement of the file `path` (saying whether the previous one
+    is intact), when `exc` is a write the user can fix; return otherwise, for the caller to re-raise `exc`."""
+    kept = f"the previous {path.name} is intact" if path.exists() else "nothing was written"
+    error = write_error(exc, path, kept)
+    if error is not None:
+        raise error from exc
 
 
 def current_umask() -> int:
