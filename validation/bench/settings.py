@@ -12,7 +12,8 @@ from seq2trt.reference_model.decoding import GNMT_ALPHA
 from seq2trt.reference_model.errors import DependencyError, InputError
 
 from seq2trt.runtime.decode_jobs import check_threads
-from seq2trt.runtime.registry import BACKENDS, BENCH_DEFAULT, unavailable  # noqa: F401  (unavailable: re-exported)
+from seq2trt.runtime.registry import (BACKENDS, BENCH_DEFAULT, graph_set,  # noqa: F401  (unavailable: re-exported)
+                                      unavailable)
 
 KNOWN_BACKENDS = tuple(BACKENDS)
 TEXT_SRC_LEN = 32  # the source length of a text bench without --src-len
@@ -161,13 +162,11 @@ def available_backends(out: Path) -> tuple[str, ...]:
     checkpoint its manifest names was imported."""
     from seq2trt.reference_model import layout
 
-    derived = {"fused-ort": layout.fused_dir(out, "ort"), "int8-ort": layout.quantized_dir(out),
-               "generate": layout.generate_dir(out), "generate-int8": layout.generate_dir(out, int8=True)}
     try:
         checkpoint = json.loads((Path(out) / layout.MANIFEST).read_text())["source"]["checkpoint"]
         imported = (Path(checkpoint) / layout.IMPORT_RECORD).is_file()
     except (OSError, ValueError, KeyError, TypeError):
         imported = False
-    names = [n for n, b in BACKENDS.items() if (b.graphs not in derived or derived[b.graphs].is_dir())
-             and (imported or not b.needs_import)]
+    names = [n for n, b in BACKENDS.items() if (b.graphs is None or graph_set(b.graphs).folder(Path(out)).is_dir())
+             and (imported or not b.needs_import)]  # a graph set's folder: what the stage that writes it made
     return tuple(n for n in names if n not in unavailable(tuple(names)))
