@@ -110,7 +110,7 @@ def transcribe(source: Path, audio: tuple[Path, ...], language: str | None, task
                      compression_ratio_threshold=compression_ratio_threshold, logprob_threshold=logprob_threshold,
                      seed=seed)
     with open_transcriber(source, backend, checkpoint, threads) as transcriber:
-        transcriber.check(language, task, beam, max_new_tokens, batch_size, **long_form)
+        transcriber.check(language, task, beam, max_new_tokens, batch_size, "--max-new-tokens", **long_form)
         if output_ids is not None:
             _check_output_path(output_ids, audio, [source, transcriber.opened.folder])
         clips = read_clips(audio, max_seconds)

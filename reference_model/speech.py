@@ -116,17 +116,18 @@ def detect_languages(model: StepModel, encoder_state: Any, mask: np.ndarray, bos
     return [codes[i] for i in np.asarray(logits)[:, ids].argmax(-1)]
 
 
-def generation_limit(cfg, prompt: Sequence[int], max_new_tokens: int | None, prefix: Sequence[int] = ()) -> int:
+def generation_limit(cfg, prompt: Sequence[int], max_new_tokens: int | None, prefix: Sequence[int] = (),
+                     name: str = "max_new_tokens", decoder: str = "the decoder") -> int:
     """Tokens a search may generate after `prefix`, the start token and `prompt`: `max_new_tokens` when given
-    (refused past the decoder's positions), else what the model's own limit leaves (max_length counts the prefix
-    and the prompt, as transformers counts its decoder_input_ids)."""
+    (refused past the decoder's positions, naming it `name` and the decoder `decoder`), else what the model's own
+    limit leaves (max_length counts the prefix and the prompt, as transformers counts its decoder_input_ids)."""
     fed = len(prefix) + 1 + len(prompt)
     room = cfg.max_tgt_len - fed
     if max_new_tokens is not None:
         if not 1 <= max_new_tokens <= room:
             what = "the previous text, the start token and the prompt" if prefix else "the start token and the prompt"
-            raise InputError(f"max_new_tokens {max_new_tokens} does not fit: the decoder holds {cfg.max_tgt_len} "
-                             f"positions, {fed} of them {what}; give 1 .. {room}")
+            raise InputError(f"{name} {max_new_tokens} does not fit: {decoder} holds {cfg.max_tgt_len} positions, {fed} "
+                             f"of them {what}; give 1 .. {room}")
         return max_new_tokens
     own = cfg.max_new_tokens + 1 if cfg.max_new_tokens is not None else cfg.max_tgt_len
     return max(1, min(room, own - fed))

@@ -13,6 +13,7 @@ module of `exporters.whisper_features`, with the checkpoint's tokenizer/preproce
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,15 +155,25 @@ class Transcriber:
 
         cfg = opened.config
         refuse_text_model(cfg, source)
-        self.opened, self.config = opened, cfg
         self.generation = generation_config(opened.folder)
         self.speech = SpeechTokens.from_record((self.generation or {}).get("speech"))
-        graph = None
+        graph, self.decoder = None, "the model's decoder"  # as messages name it
         if (source / layout.MANIFEST).exists():
             from seq2trt.exporters.manifest import read_manifest, verify
 
-            if layout.FEATURES in read_manifest(source).data["files"]:
+            manifest = read_manifest(source)
+            if layout.FEATURES in manifest.data["files"]:
                 graph = verify(source, [layout.FEATURES]).path(layout.FEATURES)
+            # An export made with a shorter --max-tgt-len holds fewer decoder positions than the model: a window's
+            # decode stops there (as Seq2TrtModelForSeq2SeqLM caps max_length), and a longer max_new_tokens is
+            # refused before any audio is decoded, not at the step past the export's graphs.
+            limit = manifest.limits.max_tgt_len
+            if limit < cfg.max_tgt_len:
+                own = cfg.max_new_tokens
+                cfg = dataclasses.replace(cfg, max_tgt_len=limit, max_new_tokens=None if own is None else
+                                          min(own, limit - 1))
+            self.decoder = "the export's decoder (its max_tgt_len)"
+        self.opened, self.config = opened, cfg
         self.front_end = FrontEnd(feature_params(opened.folder, cfg.n_mels, cfg.source_frames), graph, threads)
         self.codec = text_tokenizer(opened.folder, cfg.eos_id)
 
@@ -178,9 +189,10 @@ class Transcriber:
         return beams
 
     def check(self, language: str | None, task: str | None, beam: int | None, max_new_tokens: int | None,
-              batch_size: int, **long_form) -> int:
-        """Every option checked before audio is read; returns the clips a batch takes. `long_form`: the options
-        of `reference_model.longform.WindowOptions.checked` (condition_on_prev_tokens, temperature,
+              batch_size: int, name: str = "max_new_tokens", **long_form) -> int:
+        """Every option checked before audio is read; returns the clips a batch takes. `name`: what messages call
+        max_new_tokens (the CLI's --max-new-tokens). `long_form`: the options of
+        `reference_model.longform.WindowOptions.checked` (condition_on_prev_tokens, temperature,
         compression_ratio_threshold, logprob_threshold, no_speech_threshold, seed), a bad value refused naming it."""
         from seq2trt.reference_model.speech import generation_limit
         from seq2trt.reference_model.longform import WindowOptions
@@ -192,7 +204,7 @@ class Transcriber:
             raise InputError(f"the batch size must be an integer >= 1, got {batch_size!r}")
         if max_new_tokens is not None:  # every language's prompt is as long: any one measures the room left
             generation_limit(self.config, self.speech.prompt(code or next(iter(self.speech.languages), None), task),
-                             max_new_tokens)
+                             max_new_tokens, name=name, decoder=self.decoder)
         check_beam_memory(self.config, self.beams(beam), "beam size")  # a hang or a huge allocation otherwise
         return batch_rows(batch_size, self.opened.max_batch, self.beams(beam))
 
