@@ -63,8 +63,9 @@ def load_tokenizer(folder: Path):
 
     if not vocabulary_files(folder):  # none, or a feature extractor's settings alone
         return None
-    with warnings.catch_warnings():  # Marian's tokenizer recommends sacremoses on every load
-        warnings.filterwarnings("ignore", message=".*sacremoses.*")
+    # transformers' notes on every load are not the user's business (Marian's recommends sacremoses; a T5 tokenizer
+    # saved by 4.x records add_prefix_space, and 4.x's fast T5 class logs that it converts from the slow one)
+    with quiet_transformers():
         try:
             return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
         except ImportError as exc:  # a library the tokenizer class needs (FSMT's: sacremoses)

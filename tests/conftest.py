@@ -189,14 +189,14 @@ def t5_tokenizer_dir(path: Path, vocab_size: int = 70, extra_ids: int = 3) -> tu
     import json
     import shutil
 
-    from transformers import AutoTokenizer
-
     _sentencepiece(path, vocab_size, dict(pad_id=0, eos_id=1, unk_id=2))
     shutil.copyfile(path / "sp.model", path / "spiece.model")
     _drop_training_files(path)
     (path / "tokenizer_config.json").write_text(json.dumps(dict(
         tokenizer_class="T5Tokenizer", extra_ids=extra_ids, eos_token="</s>", unk_token="<unk>", pad_token="<pad>")))
-    return path, len(AutoTokenizer.from_pretrained(str(path)))
+    # the pieces, then the sentinels (not loaded through transformers: 4.x's fast T5 class converts the model with
+    # protobuf, which the serve extra's pin breaks; its slow class, which seq2trt falls back to, does not)
+    return path, vocab_size + extra_ids
 
 
 def t5_fast_tokenizer_dir(path: Path, vocab_size: int = 70, extra_ids: int = 3) -> tuple[Path, int]:
