@@ -196,6 +196,25 @@ def test_a_cut_wav_is_read_with_a_warning(tmp_path, caplog):
     assert not caplog.records
 
 
+def test_a_wav_header_claiming_4_gb_over_2_kb_is_read_with_a_warning(tmp_path, caplog):
+    """Issue 49 case 10: a header announcing ~4 GB before 2 kB of samples was decoded without a word."""
+    import struct
+
+    path = tmp_path / "claims-4gb.wav"
+    sf.write(str(path), synthetic("tone", SAMPLING_RATE, seconds=1.0), SAMPLING_RATE, subtype="PCM_16")
+    data = bytearray(path.read_bytes()[: 44 + 2048])
+    data[4:8] = struct.pack("<I", 0xFFFFFFF0)  # the RIFF chunk's size
+    data[40:44] = struct.pack("<I", 0xFFFFFFD0)  # the data chunk's size (the header soundfile writes is 44 bytes)
+    assert bytes(data[36:40]) == b"data"
+    path.write_bytes(bytes(data))
+    with caplog.at_level("WARNING", logger="seq2trt"):
+        got = load_audio(path)
+    np.testing.assert_array_equal(got, reference(path))
+    assert len(got) == 1024  # the 2 kB of 16-bit samples there are
+    assert any("cut short" in r.getMessage() and "holds 0.06 s" in r.getMessage() for r in caplog.records), \
+        caplog.text
+
+
 def test_a_damaged_mp3_is_not_called_missing(tmp_path):
     """libsndfile's reason for an MP3 it cannot decode is "File does not exist or is not a regular file", which the
     error repeated about a file that exists."""
