@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import warnings
 from pathlib import Path
@@ -74,8 +75,14 @@ def load_tokenizer(folder: Path):
         except Exception as exc:  # tokenizer classes raise anything from OSError to AttributeError on bad files
             first = exc
         # A sentencepiece model without tokenizer.json (T5's spiece.model) is converted to a fast tokenizer first,
-        # which needs a protobuf runtime matching sentencepiece's; 4.x's slow tokenizer reads the model itself.
-        if (folder / "tokenizer.json").is_file():
+        # which needs a protobuf runtime matching sentencepiece's; 4.x's slow tokenizer reads the model itself. So is
+        # one whose tokenizer_config.json sets add_prefix_space (4.x's fast T5 class then ignores tokenizer.json and
+        # converts the slow tokenizer): the slow one is what the fast one would have been made from.
+        try:
+            converts = json.loads((folder / "tokenizer_config.json").read_text()).get("add_prefix_space") is not None
+        except (OSError, ValueError, AttributeError):
+            converts = False
+        if (folder / "tokenizer.json").is_file() and not converts:
             raise _bad_tokenizer(folder, first) from None
         try:
             return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, use_fast=False)
