@@ -126,8 +126,8 @@ def generation_limit(cfg, prompt: Sequence[int], max_new_tokens: int | None, pre
     if max_new_tokens is not None:
         if not 1 <= max_new_tokens <= room:
             what = "the previous text, the start token and the prompt" if prefix else "the start token and the prompt"
-            raise InputError(f"{name} {max_new_tokens} does not fit: {decoder} holds {cfg.max_tgt_len} positions, {fed} "
-                             f"of them {what}; give 1 .. {room}")
+            raise InputError(f"{name} {max_new_tokens} does not fit: {decoder} holds {cfg.max_tgt_len} positions, "
+                             f"{fed} of them {what}; give 1 .. {room}")
         return max_new_tokens
     own = cfg.max_new_tokens + 1 if cfg.max_new_tokens is not None else cfg.max_tgt_len
     return max(1, min(room, own - fed))
