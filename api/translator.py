@@ -3,7 +3,7 @@ Python — the objects and the decode path `seq2trt translate` uses (runtime/dec
 with the same checks and the same typed errors.
 
     with seq2trt.Translator("out", backend="ort-fused") as translator:
-        for hyp in translator.translate(["kalo mine suta"], beam=4):
+        for hyp in translator.translate(["kalo mine suta"], beam_size=4):
             print(hyp.text, hyp.ids)
 
     with seq2trt.Translator("whisper-ckpt", backend="eager") as whisper:
@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence, Union
 import numpy as np
 
 from seq2trt.reference_model.decoding import GNMT_ALPHA
+from seq2trt.reference_model.decoding.options import DECODE_OPTIONS, SETTING_FIELDS, renamed_kwargs, spelling
 from seq2trt.reference_model.errors import InputError
 from seq2trt.runtime.registry import CONCURRENT_BACKENDS, DECODE_BACKENDS  # CONCURRENT: the kinds' modules say
 from seq2trt.runtime.decode_jobs import check_decode_options, check_threads, decode_job, has_tokenizer, open_decoder
@@ -43,12 +44,10 @@ Audio = Union[str, Path, np.ndarray]  # a WAV/FLAC/OGG file, or float samples (n
 # What a refusal of bytes adds: the API reads files and arrays, not encoded audio in memory.
 _BYTES_HINT = " (encoded audio: write them to a file, or decode them with soundfile.read(io.BytesIO(data)))"
 
-# Keyword options of translate/generate -> the DecodeSettings field each sets (decode_jobs.OPTION_FLAGS: the
-# CLI's flags of the same names).
-SEARCH_OPTIONS = {"sample": "do_sample", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
-                  "seed": "seed", "min_length": "min_length", "min_new_tokens": "min_new_tokens",
-                  "no_repeat_ngram_size": "no_repeat_ngram_size", "repetition_penalty": "repetition_penalty",
-                  "token_logprobs": "output_token_logprobs", "fast_sampling": "fast_sampling"}
+# The keyword options of translate/generate beyond their named parameters (beam_size, max_new_tokens, alpha,
+# scores, n_best) -> the DecodeSettings field each sets: a view of the one options table (options.DECODE_OPTIONS).
+_NAMED = ("scores", "n_best")
+SEARCH_OPTIONS = {o.kwarg: o.field for o in DECODE_OPTIONS if o.field in SETTING_FIELDS and o.kwarg not in _NAMED}
 
 
 @dataclass(frozen=True)
@@ -67,10 +66,8 @@ class Hypothesis:
 
 
 # translate/generate's keywords by the DecodeSettings field (or decode_job option) each sets: what the API's
-# messages name (the CLI's name its flags, decode_jobs.OPTION_FLAGS).
-KEYWORDS = {**{field: keyword for keyword, field in SEARCH_OPTIONS.items()}, "num_return_sequences": "n_best",
-            "output_scores": "scores", "beam": "beam", "alpha": "alpha", "max_new_tokens": "max_new_tokens",
-            "batch_size": "batch_size"}
+# messages name (the CLI's name its flags: options.spelling("flag")).
+KEYWORDS = {**spelling("kwarg"), "batch_size": "batch_size"}
 
 
 class Translator:
@@ -142,17 +139,17 @@ class Translator:
             return self._transcriber.has_tokenizer
         return self._codec is not None
 
-    def translate(self, texts: Sequence[str], beam: int | None = None, max_new_tokens: int | None = None,
+    def translate(self, texts: Sequence[str], beam_size: int | None = None, max_new_tokens: int | None = None,
                   alpha: float = GNMT_ALPHA, batch_size: int = 32, scores: bool = False, n_best: int | None = None,
                   **search: Any) -> list[Hypothesis] | list[list[Hypothesis]]:
         """Translate `texts` (encoded by the checkpoint's tokenizer); one Hypothesis each, in order, or with
-        `n_best` a list of that many each (at most `beam`, or that many samples).
-        `beam`: beam size, 1 greedy (None: an imported model's num_beams, else 1); `alpha`: GNMT's length penalty
+        `n_best` a list of that many each (at most `beam_size`, or that many samples).
+        `beam_size`: 1 greedy (None: an imported model's num_beams, else 1); `alpha`: GNMT's length penalty
         for models trained here (imported ones use their own); `max_new_tokens`: tokens generated at most, eos
         included (None: the model's limit); `scores`: fill each Hypothesis's score. `search`: SEARCH_OPTIONS
         (sample, temperature, top_k, top_p, seed, min_length, min_new_tokens, no_repeat_ngram_size,
         repetition_penalty, token_logprobs, fast_sampling), as `seq2trt translate`'s flags of those names; None or
-        absent: the model's own."""
+        absent: the model's own. `beam=` is the deprecated spelling of `beam_size=` (a FutureWarning)."""
         refuse_speech_model(self.config, "Translator.translate")
         if isinstance(texts, str):
             raise InputError("texts must be a list of strings, got one string; wrap it in a list")
@@ -166,10 +163,11 @@ class Translator:
                                  "strings" + (" (decode bytes first)" if isinstance(text, bytes) else ""))
             if not text.strip():
                 raise InputError(f"text {n} is empty; give at least one symbol")
-        return self._run([self._codec.encode(t) for t in texts], beam, max_new_tokens, alpha, batch_size,
-                         self._options(scores, n_best, search), n_best is not None)
+        beam_size, options = self._options(beam_size, scores, n_best, search)
+        return self._run([self._codec.encode(t) for t in texts], beam_size, max_new_tokens, alpha, batch_size,
+                         options, n_best is not None)
 
-    def generate(self, ids: Sequence[Sequence[int]], beam: int | None = None, max_new_tokens: int | None = None,
+    def generate(self, ids: Sequence[Sequence[int]], beam_size: int | None = None, max_new_tokens: int | None = None,
                  alpha: float = GNMT_ALPHA, batch_size: int = 32, scores: bool = False, n_best: int | None = None,
                  **search: Any) -> list[Hypothesis] | list[list[Hypothesis]]:
         """Decode source token ids (used as given: include eos where the model expects it); options as `translate`."""
@@ -180,20 +178,25 @@ class Translator:
             if not all(isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in source):
                 raise InputError(f"source {n} must be a list of integer token ids, got {source[:8]!r}")
             sources.append([int(i) for i in source])  # numpy integers too
-        return self._run(sources, beam, max_new_tokens, alpha, batch_size, self._options(scores, n_best, search),
-                         n_best is not None)
+        beam_size, options = self._options(beam_size, scores, n_best, search)
+        return self._run(sources, beam_size, max_new_tokens, alpha, batch_size, options, n_best is not None)
 
     @staticmethod
-    def _options(scores: bool, n_best: int | None, search: dict[str, Any]) -> dict[str, Any]:
+    def _options(beam_size: int | None, scores: bool, n_best: int | None,
+                 search: dict[str, Any]) -> tuple[int | None, dict[str, Any]]:
+        """(the beam size, the DecodeSettings fields `search` and the named options set); the deprecated spellings
+        warned and renamed, an unknown keyword refused."""
+        search = renamed_kwargs({**search, "beam_size": beam_size}, stacklevel=4)
+        beam_size = search.pop("beam_size")
         unknown = sorted(set(search) - set(SEARCH_OPTIONS))
         if unknown:
-            raise InputError(f"unknown search option(s) {', '.join(unknown)}; Translator takes beam, max_new_tokens, "
-                             f"alpha, batch_size, scores, n_best and {', '.join(SEARCH_OPTIONS)}")
+            raise InputError(f"unknown search option(s) {', '.join(unknown)}; Translator takes beam_size, "
+                             f"max_new_tokens, alpha, batch_size, scores, n_best and {', '.join(SEARCH_OPTIONS)}")
         options = {SEARCH_OPTIONS[k]: v for k, v in search.items()}
         options.update(num_return_sequences=n_best, output_scores=scores or None)
-        return options
+        return beam_size, options
 
-    def _run(self, sources: list[list[int]], beam: int | None, max_new_tokens: int | None, alpha: float,
+    def _run(self, sources: list[list[int]], beam_size: int | None, max_new_tokens: int | None, alpha: float,
              batch_size: int, options: dict[str, Any], lists: bool) -> list[Hypothesis] | list[list[Hypothesis]]:
         if self._closed:
             raise InputError("this Translator is closed; open a new one")
@@ -202,7 +205,7 @@ class Translator:
             return []
         forced = self._codec.forced_bos_id if self._codec is not None else None
         with self._lock:
-            settings, decoded = decode_job(self._opened, self.backend, sources, "source", beam, alpha,
+            settings, decoded = decode_job(self._opened, self.backend, sources, "source", beam_size, alpha,
                                            max_new_tokens, batch_size, forced, options, KEYWORDS)
             outputs = list(decoded)
         found = [[self._hypothesis(out, None)] if settings.plain else
@@ -216,20 +219,20 @@ class Translator:
 
     def transcribe(self, audio: Audio | Sequence[Audio], sampling_rate: int | None = None, *,
                    language: str | None = None, task: str | None = None, timestamps: bool = False,
-                   beam: int | None = None, max_new_tokens: int | None = None, batch_size: int = 16,
+                   beam_size: int | None = None, max_new_tokens: int | None = None, batch_size: int = 16,
                    max_seconds: float | None = MAX_SECONDS,
                    progress: Callable[[int, int], None] | None = None, condition_on_prev_tokens: bool = False,
                    temperature: float | Sequence[float] | None = None,
                    compression_ratio_threshold: float | None = None, logprob_threshold: float | None = None,
-                   seed: int | None = None) -> list[Transcription]:
+                   seed: int | None = None, **deprecated: Any) -> list[Transcription]:
         """Transcribe speech with a Whisper model: one Transcription per clip, in order (a list of one for one clip).
         `audio`: a file path (WAV, FLAC, OGG; any rate and channels), a float array of samples (n,) or
         (n, channels) at `sampling_rate` Hz (required for arrays; mixed to mono and resampled to 16 kHz as
         files are), or a list of either. `language`: its code ("en"; None: the model's, else detected per clip);
         `task`: "transcribe" or "translate" (into English; multilingual models); `timestamps`: segments cut at
-        the decoded timestamps; `beam`: beam size (None: the model's num_beams); `max_new_tokens`: tokens a window
-        generates at most, eos included; `max_seconds`: longest clip accepted (None: any);
-        `progress(done, total)`: after each batch of `batch_size` clips. transformers' long-form options, as its
+        the decoded timestamps; `beam_size` (None: the model's num_beams; `beam=`: its deprecated spelling);
+        `max_new_tokens`: tokens a window generates at most, eos included; `max_seconds`: longest clip accepted
+        (None: any); `progress(done, total)`: after each batch of `batch_size` clips. transformers' long-form options, as its
         `generate` takes them (defaults: none): `condition_on_prev_tokens` (each window after a clip's first
         decoded after its previous text), `temperature` (a number, or a list such as (0.0, 0.2, 0.4, 0.6, 0.8, 1.0):
         a window failing `compression_ratio_threshold` or `logprob_threshold` is decoded again at the next one,
@@ -239,6 +242,7 @@ class Translator:
         if self._closed:
             raise InputError("this Translator is closed; open a new one")
         refuse_text_model(self.config, self.path)
+        beam = self._beam_size(beam_size, deprecated)
         transcriber = self._transcriber
         long_form = dict(condition_on_prev_tokens=condition_on_prev_tokens, temperature=temperature,
                          compression_ratio_threshold=compression_ratio_threshold,
@@ -250,6 +254,15 @@ class Translator:
                 clips, language=language, task=task, timestamps=timestamps, beam=beam,
                 max_new_tokens=max_new_tokens, batch_size=batch_size,
                 progress=None if progress is None else lambda done: progress(done, len(clips)), **long_form))
+
+    @staticmethod
+    def _beam_size(beam_size: int | None, deprecated: dict[str, Any]) -> int | None:
+        """transcribe's beam size, `beam=` (deprecated) renamed with a warning; any other keyword refused."""
+        given = renamed_kwargs({**deprecated, "beam_size": beam_size}, stacklevel=4)
+        unknown = sorted(set(given) - {"beam_size"})
+        if unknown:
+            raise InputError(f"unknown option(s) {', '.join(unknown)} of transcribe; see help(Translator.transcribe)")
+        return given["beam_size"]
 
     @staticmethod
     def _clips(audio: Audio | Sequence[Audio], sampling_rate: int | None,

@@ -97,7 +97,7 @@ def test_imported_t5_through_the_pipeline(family, config, tmp_path):
     for beam in (1, 4):
         written = tmp_path / f"out-{beam}.jsonl"
         invoke_ok("translate", out, "--backend", "ort-fused", "--ids-file", ids_file, "--output-ids", written,
-                  "--beam", beam, "--max-new-tokens", 12)
+                  "--beam-size", beam, "--max-new-tokens", 12)
         ours = [json.loads(line) for line in written.read_text().splitlines()]
         with torch.inference_mode():
             rows = hf_model.generate(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),

@@ -35,7 +35,7 @@ def numbers_generate(numbers_export, tmp_path_factory):
 def test_translate_ort_generate_is_the_eager_search(numbers_generate, beam):
     root, model, task = numbers_generate
     texts = ["40213", "7", "999999", "120"]
-    result = invoke("translate", root / "out", *texts, "--backend", "ort-generate", "--beam", beam, "--alpha", 0.0)
+    result = invoke("translate", root / "out", *texts, "--backend", "ort-generate", "--beam-size", beam, "--alpha", 0.0)
     assert result.exit_code == 0, result.output
     ids, mask = pad_batch([task.source_vocab.encode(t) + [model.cfg.eos_id] for t in texts], model.cfg.pad_id)
     settings, step = DecodeSettings.for_model(model.cfg), EagerStepModel(model.double())
@@ -48,13 +48,13 @@ def test_generate_cli_errors_are_clear(numbers_generate):
     root, _, _ = numbers_generate
     result = invoke("generate", root / "out")
     assert result.exit_code != 0 and "pass --force" in result.output
-    result = invoke("translate", root / "out", "7", "--backend", "ort-generate", "--beam", 9)
+    result = invoke("translate", root / "out", "7", "--backend", "ort-generate", "--beam-size", 9)
     assert result.exit_code != 0 and "max_batch" in result.output
 
 
 def test_validate_graphs_generate(numbers_generate):
     root, _, _ = numbers_generate
-    result = invoke("validate", root / "out", "--graphs", "generate", "--samples", 24, "--beam", 2)
+    result = invoke("validate", root / "out", "--graphs", "generate", "--samples", 24, "--beam-size", 2)
     assert result.exit_code == 0, result.output
     doc = json.loads((root / "out" / "reports" / "generate_parity.json").read_text())
     assert doc["passed"] and doc["end_to_end"]["samples"] == 24 and doc["settings"]["beam_size"] == 2
@@ -70,7 +70,7 @@ def test_validate_graphs_generate_int8(numbers_generate):
     for args in (("quantize", root / "out"), ("generate", root / "out", "--int8")):
         result = invoke(*args)
         assert result.exit_code == 0, result.output
-    result = invoke("validate", root / "out", "--graphs", "generate-int8", "--samples", 24, "--beam", 2)
+    result = invoke("validate", root / "out", "--graphs", "generate-int8", "--samples", 24, "--beam-size", 2)
     assert result.exit_code == 0, result.output
     doc = json.loads((root / "out" / "reports" / "generate_int8_parity.json").read_text())
     assert doc["passed"] and doc["precision"] == "int8" and doc["backend"] == "ort-generate-int8"
@@ -97,7 +97,7 @@ def test_ort_generate_of_an_imported_marian_is_transformers_generate(make_hf_mod
     eos = hf_model.config.eos_token_id
     for beam in (1, 4):
         result = invoke("translate", tmp_path / "out", "--backend", "ort-generate", "--ids-file", tmp_path / "ids.jsonl",
-                        "--beam", beam, "--output-ids", tmp_path / "out.jsonl")
+                        "--beam-size", beam, "--output-ids", tmp_path / "out.jsonl")
         assert result.exit_code == 0, result.output
         got = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
         with torch.inference_mode():
@@ -109,7 +109,7 @@ def test_ort_generate_of_an_imported_marian_is_transformers_generate(make_hf_mod
 def test_bench_search_beam_times_ort_generate(numbers_generate):
     root, _, _ = numbers_generate
     result = invoke("bench", root / "out", "--backends", "ort-fused,ort-generate", "--batch-sizes", "1,2", "--repeats", 1,
-                    "--warmup", 0, "--search", "beam", "--beam", 3, "--new-tokens", 10)
+                    "--warmup", 0, "--search", "beam", "--beam-size", 3, "--new-tokens", 10)
     assert result.exit_code == 0, result.output
     doc = json.loads((root / "out" / "reports" / "latency.json").read_text())
     assert doc["settings"]["search"] == "beam" and doc["settings"]["beam"] == 3

@@ -64,7 +64,7 @@ def test_the_models_stored_settings_apply_without_flags(bart):
 
 
 def test_flags_override_and_n_best_lists_carry_transformers_scores(bart):
-    flags = ["--beam", 5, "--n-best", 3, "--scores", "--min-length", 4, "--no-repeat-ngram-size", 2,
+    flags = ["--beam-size", 5, "--n-best", 3, "--scores", "--min-length", 4, "--no-repeat-ngram-size", 2,
              "--repetition-penalty", 1.3]
     got, lines = _translate(bart, *flags)
     want, out = _generate(bart, num_beams=5, num_return_sequences=3, output_scores=True, min_length=4,
@@ -90,7 +90,7 @@ def test_sampling_is_transformers_with_the_same_seed_eager_and_ort(bart, source)
 
 
 def test_an_ort_export_decodes_the_options_as_the_checkpoint(bart):
-    flags = ["--beam", 3, "--n-best", 2, "--scores", "--repetition-penalty", 1.5, "--min-new-tokens", 5]
+    flags = ["--beam-size", 3, "--n-best", 2, "--scores", "--repetition-penalty", 1.5, "--min-new-tokens", 5]
     eager, _ = _translate(bart, *flags)
     ort, _ = _translate(bart, *flags, "--backend", "ort", source="out")
     assert [row["ids"] for row in ort] == [row["ids"] for row in eager]
@@ -129,7 +129,7 @@ def test_token_logprobs_are_transformers_transition_scores(bart, source):
     (["--sample", "--top-p", 0], "--top-p must be a number in (0, 1] such as 0.9, got 0.0"),
     (["--sample", "--temperature", 0], "--temperature must be a number > 0 such as 0.7, got 0.0"),
     (["--n-best", 5], "--n-best 5 is more than the 4 beams searched"),
-    (["--sample", "--beam", 4], "--beam 4 with sampling"),
+    (["--sample", "--beam-size", 4], "--beam-size 4 with sampling"),
     (["--repetition-penalty", -1], "--repetition-penalty must be a number > 0"),
     (["--no-repeat-ngram-size", -2], "--no-repeat-ngram-size must be an integer >= 0"),
     (["--fast-sampling"], "--fast-sampling sets how sampling draws, and this decode does not sample; add --sample"),

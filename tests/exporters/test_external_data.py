@@ -45,7 +45,7 @@ def hf_tokens(src, sources: list[list[int]], beam: int, new_tokens: int) -> list
 def translated(out, tmp_path, sources, backend: str, beam: int, new_tokens: int) -> list[list[int]]:
     ids, written = tmp_path / "ids.jsonl", tmp_path / f"{backend}-{beam}.jsonl"
     ids.write_text("".join(json.dumps(s) + "\n" for s in sources))
-    invoke_ok("translate", out, "--backend", backend, "--ids-file", ids, "--output-ids", written, "--beam", beam,
+    invoke_ok("translate", out, "--backend", backend, "--ids-file", ids, "--output-ids", written, "--beam-size", beam,
               "--max-new-tokens", new_tokens)
     return [json.loads(line) for line in written.read_text().splitlines()]
 

@@ -15,7 +15,7 @@ def test_sigterm_answers_requests_in_flight_then_exits_0(served, tmp_path):
     import tritonclient.http as http
 
     out, _ = served
-    want = translate_ids(out, [SOURCE], "--beam", "4")[0]
+    want = translate_ids(out, [SOURCE], "--beam-size", "4")[0]
     server = Server(out, tmp_path / "server.log", "--max-batch", "2", "--max-queue-delay-us", "0")
     sent, results = threading.Event(), []
 

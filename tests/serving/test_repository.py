@@ -26,7 +26,7 @@ def test_python_repository_answers_as_translate(served, tmp_path):
     try:
         c = http.InferenceServerClient(server.url, network_timeout=60)
         for beam in (1, 4):
-            want = translate_ids(out, SOURCES, "--beam", str(beam))
+            want = translate_ids(out, SOURCES, "--beam-size", str(beam))
             got = [c.infer("generate", generate_inputs(s, num_beams=beam)).as_numpy("output_ids")[0].tolist()
                    for s in SOURCES]
             assert got == want

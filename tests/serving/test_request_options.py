@@ -57,15 +57,15 @@ def test_seeded_sampling_is_translate_whatever_the_batch(exported, service, monk
 
 @pytest.mark.parametrize("job, flags", [
     (dict(num_beams=4, options=dict(num_return_sequences=3, output_scores=True)),
-     ["--beam", "4", "--n-best", "3", "--scores"]),
+     ["--beam-size", "4", "--n-best", "3", "--scores"]),
     (dict(options=dict(output_scores=True)), ["--scores"]),
     (dict(options=dict(no_repeat_ngram_size=1)), ["--no-repeat-ngram-size", "1"]),
-    (dict(num_beams=2, options=dict(repetition_penalty=3.0)), ["--beam", "2", "--repetition-penalty", "3.0"]),
+    (dict(num_beams=2, options=dict(repetition_penalty=3.0)), ["--beam-size", "2", "--repetition-penalty", "3.0"]),
     (dict(max_new_tokens=12, options=dict(min_new_tokens=10)), ["--max-new-tokens", "12", "--min-new-tokens", "10"]),
     (dict(options=dict(do_sample=True, seed=3, num_return_sequences=4, output_scores=True, top_p=0.9)),
      ["--sample", "--seed", "3", "--n-best", "4", "--scores", "--top-p", "0.9"]),
     (dict(num_beams=3, options=dict(num_return_sequences=2, output_token_logprobs=True)),
-     ["--beam", "3", "--n-best", "2", "--token-logprobs"]),
+     ["--beam-size", "3", "--n-best", "2", "--token-logprobs"]),
 ], ids=["beam-n-best-scores", "greedy-scores", "no-repeat", "repetition-penalty", "min-new-tokens", "sample-n-best",
         "token-logprobs"])
 def test_each_option_is_translates_flag_in_a_mixed_batch(exported, service, monkeypatch, job, flags):
@@ -91,7 +91,7 @@ def test_each_option_is_translates_flag_in_a_mixed_batch(exported, service, monk
             assert any(len({json.dumps(t) for t in w["ids"]}) > 1 for w in want)
     else:
         assert got == want
-        plain = translate_ids(exported, sources, *flags[:2] if flags[0] in ("--beam", "--max-new-tokens") else ())
+        plain = translate_ids(exported, sources, *flags[:2] if flags[0] in ("--beam-size", "--max-new-tokens") else ())
         if "--min-new-tokens" not in flags:  # this random model never ends before its limit: the floor is inert
             assert got != plain, f"{flags} changed nothing here: the test could not fail"
 
@@ -116,7 +116,7 @@ def test_a_bad_option_is_its_requests_error_naming_the_parameter(exported, servi
     assert isinstance(got[1], InputError) and message in str(got[1]), got[1]
     assert "--" not in str(got[1]).split(";")[0], got[1]  # named as the request's parameter, not translate's flag
     assert got[0] == translate_ids(exported, [SOURCES[1]])[0]
-    assert got[2] == translate_ids(exported, [SOURCES[2]], "--beam", "2")[0]
+    assert got[2] == translate_ids(exported, [SOURCES[2]], "--beam-size", "2")[0]
 
 
 def test_option_values_as_triton_hands_them_over():
@@ -180,7 +180,7 @@ def _served_requests(c, out):
     assert plain.as_numpy("hypotheses") is None
     beams = c.infer("translate", text_inputs("40213") + [_input("num_beams", 3, "INT32"), _input("n_best", 3, "INT32")])
     texts = json.loads(beams.as_numpy("hypotheses")[0, 0])["text"]
-    result = invoke("translate", out, "40213", "--backend", "ort-fused", "--beam", "3", "--n-best", "3")
+    result = invoke("translate", out, "40213", "--backend", "ort-fused", "--beam-size", "3", "--n-best", "3")
     assert result.exit_code == 0, result.output
     assert texts == result.output.splitlines() and texts[0] == beams.as_numpy("text")[0, 0].decode()
     with pytest.raises(InferenceServerException, match=r"top_p must be a number in \(0, 1\]"):

@@ -46,10 +46,10 @@ def test_health_ready_and_endpoints(served):
 def test_generate_is_translate(served, beam):
     out, server = served
     c = client(server)
-    want = translate_ids(out, SOURCES, "--beam", str(beam))
+    want = translate_ids(out, SOURCES, "--beam-size", str(beam))
     assert [generate(c, s, num_beams=beam) for s in SOURCES] == want
     assert len({tuple(w) for w in want}) > 1
-    short = translate_ids(out, SOURCES, "--beam", str(beam), "--max-new-tokens", "3")
+    short = translate_ids(out, SOURCES, "--beam-size", str(beam), "--max-new-tokens", "3")
     assert [generate(c, s, num_beams=beam, max_new_tokens=3) for s in SOURCES] == short
 
 
@@ -107,7 +107,7 @@ def test_a_dropped_client_does_not_disturb_others(served):
     for _ in range(8):  # send a request and hang up before the answer
         with socket.create_connection(("127.0.0.1", server.http), timeout=10) as s:
             s.sendall(head + body)
-    want = translate_ids(out, SOURCES, "--beam", "4")
+    want = translate_ids(out, SOURCES, "--beam-size", "4")
     with ThreadPoolExecutor(8) as pool:  # a client per thread: tritonclient's are not thread-safe
         got = list(pool.map(lambda s: generate(client(server), s, num_beams=4), SOURCES))
     assert got == want
@@ -129,7 +129,7 @@ def test_load_64_clients_every_response_is_translate(served):
     variants = [(1, None), (4, None), (1, 5), (4, 5)]
     want = {}
     for beam, new in variants:
-        extra = ["--beam", str(beam)] + (["--max-new-tokens", str(new)] if new else [])
+        extra = ["--beam-size", str(beam)] + (["--max-new-tokens", str(new)] if new else [])
         for s, w in zip(sources, translate_ids(out, sources, *extra)):
             want[(tuple(s), beam, new)] = w
     before = _stats_batches(server)
