@@ -24,11 +24,11 @@ import numbers
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable, Iterator, Sequence, Union
 
 import numpy as np
 
-from seq2trt.reference_model.decoding import GNMT_ALPHA
+from seq2trt.reference_model.decoding import GNMT_ALPHA, DecodeSettings
 from seq2trt.reference_model.decoding.options import DECODE_OPTIONS, SETTING_FIELDS, renamed_kwargs, spelling
 from seq2trt.reference_model.errors import InputError
 from seq2trt.runtime.registry import CONCURRENT_BACKENDS, DECODE_BACKENDS  # CONCURRENT: the kinds' modules say
@@ -67,7 +67,11 @@ class Hypothesis:
 
 # translate/generate's keywords by the DecodeSettings field (or decode_job option) each sets: what the API's
 # messages name (the CLI's name its flags: options.spelling("flag")).
-KEYWORDS = {**spelling("kwarg"), "batch_size": "batch_size"}
+KEYWORDS = {**spelling("kwarg"), "batch_size": "batch_size", "threads": "threads", "src_lang": "src_lang",
+            "tgt_lang": "tgt_lang"}
+# The same names as `seq2trt translate` spells them: the CLI is a Translator opened with spelling="flag".
+FLAGS = {**spelling("flag"), "batch_size": "--batch-size", "threads": "--threads", "src_lang": "--src-lang",
+         "tgt_lang": "--tgt-lang"}
 
 
 class Translator:
@@ -76,21 +80,26 @@ class Translator:
     the export's checkpoint, if it moved (its tokenizer and generation settings are read there). `src_lang`,
     `tgt_lang`: language codes of mBART-50 / M2M100 / NLLB tokenizers (the target code is forced first). A Whisper
     checkpoint or export is opened for `transcribe` (backends with a step model: not ort-generate*); a text model
-    for `translate` and `generate`.
+    for `translate` and `generate`. `spelling`: how errors name the options, "kwarg" (this API's keywords) or "flag"
+    (`seq2trt translate`'s flags: that command is a Translator opened so); `speech` False refuses a speech model
+    when it is opened (translate's refusal) instead of opening it for `transcribe`.
 
     Use it as a context manager, or call `close()`: that releases the sessions and restores torch's threads.
     """
 
     def __init__(self, path: str | Path, backend: str = "ort-fused", threads: int = 1,
-                 checkpoint: str | Path | None = None, src_lang: str | None = None, tgt_lang: str | None = None):
+                 checkpoint: str | Path | None = None, src_lang: str | None = None, tgt_lang: str | None = None, *,
+                 spelling: str = "kwarg", speech: bool = True):
         if not isinstance(path, (str, Path)):
             raise InputError(f"path must be a checkpoint or export directory (a str or Path), got "
                              f"{type(path).__name__} {path!r}")
         if backend not in DECODE_BACKENDS:
             raise InputError(f"unknown backend {backend!r}; choose one of {', '.join(DECODE_BACKENDS)}")
-        check_threads(threads, "threads")
+        self._names = FLAGS if spelling == "flag" else KEYWORDS
+        check_threads(threads, self._names["threads"])
         self.path, self.backend = Path(path), backend
-        self._refuse_whole_search_on_speech()
+        if speech:
+            self._refuse_whole_search_on_speech()
         self._stack = contextlib.ExitStack()
         self._lock = threading.Lock() if backend not in CONCURRENT_BACKENDS else contextlib.nullcontext()
         try:
@@ -100,6 +109,8 @@ class Translator:
             self._transcriber: Transcriber | None = None
             self._codec = None
             if self.config.audio:
+                if not speech:
+                    refuse_speech_model(self.config)
                 check_backend(backend)
                 if src_lang or tgt_lang:
                     raise InputError("src_lang/tgt_lang are for text models; a speech model takes transcribe("
@@ -126,8 +137,10 @@ class Translator:
 
         if not has_tokenizer(folder):
             if src_lang or tgt_lang:
-                raise InputError(f"language codes need the model's tokenizer, and {folder} has none (no tokenizer/ "
-                                 "and no vocab.json); drop src_lang/tgt_lang, or import the model with its tokenizer")
+                name, lang = (self._names["tgt_lang"], tgt_lang) if tgt_lang else (self._names["src_lang"], src_lang)
+                raise InputError(f"{name} {lang} needs the model's tokenizer (its language codes), and {folder} has "
+                                 f"none (no tokenizer/ and no vocab.json); drop {name}, or import the model with its "
+                                 "tokenizer files")
             return None
         return load_codec(folder, self.config.eos_id, src_lang, tgt_lang)
 
@@ -153,9 +166,7 @@ class Translator:
         refuse_speech_model(self.config, "Translator.translate")
         if isinstance(texts, str):
             raise InputError("texts must be a list of strings, got one string; wrap it in a list")
-        if self._codec is None:
-            raise InputError(f"{self._opened.folder} has no tokenizer (no tokenizer/ and no vocab.json), so text cannot "
-                             "be encoded; give token ids to Translator.generate")
+        self.check_text()
         texts = list(texts)  # an iterator is read once
         for n, text in enumerate(texts, 1):
             if not isinstance(text, str):
@@ -164,7 +175,7 @@ class Translator:
             if not text.strip():
                 raise InputError(f"text {n} is empty; give at least one symbol")
         beam_size, options = self._options(beam_size, scores, n_best, search)
-        return self._run([self._codec.encode(t) for t in texts], beam_size, max_new_tokens, alpha, batch_size,
+        return self._run([self.encode(t) for t in texts], beam_size, max_new_tokens, alpha, batch_size,
                          options, n_best is not None)
 
     def generate(self, ids: Sequence[Sequence[int]], beam_size: int | None = None, max_new_tokens: int | None = None,
@@ -196,18 +207,56 @@ class Translator:
         options.update(num_return_sequences=n_best, output_scores=scores or None)
         return beam_size, options
 
-    def _run(self, sources: list[list[int]], beam_size: int | None, max_new_tokens: int | None, alpha: float,
-             batch_size: int, options: dict[str, Any], lists: bool) -> list[Hypothesis] | list[list[Hypothesis]]:
+    def check_text(self) -> None:
+        """Refuse texts when the checkpoint has no tokenizer, saying how to give token ids instead."""
+        if self._codec is None:
+            how = ("with --ids-file F (JSON lines, one list of source ids per line)" if self._names is FLAGS else
+                   "to Translator.generate")
+            raise InputError(f"{self._opened.folder} has no tokenizer (no tokenizer/ and no vocab.json), so text "
+                             f"cannot be encoded; give token ids {how}")
+
+    def encode(self, text: str) -> list[int]:
+        """A text as the model's source ids (eos included where the model expects it)."""
+        self.check_text()
+        return self._codec.encode(text)
+
+    def text(self, ids: list[int]) -> str | None:
+        """Generated ids as text; None without a tokenizer."""
+        return self._codec.decode(ids) if self._codec is not None else None
+
+    @property
+    def folder(self) -> Path:
+        """The checkpoint folder its tokenizer and generation settings are read from."""
+        return self._opened.folder
+
+    def stream(self, sources: list[list[int]], origin: str, beam_size: int | None, max_new_tokens: int | None,
+               alpha: float, batch_size: int, options: dict[str, Any]) -> tuple[DecodeSettings, Iterator[list]]:
+        """The decode `translate` and `generate` collect and `seq2trt translate` prints as each batch finishes:
+        (settings, each source's search output in input order: its token ids when `settings.plain`, else its list
+        of decoding.Hypothesis). Everything is checked before it returns (errors name a source by `origin` and its
+        number); `options`: DecodeSettings fields (options.SETTING_FIELDS; None: the model's own)."""
         if self._closed:
             raise InputError("this Translator is closed; open a new one")
-        check_decode_options(alpha, batch_size, KEYWORDS)
-        if not sources:
-            return []
+        check_decode_options(alpha, batch_size, self._names)
         forced = self._codec.forced_bos_id if self._codec is not None else None
         with self._lock:
-            settings, decoded = decode_job(self._opened, self.backend, sources, "source", beam_size, alpha,
-                                           max_new_tokens, batch_size, forced, options, KEYWORDS)
-            outputs = list(decoded)
+            settings, decoded = decode_job(self._opened, self.backend, sources, origin, beam_size, alpha,
+                                           max_new_tokens, batch_size, forced, options, self._names)
+        return settings, self._locked(decoded)
+
+    def _locked(self, decoded: Iterator[list]) -> Iterator[list]:
+        with self._lock:  # the decode runs as the outputs are read
+            yield from decoded
+
+    def _run(self, sources: list[list[int]], beam_size: int | None, max_new_tokens: int | None, alpha: float,
+             batch_size: int, options: dict[str, Any], lists: bool) -> list[Hypothesis] | list[list[Hypothesis]]:
+        if not sources:
+            if self._closed:
+                raise InputError("this Translator is closed; open a new one")
+            check_decode_options(alpha, batch_size, self._names)
+            return []
+        settings, decoded = self.stream(sources, "source", beam_size, max_new_tokens, alpha, batch_size, options)
+        outputs = list(decoded)
         found = [[self._hypothesis(out, None)] if settings.plain else
                  [self._hypothesis(h.tokens, h.score if settings.output_scores else None, h.token_logprobs)
                   for h in out]
@@ -215,7 +264,7 @@ class Translator:
         return found if lists else [hyps[0] for hyps in found]
 
     def _hypothesis(self, ids: list[int], score: float | None, token_logprobs=None) -> Hypothesis:
-        return Hypothesis(ids, self._codec.decode(ids) if self._codec is not None else None, score, token_logprobs)
+        return Hypothesis(ids, self.text(ids), score, token_logprobs)
 
     def transcribe(self, audio: Audio | Sequence[Audio], sampling_rate: int | None = None, *,
                    language: str | None = None, task: str | None = None, timestamps: bool = False,

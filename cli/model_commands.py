@@ -1,4 +1,6 @@
-"""`seq2trt train` and `seq2trt translate`: training on a built-in task, and decoding through any backend."""
+"""`seq2trt train` and `seq2trt translate`: training on a built-in task, and decoding through any backend (a thin layer
+over `seq2trt.Translator`, opened to name its options by these flags: what is decoded, checked and refused is the
+API's)."""
 
 from __future__ import annotations
 
@@ -15,8 +17,6 @@ from seq2trt.reference_model.tasks import TASKS
 from seq2trt.reference_model.train import TrainSettings
 from seq2trt.runtime.registry import DECODE_BACKENDS
 from seq2trt.runtime.decode_jobs import check_decode_options
-from seq2trt.runtime.decode_jobs import decode_job, has_tokenizer, open_decoder
-from seq2trt.runtime.transcription import refuse_speech_model
 
 
 @click.command()
@@ -68,20 +68,6 @@ def _read_ids_file(path: Path) -> list[list[int]]:
     if not sources:
         raise InputError(f"--ids-file {path} holds no sources")
     return sources
-
-
-def _codec(folder: Path, eos_id: int, texts: bool, src_lang: str | None, tgt_lang: str | None):
-    """The checkpoint's codec: required for texts and languages, used to print words when it has one, else None."""
-    from seq2trt.reference_model.text import load_codec
-
-    if not texts and (src_lang or tgt_lang) and not has_tokenizer(folder):
-        flag, lang = ("--tgt-lang", tgt_lang) if tgt_lang else ("--src-lang", src_lang)
-        raise InputError(f"{flag} {lang} needs the model's tokenizer (its language codes), and {folder} has none "
-                         f"(no tokenizer/ and no vocab.json); drop {flag}, or import the model with its tokenizer "
-                         "files")
-    if texts or src_lang or tgt_lang:
-        return load_codec(folder, eos_id, src_lang, tgt_lang)
-    return load_codec(folder, eos_id) if has_tokenizer(folder) else None
 
 
 def _check_utf8(texts: tuple[str, ...]) -> None:
@@ -140,6 +126,7 @@ def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path
     [...]}, with --token-logprobs also "token_logprobs": [[...]]. Without the search flags, an imported model's
     own generation settings apply."""
     from seq2trt.reference_model.atomic_files import write_plain_output
+    from seq2trt.translator import Translator
 
     if bool(texts) == bool(ids_file):
         raise InputError("give either TEXTS or --ids-file F (JSON lines of source ids), not both or neither")
@@ -150,16 +137,15 @@ def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path
     if any(not t.strip() for t in texts):
         raise InputError("empty source text; give at least one symbol")
     _check_utf8(texts)
-    with open_decoder(source, backend, checkpoint, threads) as opened:
-        refuse_speech_model(opened.config)
-        cfg, folder = opened.config, opened.folder
-        codec = _codec(folder, cfg.eos_id, bool(texts), src_lang, tgt_lang)
+    with Translator(source, backend, threads, checkpoint, src_lang, tgt_lang, spelling="flag",
+                    speech=False) as translator:
+        if texts:
+            translator.check_text()
         if output_ids is not None:  # before any decode
-            _check_output_ids(output_ids, ids_file, [source, folder])
-        sources = [codec.encode(t) for t in texts] if texts else _read_ids_file(ids_file)
-        settings, decoded = decode_job(opened, backend, sources, "source" if texts else f"{ids_file} line",
-                                       beam_size, alpha, max_new_tokens, batch_size,
-                                       codec.forced_bos_id if codec is not None else None, options)
+            _check_output_ids(output_ids, ids_file, [source, translator.folder])
+        sources = [translator.encode(t) for t in texts] if texts else _read_ids_file(ids_file)
+        settings, decoded = translator.stream(sources, "source" if texts else f"{ids_file} line", beam_size,
+                                              max_new_tokens, alpha, batch_size, options)
         outputs: list[str] = []
         for out in decoded:
             outputs.append(json.dumps(out if settings.plain else {
@@ -167,7 +153,7 @@ def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path
                 **({"token_logprobs": [list(h.token_logprobs) for h in out]} if settings.output_token_logprobs
                    else {})}))
             for tokens, score, *_ in [(out, None)] if settings.plain else out:
-                line = codec.decode(tokens) if codec is not None else json.dumps(tokens)
+                line = translator.text(tokens) if translator.has_tokenizer else json.dumps(tokens)
                 click.echo(f"{score:.6g}\t{line}" if settings.output_scores else line)
     if output_ids is not None:
         write_plain_output(output_ids, "".join(o + "\n" for o in outputs).encode(), "--output-ids")

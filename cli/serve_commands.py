@@ -44,7 +44,7 @@ def serve(out: Path, backend: str, http_port: int, grpc_port: int, metrics_port:
           write_repository: Path | None, repository_backend: str, repository: Path | None, log: Path | None,
           force: bool) -> None:
     """Serve the export in OUT with Triton: model `generate` (input_ids -> output_ids, optional max_new_tokens and
-    num_beams per request) and, when the checkpoint has a tokenizer, `translate` (text -> text); a Whisper export
+    beam_size per request) and, when the checkpoint has a tokenizer, `translate` (text -> text); a Whisper export
     gets `transcribe` alone (audio file bytes, or samples and sampling_rate -> text, segments, language, tokens).
     Requests are batched dynamically; each gets what `seq2trt translate --ids-file` (`seq2trt transcribe`) gives.
     SIGINT/SIGTERM drain the server, then exit 0."""

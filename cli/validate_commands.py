@@ -19,7 +19,7 @@ from seq2trt.validation.validate import BACKENDS, GRAPH_SETS
                    "of `seq2trt build` (an NVIDIA GPU), judged against the graphs they were built from.")
 @click.option("--graphs", type=click.Choice(list(GRAPH_SETS)), default=None,
               help="Which graphs of OUT: plain (the default: the export), fused-ort / fused-trt (`seq2trt fuse`), "
-                   "int8-ort (`seq2trt quantize`), generate / generate-int8 (`seq2trt generate [--int8]`: the whole "
+                   "int8-ort (`seq2trt quantize`), generate / generate-int8 (`seq2trt ort-search [--int8]`: the whole "
                    "search, end to end only). With a TensorRT backend: the graphs its engines were built from.")
 @click.option("--samples", type=int, default=1000, show_default=True,
               help="Held-out sources decoded end to end (0 skips end-to-end parity).")

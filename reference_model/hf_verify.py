@@ -26,9 +26,9 @@ import torch
 from seq2trt.reference_model.decoding import GENERATION_OPTIONS, DecodeSettings, greedy_decode, hf_beam_search
 from seq2trt.reference_model.eager import EagerStepModel
 from seq2trt.reference_model.errors import CheckpointError, DependencyError, first_line
-from seq2trt.reference_model.hf_families import vocabulary_files
 from seq2trt.reference_model.model import Seq2SeqTransformer
 from seq2trt.reference_model.numerics import FP32_LOGIT_TOLERANCE, scaled_error
+from seq2trt.reference_model.text import _bad_tokenizer, load_tokenizer  # noqa: F401 (load_tokenizer: re-exported)
 from seq2trt.reference_model.vocab import pad_batch
 
 logger = logging.getLogger(__name__)
@@ -55,38 +55,6 @@ def load_transformers_model(src: Path, speech: bool = False):
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
         raise CheckpointError(f"transformers cannot load {src}: {' '.join(lines[:2])[:400]}") from None
     return model.eval()
-
-
-def load_tokenizer(folder: Path):
-    """The Hugging Face tokenizer saved in `folder`, or None when it holds no tokenizer file."""
-    from transformers import AutoTokenizer
-
-    if not vocabulary_files(folder):  # none, or a feature extractor's settings alone
-        return None
-    with warnings.catch_warnings():  # Marian's tokenizer recommends sacremoses on every load
-        warnings.filterwarnings("ignore", message=".*sacremoses.*")
-        try:
-            return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-        except ImportError as exc:  # a library the tokenizer class needs (FSMT's: sacremoses)
-            raise DependencyError(f"the tokenizer in {folder} needs a library that is not installed "
-                                  f"({first_line(exc)}); install it, or pip install 'seq2trt[hf]'") from None
-        except Exception as exc:  # tokenizer classes raise anything from OSError to AttributeError on bad files
-            first = exc
-        # A sentencepiece model without tokenizer.json (T5's spiece.model) is converted to a fast tokenizer first,
-        # which needs a protobuf runtime matching sentencepiece's; 4.x's slow tokenizer reads the model itself.
-        if (folder / "tokenizer.json").is_file():
-            raise _bad_tokenizer(folder, first) from None
-        try:
-            return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, use_fast=False)
-        except Exception:
-            raise _bad_tokenizer(folder, first) from None
-
-
-def _bad_tokenizer(folder: Path, exc: BaseException) -> CheckpointError:
-    detail = f"{type(exc).__name__}: {str(exc).splitlines()[0]}" if str(exc).strip() else type(exc).__name__
-    return CheckpointError(f"the tokenizer files in {folder} ({', '.join(vocabulary_files(folder))}) cannot be loaded "
-                           f"({detail}); re-save them with tokenizer.save_pretrained, or remove them to import "
-                           "without a tokenizer")
 
 
 def check_tokenizer_ids(src: Path, tokenizer, cfg) -> None:

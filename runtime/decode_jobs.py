@@ -105,14 +105,14 @@ def _open_decoder(source: Path, backend: str, checkpoint: Path | None, threads: 
 
 
 def _refuse_generate_dtype(out: Path, backend: str) -> None:
-    """An fp16/bf16 export has no generate.onnx to make (`seq2trt generate` and `quantize` take float32 graphs):
-    say which backends do run it, rather than 'run `seq2trt generate` first'."""
+    """An fp16/bf16 export has no generate.onnx to make (`seq2trt ort-search` and `quantize` take float32 graphs):
+    say which backends do run it, rather than 'run `seq2trt ort-search` first'."""
     from seq2trt.exporters.manifest import read_manifest
 
     dtype = read_manifest(out).dtype
     if dtype != "fp32":
         raise InputError(f"--backend {backend} runs ONNX Runtime's BeamSearch, which takes float32 graphs, and the graphs "
-                         f"of {out} are {dtype} (`seq2trt generate` refuses them too); translate it with --backend ort, "
+                         f"of {out} are {dtype} (`seq2trt ort-search` refuses them too); translate it with --backend ort, "
                          f"ort-fused (after `seq2trt fuse {out} --target ort`), tensorrt, tensorrt-rtx or eager, or "
                          f"export with --dtype fp32 into another folder for {backend}")
 

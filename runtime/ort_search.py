@@ -59,7 +59,7 @@ class GenerateModel:
 
     @property
     def _rebuild(self) -> str:
-        return f"seq2trt generate {self.out}" + (" --int8" if self.int8 else "")
+        return f"seq2trt ort-search {self.out}" + (" --int8" if self.int8 else "")
 
     def check(self, batch: int, src_len: int, settings: DecodeSettings, num_beams: int) -> None:
         """Refuse what the graph cannot do as asked: more rows or positions than the export serves, or decoding

@@ -83,7 +83,7 @@ def test_imported_t5_through_the_pipeline(family, config, tmp_path):
     invoke_ok("export", tmp_path / "ckpt", "-o", out, *limits)
     for target in ("ort", "trt"):
         invoke_ok("fuse", out, "--target", target)
-    invoke_ok("generate", out)
+    invoke_ok("ort-search", out)
     for graphs in ("plain", "fused-ort", "fused-trt", "generate"):
         output = invoke_ok("validate", out, "--graphs", graphs, "--samples", 20)
         assert "parity passed" in output, (graphs, output)

@@ -145,7 +145,7 @@ def test_bad_search_options_are_one_error_line(bart, flags, message):
 def _with_generate(bart):
     if not (bart / "out" / "generate").exists():
         assert invoke("fuse", bart / "out", "--target", "ort").exit_code == 0
-        assert invoke("generate", bart / "out").exit_code == 0
+        assert invoke("ort-search", bart / "out").exit_code == 0
 
 
 def test_ort_generate_refuses_the_options_its_graph_does_not_apply(bart):
@@ -185,7 +185,7 @@ def test_ort_generate_refuses_another_ngram_size_until_rebuilt(bart):
     assert result.exit_code == 2, result.output
     assert "bans repeated n-grams of size 3" in result.output and "asks 2" in result.output
     assert f"seq2trt generate {bart / 'out'} --no-repeat-ngram-size 2 --force" in result.output
-    result = invoke("generate", bart / "out", "--no-repeat-ngram-size", 2, "--force")
+    result = invoke("ort-search", bart / "out", "--no-repeat-ngram-size", 2, "--force")
     assert result.exit_code == 0 and "no_repeat_ngram_size 2," in result.output, result.output
     try:
         got, _ = _translate(bart, "--backend", "ort-generate", "--no-repeat-ngram-size", 2, source="out")
@@ -193,8 +193,8 @@ def test_ort_generate_refuses_another_ngram_size_until_rebuilt(bart):
         assert got == want
         assert want != _generate(bart)[0], "sizes 2 and 3 decoded alike: the test could not fail"
     finally:  # the module's graph again holds the model's own size
-        assert invoke("generate", bart / "out", "--force").exit_code == 0
-    bad = invoke("generate", bart / "out", "--no-repeat-ngram-size", -1, "--force")
+        assert invoke("ort-search", bart / "out", "--force").exit_code == 0
+    bad = invoke("ort-search", bart / "out", "--no-repeat-ngram-size", -1, "--force")
     assert bad.exit_code == 2 and "--no-repeat-ngram-size must be an integer >= 0" in bad.output, bad.output
 
 

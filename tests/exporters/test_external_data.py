@@ -73,7 +73,7 @@ def test_every_writer_and_reader_on_external_data(make_hf_model, tmp_path, monke
     for target in ("ort", "trt"):
         invoke_ok("fuse", out, "--target", target)
     invoke_ok("quantize", out)
-    invoke_ok("generate", out)
+    invoke_ok("ort-search", out)
     graphs = ("encoder.onnx", "decoder.onnx")
     for folder in (out, out / "fused" / "ort", out / "fused" / "trt", out / "quantized" / "ort-int8"):
         assert_external(folder, *graphs)

@@ -40,7 +40,7 @@ if HAS_RTX:  # the TensorRT-RTX parser reads the fused graph's data file itself:
 def _every_artifact(root: Path, model, task) -> Path:
     _, out = checkpoint_and_export(root, model, task, max_batch=4, fuse=("ort", "trt"), record_task=True)
     invoke_ok("quantize", out)
-    invoke_ok("generate", out)
+    invoke_ok("ort-search", out)
     return out
 
 

@@ -233,7 +233,7 @@ def test_generate_bench_on_an_imported_model_applies_its_rules(imported, tmp_pat
     import shutil
 
     out = shutil.copytree(imported / "out", tmp_path / "out", ignore=shutil.ignore_patterns("reports"))
-    assert invoke("generate", out).exit_code == 0
+    assert invoke("ort-search", out).exit_code == 0
     result = invoke("bench", out, "--backends", "ort-fused,ort-generate", "--batch-sizes", "1,3", "--repeats", 1,
                     "--warmup", 0, "--new-tokens", 8, "--no-curves")
     assert result.exit_code == 0, result.output
