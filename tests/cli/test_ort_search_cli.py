@@ -1,4 +1,4 @@
-"""`seq2trt generate`, `translate --backend ort-generate` and `validate --graphs generate` through the CLI, judged by
+"""`seq2trt ort-search`, `translate --backend ort-generate` and `validate --graphs generate` through the CLI, judged by
 the eager searches (a model trained here) and by transformers' generate (an imported Marian)."""
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def test_validate_graphs_generate_int8(numbers_generate):
     report; before it exists the command names the step that makes it."""
     root, _, _ = numbers_generate
     result = invoke("validate", root / "out", "--graphs", "generate-int8", "--samples", 8)
-    assert result.exit_code != 0 and "seq2trt generate" in result.output and "--int8" in result.output
+    assert result.exit_code != 0 and "seq2trt ort-search" in result.output and "--int8" in result.output
     assert "Traceback" not in result.output
     for args in (("quantize", root / "out"), ("ort-search", root / "out", "--int8")):
         result = invoke(*args)

@@ -184,7 +184,7 @@ def test_ort_generate_refuses_another_ngram_size_until_rebuilt(bart):
                     "--no-repeat-ngram-size", 2)
     assert result.exit_code == 2, result.output
     assert "bans repeated n-grams of size 3" in result.output and "asks 2" in result.output
-    assert f"seq2trt generate {bart / 'out'} --no-repeat-ngram-size 2 --force" in result.output
+    assert f"seq2trt ort-search {bart / 'out'} --no-repeat-ngram-size 2 --force" in result.output
     result = invoke("ort-search", bart / "out", "--no-repeat-ngram-size", 2, "--force")
     assert result.exit_code == 0 and "no_repeat_ngram_size 2," in result.output, result.output
     try:

@@ -100,13 +100,13 @@ def test_a_language_without_a_tokenizer_says_it_needs_one(work, flag, invoke, on
 
 
 def test_ort_generate_on_an_fp16_export_says_what_runs_it(work, invoke, one_error_line):
-    """`seq2trt generate` (and `quantize`) refuse an fp16 export: pointing at them led to a second error."""
+    """`seq2trt ort-search` (and `quantize`) refuse an fp16 export: pointing at them led to a second error."""
     assert invoke("export", work / "ckpt", "-o", work / "half", "--dtype", "fp16").exit_code == 0
     for backend in ("ort-generate", "ort-generate-int8"):
         line = one_error_line(invoke("translate", work / "half", "123", "--backend", backend), 2,
                               f"--backend {backend}", "float32 graphs", "are fp16", "--backend ort,", "tensorrt",
                               "--dtype fp32")
-        assert "run `seq2trt generate" not in line
+        assert "run `seq2trt ort-search" not in line
     result = invoke("translate", work / "half", "123", "--backend", "ort")  # what the line offers does run it
     assert result.exit_code == 0 and result.output.strip(), result.output
 
