@@ -153,16 +153,17 @@ class Translator:
         return self._codec is not None
 
     def translate(self, texts: Sequence[str], beam_size: int | None = None, max_new_tokens: int | None = None,
-                  alpha: float = GNMT_ALPHA, batch_size: int = 32, scores: bool = False, n_best: int | None = None,
+                  length_penalty: float | None = None, batch_size: int = 32, scores: bool = False, n_best: int | None = None,
                   **search: Any) -> list[Hypothesis] | list[list[Hypothesis]]:
         """Translate `texts` (encoded by the checkpoint's tokenizer); one Hypothesis each, in order, or with
         `n_best` a list of that many each (at most `beam_size`, or that many samples).
-        `beam_size`: 1 greedy (None: an imported model's num_beams, else 1); `alpha`: GNMT's length penalty
-        for models trained here (imported ones use their own); `max_new_tokens`: tokens generated at most, eos
+        `beam_size`: 1 greedy (None: an imported model's num_beams, else 1); `length_penalty`: GNMT's (alpha) for
+        models trained here (None: GNMT_ALPHA; imported ones use their own); `max_new_tokens`: tokens generated at most, eos
         included (None: the model's limit); `scores`: fill each Hypothesis's score. `search`: SEARCH_OPTIONS
         (sample, temperature, top_k, top_p, seed, min_length, min_new_tokens, no_repeat_ngram_size,
         repetition_penalty, token_logprobs, fast_sampling), as `seq2trt translate`'s flags of those names; None or
-        absent: the model's own. `beam=` is the deprecated spelling of `beam_size=` (a FutureWarning)."""
+        absent: the model's own. `beam=` and `alpha=` are the deprecated spellings of `beam_size=` and
+        `length_penalty=` (a FutureWarning)."""
         refuse_speech_model(self.config, "Translator.translate")
         if isinstance(texts, str):
             raise InputError("texts must be a list of strings, got one string; wrap it in a list")
@@ -174,12 +175,12 @@ class Translator:
                                  "strings" + (" (decode bytes first)" if isinstance(text, bytes) else ""))
             if not text.strip():
                 raise InputError(f"text {n} is empty; give at least one symbol")
-        beam_size, options = self._options(beam_size, scores, n_best, search)
+        (beam_size, alpha), options = self._options(beam_size, length_penalty, scores, n_best, search)
         return self._run([self.encode(t) for t in texts], beam_size, max_new_tokens, alpha, batch_size,
                          options, n_best is not None)
 
     def generate(self, ids: Sequence[Sequence[int]], beam_size: int | None = None, max_new_tokens: int | None = None,
-                 alpha: float = GNMT_ALPHA, batch_size: int = 32, scores: bool = False, n_best: int | None = None,
+                 length_penalty: float | None = None, batch_size: int = 32, scores: bool = False, n_best: int | None = None,
                  **search: Any) -> list[Hypothesis] | list[list[Hypothesis]]:
         """Decode source token ids (used as given: include eos where the model expects it); options as `translate`."""
         refuse_speech_model(self.config, "Translator.generate")
@@ -189,23 +190,23 @@ class Translator:
             if not all(isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in source):
                 raise InputError(f"source {n} must be a list of integer token ids, got {source[:8]!r}")
             sources.append([int(i) for i in source])  # numpy integers too
-        beam_size, options = self._options(beam_size, scores, n_best, search)
+        (beam_size, alpha), options = self._options(beam_size, length_penalty, scores, n_best, search)
         return self._run(sources, beam_size, max_new_tokens, alpha, batch_size, options, n_best is not None)
 
     @staticmethod
-    def _options(beam_size: int | None, scores: bool, n_best: int | None,
-                 search: dict[str, Any]) -> tuple[int | None, dict[str, Any]]:
-        """(the beam size, the DecodeSettings fields `search` and the named options set); the deprecated spellings
-        warned and renamed, an unknown keyword refused."""
-        search = renamed_kwargs({**search, "beam_size": beam_size}, stacklevel=4)
-        beam_size = search.pop("beam_size")
+    def _options(beam_size: int | None, length_penalty: float | None, scores: bool, n_best: int | None,
+                 search: dict[str, Any]) -> tuple[tuple[int | None, float], dict[str, Any]]:
+        """((the beam size, the length penalty), the DecodeSettings fields `search` and the named options set); the
+        deprecated spellings warned and renamed, an unknown keyword refused."""
+        search = renamed_kwargs({**search, "beam_size": beam_size, "length_penalty": length_penalty}, stacklevel=4)
+        beam_size, length_penalty = search.pop("beam_size"), search.pop("length_penalty")
         unknown = sorted(set(search) - set(SEARCH_OPTIONS))
         if unknown:
             raise InputError(f"unknown search option(s) {', '.join(unknown)}; Translator takes beam_size, "
-                             f"max_new_tokens, alpha, batch_size, scores, n_best and {', '.join(SEARCH_OPTIONS)}")
+                             f"max_new_tokens, length_penalty, batch_size, scores, n_best and {', '.join(SEARCH_OPTIONS)}")
         options = {SEARCH_OPTIONS[k]: v for k, v in search.items()}
         options.update(num_return_sequences=n_best, output_scores=scores or None)
-        return beam_size, options
+        return (beam_size, GNMT_ALPHA if length_penalty is None else length_penalty), options
 
     def check_text(self) -> None:
         """Refuse texts when the checkpoint has no tokenizer, saying how to give token ids instead."""

@@ -23,7 +23,7 @@ def ort_search(out: Path, int8: bool, no_repeat_ngram_size: int | None, force: b
     (`seq2trt fuse OUT --target ort` first), with generate.json (the hashes of the graphs it was built from).
 
     Run it with `seq2trt translate OUT --backend ort-generate [--beam-size K]`: Hugging Face's beam search with
-    early_stopping=True and --alpha as length_penalty (score / length ** alpha); one beam is greedy. It applies
+    early_stopping=True and --length-penalty as length_penalty (score / length ** alpha); one beam is greedy. It applies
     min_length / min_new_tokens, repetition_penalty (beam), no_repeat_ngram_size (this graph's), --n-best and
     --scores (beam); other options are refused. Exports for beam need max_batch >= B x K."""
     import seq2trt

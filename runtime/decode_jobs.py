@@ -41,7 +41,7 @@ def check_threads(threads: int, flag: str = "--threads") -> None:
                          f"{os.cpu_count() or 1} here); give a count in that range")
 
 
-FLAGS = {"alpha": "--alpha", "batch_size": "--batch-size"}  # how check_decode_options' messages name them: the CLI
+FLAGS = {"alpha": "--length-penalty", "batch_size": "--batch-size"}  # how check_decode_options' messages name them: the CLI
 
 
 def check_decode_options(alpha: float, batch_size: int, names: dict[str, str] = FLAGS) -> None:

@@ -7,7 +7,9 @@ an option as the caller spelled it (`spelling`). Old spellings stay as deprecate
 
 One spelling per concept: the beam count is `beam_size` everywhere (transformers' `num_beams` reads as "a number of
 beams", `--beam` as a switch; `beam_size` is the decoding literature's and CTranslate2's name, and already the
-searches' argument). transformers' own `num_beams` stays where it is transformers' API (`seq2trt.hf`, generation.json).
+searches' argument); the length penalty is `length_penalty` (transformers', CTranslate2's and bench's name; `alpha` is
+the symbol of GNMT's formula, and still names the field inside). transformers' own `num_beams` stays where it is
+transformers' API (`seq2trt.hf`, generation.json).
 """
 
 from __future__ import annotations
@@ -79,10 +81,10 @@ DECODE_OPTIONS: tuple[DecodeOption, ...] = (
     DecodeOption("max_new_tokens", "max_new_tokens", "--max-new-tokens", "max_new_tokens", int,
                  (lambda v: _integer(v) and v >= 1, "an integer >= 1"),
                  "Tokens to generate at most (a window's, transcribing), eos included.", True, _SEARCH),
-    DecodeOption("alpha", "alpha", "--alpha", None, float, None,
-                 "GNMT length penalty of beam search for models trained here (imported ones use their own); with "
-                 "--backend ort-generate, Hugging Face's length_penalty (score / length ** alpha).", True,
-                 default=GNMT_ALPHA),
+    DecodeOption("alpha", "length_penalty", "--length-penalty", None, float, None,
+                 "GNMT length penalty (alpha) of beam search for models trained here (imported ones use their own); "
+                 "with --backend ort-generate, Hugging Face's length_penalty (score / length ** penalty).", True,
+                 default=GNMT_ALPHA, old_flags=("--alpha",), old_kwargs=("alpha",)),
     DecodeOption("do_sample", "sample", "--sample", "do_sample", bool, _BOOL,
                  "Sample (one beam) instead of searching. Default: the imported model's do_sample, else search.",
                  False, negatable=True),

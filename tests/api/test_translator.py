@@ -158,7 +158,7 @@ def test_errors_are_the_clis(numbers_export, tmp_path):
     assert str(exc.value) == _cli_error("translate", root / "ckpt", "12", "--backend", "ort")
     with seq2trt.Translator(root / "out", backend="ort-fused") as translator:
         for options, flags in (({"beam_size": 0}, ["--beam-size", 0]), ({"max_new_tokens": 0}, ["--max-new-tokens", 0]),
-                               ({"batch_size": 0}, ["--batch-size", 0]), ({"alpha": float("nan")}, ["--alpha", "nan"])):
+                               ({"batch_size": 0}, ["--batch-size", 0]), ({"length_penalty": float("nan")}, ["--length-penalty", "nan"])):
             with pytest.raises(InputError) as exc:
                 translator.translate(["12"], **options)
             # the same message, naming the keyword where the CLI names the flag

@@ -158,3 +158,20 @@ def test_the_old_served_input_is_read_and_named_as_sent(caplog):
     assert beam_size_input(request()) == (None, "beam_size")
     with pytest.raises(InputError, match="beam_size and num_beams are one option"):
         beam_size_input(request(beam_size=3, num_beams=3))
+
+
+def test_the_old_length_penalty_spellings_warn_and_give_the_new_ones_result(numbers_export):
+    root, _, _ = numbers_export
+    texts = ["123", "40213", "7"]
+    new = invoke("translate", root / "ckpt", *texts, "--beam-size", 3, "--length-penalty", 1.5, "--scores")
+    old = invoke("translate", root / "ckpt", *texts, "--beam-size", 3, "--alpha", 1.5, "--scores")
+    assert new.exit_code == old.exit_code == 0, old.output
+    assert old.stderr == "warning: --alpha is deprecated; use --length-penalty\n" and new.stderr == ""
+    assert old.stdout == new.stdout
+    other = invoke("translate", root / "ckpt", *texts, "--beam-size", 3, "--scores")
+    assert other.stdout != new.stdout  # the penalty moved the scores: the comparison above could fail
+    with seq2trt.Translator(root / "ckpt", backend="eager") as translator:
+        want = translator.translate(texts, beam_size=3, length_penalty=1.5, scores=True)
+        with pytest.warns(FutureWarning, match=r"^alpha= is deprecated; use length_penalty=$"):
+            got = translator.translate(texts, beam_size=3, alpha=1.5, scores=True)
+    assert got == want and [f"{h.score:.6g}\t{h.text}" for h in want] == new.stdout.splitlines()

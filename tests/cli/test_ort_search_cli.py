@@ -35,7 +35,7 @@ def numbers_generate(numbers_export, tmp_path_factory):
 def test_translate_ort_generate_is_the_eager_search(numbers_generate, beam):
     root, model, task = numbers_generate
     texts = ["40213", "7", "999999", "120"]
-    result = invoke("translate", root / "out", *texts, "--backend", "ort-generate", "--beam-size", beam, "--alpha", 0.0)
+    result = invoke("translate", root / "out", *texts, "--backend", "ort-generate", "--beam-size", beam, "--length-penalty", 0.0)
     assert result.exit_code == 0, result.output
     ids, mask = pad_batch([task.source_vocab.encode(t) + [model.cfg.eos_id] for t in texts], model.cfg.pad_id)
     settings, step = DecodeSettings.for_model(model.cfg), EagerStepModel(model.double())

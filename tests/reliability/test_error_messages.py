@@ -56,7 +56,7 @@ def test_a_deleted_checkpoint_points_at_checkpoint_not_train(work, artifact, inv
 
 @pytest.mark.parametrize("alpha", ["nan", "-nan"])
 def test_a_nan_length_penalty_is_refused(work, alpha, invoke, one_error_line):
-    one_error_line(invoke("translate", work / "ckpt", "123", "--beam-size", "2", "--alpha", alpha), 2, "--alpha")
+    one_error_line(invoke("translate", work / "ckpt", "123", "--beam-size", "2", "--length-penalty", alpha), 2, "--length-penalty")
 
 
 def _max_threads() -> int:
@@ -71,7 +71,7 @@ def _max_threads() -> int:
     ("--threads", "{over}", "--threads must be in [1, {limit}], got {over}"),
     ("--threads", "100000", "--threads must be in [1, {limit}], got 100000"),  # libgomp crashed creating them
     ("--batch-size", "0", "--batch-size must be >= 1, got 0"),
-    ("--alpha", "nan", "--alpha must be a number, got nan"),
+    ("--length-penalty", "nan", "--length-penalty must be a number, got nan"),
 ], ids=["threads-0", "threads-negative", "threads-just-over", "threads-huge", "batch-size-0", "alpha-nan"])
 def test_translate_names_the_flag_and_the_value(work, flag, value, fragment, invoke, one_error_line, monkeypatch):
     from seq2trt.runtime import decode_jobs
