@@ -153,13 +153,13 @@ class Translator:
         return self._codec is not None
 
     def translate(self, texts: Sequence[str], beam_size: int | None = None, max_new_tokens: int | None = None,
-                  length_penalty: float | None = None, batch_size: int = 32, scores: bool = False, n_best: int | None = None,
-                  **search: Any) -> list[Hypothesis] | list[list[Hypothesis]]:
+                  length_penalty: float | None = None, batch_size: int = 32, scores: bool = False,
+                  n_best: int | None = None, **search: Any) -> list[Hypothesis] | list[list[Hypothesis]]:
         """Translate `texts` (encoded by the checkpoint's tokenizer); one Hypothesis each, in order, or with
         `n_best` a list of that many each (at most `beam_size`, or that many samples).
         `beam_size`: 1 greedy (None: an imported model's num_beams, else 1); `length_penalty`: GNMT's (alpha) for
-        models trained here (None: GNMT_ALPHA; imported ones use their own); `max_new_tokens`: tokens generated at most, eos
-        included (None: the model's limit); `scores`: fill each Hypothesis's score. `search`: SEARCH_OPTIONS
+        models trained here (None: GNMT_ALPHA; imported ones use their own); `max_new_tokens`: tokens generated at
+        most, eos included (None: the model's limit); `scores`: fill each Hypothesis's score. `search`: SEARCH_OPTIONS
         (sample, temperature, top_k, top_p, seed, min_length, min_new_tokens, no_repeat_ngram_size,
         repetition_penalty, token_logprobs, fast_sampling), as `seq2trt translate`'s flags of those names; None or
         absent: the model's own. `beam=` and `alpha=` are the deprecated spellings of `beam_size=` and
@@ -180,8 +180,8 @@ class Translator:
                          options, n_best is not None)
 
     def generate(self, ids: Sequence[Sequence[int]], beam_size: int | None = None, max_new_tokens: int | None = None,
-                 length_penalty: float | None = None, batch_size: int = 32, scores: bool = False, n_best: int | None = None,
-                 **search: Any) -> list[Hypothesis] | list[list[Hypothesis]]:
+                 length_penalty: float | None = None, batch_size: int = 32, scores: bool = False,
+                 n_best: int | None = None, **search: Any) -> list[Hypothesis] | list[list[Hypothesis]]:
         """Decode source token ids (used as given: include eos where the model expects it); options as `translate`."""
         refuse_speech_model(self.config, "Translator.generate")
         sources = []
@@ -203,7 +203,8 @@ class Translator:
         unknown = sorted(set(search) - set(SEARCH_OPTIONS))
         if unknown:
             raise InputError(f"unknown search option(s) {', '.join(unknown)}; Translator takes beam_size, "
-                             f"max_new_tokens, length_penalty, batch_size, scores, n_best and {', '.join(SEARCH_OPTIONS)}")
+                             "max_new_tokens, length_penalty, batch_size, scores, n_best and "
+                             f"{', '.join(SEARCH_OPTIONS)}")
         options = {SEARCH_OPTIONS[k]: v for k, v in search.items()}
         options.update(num_return_sequences=n_best, output_scores=scores or None)
         return (beam_size, GNMT_ALPHA if length_penalty is None else length_penalty), options
@@ -282,9 +283,9 @@ class Translator:
         `task`: "transcribe" or "translate" (into English; multilingual models); `timestamps`: segments cut at
         the decoded timestamps; `beam_size` (None: the model's num_beams; `beam=`: its deprecated spelling);
         `max_new_tokens`: tokens a window generates at most, eos included; `max_seconds`: longest clip accepted
-        (None: any); `progress(done, total)`: after each batch of `batch_size` clips. transformers' long-form options, as its
-        `generate` takes them (defaults: none): `condition_on_prev_tokens` (each window after a clip's first
-        decoded after its previous text), `temperature` (a number, or a list such as (0.0, 0.2, 0.4, 0.6, 0.8, 1.0):
+        (None: any); `progress(done, total)`: after each batch of `batch_size` clips. transformers' long-form
+        options, as its `generate` takes them (defaults: none): `condition_on_prev_tokens` (each window after a
+        clip's first decoded after its previous text), `temperature` (a number, or a list such as (0.0, 0.2, 0.4, 0.6, 0.8, 1.0):
         a window failing `compression_ratio_threshold` or `logprob_threshold` is decoded again at the next one,
         sampling), `seed` (each batch's draws: `torch.manual_seed(seed)` before generate; batch_size 1 reproduces
         generate's for each clip). Every clip and option is checked before the first is decoded. Raises
