@@ -1,4 +1,4 @@
-"""seq2trt as a library: one function per stage (`seq2trt.export`, `fuse`, `quantize`, `build`, `validate`,
+"""seq2trt as a library: one function per stage (`seq2trt.export`, `fuse`, `quantize`, `ort_search`, `build`, `validate`,
 `import_hf`, `bench`, `serve`, each returning a typed result; `serve` the running server), `seq2trt.Translator` decodes with a checkpoint or an export
 through any backend, `seq2trt.Transcriber` transcribes speech with a Whisper one (typed `Transcription`s; also
 `Translator.transcribe`), and `seq2trt.hf.Seq2TrtModelForSeq2SeqLM` lets transformers' `generate()` and `pipeline()` drive an export's graphs.
@@ -12,9 +12,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-_STAGES = ["train", "import_hf", "export", "fuse", "quantize", "generate", "build", "validate", "bench", "report", "serve",
-           "TrainResult", "ImportResult", "ExportResult", "FuseResult", "QuantizeResult", "GenerateResult",
-           "BuildResult", "ValidationResult", "BenchResult", "ReportResult"]
+_STAGES = ["train", "import_hf", "export", "fuse", "quantize", "ort_search", "build", "validate", "bench", "report",
+           "serve", "TrainResult", "ImportResult", "ExportResult", "FuseResult", "QuantizeResult", "OrtSearchResult",
+           "BuildResult", "ValidationResult", "BenchResult", "ReportResult",
+           "generate", "GenerateResult"]  # the old names of ort_search and its result (deprecated)
 
 __all__ = ["Translator", "Transcriber", "Hypothesis", "Transcription", "TranscribedSegment", "DECODE_BACKENDS", *_STAGES, "Seq2TrtError", "InputError", "ConfigError",
            "CheckpointError", "ArtifactError", "DependencyError", "CheckFailed"]
@@ -31,8 +32,9 @@ if TYPE_CHECKING:
     from seq2trt.runtime.registry import DECODE_BACKENDS
 
     from seq2trt.stages import (BenchResult, BuildResult, ExportResult, FuseResult, GenerateResult, ImportResult,
-                                QuantizeResult, ReportResult, TrainResult, ValidationResult, bench, build, export,
-                                fuse, generate, import_hf, quantize, report, serve, train, validate)
+                                OrtSearchResult, QuantizeResult, ReportResult, TrainResult, ValidationResult, bench,
+                                build, export, fuse, generate, import_hf, ort_search, quantize, report, serve, train,
+                                validate)
     from seq2trt.runtime.transcription import TranscribedSegment, Transcription
     from seq2trt.transcriber import Transcriber
     from seq2trt.translator import Hypothesis, Translator

@@ -309,22 +309,35 @@ def train(out: str | Path, *, task: str = "numbers", preset: str = "demo", steps
 
 
 @dataclass(frozen=True)
-class GenerateResult(_Result):
-    """What `generate` wrote: generate.onnx and its record (generate.json's content)."""
+class OrtSearchResult(_Result):
+    """What `ort_search` wrote: generate.onnx and its record (generate.json's content; the artifacts keep their
+    names, so exports made before the rename still load)."""
 
     graph: Path
     record: dict[str, Any]
 
 
-def generate(out: str | Path, *, int8: bool = False, force: bool = False,
-             no_repeat_ngram_size: int | None = None) -> GenerateResult:
+GenerateResult = OrtSearchResult  # the old name of the result, kept for code that names it
+
+
+def ort_search(out: str | Path, *, int8: bool = False, force: bool = False,
+               no_repeat_ngram_size: int | None = None) -> OrtSearchResult:
     """ONNX Runtime's BeamSearch around the fused ORT graphs of `out` (or, `int8`, the int8 ones):
     OUT/generate/ort[-int8]/generate.onnx, run by the backends ort-generate / ort-generate-int8.
     `no_repeat_ngram_size` is fixed in the graph; None: the model's own generation settings, else 0."""
     from seq2trt.exporters.ort_search import FILENAME, generate_artifacts
 
     record = generate_artifacts(Path(out), force=force, int8=int8, no_repeat_ngram_size=no_repeat_ngram_size)
-    return GenerateResult(layout.generate_dir(out, int8) / FILENAME, record)
+    return OrtSearchResult(layout.generate_dir(out, int8) / FILENAME, record)
+
+
+def generate(out: str | Path, **options: Any) -> OrtSearchResult:
+    """Deprecated: `ort_search` (a FutureWarning); "generate" also names transformers' `generate`, the served ids
+    model and `Translator.generate`."""
+    import warnings
+
+    warnings.warn("seq2trt.generate is deprecated; use seq2trt.ort_search", FutureWarning, stacklevel=2)
+    return ort_search(out, **options)
 
 
 @dataclass(frozen=True)

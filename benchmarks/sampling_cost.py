@@ -53,7 +53,7 @@ def main() -> None:
             for rep in range(args.repeats + 1):  # the first round warms up
                 for mode, options in modes.items():
                     start, inside["seconds"] = time.perf_counter(), 0.0
-                    out = translator.generate(batch, beam=1, max_new_tokens=n + 1, min_new_tokens=n, batch_size=b,
+                    out = translator.generate(batch, beam_size=1, max_new_tokens=n + 1, min_new_tokens=n, batch_size=b,
                                               **options)
                     if rep:
                         seconds[mode].append(time.perf_counter() - start)

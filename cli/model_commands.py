@@ -1,4 +1,6 @@
-"""`seq2trt train` and `seq2trt translate`: training on a built-in task, and decoding through any backend."""
+"""`seq2trt train` and `seq2trt translate`: training on a built-in task, and decoding through any backend (a thin layer
+over `seq2trt.Translator`, opened to name its options by these flags: what is decoded, checked and refused is the
+API's)."""
 
 from __future__ import annotations
 
@@ -8,16 +10,13 @@ from pathlib import Path
 
 import click
 
-from seq2trt.cli.options import SEED
-from seq2trt.reference_model.decoding import GNMT_ALPHA
+from seq2trt.cli.options import SEED, decode_options
 from seq2trt.reference_model.config import PRESETS
 from seq2trt.reference_model.errors import InputError
 from seq2trt.reference_model.tasks import TASKS
 from seq2trt.reference_model.train import TrainSettings
 from seq2trt.runtime.registry import DECODE_BACKENDS
 from seq2trt.runtime.decode_jobs import check_decode_options
-from seq2trt.runtime.decode_jobs import decode_job, has_tokenizer, open_decoder
-from seq2trt.runtime.transcription import refuse_speech_model
 
 
 @click.command()
@@ -71,20 +70,6 @@ def _read_ids_file(path: Path) -> list[list[int]]:
     return sources
 
 
-def _codec(folder: Path, eos_id: int, texts: bool, src_lang: str | None, tgt_lang: str | None):
-    """The checkpoint's codec: required for texts and languages, used to print words when it has one, else None."""
-    from seq2trt.reference_model.text import load_codec
-
-    if not texts and (src_lang or tgt_lang) and not has_tokenizer(folder):
-        flag, lang = ("--tgt-lang", tgt_lang) if tgt_lang else ("--src-lang", src_lang)
-        raise InputError(f"{flag} {lang} needs the model's tokenizer (its language codes), and {folder} has none "
-                         f"(no tokenizer/ and no vocab.json); drop {flag}, or import the model with its tokenizer "
-                         "files")
-    if texts or src_lang or tgt_lang:
-        return load_codec(folder, eos_id, src_lang, tgt_lang)
-    return load_codec(folder, eos_id) if has_tokenizer(folder) else None
-
-
 def _check_utf8(texts: tuple[str, ...]) -> None:
     """Refuse a text holding bytes that are not UTF-8: Python hands them over from argv as lone surrogates
     (byte 0xff as U+DCFF), which the tokenizers cannot take (sentencepiece raised a RuntimeError)."""
@@ -123,41 +108,16 @@ def _check_output_ids(output: Path, ids_file: Path | None, read: list[Path]) -> 
 @click.option("--ids-file", type=click.Path(path_type=Path), help="JSON lines: one list of source token ids each.")
 @click.option("--output-ids", type=click.Path(path_type=Path), help="Write the generated ids here as JSON lines (a device or FIFO in place, a symlink "
                    "through to its target).")
-@click.option("--beam", type=int, default=None,
-              help="Beam size; 1 is greedy. Default: the imported model's num_beams, else 1.")
-@click.option("--alpha", type=float, default=GNMT_ALPHA, show_default=True,
-              help="GNMT length penalty of beam search for models trained here (imported ones use their own); "
-                   "with --backend ort-generate, Hugging Face's length_penalty (score / length ** alpha).")
 @click.option("--src-lang", help="Source language code (mBART-50, M2M100/NLLB tokenizers).")
 @click.option("--tgt-lang", help="Target language code, forced as the first generated token.")
-@click.option("--max-new-tokens", type=int, default=None, help="Tokens to generate at most, eos included.")
 @click.option("--batch-size", type=int, default=32, show_default=True, help="Sources decoded together.")
 @click.option("--checkpoint", type=click.Path(path_type=Path), help="The export's checkpoint, if it moved.")
 @click.option("--threads", type=int, default=1, show_default=True,
               help="CPU threads: ONNX Runtime's, and torch's (the eager model, the beam search's arithmetic).")
-@click.option("--sample/--no-sample", default=None,
-              help="Sample (one beam) instead of searching. Default: the imported model's do_sample, else search.")
-@click.option("--temperature", type=float, help="Sampling temperature (default: the model's, else 1.0).")
-@click.option("--top-k", type=int, help="Sample among the k likeliest tokens; 0: all (default: the model's, else 50).")
-@click.option("--top-p", type=float, help="Sample within top-p probability mass (default: the model's, else 1.0).")
-@click.option("--seed", type=SEED, help="Seed of the sampling (transformers' torch.manual_seed). Default: random.")
-@click.option("--n-best", type=int, help="Hypotheses a source: at most --beam, or this many samples "
-                   "(default: the model's num_return_sequences, else 1).")
-@click.option("--scores", is_flag=True, help="Print each hypothesis's score (beam: Hugging Face's sequences_scores, "
-                   "GNMT's for models trained here; greedy and sampling: the sum of its tokens' log-probabilities).")
-@click.option("--fast-sampling", is_flag=True, help="With --sample: draw by the inverse CDF, one number a row and "
-                   "step (the same distribution; not transformers' samples for a seed; much cheaper over a large "
-                   "vocabulary).")
-@click.option("--token-logprobs", is_flag=True, help="Also write each hypothesis's per-token log-probabilities to "
-                   "--output-ids (transformers' compute_transition_scores; the closing eos has one).")
-@click.option("--min-length", type=int, help="transformers' min_length: no eos before it (the start token counts).")
-@click.option("--min-new-tokens", type=int, help="No eos before this many generated tokens.")
-@click.option("--no-repeat-ngram-size", type=int, help="No n-gram of this size twice in a hypothesis; 0: off.")
-@click.option("--repetition-penalty", type=float, help="CTRL's penalty on tokens already in the hypothesis; 1: off.")
+@decode_options("translate")
 def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path | None, output_ids: Path | None,
-              beam: int | None, alpha: float, src_lang: str | None, tgt_lang: str | None,
-              max_new_tokens: int | None, batch_size: int, checkpoint: Path | None, threads: int,
-              **flags) -> None:
+              src_lang: str | None, tgt_lang: str | None, batch_size: int, checkpoint: Path | None, threads: int,
+              beam_size: int | None, max_new_tokens: int | None, alpha: float, **options) -> None:
     """Decode TEXTS (or --ids-file) with SOURCE: a checkpoint (eager) or an export directory (any --backend).
 
     Prints one line per source (text when the checkpoint has a tokenizer, else the ids), in input order, as
@@ -166,26 +126,26 @@ def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path
     [...]}, with --token-logprobs also "token_logprobs": [[...]]. Without the search flags, an imported model's
     own generation settings apply."""
     from seq2trt.reference_model.atomic_files import write_plain_output
+    from seq2trt.translator import Translator
 
     if bool(texts) == bool(ids_file):
         raise InputError("give either TEXTS or --ids-file F (JSON lines of source ids), not both or neither")
-    if flags["token_logprobs"] and output_ids is None:
+    if options["output_token_logprobs"] and output_ids is None:
         raise InputError("--token-logprobs writes each token's log-probability to --output-ids (the printed lines "
                          "hold the text alone); add --output-ids FILE")
     check_decode_options(alpha, batch_size)
     if any(not t.strip() for t in texts):
         raise InputError("empty source text; give at least one symbol")
     _check_utf8(texts)
-    with open_decoder(source, backend, checkpoint, threads) as opened:
-        refuse_speech_model(opened.config)
-        cfg, folder = opened.config, opened.folder
-        codec = _codec(folder, cfg.eos_id, bool(texts), src_lang, tgt_lang)
+    with Translator(source, backend, threads, checkpoint, src_lang, tgt_lang, spelling="flag",
+                    speech=False) as translator:
+        if texts:
+            translator.check_text()
         if output_ids is not None:  # before any decode
-            _check_output_ids(output_ids, ids_file, [source, folder])
-        sources = [codec.encode(t) for t in texts] if texts else _read_ids_file(ids_file)
-        settings, decoded = decode_job(opened, backend, sources, "source" if texts else f"{ids_file} line", beam,
-                                       alpha, max_new_tokens, batch_size,
-                                       codec.forced_bos_id if codec is not None else None, _search_options(flags))
+            _check_output_ids(output_ids, ids_file, [source, translator.folder])
+        sources = [translator.encode(t) for t in texts] if texts else _read_ids_file(ids_file)
+        settings, decoded = translator.stream(sources, "source" if texts else f"{ids_file} line", beam_size,
+                                              max_new_tokens, alpha, batch_size, options)
         outputs: list[str] = []
         for out in decoded:
             outputs.append(json.dumps(out if settings.plain else {
@@ -193,20 +153,10 @@ def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path
                 **({"token_logprobs": [list(h.token_logprobs) for h in out]} if settings.output_token_logprobs
                    else {})}))
             for tokens, score, *_ in [(out, None)] if settings.plain else out:
-                line = codec.decode(tokens) if codec is not None else json.dumps(tokens)
+                line = translator.text(tokens) if translator.has_tokenizer else json.dumps(tokens)
                 click.echo(f"{score:.6g}\t{line}" if settings.output_scores else line)
     if output_ids is not None:
         write_plain_output(output_ids, "".join(o + "\n" for o in outputs).encode(), "--output-ids")
-
-
-def _search_options(flags: dict) -> dict:
-    """translate's search flags as DecodeSettings fields (decode_jobs.OPTION_FLAGS); None: the model's default."""
-    named = ("temperature", "top_k", "top_p", "seed", "min_length", "min_new_tokens", "no_repeat_ngram_size",
-             "repetition_penalty")
-    return {"do_sample": flags["sample"], "num_return_sequences": flags["n_best"],
-            "output_scores": flags["scores"] or None, "output_token_logprobs": flags["token_logprobs"] or None,
-            "fast_sampling": flags["fast_sampling"] or None,
-            **{k: flags[k] for k in named}}
 
 
 COMMANDS = [train, translate]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from seq2trt.cli.options import renamed_flag
 from seq2trt.reference_model.decoding import GNMT_ALPHA
 from seq2trt.runtime.registry import SERVE_BACKENDS
 
@@ -24,7 +25,9 @@ from seq2trt.runtime.registry import SERVE_BACKENDS
 @click.option("--instances", type=int, default=1, show_default=True, help="Model instances (processes) per model.")
 @click.option("--threads", type=int, default=1, show_default=True,
               help="CPU threads per instance: ONNX Runtime's, and torch's (the eager model, the search's arithmetic).")
-@click.option("--alpha", type=float, default=GNMT_ALPHA, show_default=True, help="GNMT length penalty of beam search.")
+@click.option("--length-penalty", "alpha", type=float, default=GNMT_ALPHA, show_default=True,
+              help="GNMT length penalty (alpha) of beam search for models trained here.")
+@renamed_flag("--alpha", "--length-penalty", "alpha", float)
 @click.option("--max-request-mb", type=float, default=64.0, show_default=True,
               help="The largest HTTP request body (MiB); larger ones get 413 (file bytes carry more audio than JSON).")
 @click.option("--checkpoint", type=click.Path(path_type=Path), help="The export's checkpoint, if it moved.")
@@ -44,7 +47,7 @@ def serve(out: Path, backend: str, http_port: int, grpc_port: int, metrics_port:
           write_repository: Path | None, repository_backend: str, repository: Path | None, log: Path | None,
           force: bool) -> None:
     """Serve the export in OUT with Triton: model `generate` (input_ids -> output_ids, optional max_new_tokens and
-    num_beams per request) and, when the checkpoint has a tokenizer, `translate` (text -> text); a Whisper export
+    beam_size per request) and, when the checkpoint has a tokenizer, `translate` (text -> text); a Whisper export
     gets `transcribe` alone (audio file bytes, or samples and sampling_rate -> text, segments, language, tokens).
     Requests are batched dynamically; each gets what `seq2trt translate --ids-file` (`seq2trt transcribe`) gives.
     SIGINT/SIGTERM drain the server, then exit 0."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from seq2trt.cli.options import SEED
+from seq2trt.cli.options import decode_options
 from seq2trt.reference_model.errors import InputError
 from seq2trt.runtime.transcription import MAX_SECONDS, TRANSCRIBE_BACKENDS
 
@@ -65,8 +65,6 @@ def _check_output_path(output: Path, audio: tuple[Path, ...], read: list[Path]) 
 @click.option("--timestamps", is_flag=True, help="Decode timestamps: segments with their times (srt, vtt, json).")
 @click.option("--backend", type=click.Choice(TRANSCRIBE_BACKENDS), default="eager", show_default=True,
               help="eager runs the checkpoint's model; the others run an export directory's graphs or engines.")
-@click.option("--beam", type=int, default=None, help="Beam size; 1 is greedy. Default: the model's num_beams.")
-@click.option("--max-new-tokens", type=int, default=None, help="Tokens to generate at most a window, eos included.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True,
               help="text: a line a file; json: a JSON line a file; srt/vtt: subtitles of one file.")
 @click.option("--output-ids", type=click.Path(path_type=Path), help="Write each file's token ids here as JSON lines.")
@@ -84,12 +82,12 @@ def _check_output_path(output: Path, audio: tuple[Path, ...], read: list[Path]) 
               help="Fall back when a window's zlib compression ratio is above this (e.g. 2.4).")
 @click.option("--logprob-threshold", type=float, default=None,
               help="Fall back when a window's average log-probability is below this (e.g. -1.0).")
-@click.option("--seed", type=SEED, default=None, help="Seed of the sampling draws (each batch: torch.manual_seed).")
+@decode_options("transcribe")
 def transcribe(source: Path, audio: tuple[Path, ...], language: str | None, task: str | None, timestamps: bool,
-               backend: str, beam: int | None, max_new_tokens: int | None, fmt: str, output_ids: Path | None,
-               batch_size: int, max_seconds: float, checkpoint: Path | None, threads: int,
-               condition_on_prev_tokens: bool, temperature: str | None, compression_ratio_threshold: float | None,
-               logprob_threshold: float | None, seed: int | None) -> None:
+               backend: str, fmt: str, output_ids: Path | None, batch_size: int, max_seconds: float,
+               checkpoint: Path | None, threads: int, condition_on_prev_tokens: bool, temperature: str | None,
+               compression_ratio_threshold: float | None, logprob_threshold: float | None, beam_size: int | None,
+               max_new_tokens: int | None, seed: int | None) -> None:
     """Transcribe AUDIO files (WAV, FLAC, OGG; any rate, any channels) with SOURCE: a Whisper checkpoint (eager) or
     its export directory (any --backend).
 
@@ -110,14 +108,14 @@ def transcribe(source: Path, audio: tuple[Path, ...], language: str | None, task
                      compression_ratio_threshold=compression_ratio_threshold, logprob_threshold=logprob_threshold,
                      seed=seed)
     with open_transcriber(source, backend, checkpoint, threads) as transcriber:
-        transcriber.check(language, task, beam, max_new_tokens, batch_size, "--max-new-tokens", **long_form)
+        transcriber.check(language, task, beam_size, max_new_tokens, batch_size, "--max-new-tokens", **long_form)
         if output_ids is not None:
             _check_output_path(output_ids, audio, [source, transcriber.opened.folder])
         clips = read_clips(audio, max_seconds)
         lines: list[str] = []
         with _progress(len(audio)) as update:
             for name, t in zip(audio, transcriber.transcribe(
-                    clips, language=language, task=task, timestamps=timestamps, beam=beam,
+                    clips, language=language, task=task, timestamps=timestamps, beam=beam_size,
                     max_new_tokens=max_new_tokens, batch_size=batch_size, names=[str(a) for a in audio],
                     progress=update, **long_form)):
                 lines.append(json.dumps(t.tokens))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from seq2trt.cli.options import SEED
+from seq2trt.cli.options import SEED, renamed_flag
 from seq2trt.validation.validate import BACKENDS, GRAPH_SETS
 
 
@@ -19,11 +19,13 @@ from seq2trt.validation.validate import BACKENDS, GRAPH_SETS
                    "of `seq2trt build` (an NVIDIA GPU), judged against the graphs they were built from.")
 @click.option("--graphs", type=click.Choice(list(GRAPH_SETS)), default=None,
               help="Which graphs of OUT: plain (the default: the export), fused-ort / fused-trt (`seq2trt fuse`), "
-                   "int8-ort (`seq2trt quantize`), generate / generate-int8 (`seq2trt generate [--int8]`: the whole "
+                   "int8-ort (`seq2trt quantize`), generate / generate-int8 (`seq2trt ort-search [--int8]`: the whole "
                    "search, end to end only). With a TensorRT backend: the graphs its engines were built from.")
 @click.option("--samples", type=int, default=1000, show_default=True,
               help="Held-out sources decoded end to end (0 skips end-to-end parity).")
-@click.option("--beam", "beam_size", type=int, default=4, show_default=True, help="Beam size of the beam-search check.")
+@click.option("--beam-size", "beam_size", type=int, default=4, show_default=True,
+              help="Beam size of the beam-search check.")
+@renamed_flag("--beam", "--beam-size", "beam_size")
 @click.option("--max-new-tokens", type=int, default=None, help="Decoding length cap (default: from the limits).")
 @click.option("--checkpoint", type=click.Path(path_type=Path), default=None,
               help="Eager reference (default: the checkpoint recorded in the manifest).")

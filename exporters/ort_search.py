@@ -1,7 +1,7 @@
 """The whole search in one ONNX Runtime graph: `com.microsoft.BeamSearch` (model_type 1, the T5 layout) whose
 encoder and decoder subgraphs are the fused ORT graphs (`seq2trt fuse --target ort`), unchanged inside.
 
-`seq2trt generate OUT` writes OUT/generate/ort/generate.onnx and generate.json (the sha256 of the fused graphs it
+`seq2trt ort-search OUT` writes OUT/generate/ort/generate.onnx and generate.json (the sha256 of the fused graphs it
 was built from; `verify_generate` refuses stale or modified files). Only the I/O is adapted to ONNX Runtime's
 contract (onnxruntime/transformers/convert_generation.py `verify_t5_*`, contrib_ops/cpu/transformers/
 subgraph_t5_*.cc): int32 ids and masks (a Cast to our int64 inside), `encoder_hidden_states` dropped, KV tensors
@@ -29,7 +29,7 @@ against `reference_model.decoding` in tests/exporters/test_ort_search.py):
   input (generate.json without semantics.repetition_penalty) run with penalty 1 and refuse another. With one beam
   (ORT's greedy search) the outputs differ from Hugging Face's greedy search, which penalises the raw logits
   (tested): the runner refuses repetition_penalty with num_beams 1.
-- no_repeat_ngram_size is an attribute of the op, so a build-time setting: `seq2trt generate` takes the model's
+- no_repeat_ngram_size is an attribute of the op, so a build-time setting: `seq2trt ort-search` takes the model's
   own (generation.json), or --no-repeat-ngram-size N; ORT bans every id that would repeat an n-gram of the
   sequence so far, the start token included, as Hugging Face's NoRepeatNGramLogitsProcessor over input_ids. A
   decode asking another value is refused (rebuild), as are graphs built before it was recorded (they hold 0).
@@ -311,7 +311,7 @@ def verify_generate(out: Path, manifest: Manifest | None = None, int8: bool = Fa
     """Check generate.onnx against generate.json, and that it was built from the current fused (or int8) graphs (and
     those from the current export); returns the record. Anything missing, modified or stale is an ArtifactError."""
     out = Path(out)
-    folder, fix = generate_dir(out, int8), f"seq2trt generate {out}" + (" --int8" if int8 else "")
+    folder, fix = generate_dir(out, int8), f"seq2trt ort-search {out}" + (" --int8" if int8 else "")
     path = folder / GENERATE_JSON
     if not path.exists():
         raise ArtifactError(f"{path} not found; run `{fix}` first")

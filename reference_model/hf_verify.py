@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import warnings
 from pathlib import Path
@@ -27,9 +26,9 @@ import torch
 from seq2trt.reference_model.decoding import GENERATION_OPTIONS, DecodeSettings, greedy_decode, hf_beam_search
 from seq2trt.reference_model.eager import EagerStepModel
 from seq2trt.reference_model.errors import CheckpointError, DependencyError, first_line
-from seq2trt.reference_model.hf_families import vocabulary_files
 from seq2trt.reference_model.model import Seq2SeqTransformer
 from seq2trt.reference_model.numerics import FP32_LOGIT_TOLERANCE, scaled_error
+from seq2trt.reference_model.text import _bad_tokenizer, load_tokenizer, quiet_transformers  # noqa: F401 (re-exported)
 from seq2trt.reference_model.vocab import pad_batch
 
 logger = logging.getLogger(__name__)
@@ -56,45 +55,6 @@ def load_transformers_model(src: Path, speech: bool = False):
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
         raise CheckpointError(f"transformers cannot load {src}: {' '.join(lines[:2])[:400]}") from None
     return model.eval()
-
-
-def load_tokenizer(folder: Path):
-    """The Hugging Face tokenizer saved in `folder`, or None when it holds no tokenizer file."""
-    from transformers import AutoTokenizer
-
-    if not vocabulary_files(folder):  # none, or a feature extractor's settings alone
-        return None
-    # transformers' notes on every load are not the user's business (Marian's recommends sacremoses; a T5 tokenizer
-    # saved by 4.x records add_prefix_space, and 4.x's fast T5 class logs that it converts from the slow one)
-    with quiet_transformers():
-        try:
-            return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-        except ImportError as exc:  # a library the tokenizer class needs (FSMT's: sacremoses)
-            raise DependencyError(f"the tokenizer in {folder} needs a library that is not installed "
-                                  f"({first_line(exc)}); install it, or pip install 'seq2trt[hf]'") from None
-        except Exception as exc:  # tokenizer classes raise anything from OSError to AttributeError on bad files
-            first = exc
-        # A sentencepiece model without tokenizer.json (T5's spiece.model) is converted to a fast tokenizer first,
-        # which needs a protobuf runtime matching sentencepiece's; 4.x's slow tokenizer reads the model itself. So is
-        # one whose tokenizer_config.json sets add_prefix_space (4.x's fast T5 class then ignores tokenizer.json and
-        # converts the slow tokenizer): the slow one is what the fast one would have been made from.
-        try:
-            converts = json.loads((folder / "tokenizer_config.json").read_text()).get("add_prefix_space") is not None
-        except (OSError, ValueError, AttributeError):
-            converts = False
-        if (folder / "tokenizer.json").is_file() and not converts:
-            raise _bad_tokenizer(folder, first) from None
-        try:
-            return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, use_fast=False)
-        except Exception:
-            raise _bad_tokenizer(folder, first) from None
-
-
-def _bad_tokenizer(folder: Path, exc: BaseException) -> CheckpointError:
-    detail = f"{type(exc).__name__}: {str(exc).splitlines()[0]}" if str(exc).strip() else type(exc).__name__
-    return CheckpointError(f"the tokenizer files in {folder} ({', '.join(vocabulary_files(folder))}) cannot be loaded "
-                           f"({detail}); re-save them with tokenizer.save_pretrained, or remove them to import "
-                           "without a tokenizer")
 
 
 def check_tokenizer_ids(src: Path, tokenizer, cfg) -> None:
@@ -130,26 +90,6 @@ def text_sources(tokenizer, cfg, count: int, seed: int = 1) -> tuple[list[str], 
              for n in rng.integers(2, 12, size=count)]
     ids = [row[: cfg.max_src_len] for row in tokenizer(texts)["input_ids"]]
     return texts, ids
-
-
-@contextlib.contextmanager
-def quiet_transformers():
-    """transformers' own notes while it loads and generates (Whisper's generate logs several per call about settings
-    it moved or took from its config; transformers 5 draws a progress bar for every load and save): not the user's
-    business during a proof or a bench; errors still raise."""
-    from transformers.utils import logging as hf_logging
-
-    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        hf_logging.set_verbosity(level)
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 @contextlib.contextmanager

@@ -4,11 +4,14 @@ included (mBART-50, M2M100/NLLB: `--src-lang`, `--tgt-lang`)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from seq2trt.reference_model import layout
-from seq2trt.reference_model.errors import CheckpointError, InputError
+from seq2trt.reference_model.errors import CheckpointError, DependencyError, InputError, first_line
 
 
 @dataclass
@@ -62,8 +65,6 @@ def load_codec(checkpoint: Path, eos_id: int, src_lang: str | None = None, tgt_l
     checkpoint = Path(checkpoint)
     folder = checkpoint / TOKENIZER_DIR
     if folder.is_dir():
-        from seq2trt.reference_model.hf_verify import load_tokenizer
-
         tokenizer = load_tokenizer(folder)
         if tokenizer is not None:
             if src_lang is not None:
@@ -77,3 +78,67 @@ def load_codec(checkpoint: Path, eos_id: int, src_lang: str | None = None, tgt_l
         return TextCodec(*load_vocabs(checkpoint / layout.VOCAB), False, eos_id)
     raise CheckpointError(f"{checkpoint} has no tokenizer (no {TOKENIZER_DIR}/ and no vocab.json), so text cannot "
                           "be encoded; give token ids with --ids-file F (JSON lines, one list of source ids per line)")
+
+
+@contextlib.contextmanager
+def quiet_transformers():
+    """transformers' own notes while it loads and generates (Whisper's generate logs several per call about settings
+    it moved or took from its config; transformers 5 draws a progress bar for every load and save): not the user's
+    business during a proof or a bench; errors still raise."""
+    from transformers.utils import logging as hf_logging
+
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def load_tokenizer(folder: Path):
+    """The Hugging Face tokenizer saved in `folder`, or None when it holds no tokenizer file: the one loader of
+    tokenizers (the import and its proof, every codec, CTranslate2's conversion in bench)."""
+    from transformers import AutoTokenizer
+
+    from seq2trt.reference_model.hf_families import vocabulary_files
+
+    if not vocabulary_files(folder):  # none, or a feature extractor's settings alone
+        return None
+    # transformers' notes on every load are not the user's business (Marian's recommends sacremoses; a T5 tokenizer
+    # saved by 4.x records add_prefix_space, and 4.x's fast T5 class logs that it converts from the slow one)
+    with quiet_transformers():
+        try:
+            return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        except ImportError as exc:  # a library the tokenizer class needs (FSMT's: sacremoses)
+            raise DependencyError(f"the tokenizer in {folder} needs a library that is not installed "
+                                  f"({first_line(exc)}); install it, or pip install 'seq2trt[hf]'") from None
+        except Exception as exc:  # tokenizer classes raise anything from OSError to AttributeError on bad files
+            first = exc
+        # A sentencepiece model without tokenizer.json (T5's spiece.model) is converted to a fast tokenizer first,
+        # which needs a protobuf runtime matching sentencepiece's; 4.x's slow tokenizer reads the model itself. So is
+        # one whose tokenizer_config.json sets add_prefix_space (4.x's fast T5 class then ignores tokenizer.json and
+        # converts the slow tokenizer): the slow one is what the fast one would have been made from.
+        try:
+            converts = json.loads((folder / "tokenizer_config.json").read_text()).get("add_prefix_space") is not None
+        except (OSError, ValueError, AttributeError):
+            converts = False
+        if (folder / "tokenizer.json").is_file() and not converts:
+            raise _bad_tokenizer(folder, first) from None
+        try:
+            return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, use_fast=False)
+        except Exception:
+            raise _bad_tokenizer(folder, first) from None
+
+
+def _bad_tokenizer(folder: Path, exc: BaseException) -> CheckpointError:
+    from seq2trt.reference_model.hf_families import vocabulary_files
+
+    detail = f"{type(exc).__name__}: {str(exc).splitlines()[0]}" if str(exc).strip() else type(exc).__name__
+    return CheckpointError(f"the tokenizer files in {folder} ({', '.join(vocabulary_files(folder))}) cannot be loaded "
+                           f"({detail}); re-save them with tokenizer.save_pretrained, or remove them to import "
+                           "without a tokenizer")

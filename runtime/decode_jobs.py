@@ -17,6 +17,8 @@ from seq2trt.reference_model import layout
 from seq2trt.reference_model.checkpoint import generation_config
 from seq2trt.reference_model.decoding import (DecodeSettings, beam_search, greedy_decode, hf_beam_search,
                                                 length_penalty_problem, option_problem)
+from seq2trt.reference_model.decoding.options import (DECODE_OPTIONS, GRAPH_REFUSED_GENERATION, SAMPLING_ONLY,
+                                                      SETTING_FIELDS, spelling)
 from seq2trt.reference_model.config import beam_bytes, physical_memory
 from seq2trt.reference_model.errors import InputError
 from seq2trt.reference_model.vocab import pad_batch
@@ -39,7 +41,7 @@ def check_threads(threads: int, flag: str = "--threads") -> None:
                          f"{os.cpu_count() or 1} here); give a count in that range")
 
 
-FLAGS = {"alpha": "--alpha", "batch_size": "--batch-size"}  # how check_decode_options' messages name them: the CLI
+FLAGS = {"alpha": "--length-penalty", "batch_size": "--batch-size"}  # how check_decode_options' messages name them: the CLI
 
 
 def check_decode_options(alpha: float, batch_size: int, names: dict[str, str] = FLAGS) -> None:
@@ -103,14 +105,14 @@ def _open_decoder(source: Path, backend: str, checkpoint: Path | None, threads: 
 
 
 def _refuse_generate_dtype(out: Path, backend: str) -> None:
-    """An fp16/bf16 export has no generate.onnx to make (`seq2trt generate` and `quantize` take float32 graphs):
-    say which backends do run it, rather than 'run `seq2trt generate` first'."""
+    """An fp16/bf16 export has no generate.onnx to make (`seq2trt ort-search` and `quantize` take float32 graphs):
+    say which backends do run it, rather than 'run `seq2trt ort-search` first'."""
     from seq2trt.exporters.manifest import read_manifest
 
     dtype = read_manifest(out).dtype
     if dtype != "fp32":
         raise InputError(f"--backend {backend} runs ONNX Runtime's BeamSearch, which takes float32 graphs, and the graphs "
-                         f"of {out} are {dtype} (`seq2trt generate` refuses them too); translate it with --backend ort, "
+                         f"of {out} are {dtype} (`seq2trt ort-search` refuses them too); translate it with --backend ort, "
                          f"ort-fused (after `seq2trt fuse {out} --target ort`), tensorrt, tensorrt-rtx or eager, or "
                          f"export with --dtype fp32 into another folder for {backend}")
 
@@ -128,22 +130,22 @@ def choose_search(generation: dict | None, beam: int | None, alpha: float,
     """(beams, decode(step_model, ids, mask, settings)): Hugging Face's beam search with its generation settings for
     an imported model, GNMT's length penalty (`alpha`) otherwise; greedy at one beam, or sampling when `settings`
     ask it (one beam; one random stream over every batch). `beam` None: the model's num_beams, else 1. Messages name
-    the options by `flags` (OPTION_FLAGS, plus "beam": "--beam"), or as `serve`'s request parameters do."""
-    flags = {"beam": "--beam", **OPTION_FLAGS, **(flags or {})}
+    the options by `flags` (options.spelling: the CLI's flags by default, the API's keywords, the request inputs)."""
+    flags = {**FLAGS, **spelling("flag"), **(flags or {})}
     sampling = settings is not None and settings.do_sample
     if sampling and beam is not None and beam != 1:
-        raise InputError(f"{flags['beam']} {beam} with sampling: seq2trt samples with one beam (beam sampling is "
-                         f"not reproduced); drop {flags['beam']}, or drop {flags['do_sample']}")
+        raise InputError(f"{flags['beam_size']} {beam} with sampling: seq2trt samples with one beam (beam sampling is "
+                         f"not reproduced); drop {flags['beam_size']}, or drop {flags['do_sample']}")
     beams = beam if beam is not None else 1 if sampling else (generation or {}).get("num_beams", 1)
     if not isinstance(beams, int) or isinstance(beams, bool) or beams < 1:
-        where = flags["beam"] if beam is not None else "the checkpoint's generation settings: num_beams"
+        where = flags["beam_size"] if beam is not None else "the checkpoint's generation settings: num_beams"
         raise InputError(f"{where} must be an integer >= 1, got {beams!r}"
-                         + ("" if beam is not None else f"; re-import the model or pass {flags['beam']}"))
+                         + ("" if beam is not None else f"; re-import the model or pass {flags['beam_size']}"))
     n_best = settings.num_return_sequences if settings is not None else 1
     if not sampling and n_best > beams:
         n_flag = flags["num_return_sequences"]
         raise InputError(f"{n_flag} {n_best} is more than the {beams} beam{'s' * (beams > 1)} searched: a beam search "
-                         f"returns at most its beams; pass {flags['beam']} {n_best} or more, {flags['do_sample']}, or "
+                         f"returns at most its beams; pass {flags['beam_size']} {n_best} or more, {flags['do_sample']}, or "
                          f"a smaller {n_flag}")
     if beams == 1:
         if sampling:
@@ -156,23 +158,14 @@ def choose_search(generation: dict | None, beam: int | None, alpha: float,
     return beams, lambda m, ids, mask, s: beam_search(m, ids, mask, s, beam_size=beams, alpha=alpha)
 
 
-# Search options a caller may set (DecodeSettings fields), the flag that sets each, and the values it takes.
-OPTION_FLAGS = {"do_sample": "--sample", "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p",
-                "seed": "--seed", "num_return_sequences": "--n-best", "output_scores": "--scores",
-                "output_token_logprobs": "--token-logprobs", "fast_sampling": "--fast-sampling",
-                "min_length": "--min-length", "min_new_tokens": "--min-new-tokens",
-                "no_repeat_ngram_size": "--no-repeat-ngram-size", "repetition_penalty": "--repetition-penalty"}
-SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed", "fast_sampling")
-
-
 def decode_settings(cfg, max_new_tokens: int | None, forced_bos_id: int | None = None,
                     name: str = "--max-new-tokens", generation: dict | None = None,
                     options: dict | None = None, flags: dict | None = None) -> DecodeSettings:
     """The model's settings; `max_new_tokens` checked against its decoder length; a language's forced first token;
     an imported model's stored generation options (`generation`: generation.json), overridden by `options`
-    (OPTION_FLAGS keys; None values keep the model's), each checked and named by its flag (`flags` renames them, as
-    `serve`'s request parameters)."""
-    flags = {**OPTION_FLAGS, **(flags or {})}
+    (options.SETTING_FIELDS; None values keep the model's), each checked by DecodeSettings and named by its flag
+    (`flags` renames them: options.spelling of the API or of served requests)."""
+    flags = {**spelling("flag"), **(flags or {})}
     limit = cfg.max_tgt_len - 1
     if max_new_tokens is not None and (option_problem("max_new_tokens", max_new_tokens) is not None
                                        or not 1 <= max_new_tokens <= limit):
@@ -181,11 +174,7 @@ def decode_settings(cfg, max_new_tokens: int | None, forced_bos_id: int | None =
     if forced_bos_id is not None:
         settings = dataclasses.replace(settings, forced_bos_id=forced_bos_id)
     given = {k: v for k, v in (options or {}).items() if v is not None}
-    for key, value in given.items():  # DecodeSettings' own rules, named by the flag that set the value
-        rule = option_problem(key, value)
-        if rule is not None:
-            raise InputError(f"{flags[key]} must be {rule}, got {value!r}")
-    settings = dataclasses.replace(settings, **given)
+    settings = settings.with_options(given, flags)  # DecodeSettings' rules, named by the flag that set the value
     _check_length_floors(settings, given, flags, name, max_new_tokens)
     if not settings.do_sample:
         stray = [flags[k] for k in SAMPLING_ONLY if k in given]
@@ -209,7 +198,7 @@ def _check_length_floors(settings: DecodeSettings, given: dict, flags: dict, nam
                              f"{name}")
 
 
-def check_beam_memory(cfg, beams: int, flag: str = "--beam") -> None:
+def check_beam_memory(cfg, beams: int, flag: str = "--beam-size") -> None:
     """Refuse a beam count whose logits and K/V for one source would take over half the machine's memory (the
     import's estimate for num_beams: config.beam_bytes), before anything is allocated."""
     need, total = beams * beam_bytes(cfg), physical_memory()
@@ -221,16 +210,15 @@ def check_beam_memory(cfg, beams: int, flag: str = "--beam") -> None:
 def unsupported_in_graph(settings: DecodeSettings) -> list[str]:
     """The options of `settings` that a search inside an exported graph (ONNX Runtime's BeamSearch: the model's
     forced and suppressed ids, beams, length penalty, min_length / min_new_tokens, repetition_penalty,
-    no_repeat_ngram_size, n-best lists and their scores) would not apply, as NAME=VALUE. The graph checks the
-    values it applies (runtime.ort_search.GenerateModel.check: no_repeat_ngram_size is fixed when it is built)."""
+    no_repeat_ngram_size, n-best lists and their scores: options.DECODE_OPTIONS' `in_graph`) would not apply, as
+    NAME=VALUE. The graph checks the values it applies (runtime.ort_search.GenerateModel.check: no_repeat_ngram_size
+    is fixed when it is built)."""
     neutral = DecodeSettings(settings.bos_id, settings.eos_id, settings.pad_id, settings.max_new_tokens)
-    applied = {"seed", "min_length", "min_new_tokens", "repetition_penalty", "no_repeat_ngram_size",
-               "num_return_sequences", "output_scores"}  # inputs, attributes and outputs of generate.onnx
-    keys = [k for k in OPTION_FLAGS if k not in applied] + ["bad_words_ids"]
+    keys = [o.field for o in DECODE_OPTIONS if not o.in_graph] + list(GRAPH_REFUSED_GENERATION)
     return [f"{k}={getattr(settings, k)!r}" for k in keys if getattr(settings, k) != getattr(neutral, k)]
 
 
-def batch_rows(batch_size: int, max_batch: int | None, beams: int, flag: str = "--beam") -> int:
+def batch_rows(batch_size: int, max_batch: int | None, beams: int, flag: str = "--beam-size") -> int:
     """Sources per decoder batch: `batch_size`, fewer when beams (or samples: `flag` --n-best) x sources would pass
     the export's max_batch."""
     rows = batch_size if max_batch is None else min(batch_size, max_batch // beams)
@@ -271,27 +259,27 @@ def decode_batches(step_model, sources: Sequence[Sequence[int]], pad_id: int, de
         yield from (done[i] for i in part)
 
 
-def decode_job(opened: OpenedDecoder, backend: str, sources: Sequence[Sequence[int]], origin: str, beam: int | None,
+def decode_job(opened: OpenedDecoder, backend: str, sources: Sequence[Sequence[int]], origin: str,
+               beam_size: int | None,
                alpha: float, max_new_tokens: int | None, batch_size: int, forced_bos_id: int | None = None,
                options: dict | None = None, flags: dict | None = None) -> tuple[DecodeSettings, Iterator[list]]:
     """(settings, each source's output as `decode_batches` yields it) for `opened` (what `open_decoder` yields),
     everything checked before the first decode: the sources (errors name `origin` and the number), the search
-    options (an imported model's generation settings, overridden by `options`: OPTION_FLAGS keys), the search, the
-    length limit and penalty, the memory the beams take, the batch. ONNX Runtime's BeamSearch graph refuses the
-    options it would not apply. `flags` renames the options in messages (OPTION_FLAGS' keys, "beam", "alpha",
-    "max_new_tokens"), as the Python API's keywords."""
+    options (an imported model's generation settings, overridden by `options`: options.SETTING_FIELDS), the search,
+    the length limit and penalty, the memory the beams take, the batch. ONNX Runtime's BeamSearch graph refuses the
+    options it would not apply. `flags` renames the options in messages (options.spelling: the CLI's flags by
+    default, the Python API's keywords)."""
     step_model, cfg, folder, src_limit, max_batch = (opened.model, opened.config, opened.folder, opened.src_limit,
                                                      opened.max_batch)
-    flags = {"beam": "--beam", "alpha": "--alpha", "max_new_tokens": "--max-new-tokens", **OPTION_FLAGS,
-             **(flags or {})}
+    flags = {**FLAGS, **spelling("flag"), **(flags or {})}
     check_sources(sources, cfg, *src_limit, origin)
     generation = generation_config(folder)
     settings = decode_settings(cfg, max_new_tokens, forced_bos_id, flags["max_new_tokens"], generation, options,
                                flags)
-    beams, decode = choose_search(generation, beam, alpha, settings, flags)
+    beams, decode = choose_search(generation, beam_size, alpha, settings, flags)
     if beams > 1 and (problem := length_penalty_problem(alpha, settings.max_new_tokens)) is not None:
         raise InputError(f"{flags['alpha']} must be {problem}, got {alpha!r}")
-    check_beam_memory(cfg, beams, flags["beam"])
+    check_beam_memory(cfg, beams, flags["beam_size"])
     if backend.startswith("ort-generate"):  # the search runs inside the graph (Hugging Face's; alpha: length_penalty)
         from seq2trt.runtime.ort_search import generate_search
 

@@ -59,7 +59,7 @@ class GenerateModel:
 
     @property
     def _rebuild(self) -> str:
-        return f"seq2trt generate {self.out}" + (" --int8" if self.int8 else "")
+        return f"seq2trt ort-search {self.out}" + (" --int8" if self.int8 else "")
 
     def check(self, batch: int, src_len: int, settings: DecodeSettings, num_beams: int) -> None:
         """Refuse what the graph cannot do as asked: more rows or positions than the export serves, or decoding
@@ -87,7 +87,7 @@ class GenerateModel:
         if settings.repetition_penalty != 1.0 and num_beams == 1:
             raise InputError(f"repetition_penalty {settings.repetition_penalty} with one beam: ONNX Runtime's greedy "
                              "search in generate.onnx does not penalise as Hugging Face's greedy search (on the raw "
-                             "logits) does; use --beam >= 2, or --backend ort for greedy")
+                             "logits) does; use --beam-size >= 2, or --backend ort for greedy")
         if len(settings.start) != 1 and (settings.min_length or settings.repetition_penalty != 1.0
                                          or settings.no_repeat_ngram_size):
             raise InputError("generate.onnx's sequences begin with the one start token; min_length, "
@@ -108,7 +108,7 @@ class GenerateModel:
                              "many sequences as beams")
         if settings.output_scores and num_beams == 1:
             raise InputError("scores with one beam: ONNX Runtime's greedy search in generate.onnx scores its sequence "
-                             "otherwise than seq2trt's greedy search (the sum of log-probabilities); use --beam >= 2 "
+                             "otherwise than seq2trt's greedy search (the sum of log-probabilities); use --beam-size >= 2 "
                              "(Hugging Face's sequences_scores), or --backend ort for greedy scores")
         if differ:
             raise InputError(f"generate.onnx applies the decoding rules it was built with; asked for others {differ} "

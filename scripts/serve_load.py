@@ -41,7 +41,7 @@ def run(url: str, srcs: list[list[int]], clients: int, per_client: int, beam: in
         c = http.InferenceServerClient(url, network_timeout=300)
         for r in range(per_client):
             ids = np.array([srcs[(k * per_client + r) % len(srcs)]], dtype=np.int64)
-            inputs = [http.InferInput("input_ids", list(ids.shape), "INT64"), http.InferInput("num_beams", [1, 1], "INT32")]
+            inputs = [http.InferInput("input_ids", list(ids.shape), "INT64"), http.InferInput("beam_size", [1, 1], "INT32")]
             inputs[0].set_data_from_numpy(ids)
             inputs[1].set_data_from_numpy(np.array([[beam]], dtype=np.int32))
             start = time.perf_counter()
@@ -71,7 +71,7 @@ def offline(out: str, srcs: list[list[int]], batch: int, beam: int, threads: int
     from seq2trt.serving.decode_service import DecodeService, Job
 
     service = DecodeService(Path(out), "ort-fused", threads=threads)
-    jobs = [Job(tuple(s), num_beams=beam) for s in srcs]
+    jobs = [Job(tuple(s), beam_size=beam) for s in srcs]
     best = None
     for _ in range(repeats):
         start, tokens = time.perf_counter(), 0
@@ -88,7 +88,7 @@ def main() -> None:
     parser.add_argument("--url", default="127.0.0.1:8000")
     parser.add_argument("--concurrency", default="1,8,64")
     parser.add_argument("--requests", type=int, default=20, help="per client")
-    parser.add_argument("--beam", type=int, default=1)
+    parser.add_argument("--beam-size", "--beam", dest="beam", type=int, default=1)  # --beam: the old spelling
     parser.add_argument("--task", default="numbers")
     parser.add_argument("--sources", type=int, default=256)
     parser.add_argument("--offline", help="export directory: decode in-process instead (no server)")

@@ -7,8 +7,9 @@ language, the search options — and each group is decoded by `decode_jobs.decod
 `seq2trt translate` runs, in padded batches the export's max_batch allows. So every request gets what
 `translate --ids-file` gives for its ids.
 
-A request's search options (REQUEST_OPTIONS: optional scalar inputs, each the `translate` flag of the same meaning)
-are checked by `decode_jobs.decode_settings` / `choose_search`, their errors naming the request parameter:
+A request's search options (REQUEST_OPTIONS: optional scalar inputs, each the `translate` flag of the same meaning,
+made from the one options table, reference_model/decoding/options.py) are checked by `decode_jobs.decode_settings` /
+`choose_search`, their errors naming the request parameter:
 
   do_sample BOOL             sample (one beam) instead of searching            translate --sample
   temperature, top_p FP32    sampling's temperature, nucleus mass              --temperature, --top-p
@@ -36,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from seq2trt.reference_model.decoding import GNMT_ALPHA, DecodeSettings, Hypothesis
+from seq2trt.reference_model.decoding.options import DECODE_OPTIONS, OPTIONS, SETTING_FIELDS, spelling
 from seq2trt.reference_model.errors import InputError
 
 from seq2trt.runtime.decode_jobs import (batch_rows, check_sources, choose_search, decode_batches, decode_settings, generation_config,
@@ -44,32 +46,35 @@ from seq2trt.runtime.transcription import refuse_speech_model
 
 logger = logging.getLogger(__name__)
 
-# Each request parameter of a search option: (the DecodeSettings field it sets, its Triton data type).
-REQUEST_OPTIONS = {"do_sample": ("do_sample", "TYPE_BOOL"), "temperature": ("temperature", "TYPE_FP32"),
-                   "top_k": ("top_k", "TYPE_INT32"), "top_p": ("top_p", "TYPE_FP32"), "seed": ("seed", "TYPE_INT64"),
-                   "min_new_tokens": ("min_new_tokens", "TYPE_INT32"),
-                   "no_repeat_ngram_size": ("no_repeat_ngram_size", "TYPE_INT32"),
-                   "repetition_penalty": ("repetition_penalty", "TYPE_FP32"),
-                   "n_best": ("num_return_sequences", "TYPE_INT32"),
-                   "output_scores": ("output_scores", "TYPE_BOOL"),
-                   "output_token_logprobs": ("output_token_logprobs", "TYPE_BOOL"),
-                   "fast_sampling": ("fast_sampling", "TYPE_BOOL")}
-# What decode_jobs' messages call each option in a request (its flag names in translate's).
-PARAMETER_NAMES = {"beam": "num_beams", **{field: param for param, (field, _) in REQUEST_OPTIONS.items()}}
+# Each request input of a search option: (the DecodeSettings field it sets, its Triton data type); a view of the
+# options table.
+REQUEST_OPTIONS = {o.served: (o.field, o.triton_type) for o in DECODE_OPTIONS
+                   if o.served is not None and o.field in SETTING_FIELDS}
+# What decode_jobs' messages call each option in a request.
+PARAMETER_NAMES = spelling("served")
 # The flags of translate and transcribe that library messages name, and the request inputs of the same meaning: a
 # served request's error names what the request holds (`request_message`), never a flag it cannot pass.
-FLAG_INPUTS = {"--src-lang": "src_lang", "--tgt-lang": "tgt_lang", "--beam": "num_beams",
-               "--max-new-tokens": "max_new_tokens", "--sample": "do_sample", "--temperature": "temperature",
-               "--top-k": "top_k", "--top-p": "top_p", "--seed": "seed", "--n-best": "n_best",
-               "--scores": "output_scores", "--token-logprobs": "output_token_logprobs",
-               "--fast-sampling": "fast_sampling", "--min-new-tokens": "min_new_tokens",
-               "--no-repeat-ngram-size": "no_repeat_ngram_size", "--repetition-penalty": "repetition_penalty",
-               "--ids-file": "the generate model's input_ids",
+FLAG_INPUTS = {**{flag: o.served for o in DECODE_OPTIONS if o.served for flag in (o.flag, *o.old_flags)},
+               "--src-lang": "src_lang", "--tgt-lang": "tgt_lang", "--ids-file": "the generate model's input_ids",
                "--language": "language", "--task": "task", "--timestamps": "timestamps",
                "--condition-on-prev-tokens": "condition_on_prev_tokens",
                "--compression-ratio-threshold": "compression_ratio_threshold",
                "--logprob-threshold": "logprob_threshold"}
 _FLAG = re.compile(r"--[a-z][a-z-]*")
+
+
+def beam_size_input(get) -> tuple[int | None, str]:
+    """A request's beam size and the input that gave it: `beam_size`, or its deprecated spelling `num_beams`
+    (accepted, with a warning in the server's log naming beam_size); both at once is refused."""
+    row = OPTIONS["beam_size"]
+    given = {name: scalar(get(name), name) for name in (row.served, *row.old_served)}
+    given = {name: value for name, value in given.items() if value is not None}
+    if len(given) > 1:
+        raise InputError(f"{' and '.join(given)} are one option (the beam size); send {row.served} alone")
+    for name in set(given) - {row.served}:
+        logger.warning("request input %s is deprecated; send %s", name, row.served)
+    name, value = next(iter(given.items()), (row.served, None))
+    return value, name
 
 
 def request_message(message: str) -> str:
@@ -82,10 +87,11 @@ class Job:
     """One request: source ids, and the request's own search settings (None: the model's defaults)."""
     ids: tuple[int, ...]
     max_new_tokens: int | None = None
-    num_beams: int | None = None
+    beam_size: int | None = None
     forced_bos_id: int | None = None
     # The request's search options as sorted (DecodeSettings field, value) pairs; a dict given is sorted.
     options: tuple[tuple[str, object], ...] = ()
+    beam_input: str = "beam_size"  # the input that gave the beam size (num_beams: its deprecated spelling)
 
     def __post_init__(self):
         if isinstance(self.options, dict):
@@ -133,13 +139,15 @@ class DecodeService:
     def check(self, job: Job) -> DecodeSettings:
         """The job's decode settings; raise an InputError naming what is wrong with the job."""
         check_sources([job.ids], self.cfg, *self.src_limit, "the source", numbered=False)
-        if job.num_beams is not None and not 1 <= job.num_beams <= self.max_beams:
-            raise InputError(f"num_beams must be in [1, {self.max_beams}] (the export's max_batch), got {job.num_beams}")
+        if job.beam_size is not None and not 1 <= job.beam_size <= self.max_beams:
+            raise InputError(f"{job.beam_input} must be in [1, {self.max_beams}] (the export's max_batch), got "
+                             f"{job.beam_size}")
         # the model's stored generation options, as translate applies them; searched, one output, unless asked
         options = {"do_sample": False, "num_return_sequences": 1, **dict(job.options)}
         settings = decode_settings(self.cfg, job.max_new_tokens, job.forced_bos_id, name="max_new_tokens",
                                    generation=self.generation, options=options, flags=PARAMETER_NAMES)
-        beams, _ = choose_search(self.generation, job.num_beams, self.alpha, settings, flags=PARAMETER_NAMES)
+        beams, _ = choose_search(self.generation, job.beam_size, self.alpha, settings,
+                                 flags={**PARAMETER_NAMES, "beam_size": job.beam_input})
         samples = settings.num_return_sequences if settings.do_sample else 1  # a sampled source takes n rows
         if samples > self.max_beams:
             raise InputError(f"n_best with do_sample must be in [1, {self.max_beams}] (the export's max_batch: one "
@@ -158,7 +166,7 @@ class DecodeService:
             except InputError as exc:
                 results[n] = exc
                 continue
-            key = (job.num_beams, job.max_new_tokens, job.forced_bos_id, job.options)
+            key = (job.beam_size, job.max_new_tokens, job.forced_bos_id, job.options)
             if settings.do_sample and settings.seed is not None:
                 # The sampler draws noise for every row of the batch each step, so a row's draws depend on the
                 # batch it is in: a seeded request is decoded alone, as translate decodes one source.

@@ -43,11 +43,14 @@ def input_declarations(kind: str) -> list[tuple[str, str, list[int], dict]]:
     """The served models' inputs as (name, config data type, dims, config extras), declared once: `request_inputs`
     writes them into config.pbtxt and serve's HTTP front checks requests against them (`input_specs`). generate
     takes ids, translate text; both take the optional search limits and search options (`decode_service.
-    REQUEST_OPTIONS`: sampling, length floor, repetition rules, n_best, scores)."""
+    REQUEST_OPTIONS`: sampling, length floor, repetition rules, n_best, scores), all from the one options table
+    (reference_model/decoding/options.py), the beam size's deprecated spelling num_beams too."""
+    from seq2trt.reference_model.decoding.options import OPTIONS
     from seq2trt.serving.decode_service import REQUEST_OPTIONS
 
     optional, ragged = dict(optional=True), dict(optional=True, allow_ragged_batch=True)
-    limits = [("max_new_tokens", "TYPE_INT32", [1], optional), ("num_beams", "TYPE_INT32", [1], optional)]
+    limits = [(name, OPTIONS[field].triton_type, [1], optional) for field in ("max_new_tokens", "beam_size")
+              for name in (OPTIONS[field].served, *OPTIONS[field].old_served)]
     if kind == "transcribe":  # serving.transcribe_service: file bytes, or samples and their rate
         return [("audio", "TYPE_STRING", [1], optional), ("samples", "TYPE_FP32", [-1], ragged),
                 ("sampling_rate", "TYPE_INT32", [1], optional), ("language", "TYPE_STRING", [1], optional),

@@ -92,7 +92,7 @@ InferenceService with the Triton runtime); each replica is independent, no share
 """
 
 TEXT_MODELS = """- `generate`: input `input_ids` INT64 [-1] (one source per request), optional `max_new_tokens` INT32 [1] and
-  `num_beams` INT32 [1] -> `output_ids` INT64 [-1]. Dynamic batching (up to {max_batch} requests,
+  `beam_size` INT32 [1] (`num_beams`: deprecated) -> `output_ids` INT64 [-1]. Dynamic batching (up to {max_batch} requests,
   {delay} us queue delay); each request gets what `seq2trt translate --ids-file` gives for its ids.
 - Both models take the optional search options of `translate` as [1] inputs: `do_sample` BOOL, `temperature` FP32,
   `top_k` INT32, `top_p` FP32, `seed` INT64, `min_new_tokens` INT32, `no_repeat_ngram_size` INT32,
@@ -104,7 +104,7 @@ TEXT_MODELS = """- `generate`: input `input_ids` INT64 [-1] (one source per requ
 
 SPEECH_MODELS = """- `transcribe` (a Whisper export): input `audio` BYTES [1] (a WAV, FLAC or OGG file's bytes) or
   `samples` FP32 [-1] (mono) with `sampling_rate` INT32 [1]; optional `language` BYTES [1], `task` BYTES [1]
-  (transcribe or translate), `num_beams` INT32 [1], `max_new_tokens` INT32 [1], `timestamps` BOOL [1] -> `text`
+  (transcribe or translate), `beam_size` INT32 [1], `max_new_tokens` INT32 [1], `timestamps` BOOL [1] -> `text`
   BYTES [1], `segments` BYTES [1] (JSON: [{{"start", "end", "text", "tokens"}}]), `language` BYTES [1], `tokens`
   INT64 [-1]. Dynamic batching (up to {max_batch} requests, {delay} us queue delay); each request gets what
   `seq2trt transcribe` gives for its audio. The log-mel features run in the model itself (its features.onnx).

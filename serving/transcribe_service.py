@@ -8,7 +8,8 @@ file (`reference_model.audio`: channels' mean, soxr HQ). Its options are `transc
 
   language BYTES [1]       the speech's language code (default: the model's, else detected)   --language
   task BYTES [1]           transcribe, or translate into English                               --task
-  num_beams INT32 [1]      beam size, 1 greedy (default: the model's num_beams)                --beam
+  beam_size INT32 [1]      beam size, 1 greedy (default: the model's num_beams)           --beam-size
+                           (num_beams: its deprecated spelling, accepted with a logged warning)
   max_new_tokens INT32 [1] tokens a window at most                                             --max-new-tokens
   timestamps BOOL [1]      decode timestamps: segments with their times                        --timestamps
   condition_on_prev_tokens BOOL [1]   long-form: each window after the previous text   --condition-on-prev-tokens
@@ -50,7 +51,7 @@ class SpeechJob:
     clip: np.ndarray
     language: str | None = None
     task: str | None = None
-    num_beams: int | None = None
+    beam_size: int | None = None
     max_new_tokens: int | None = None
     timestamps: bool = False
     # transformers' long-form options (`Transcriber.transcribe`; None / False: not used)
@@ -59,6 +60,7 @@ class SpeechJob:
     compression_ratio_threshold: float | None = None
     logprob_threshold: float | None = None
     seed: int | None = None
+    beam_input: str = "beam_size"  # the input that gave the beam size (num_beams: its deprecated spelling)
 
     @property
     def long_form(self) -> dict:
@@ -68,7 +70,7 @@ class SpeechJob:
 
     @property
     def key(self) -> tuple:
-        return (self.language, self.task, self.num_beams, self.max_new_tokens, self.timestamps,
+        return (self.language, self.task, self.beam_size, self.max_new_tokens, self.timestamps,
                 *self.long_form.values())
 
 
@@ -93,14 +95,14 @@ class TranscribeService:
 
     def check(self, job: SpeechJob) -> None:
         """Raise an InputError naming what is wrong with the job's options."""
-        if job.num_beams is not None and not 1 <= job.num_beams <= self.max_beams:
-            raise InputError(f"num_beams must be in [1, {self.max_beams}] (the export's max_batch), got "
-                             f"{job.num_beams}")
+        if job.beam_size is not None and not 1 <= job.beam_size <= self.max_beams:
+            raise InputError(f"{job.beam_input} must be in [1, {self.max_beams}] (the export's max_batch), got "
+                             f"{job.beam_size}")
         if job.max_new_tokens is not None and job.max_new_tokens < 1:
             raise InputError(f"max_new_tokens must be an integer >= 1, got {job.max_new_tokens}; give the most "
                              "tokens a window may take")
         try:
-            self.transcriber.check(job.language, job.task, job.num_beams, job.max_new_tokens, 1, **job.long_form)
+            self.transcriber.check(job.language, job.task, job.beam_size, job.max_new_tokens, 1, **job.long_form)
             # refused alone, not with the requests it would be grouped with
             self.transcriber.check_timestamps([job.clip], job.timestamps)
         except Seq2TrtError as exc:
@@ -111,7 +113,7 @@ class TranscribeService:
         try:
             return list(self.transcriber.transcribe(
                 [j.clip for j in jobs], language=first.language, task=first.task, timestamps=first.timestamps,
-                beam=first.num_beams, max_new_tokens=first.max_new_tokens, batch_size=len(jobs), **first.long_form))
+                beam=first.beam_size, max_new_tokens=first.max_new_tokens, batch_size=len(jobs), **first.long_form))
         except Seq2TrtError as exc:  # the request's fault (an input or what this model cannot do): HTTP 400
             raise InputError(request_message(str(exc))) from None
 

@@ -27,7 +27,7 @@ import numpy as np
 from seq2trt.reference_model.decoding import GNMT_ALPHA, Hypothesis
 from seq2trt.reference_model.errors import InputError, Seq2TrtError
 
-from seq2trt.serving.decode_service import (REQUEST_OPTIONS, DecodeService, Job, option_value, request_message, scalar,
+from seq2trt.serving.decode_service import (REQUEST_OPTIONS, DecodeService, Job, beam_size_input, option_value, request_message, scalar,
                                              source_ids, text_of)
 
 logger = logging.getLogger(__name__)
@@ -51,8 +51,9 @@ class TritonPythonModel:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             return None if tensor is None else tensor.as_numpy()
 
-        limits = dict(max_new_tokens=scalar(get("max_new_tokens"), "max_new_tokens"),
-                      num_beams=scalar(get("num_beams"), "num_beams"))
+        beam_size, beam_input = beam_size_input(get)
+        limits = dict(max_new_tokens=scalar(get("max_new_tokens"), "max_new_tokens"), beam_size=beam_size,
+                      beam_input=beam_input)
         options = {field: option_value(get(param), param) for param, (field, _) in REQUEST_OPTIONS.items()}
         limits["options"] = {field: value for field, value in options.items() if value is not None}
         if self.kind == "generate":
@@ -126,7 +127,7 @@ def hypotheses_outputs(hypotheses: list[Hypothesis], codec=None) -> dict[str, np
 
 class TranscribeModel:
     """`transcribe` (a Whisper export): audio in (`audio` file bytes, or `samples` with `sampling_rate`), optional
-    `language`, `task`, `num_beams`, `max_new_tokens`, `timestamps` and the long-form options
+    `language`, `task`, `beam_size` (`num_beams`: deprecated), `max_new_tokens`, `timestamps` and the long-form options
     (`condition_on_prev_tokens`, `temperature`, `compression_ratio_threshold`, `logprob_threshold`, `seed`) -> `text`
     BYTES [1] (empty without a tokenizer), `segments` BYTES [1] (JSON: [{start, end, text, tokens}]), `language` BYTES [1] and `tokens` INT64 [-1]
     (`serving.transcribe_service`)."""
@@ -159,7 +160,7 @@ class TranscribeModel:
             temperature = tuple(float(str(t)) for t in temperature.reshape(-1))  # FP32 as its shortest decimal
         return SpeechJob(clip, language=text_of(get("language"), "language", False) or None,
                          task=text_of(get("task"), "task", False) or None,
-                         num_beams=scalar(get("num_beams"), "num_beams"),
+                         **dict(zip(("beam_size", "beam_input"), beam_size_input(get))),
                          max_new_tokens=scalar(get("max_new_tokens"), "max_new_tokens"), timestamps=bool(timestamps),
                          condition_on_prev_tokens=bool(option_value(get("condition_on_prev_tokens"),
                                                                     "condition_on_prev_tokens")),

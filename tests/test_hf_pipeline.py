@@ -83,7 +83,7 @@ def test_imported_t5_through_the_pipeline(family, config, tmp_path):
     invoke_ok("export", tmp_path / "ckpt", "-o", out, *limits)
     for target in ("ort", "trt"):
         invoke_ok("fuse", out, "--target", target)
-    invoke_ok("generate", out)
+    invoke_ok("ort-search", out)
     for graphs in ("plain", "fused-ort", "fused-trt", "generate"):
         output = invoke_ok("validate", out, "--graphs", graphs, "--samples", 20)
         assert "parity passed" in output, (graphs, output)
@@ -97,7 +97,7 @@ def test_imported_t5_through_the_pipeline(family, config, tmp_path):
     for beam in (1, 4):
         written = tmp_path / f"out-{beam}.jsonl"
         invoke_ok("translate", out, "--backend", "ort-fused", "--ids-file", ids_file, "--output-ids", written,
-                  "--beam", beam, "--max-new-tokens", 12)
+                  "--beam-size", beam, "--max-new-tokens", 12)
         ours = [json.loads(line) for line in written.read_text().splitlines()]
         with torch.inference_mode():
             rows = hf_model.generate(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),

@@ -1,5 +1,5 @@
 """`seq2trt validate OUT --graphs generate` (or `generate-int8`): the in-runtime search (generate.onnx, or the one
-`seq2trt generate --int8` built around the int8 graphs) against the eager model.
+`seq2trt ort-search --int8` built around the int8 graphs) against the eager model.
 
 There are no graph-level cases: the graph is the whole search. The check is end to end on the held-out sources:
 generate.onnx with one beam = `greedy_decode` on the eager model (float64), and with K beams =

@@ -70,7 +70,7 @@ class ValidateSettings:
             raise InputError(f"--localize-budget must be > 0 with --localize and >= 0 otherwise, got "
                              f"{self.localize_budget_s}")
         if self.samples < 0 or self.beam_size < 1:
-            raise InputError(f"--samples must be >= 0 and --beam >= 1, got {self.samples} and {self.beam_size}")
+            raise InputError(f"--samples must be >= 0 and --beam-size >= 1, got {self.samples} and {self.beam_size}")
         if self.samples > MAX_SAMPLES:
             raise InputError(f"--samples {self.samples} is more than validate decodes end to end (at most "
                              f"{MAX_SAMPLES}: each source is decoded four times, greedy and beam on both models); "

@@ -37,17 +37,40 @@ def _rows_of(sources: np.ndarray, K: int) -> np.ndarray:
     return (sources[:, None] * K + np.arange(K)).reshape(-1)
 
 
+# The pieces both beam searches share: their prefill, the expansion after the first step, the reorder of the past
+# each step, and dropping the sources that are done. All K beams of a source start identical, so the first step
+# runs one row a source and its log-probabilities are repeated K times; what follows sees B x K rows.
+def _prefill(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndarray, settings: DecodeSettings):
+    """(encoder state, mask, empty past, first input ids): one row a source, fed the start tokens in one step."""
+    B = input_ids.shape[0]
+    return (model.encode(input_ids, attention_mask), attention_mask, model.empty_past(B),
+            np.tile(np.asarray(settings.start, np.int64), (B, 1)))
+
+
+def _expand(model: StepModel, encoder_state, mask: np.ndarray, K: int):
+    """The encoder state and mask of one row a source as K rows a source (row b*K + k), after the first step."""
+    expand = np.repeat(np.arange(len(mask)), K)
+    return model.select(encoder_state, expand), mask[expand]
+
+
+def _reorder(model: StepModel, past, origin: np.ndarray, step: int, K: int):
+    """The past of the rows each new beam came from (`origin`: beam rows); at step 0 one row a source ran."""
+    return model.select(past, origin // K if step == 0 else origin)
+
+
+def _drop(model: StepModel, stay: np.ndarray, K: int, encoder_state, mask: np.ndarray):
+    """(the beam rows of the sources `stay`, their encoder state, their mask): the sources that are done leave."""
+    rows = _rows_of(stay, K)
+    return rows, model.select(encoder_state, rows), mask[rows]
+
+
 def beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndarray, settings: DecodeSettings,
                 beam_size: int = 4, alpha: float = GNMT_ALPHA) -> list[list[int]]:
     """Beam search with GNMT length penalty. Returns the best hypothesis of each source, without bos/eos.
     A source that is done leaves the batch: its K rows are dropped from the model's state with the step's reorder."""
     n_best = _check_beams(settings, beam_size)
     B, K = input_ids.shape[0], beam_size
-    expand = np.repeat(np.arange(B), K)  # (B*K,) source row of every beam
-    # All K beams of a source start identical: the first step runs one row a source and its log-probabilities are
-    # repeated K times, so what follows sees B x K rows (the state is expanded after that step).
-    encoder_state, mask = model.encode(input_ids, attention_mask), attention_mask
-    past = model.empty_past(B)
+    encoder_state, mask, past, next_ids = _prefill(model, input_ids, attention_mask, settings)
     sources = np.arange(B)  # source index of each live source
     scores = np.full((B, K), -np.inf)
     scores[:, 0] = 0.0  # all beams start identical: expand only the first
@@ -55,7 +78,6 @@ def beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndar
     # Each live beam's per-token log-probabilities (output_token_logprobs), beside `beams`.
     beam_lp: list[list[float]] | None = [[] for _ in range(B * K)] if settings.output_token_logprobs else None
     finished = [_Finished(K, alpha) for _ in range(B)]
-    next_ids = np.tile(np.asarray(settings.start, np.int64), (B, 1))
     for step in range(settings.max_new_tokens):
         b_live = len(sources)
         logits, past = model.step(next_ids, mask, encoder_state, past)
@@ -63,7 +85,7 @@ def beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndar
         logp = settings.constrain(log_softmax(logits), step, tokens=history)
         if step == 0 and K > 1:
             logp = np.repeat(logp, K, axis=0)
-            encoder_state, mask = model.select(encoder_state, expand), mask[expand]
+            encoder_state, mask = _expand(model, encoder_state, mask, K)
         V = logp.shape[-1]
         cand = (scores[:, :, None] + logp.reshape(b_live, K, V)).reshape(b_live, K * V)
         top = np.argsort(-cand, axis=1, kind="stable")[:, : 2 * K]  # (b, 2K): enough to refill K live beams
@@ -99,11 +121,11 @@ def beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndar
             break
         if done.any():
             stay = np.flatnonzero(~done)
-            rows = _rows_of(stay, K)
+            rows, encoder_state, mask = _drop(model, stay, K, encoder_state, mask)
             sources, scores, new_tokens, gather = sources[stay], scores[stay], new_tokens[stay], gather[rows]
-            beams, mask, encoder_state = [beams[r] for r in rows], mask[rows], model.select(encoder_state, rows)
+            beams = [beams[r] for r in rows]
             beam_lp = None if beam_lp is None else [beam_lp[r] for r in rows]
-        past = model.select(past, gather // K if step == 0 else gather)
+        past = _reorder(model, past, gather, step, K)
         next_ids = new_tokens.reshape(-1, 1)
     else:
         for b, source in enumerate(sources):  # the length limit: live beams join their source's hypotheses
@@ -149,11 +171,8 @@ def hf_beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.n
 
     B, K, N = input_ids.shape[0], beam_size, settings.max_new_tokens
     n_best = _check_beams(settings, beam_size)
-    expand = np.repeat(np.arange(B), K)  # (B*K,) source row of every beam
-    # All K beams of a source start identical: the first step runs one row a source and its log-probabilities are
-    # repeated K times, so what follows sees Hugging Face's B x K rows (the state is expanded after that step).
-    encoder_state, mask = model.encode(input_ids, attention_mask), attention_mask
-    past = model.empty_past(B)
+    # Hugging Face's B x K rows after the first step (one row a source before it: `_prefill`, `_expand`).
+    encoder_state, mask, past, next_ids = _prefill(model, input_ids, attention_mask, settings)
     sources = np.arange(B)  # source index of each live source
     results: list[list[int]] = [[] for _ in range(B)]
     running = np.zeros((B * K, 0), dtype=np.int64)  # generated tokens of each live beam, row b*K + k
@@ -171,7 +190,6 @@ def hf_beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.n
     improvable = np.ones(B, dtype=bool)  # HF's is_early_stop_heuristic_unsatisfied
     masked = np.float32(-1e9)
     eos = settings.eos_id
-    next_ids = np.tile(np.asarray(settings.start, np.int64), (B, 1))
 
     def result(b: int) -> list:
         cut = [tokens[: tokens.index(eos)] if eos in tokens else tokens for tokens in finished[b][:n_best]]
@@ -188,7 +206,7 @@ def hf_beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.n
         logp = _log_softmax32(logits)
         if step == 0 and K > 1:
             logp = logp.repeat_interleave(K, dim=0)
-            encoder_state, mask = model.select(encoder_state, expand), mask[expand]
+            encoder_state, mask = _expand(model, encoder_state, mask, K)
         settings.constrain(logp.numpy(), step, inplace=True, tokens=running)  # logp is this step's own array
         step_lp = logp.numpy().copy() if want_lp else None  # before the beam scores are added in place
         V = logp.shape[-1]
@@ -245,12 +263,12 @@ def hf_beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.n
             for b in np.flatnonzero(blocked):
                 results[sources[b]] = result(b)
             stay = np.flatnonzero(~blocked)
-            rows = _rows_of(stay, K)
+            rows, encoder_state, mask = _drop(model, stay, K, encoder_state, mask)
             sources, running, running_scores = sources[stay], running[rows], running_scores[stay]
             finished, finished_scores = [finished[b] for b in stay], finished_scores[stay]
             running_lp, finished_lp = running_lp[rows], [finished_lp[b] for b in stay]
-            is_finished, improvable, mask = is_finished[stay], improvable[stay], mask[rows]
-            encoder_state, origin = model.select(encoder_state, rows), origin.reshape(b_live, K)[stay].reshape(-1)
-        past = model.select(past, origin // K if step == 0 else origin)
+            is_finished, improvable = is_finished[stay], improvable[stay]
+            origin = origin.reshape(b_live, K)[stay].reshape(-1)
+        past = _reorder(model, past, origin, step, K)
         next_ids = np.ascontiguousarray(running[:, -1:])
     return results

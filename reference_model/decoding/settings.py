@@ -1,14 +1,16 @@
 """What a search is asked: the step model it drives (`StepModel`), its settings (`DecodeSettings`, the one validator
-of decoding options) and the rules of those options (`OPTION_RULES`), and the hypotheses it returns."""
+of decoding options, by the rules options.DECODE_OPTIONS declares), and the hypotheses it returns."""
 
 from __future__ import annotations
 
-import math
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from seq2trt.reference_model.decoding.options import (GNMT_ALPHA, OPTION_RULES, SETTING_FIELDS,  # noqa: F401
+                                                      option_problem)
 from seq2trt.reference_model.errors import ConfigError, InputError
 
 
@@ -28,7 +30,6 @@ class StepModel(Protocol):
 
 
 # Options of a generation config that DecodeSettings takes as they are (generation.json and `for_model`).
-GNMT_ALPHA = 0.6  # the default length penalty of beam search for models trained here (GNMT's alpha)
 GENERATION_OPTIONS = ("min_length", "min_new_tokens", "no_repeat_ngram_size", "repetition_penalty", "bad_words_ids",
                       "do_sample", "temperature", "top_k", "top_p", "num_return_sequences")
 
@@ -246,69 +247,19 @@ class DecodeSettings:
             if not ok:
                 raise ConfigError(f"{name} must be {rule}, got {getattr(self, name)!r}")
 
+    def with_options(self, given: dict[str, Any], names: dict[str, str]) -> "DecodeSettings":
+        """These settings with a caller's options `given` (DecodeSettings fields) set, each checked by its rule
+        first and a failure named as the caller spelled it (`names`: options.spelling(...): a flag, a keyword or a
+        request input), as an InputError."""
+        for key, value in given.items():
+            problem = option_problem(key, value)
+            if problem is not None:
+                raise InputError(f"{names[key]} must be {problem}, got {value!r}")
+        return dataclasses.replace(self, **given)
+
     def generator(self):
         """The torch generator a sampling search draws from: seeded with `seed`, else from the system."""
         return seeded_generator(self.seed)
-
-
-def _integer(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
-def _finite(value) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_)) \
-        and math.isfinite(value)
-
-
-# The float32 scores are divided by the temperature: below the smallest normal float32 it is not even a float32
-# (1e-45 rounds to the subnormal 1.4e-45), and every score divided by it overflows to inf, which transformers'
-# sampling refuses (torch.multinomial raises on inf / NaN probabilities). Larger ones are checked on the scores.
-MIN_TEMPERATURE = float(np.finfo(np.float32).tiny)
-SEED_LIMIT = 2 ** 64  # torch.Generator.manual_seed takes an unsigned 64-bit seed
-# The search options a caller sets (DecodeSettings fields): name -> (accepts(value), the rule in words). The one
-# home of their rules: DecodeSettings checks its fields with them, and decode_jobs / speech name a failure by the
-# flag or keyword that set it.
-OPTION_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "max_new_tokens": (lambda v: _integer(v) and v >= 1, "an integer >= 1"),
-    "min_length": (lambda v: _integer(v) and v >= 0, "an integer >= 0"),
-    "min_new_tokens": (lambda v: _integer(v) and v >= 0, "an integer >= 0"),
-    "no_repeat_ngram_size": (lambda v: _integer(v) and v >= 0, "an integer >= 0 (0: off)"),
-    "repetition_penalty": (lambda v: _finite(v) and v > 0, "a number > 0 such as 1.2 (1: off)"),
-    "do_sample": (lambda v: isinstance(v, (bool, np.bool_)), "true or false"),
-    "temperature": (lambda v: _finite(v) and v > 0, "a number > 0 such as 0.7"),
-    "top_k": (lambda v: _integer(v) and v >= 0, "an integer >= 0 (0: the whole vocabulary)"),
-    "top_p": (lambda v: _finite(v) and 0 < v <= 1, "a number in (0, 1] such as 0.9"),
-    "seed": (lambda v: v is None or (_integer(v) and 0 <= v < SEED_LIMIT), "an integer in [0, 2**64)"),
-    "fast_sampling": (lambda v: isinstance(v, (bool, np.bool_)), "true or false"),
-    "num_return_sequences": (lambda v: _integer(v) and v >= 1, "an integer >= 1"),
-    "output_scores": (lambda v: isinstance(v, (bool, np.bool_)), "true or false"),
-    "output_token_logprobs": (lambda v: isinstance(v, (bool, np.bool_)), "true or false"),
-}
-
-
-def option_problem(name: str, value: Any) -> str | None:
-    """The rule `value` breaks as search option `name` (OPTION_RULES), in words; None when it is accepted."""
-    accepts, rule = OPTION_RULES[name]
-    if not accepts(value):
-        return rule
-    if name == "temperature" and value < MIN_TEMPERATURE:
-        return f"at least {MIN_TEMPERATURE:.3g} (the smallest normal float32; every score divided by less overflows)"
-    return None
-
-
-def length_penalty_problem(alpha: Any, max_length: int) -> str | None:
-    """The rule a length penalty `alpha` breaks for outputs of up to `max_length` tokens; None when accepted. Both
-    penalties in use, GNMT's ((5 + n) / 6) ** alpha and Hugging Face's n ** alpha, divide float32 scores (sums of
-    log-probabilities, far below 1e19 in magnitude) for every n in [1, max_length]: the penalty and its reciprocal
-    must stay within sqrt(float32 max) ~ 1.8e19 so the quotient is finite and non-zero; their largest base is
-    max_length, so |alpha| may be at most log(float32 max) / (2 log(max_length))."""
-    if not _finite(alpha):
-        return "a number such as 0.6"
-    bound = math.log(float(np.finfo(np.float32).max)) / (2 * math.log(max(max_length, 2)))
-    if abs(alpha) > bound:
-        return (f"within +-{bound:.3g}: beyond it a hypothesis of {max_length} tokens has a length penalty "
-                f"{max_length} ** alpha that overflows or vanishes in float32")
-    return None
 
 
 def seeded_generator(seed: int | None):

@@ -108,13 +108,13 @@ def test_api_and_cli_export_the_same_graphs(staged):
 def test_generate_and_report_through_the_api(staged):
     """generate.onnx from the fused graphs and the report of what the stages wrote, as the CLI writes them."""
     root, _, _, _ = staged
-    generated = seq2trt.generate(root / "out")
-    assert isinstance(generated, seq2trt.GenerateResult) and generated.graph.is_file()
+    generated = seq2trt.ort_search(root / "out")
+    assert isinstance(generated, seq2trt.OrtSearchResult) and generated.graph.is_file()
     assert generated.graph == root / "out" / "generate" / "ort" / "generate.onnx"
     on_disk = json.loads((generated.graph.parent / "generate.json").read_text())
     assert generated.record["semantics"] == on_disk["semantics"]
     with pytest.raises(seq2trt.ArtifactError, match="pass --force"):
-        seq2trt.generate(root / "out")
+        seq2trt.ort_search(root / "out")
     rendered = seq2trt.report(root / "out")
     assert rendered.markdown.is_file() and rendered.html.is_file()
     assert rendered.markdown.parent == root / "out" / "reports"

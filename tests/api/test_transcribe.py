@@ -79,7 +79,7 @@ def test_export_backends_equal_transformers(whisper, audio, backend, language, b
     src, _, out, hf_model = whisper
     with seq2trt.Translator(out, backend=backend) as whisper_model:
         assert whisper_model._transcriber.front_end._session is not None  # features.onnx, not the torch module
-        got = whisper_model.transcribe(audio, language=language, beam=beams, max_new_tokens=MAX_NEW)
+        got = whisper_model.transcribe(audio, language=language, beam_size=beams, max_new_tokens=MAX_NEW)
     want, languages = generate_tokens(hf_model, src, [judge_clip(a) for a in audio], language, beams, MAX_NEW)
     assert [r.tokens for r in got] == want and [r.language for r in got] == languages
 
@@ -114,7 +114,7 @@ def test_refusals(whisper, audio, tmp_path, make_model):
     with pytest.raises(InputError, match="does not exist"):
         translator.transcribe(tmp_path / "missing.wav")
     with pytest.raises(InputError, match="beam size 10000000 needs about .* GiB"):  # a hang past 300 s before
-        translator.transcribe(audio[:1], beam=10 ** 7)
+        translator.transcribe(audio[:1], beam_size=10 ** 7)
     # transcribe(None) raised a TypeError, transcribe(bytes) called the first byte "audio 1 is a int"
     with pytest.raises(InputError, match="^audio is a NoneType; give a file path"):
         translator.transcribe(None)
@@ -134,8 +134,8 @@ def test_transcriber_equals_transformers(whisper, audio, where, backend, languag
     src, ckpt, out, hf_model = whisper
     with seq2trt.Transcriber(out if where == "out" else ckpt, backend=backend) as whisper_model:
         assert whisper_model.has_tokenizer and whisper_model.config.audio
-        got = whisper_model.transcribe(audio, language=language, beam=beams, max_new_tokens=MAX_NEW)
-        assert whisper_model.transcribe(audio[0], language=language, beam=beams, max_new_tokens=MAX_NEW) == got[:1]
+        got = whisper_model.transcribe(audio, language=language, beam_size=beams, max_new_tokens=MAX_NEW)
+        assert whisper_model.transcribe(audio[0], language=language, beam_size=beams, max_new_tokens=MAX_NEW) == got[:1]
     want, languages = generate_tokens(hf_model, src, [judge_clip(a) for a in audio], language, beams, MAX_NEW)
     assert [r.tokens for r in got] == want and [r.language for r in got] == languages
     tokenizer = transformers.WhisperTokenizer.from_pretrained(str(src))

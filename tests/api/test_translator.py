@@ -43,13 +43,13 @@ def test_translate_is_the_eager_decode_and_the_cli(numbers_export, source, backe
     root, model, task = numbers_export
     want = eager_decode(model, task, TEXTS, beam)
     with seq2trt.Translator(root / source, backend=backend, threads=1) as translator:
-        got = translator.translate(TEXTS, beam=beam, batch_size=4)  # two batches
+        got = translator.translate(TEXTS, beam_size=beam, batch_size=4)  # two batches
         by_ids = translator.generate([np.array(task.source_vocab.encode(t) + [model.cfg.eos_id]) for t in TEXTS],
-                                     beam=beam)
+                                     beam_size=beam)
     assert [h.ids for h in got] == want == [h.ids for h in by_ids]
     assert [h.text for h in got] == [task.target_vocab.decode(w) for w in want]
     assert len({h.text for h in got}) > 1
-    result = invoke("translate", root / source, *TEXTS, "--backend", backend, "--beam", beam)
+    result = invoke("translate", root / source, *TEXTS, "--backend", backend, "--beam-size", beam)
     assert result.exit_code == 0, result.output
     assert result.output.splitlines() == [h.text for h in got]
 
@@ -67,7 +67,7 @@ def test_batches_are_formed_by_length_and_outputs_come_in_input_order(numbers_ex
     monkeypatch.setattr(decode_jobs, "pad_batch", lambda batch, pad: batches.append([len(s) for s in batch]) or
                         real(batch, pad))
     with seq2trt.Translator(root / "out", backend="ort-fused", threads=1) as translator:
-        got = translator.translate(texts, beam=beam, batch_size=2)
+        got = translator.translate(texts, beam_size=beam, batch_size=2)
         sampled = translator.translate(texts, batch_size=2, sample=True, seed=3)
     assert [h.ids for h in got] == eager_decode(model, task, texts, beam)
     lengths = [len(task.source_vocab.encode(t)) + 1 for t in texts]
@@ -87,16 +87,16 @@ def test_max_new_tokens_bounds_the_output(numbers_export):
 def test_search_options_are_the_clis(numbers_export):
     """n-best lists with scores, and seeded sampling: what `seq2trt translate` prints for the same flags."""
     from seq2trt.translator import SEARCH_OPTIONS
-    from seq2trt.runtime.decode_jobs import OPTION_FLAGS
+    from seq2trt.reference_model.decoding.options import SETTING_FIELDS
 
-    assert set(SEARCH_OPTIONS.values()) | {"num_return_sequences", "output_scores"} == set(OPTION_FLAGS)
+    assert set(SEARCH_OPTIONS.values()) | {"num_return_sequences", "output_scores"} == set(SETTING_FIELDS)
     root, _, _ = numbers_export
     with seq2trt.Translator(root / "out", backend="ort-fused") as translator:
-        nbest = translator.translate(TEXTS, beam=3, n_best=2, scores=True)
+        nbest = translator.translate(TEXTS, beam_size=3, n_best=2, scores=True)
         sampled = translator.translate(TEXTS, sample=True, seed=3, temperature=0.8, top_k=5)
         again = translator.translate(TEXTS, sample=True, seed=3, temperature=0.8, top_k=5)
     assert [len(hyps) for hyps in nbest] == [2] * len(TEXTS) and all(h.score is not None for r in nbest for h in r)
-    result = invoke("translate", root / "out", *TEXTS, "--backend", "ort-fused", "--beam", 3, "--n-best", 2, "--scores")
+    result = invoke("translate", root / "out", *TEXTS, "--backend", "ort-fused", "--beam-size", 3, "--n-best", 2, "--scores")
     assert result.exit_code == 0, result.output
     assert result.output.splitlines() == [f"{h.score:.6g}\t{h.text}" for hyps in nbest for h in hyps]
     result = invoke("translate", root / "out", *TEXTS, "--backend", "ort-fused", "--sample", "--seed", 3,
@@ -110,7 +110,7 @@ def test_four_threads_at_once_return_what_each_call_returns_alone(numbers_export
     root, _, _ = numbers_export
     jobs = [TEXTS, TEXTS[::-1], TEXTS[1:4] * 3, ["12", "340", "7"]]
     with seq2trt.Translator(root / ("ckpt" if backend == "eager" else "out"), backend=backend) as translator:
-        alone = [translator.translate(texts, beam=beam, batch_size=2) for texts in jobs]
+        alone = [translator.translate(texts, beam_size=beam, batch_size=2) for texts in jobs]
         together: list = [None] * len(jobs)
         start = threading.Barrier(len(jobs))
         errors = []
@@ -119,7 +119,7 @@ def test_four_threads_at_once_return_what_each_call_returns_alone(numbers_export
             try:
                 start.wait()
                 for _ in range(3):  # overlap the calls for a while, not just their first steps
-                    together[i] = translator.translate(jobs[i], beam=beam, batch_size=2)
+                    together[i] = translator.translate(jobs[i], beam_size=beam, batch_size=2)
             except BaseException as exc:  # noqa: BLE001  re-raised below, in the test's thread
                 errors.append(exc)
 
@@ -157,8 +157,8 @@ def test_errors_are_the_clis(numbers_export, tmp_path):
         seq2trt.Translator(root / "ckpt", backend="ort")
     assert str(exc.value) == _cli_error("translate", root / "ckpt", "12", "--backend", "ort")
     with seq2trt.Translator(root / "out", backend="ort-fused") as translator:
-        for options, flags in (({"beam": 0}, ["--beam", 0]), ({"max_new_tokens": 0}, ["--max-new-tokens", 0]),
-                               ({"batch_size": 0}, ["--batch-size", 0]), ({"alpha": float("nan")}, ["--alpha", "nan"])):
+        for options, flags in (({"beam_size": 0}, ["--beam-size", 0]), ({"max_new_tokens": 0}, ["--max-new-tokens", 0]),
+                               ({"batch_size": 0}, ["--batch-size", 0]), ({"length_penalty": float("nan")}, ["--length-penalty", "nan"])):
             with pytest.raises(InputError) as exc:
                 translator.translate(["12"], **options)
             # the same message, naming the keyword where the CLI names the flag
@@ -208,13 +208,13 @@ def test_an_imported_model_translates_as_transformers_generate(make_hf_model, ma
             want_scores = steps.masked_fill(after_eos, 0).sum(-1).tolist()
     want = tokenizer.batch_decode(out.sequences, skip_special_tokens=True)
     with seq2trt.Translator(tmp_path / "out", backend="ort") as translator:
-        got = translator.translate(texts, beam=beam, max_new_tokens=20)
-        scored = translator.translate(texts, beam=beam, max_new_tokens=20, scores=True)
+        got = translator.translate(texts, beam_size=beam, max_new_tokens=20)
+        scored = translator.translate(texts, beam_size=beam, max_new_tokens=20, scores=True)
     assert [h.text for h in got] == want == [h.text for h in scored]
     assert all(h.score is None for h in got)
     assert [h.score for h in scored] == pytest.approx(want_scores, abs=1e-4)
     with seq2trt.Translator(tmp_path / "out", backend="ort") as translator:
-        logged = translator.translate(texts, beam=beam, max_new_tokens=20, token_logprobs=True)
+        logged = translator.translate(texts, beam_size=beam, max_new_tokens=20, token_logprobs=True)
     steps = (original.compute_transition_scores(out.sequences, out.scores, out.beam_indices) if beam > 1 else
              original.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)).numpy()
     for h, row in zip(logged, steps):

@@ -35,7 +35,7 @@ def checkpoint(numbers_export):
 
 def test_translate_runs_greedy_and_beam(checkpoint):
     greedy = run("translate", str(checkpoint), "123", "45")
-    beam = run("translate", str(checkpoint), "123", "--beam", "3")
+    beam = run("translate", str(checkpoint), "123", "--beam-size", "3")
     assert greedy.returncode == 0 and len(greedy.stdout.splitlines()) == 2, greedy.stderr
     assert beam.returncode == 0, beam.stderr
 

@@ -36,7 +36,7 @@ def test_export_refuses_an_existing_directory(exported):
 
 def test_validate_passes_and_writes_reports(exported):
     out = exported / "out"
-    result = invoke("validate", out, "--samples", "6", "--beam", "2")
+    result = invoke("validate", out, "--samples", "6", "--beam-size", "2")
     assert result.exit_code == 0, result.output
     doc = json.loads((out / "reports" / "parity.json").read_text())
     assert doc["passed"] is True
@@ -66,7 +66,7 @@ def test_validate_fails_with_exit_1_when_end_to_end_misses_its_target(exported, 
     shutil.copytree(exported / "out", copy)
     strict = end_to_end.EndToEndTargets(token_agreement=1.0, sequence_match=1.0, max_logit_abs_err=0.0)
     monkeypatch.setitem(end_to_end.TARGETS, "fp32", strict)
-    result = invoke("validate", copy, "--samples", "3", "--beam", "1")
+    result = invoke("validate", copy, "--samples", "3", "--beam-size", "1")
     assert result.exit_code == 1 and "max_logit_abs_err" in result.output
     assert json.loads((copy / "reports" / "parity.json").read_text())["passed"] is False
 

@@ -33,7 +33,7 @@ def test_fuse_then_validate_fused_graphs(exported, target):
     proc = run("fuse", str(exported), "--target", target)
     assert proc.returncode == 0, proc.stderr
     assert "ENCODER_SELF 2/2" in proc.stdout and "DECODER_SELF 2/2, CROSS 2/2" in proc.stdout
-    proc = run("validate", str(exported), "--graphs", f"fused-{target}", "--samples", "16", "--beam", "2")
+    proc = run("validate", str(exported), "--graphs", f"fused-{target}", "--samples", "16", "--beam-size", "2")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((exported / "reports" / f"parity-ort-fused-{target}.json").read_text())
     assert doc["passed"] and doc["end_to_end"]["greedy"]["token_agreement"] == 1.0

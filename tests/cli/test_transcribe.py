@@ -65,7 +65,7 @@ def test_tokens_equal_transformers_generate(whisper, audio, beams, language):
     src, ckpt, hf_model = whisper
     audio = audio if beams == 1 else [audio[0], audio[3]]  # beam on speech and the 44.1 kHz stereo file
     flags = ["--language", language] if language else []
-    result = invoke("transcribe", ckpt, *audio, "--format", "json", "--beam", beams, "--max-new-tokens", MAX_NEW,
+    result = invoke("transcribe", ckpt, *audio, "--format", "json", "--beam-size", beams, "--max-new-tokens", MAX_NEW,
                     *flags)
     assert result.exit_code == 0, result.output
     rows = json_lines(result.stdout)

@@ -26,7 +26,7 @@ def test_translate_words_are_the_eager_decode(numbers_export, beam):
     root, model, task = numbers_export
     path = root / "ckpt"
     texts = ["40213", "7", "999999", "120"]
-    result = invoke("translate", path, *texts, "--beam", beam, "--batch-size", 3)  # two batches
+    result = invoke("translate", path, *texts, "--beam-size", beam, "--batch-size", 3)  # two batches
     assert result.exit_code == 0, result.output
     ids, mask = pad_batch([task.source_vocab.encode(t) + [model.cfg.eos_id] for t in texts], model.cfg.pad_id)
     settings = DecodeSettings.for_model(model.cfg)
@@ -104,7 +104,7 @@ def test_translate_text_of_an_imported_model_is_transformers_generate(imported_m
 
     root = imported_marian
     texts = ["kalo mine suta", "ri po de an", "taelor"]
-    result = invoke("translate", root / "ckpt", *texts, "--beam", beam)
+    result = invoke("translate", root / "ckpt", *texts, "--beam-size", beam)
     assert result.exit_code == 0, result.output
     tokenizer = AutoTokenizer.from_pretrained(str(root / "src"))
     want = _hf_generate(root, tokenizer(texts)["input_ids"], num_beams=beam)
@@ -149,7 +149,7 @@ def test_translate_ids_through_each_backend_are_transformers_generate(imported_m
     (tmp_path / "ids.jsonl").write_text("".join(json.dumps(s) + "\n" for s in sources))
     for beam in (1, 4):
         result = invoke("translate", root / "out", "--backend", backend, "--ids-file", tmp_path / "ids.jsonl",
-                        "--beam", beam, "--output-ids", tmp_path / "out.jsonl")
+                        "--beam-size", beam, "--output-ids", tmp_path / "out.jsonl")
         assert result.exit_code == 0, result.output
         got = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
         want = _hf_generate(root, sources, num_beams=beam)
@@ -189,7 +189,7 @@ def test_translate_text_without_a_tokenizer_names_ids_file(make_hf_model, tmp_pa
 
 
 def test_many_sources_decode_in_bounded_batches_and_stream(numbers_export, tmp_path, monkeypatch):
-    """20,000 sources with --beam 4 once went into one batch and died of memory: each batch holds at most
+    """20,000 sources with --beam-size 4 once went into one batch and died of memory: each batch holds at most
     --batch-size sources, and the lines stream: those of a window of SORT_WINDOW batches (sorted by length inside
     it) are printed before the next window is decoded."""
     import seq2trt.runtime.decode_jobs as jobs
@@ -213,7 +213,7 @@ def test_many_sources_decode_in_bounded_batches_and_stream(numbers_export, tmp_p
 
     real_echo = commands.click.echo
     monkeypatch.setattr(commands.click, "echo", lambda *a, **k: (echoed.append(a), real_echo(*a, **k)))
-    result = invoke("translate", path, "--ids-file", ids_file, "--beam", 4, "--batch-size", 64,
+    result = invoke("translate", path, "--ids-file", ids_file, "--beam-size", 4, "--batch-size", 64,
                     "--max-new-tokens", 4)
     assert result.exit_code == 0, result.output
     assert len(result.output.splitlines()) == 2000

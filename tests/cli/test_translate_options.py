@@ -64,7 +64,7 @@ def test_the_models_stored_settings_apply_without_flags(bart):
 
 
 def test_flags_override_and_n_best_lists_carry_transformers_scores(bart):
-    flags = ["--beam", 5, "--n-best", 3, "--scores", "--min-length", 4, "--no-repeat-ngram-size", 2,
+    flags = ["--beam-size", 5, "--n-best", 3, "--scores", "--min-length", 4, "--no-repeat-ngram-size", 2,
              "--repetition-penalty", 1.3]
     got, lines = _translate(bart, *flags)
     want, out = _generate(bart, num_beams=5, num_return_sequences=3, output_scores=True, min_length=4,
@@ -90,7 +90,7 @@ def test_sampling_is_transformers_with_the_same_seed_eager_and_ort(bart, source)
 
 
 def test_an_ort_export_decodes_the_options_as_the_checkpoint(bart):
-    flags = ["--beam", 3, "--n-best", 2, "--scores", "--repetition-penalty", 1.5, "--min-new-tokens", 5]
+    flags = ["--beam-size", 3, "--n-best", 2, "--scores", "--repetition-penalty", 1.5, "--min-new-tokens", 5]
     eager, _ = _translate(bart, *flags)
     ort, _ = _translate(bart, *flags, "--backend", "ort", source="out")
     assert [row["ids"] for row in ort] == [row["ids"] for row in eager]
@@ -129,7 +129,7 @@ def test_token_logprobs_are_transformers_transition_scores(bart, source):
     (["--sample", "--top-p", 0], "--top-p must be a number in (0, 1] such as 0.9, got 0.0"),
     (["--sample", "--temperature", 0], "--temperature must be a number > 0 such as 0.7, got 0.0"),
     (["--n-best", 5], "--n-best 5 is more than the 4 beams searched"),
-    (["--sample", "--beam", 4], "--beam 4 with sampling"),
+    (["--sample", "--beam-size", 4], "--beam-size 4 with sampling"),
     (["--repetition-penalty", -1], "--repetition-penalty must be a number > 0"),
     (["--no-repeat-ngram-size", -2], "--no-repeat-ngram-size must be an integer >= 0"),
     (["--fast-sampling"], "--fast-sampling sets how sampling draws, and this decode does not sample; add --sample"),
@@ -145,7 +145,7 @@ def test_bad_search_options_are_one_error_line(bart, flags, message):
 def _with_generate(bart):
     if not (bart / "out" / "generate").exists():
         assert invoke("fuse", bart / "out", "--target", "ort").exit_code == 0
-        assert invoke("generate", bart / "out").exit_code == 0
+        assert invoke("ort-search", bart / "out").exit_code == 0
 
 
 def test_ort_generate_refuses_the_options_its_graph_does_not_apply(bart):
@@ -184,8 +184,8 @@ def test_ort_generate_refuses_another_ngram_size_until_rebuilt(bart):
                     "--no-repeat-ngram-size", 2)
     assert result.exit_code == 2, result.output
     assert "bans repeated n-grams of size 3" in result.output and "asks 2" in result.output
-    assert f"seq2trt generate {bart / 'out'} --no-repeat-ngram-size 2 --force" in result.output
-    result = invoke("generate", bart / "out", "--no-repeat-ngram-size", 2, "--force")
+    assert f"seq2trt ort-search {bart / 'out'} --no-repeat-ngram-size 2 --force" in result.output
+    result = invoke("ort-search", bart / "out", "--no-repeat-ngram-size", 2, "--force")
     assert result.exit_code == 0 and "no_repeat_ngram_size 2," in result.output, result.output
     try:
         got, _ = _translate(bart, "--backend", "ort-generate", "--no-repeat-ngram-size", 2, source="out")
@@ -193,8 +193,8 @@ def test_ort_generate_refuses_another_ngram_size_until_rebuilt(bart):
         assert got == want
         assert want != _generate(bart)[0], "sizes 2 and 3 decoded alike: the test could not fail"
     finally:  # the module's graph again holds the model's own size
-        assert invoke("generate", bart / "out", "--force").exit_code == 0
-    bad = invoke("generate", bart / "out", "--no-repeat-ngram-size", -1, "--force")
+        assert invoke("ort-search", bart / "out", "--force").exit_code == 0
+    bad = invoke("ort-search", bart / "out", "--no-repeat-ngram-size", -1, "--force")
     assert bad.exit_code == 2 and "--no-repeat-ngram-size must be an integer >= 0" in bad.output, bad.output
 
 

@@ -45,7 +45,7 @@ def hf_tokens(src, sources: list[list[int]], beam: int, new_tokens: int) -> list
 def translated(out, tmp_path, sources, backend: str, beam: int, new_tokens: int) -> list[list[int]]:
     ids, written = tmp_path / "ids.jsonl", tmp_path / f"{backend}-{beam}.jsonl"
     ids.write_text("".join(json.dumps(s) + "\n" for s in sources))
-    invoke_ok("translate", out, "--backend", backend, "--ids-file", ids, "--output-ids", written, "--beam", beam,
+    invoke_ok("translate", out, "--backend", backend, "--ids-file", ids, "--output-ids", written, "--beam-size", beam,
               "--max-new-tokens", new_tokens)
     return [json.loads(line) for line in written.read_text().splitlines()]
 
@@ -73,7 +73,7 @@ def test_every_writer_and_reader_on_external_data(make_hf_model, tmp_path, monke
     for target in ("ort", "trt"):
         invoke_ok("fuse", out, "--target", target)
     invoke_ok("quantize", out)
-    invoke_ok("generate", out)
+    invoke_ok("ort-search", out)
     graphs = ("encoder.onnx", "decoder.onnx")
     for folder in (out, out / "fused" / "ort", out / "fused" / "trt", out / "quantized" / "ort-int8"):
         assert_external(folder, *graphs)

@@ -97,13 +97,13 @@ def test_stale_or_modified_generation_graphs_are_refused(make_model, tmp_path):
     generate_artifacts(out, force=True)
     with open(generate_dir(out) / FILENAME, "ab") as f:
         f.write(b"\0")
-    with pytest.raises(ArtifactError, match="does not match its sha256.*seq2trt generate"):
+    with pytest.raises(ArtifactError, match="does not match its sha256.*seq2trt ort-search"):
         GenerateModel(out, verify(out))
     fuse_artifacts(out, Target.ORT, force=True)  # same fused graphs: the generation graph is still current
     generate_artifacts(out, force=True)
     verify_generate(out)
     (generate_dir(out) / GENERATE_JSON).unlink()
-    with pytest.raises(ArtifactError, match="run `seq2trt generate"):
+    with pytest.raises(ArtifactError, match="run `seq2trt ort-search"):
         verify_generate(out)
 
 
@@ -229,7 +229,7 @@ def test_no_repeat_ngrams_n_best_and_scores_equal_the_eager_beam_search(make_mod
     assert free != [hyps[0].tokens for hyps in want]  # the model repeats bigrams when free: the test could fail
     assert any(len(h.tokens) == 20 for hyps in want for h in hyps)  # scores of hypotheses the limit closed too
     with GenerateModel(out, verify(out)) as generate:
-        with pytest.raises(InputError, match=r"bans repeated n-grams of size 2 .* asks 3; re-run `seq2trt generate"):
+        with pytest.raises(InputError, match=r"bans repeated n-grams of size 2 .* asks 3; re-run `seq2trt ort-search"):
             generate.check(2, ids.shape[1], dataclasses.replace(settings, no_repeat_ngram_size=3), 4)
         with pytest.raises(InputError, match="num_return_sequences 5 is more than the 4 beams"):
             generate.check(2, ids.shape[1], dataclasses.replace(settings, num_return_sequences=5), 4)

@@ -141,7 +141,7 @@ def test_translate_text_with_the_fsmt_tokenizer_is_transformers(tmp_path):
     assert {"vocab-src.json", "vocab-tgt.json", "merges.txt"} <= set(
         json.loads((tmp_path / "ckpt" / "import.json").read_text())["tokenizer_files"])
     texts = ["kalo mine suta", "ri po de an", "taelor kasu minelo ta"]
-    out = CliRunner().invoke(cli, ["translate", str(tmp_path / "ckpt"), *texts, "--beam", "4",
+    out = CliRunner().invoke(cli, ["translate", str(tmp_path / "ckpt"), *texts, "--beam-size", "4",
                                    "--max-new-tokens", "16"])
     assert out.exit_code == 0, out.output
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(src))

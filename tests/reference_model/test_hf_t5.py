@@ -273,7 +273,7 @@ def test_translate_text_with_the_sentencepiece_tokenizer_is_transformers(fast, b
     copied = json.loads((tmp_path / "ckpt" / "import.json").read_text())["tokenizer_files"]
     assert ("tokenizer.json" in copied) == fast and "spiece.model" in copied
     texts = ["translate English to German: kalo mine suta", "ri po de an", "summarize: taelor kasu minelo ta"]
-    out = CliRunner().invoke(cli, ["translate", str(tmp_path / "ckpt"), *texts, "--beam", str(beam),
+    out = CliRunner().invoke(cli, ["translate", str(tmp_path / "ckpt"), *texts, "--beam-size", str(beam),
                                    "--max-new-tokens", "20"])
     assert out.exit_code == 0, out.output
     # What a user's AutoTokenizer gives: a lone spiece.model converted too (transformers 5 has one T5Tokenizer,

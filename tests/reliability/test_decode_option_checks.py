@@ -45,8 +45,8 @@ def test_a_text_that_is_not_a_string_is_named(translator, bad, word):
     (dict(sample=True, temperature="hot"), "temperature"), (dict(sample=True, seed=1.5), "seed"),
     (dict(sample=True, seed=2 ** 70), "seed"), (dict(sample=True, seed=-1), "seed"),
     (dict(sample="yes"), "sample"), (dict(sample=True, top_k=2.5), "top_k"),
-    (dict(repetition_penalty="x"), "repetition_penalty"), (dict(beam=2.0), "beam"),
-    (dict(batch_size="4"), "batch_size"), (dict(alpha="x"), "alpha")])
+    (dict(repetition_penalty="x"), "repetition_penalty"), (dict(beam_size=2.0), "beam_size"),
+    (dict(batch_size="4"), "batch_size"), (dict(length_penalty="x"), "length_penalty")])
 def test_api_options_of_the_wrong_type_are_typed_errors_naming_the_keyword(translator, options, name):
     with pytest.raises(InputError) as exc:
         translator.translate(TEXTS, **options)
@@ -84,18 +84,18 @@ def test_token_logprobs_without_output_ids_is_refused(numbers_export):
 def test_a_length_penalty_that_overflows_is_refused(numbers_export, alpha):
     """GNMT's ((5 + n) / 6) ** alpha overflowed (OverflowError) and Hugging Face's length ** alpha made a score -0."""
     root, _, _ = numbers_export
-    one_error_line(invoke("translate", root / "ckpt", *TEXTS, "--beam", 2, "--alpha", alpha), 2, "--alpha")
+    one_error_line(invoke("translate", root / "ckpt", *TEXTS, "--beam-size", 2, "--length-penalty", alpha), 2, "--length-penalty")
     with seq2trt.Translator(root / "ckpt", backend="eager") as translator:
-        with pytest.raises(InputError, match="^alpha "):
-            translator.translate(TEXTS, beam=2, alpha=float(alpha))
-        translator.translate(TEXTS, beam=2, alpha=5.0)  # a large penalty that fits is kept
+        with pytest.raises(InputError, match="^length_penalty "):
+            translator.translate(TEXTS, beam_size=2, length_penalty=float(alpha))
+        translator.translate(TEXTS, beam_size=2, length_penalty=5.0)  # a large penalty that fits is kept
 
 
 def test_a_beam_the_machine_cannot_hold_is_refused_before_decoding(numbers_export):
-    """--beam 100000 allocated gigabytes (a traceback) or ran on and on: the import's memory estimate now refuses
+    """--beam-size 100000 allocated gigabytes (a traceback) or ran on and on: the import's memory estimate now refuses
     it before the first step."""
     root, _, _ = numbers_export
-    one_error_line(invoke("translate", root / "ckpt", *TEXTS, "--beam", 10 ** 7), 2, "--beam 10000000", "GiB")
+    one_error_line(invoke("translate", root / "ckpt", *TEXTS, "--beam-size", 10 ** 7), 2, "--beam-size 10000000", "GiB")
 
 
 @pytest.mark.parametrize("verb", ["translate", "transcribe", "validate", "train"])

@@ -56,7 +56,7 @@ def test_a_deleted_checkpoint_points_at_checkpoint_not_train(work, artifact, inv
 
 @pytest.mark.parametrize("alpha", ["nan", "-nan"])
 def test_a_nan_length_penalty_is_refused(work, alpha, invoke, one_error_line):
-    one_error_line(invoke("translate", work / "ckpt", "123", "--beam", "2", "--alpha", alpha), 2, "--alpha")
+    one_error_line(invoke("translate", work / "ckpt", "123", "--beam-size", "2", "--length-penalty", alpha), 2, "--length-penalty")
 
 
 def _max_threads() -> int:
@@ -71,7 +71,7 @@ def _max_threads() -> int:
     ("--threads", "{over}", "--threads must be in [1, {limit}], got {over}"),
     ("--threads", "100000", "--threads must be in [1, {limit}], got 100000"),  # libgomp crashed creating them
     ("--batch-size", "0", "--batch-size must be >= 1, got 0"),
-    ("--alpha", "nan", "--alpha must be a number, got nan"),
+    ("--length-penalty", "nan", "--length-penalty must be a number, got nan"),
 ], ids=["threads-0", "threads-negative", "threads-just-over", "threads-huge", "batch-size-0", "alpha-nan"])
 def test_translate_names_the_flag_and_the_value(work, flag, value, fragment, invoke, one_error_line, monkeypatch):
     from seq2trt.runtime import decode_jobs
@@ -85,7 +85,7 @@ def test_translate_names_the_flag_and_the_value(work, flag, value, fragment, inv
 def test_a_text_starting_with_a_dash_hints_at_double_dash(work, invoke, one_error_line):
     one_error_line(invoke("translate", work / "ckpt", "-5"), 2, "No such option", "-5",
                    "put `--` before the texts", "seq2trt translate SOURCE -- -5")
-    line = one_error_line(invoke("translate", work / "ckpt", "12", "--beams", "2"), 2, "--beams", "--beam")
+    line = one_error_line(invoke("translate", work / "ckpt", "12", "--beams", "2"), 2, "--beams", "--beam-size")
     assert "`--`" not in line  # a misspelt option keeps click's own suggestion alone
     one_error_line(invoke("translate", work / "ckpt", "--", "-5"), 2, "outside the vocabulary: ['-']")
 
@@ -100,13 +100,13 @@ def test_a_language_without_a_tokenizer_says_it_needs_one(work, flag, invoke, on
 
 
 def test_ort_generate_on_an_fp16_export_says_what_runs_it(work, invoke, one_error_line):
-    """`seq2trt generate` (and `quantize`) refuse an fp16 export: pointing at them led to a second error."""
+    """`seq2trt ort-search` (and `quantize`) refuse an fp16 export: pointing at them led to a second error."""
     assert invoke("export", work / "ckpt", "-o", work / "half", "--dtype", "fp16").exit_code == 0
     for backend in ("ort-generate", "ort-generate-int8"):
         line = one_error_line(invoke("translate", work / "half", "123", "--backend", backend), 2,
                               f"--backend {backend}", "float32 graphs", "are fp16", "--backend ort,", "tensorrt",
                               "--dtype fp32")
-        assert "run `seq2trt generate" not in line
+        assert "run `seq2trt ort-search" not in line
     result = invoke("translate", work / "half", "123", "--backend", "ort")  # what the line offers does run it
     assert result.exit_code == 0 and result.output.strip(), result.output
 
@@ -123,10 +123,10 @@ def test_validate_and_bench_bound_their_thread_counts(work, verb, invoke, one_er
 
 @pytest.mark.parametrize("generation, beam, fragment", [
     ({"num_beams": -3}, None, "the checkpoint's generation settings: num_beams must be an integer >= 1, got -3"),
-    ({"num_beams": 4}, 0, "--beam must be an integer >= 1, got 0"),
+    ({"num_beams": 4}, 0, "--beam-size must be an integer >= 1, got 0"),
 ])
 def test_a_bad_beam_count_names_where_it_came_from(generation, beam, fragment):
-    """A hand-edited generation.json is named as the source of its num_beams, not as a --beam never given."""
+    """A hand-edited generation.json is named as the source of its num_beams, not as a --beam-size never given."""
     from seq2trt.reference_model.errors import InputError
     from seq2trt.runtime.decode_jobs import choose_search
 

@@ -29,7 +29,7 @@ KINDS = {
     "int8": ("quantized/ort-int8", "decoder.onnx", ["validate", "{out}", "--graphs", "int8-ort", "--samples", "2"],
              "seq2trt quantize {out} --force"),
     "generate": ("generate/ort", "generate.onnx", ["translate", "{out}", "--backend", "ort-generate", "12"],
-                 "seq2trt generate {out} --force"),
+                 "seq2trt ort-search {out} --force"),
 }
 if HAS_RTX:  # the TensorRT-RTX parser reads the fused graph's data file itself: checked before it parses
     KINDS["fused-trt build"] = ("fused/trt", "encoder.onnx", ["build", "{out}", "--backend", "tensorrt-rtx",
@@ -40,7 +40,7 @@ if HAS_RTX:  # the TensorRT-RTX parser reads the fused graph's data file itself:
 def _every_artifact(root: Path, model, task) -> Path:
     _, out = checkpoint_and_export(root, model, task, max_batch=4, fuse=("ort", "trt"), record_task=True)
     invoke_ok("quantize", out)
-    invoke_ok("generate", out)
+    invoke_ok("ort-search", out)
     return out
 
 

@@ -280,7 +280,7 @@ def test_served_text_requests(text, outcomes):
         given = {t["name"]: t["data"] for t in doc["inputs"]}
         if "do_sample" in given:
             continue
-        flags = [a for name, flag in (("num_beams", "--beam"), ("max_new_tokens", "--max-new-tokens"))
+        flags = [a for name, flag in (("num_beams", "--beam-size"), ("max_new_tokens", "--max-new-tokens"))
                  if name in given for a in (flag, str(given[name][0]))]
         if model == "generate":
             ids = out.parent / f"ids-{label.split()[0].replace(':', '-')}.jsonl"

@@ -102,13 +102,13 @@ def translate_ids(out: Path, sources: list[list[int]], *args: str) -> list[list[
         return [json.loads(line) for line in out_file.read_text().splitlines()]
 
 
-def generate_inputs(ids, max_new_tokens: int | None = None, num_beams: int | None = None, dtype=np.int64):
+def generate_inputs(ids, max_new_tokens: int | None = None, beam_size: int | None = None, dtype=np.int64):
     import tritonclient.http as http
 
     array = np.asarray([ids], dtype=dtype)
     inputs = [http.InferInput("input_ids", list(array.shape), http.np_to_triton_dtype(array.dtype))]
     inputs[0].set_data_from_numpy(array)
-    for name, value in (("max_new_tokens", max_new_tokens), ("num_beams", num_beams)):
+    for name, value in (("max_new_tokens", max_new_tokens), ("beam_size", beam_size)):
         if value is not None:
             inputs.append(http.InferInput(name, [1, 1], "INT32"))
             inputs[-1].set_data_from_numpy(np.array([[value]], dtype=np.int32))

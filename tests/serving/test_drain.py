@@ -15,7 +15,7 @@ def test_sigterm_answers_requests_in_flight_then_exits_0(served, tmp_path):
     import tritonclient.http as http
 
     out, _ = served
-    want = translate_ids(out, [SOURCE], "--beam", "4")[0]
+    want = translate_ids(out, [SOURCE], "--beam-size", "4")[0]
     server = Server(out, tmp_path / "server.log", "--max-batch", "2", "--max-queue-delay-us", "0")
     sent, results = threading.Event(), []
 
@@ -23,7 +23,7 @@ def test_sigterm_answers_requests_in_flight_then_exits_0(served, tmp_path):
         c = http.InferenceServerClient(server.url, network_timeout=60)
         sent.set()
         try:
-            results.append(c.infer("generate", generate_inputs(SOURCE, num_beams=4)).as_numpy("output_ids")[0].tolist())
+            results.append(c.infer("generate", generate_inputs(SOURCE, beam_size=4)).as_numpy("output_ids")[0].tolist())
         except Exception as exc:  # noqa: BLE001 - recorded and checked below
             results.append(exc)
 

@@ -26,8 +26,8 @@ def test_python_repository_answers_as_translate(served, tmp_path):
     try:
         c = http.InferenceServerClient(server.url, network_timeout=60)
         for beam in (1, 4):
-            want = translate_ids(out, SOURCES, "--beam", str(beam))
-            got = [c.infer("generate", generate_inputs(s, num_beams=beam)).as_numpy("output_ids")[0].tolist()
+            want = translate_ids(out, SOURCES, "--beam-size", str(beam))
+            got = [c.infer("generate", generate_inputs(s, beam_size=beam)).as_numpy("output_ids")[0].tolist()
                    for s in SOURCES]
             assert got == want
         assert c.infer("translate", text_inputs("120")).as_numpy("text")[0, 0].decode() == \

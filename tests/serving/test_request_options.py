@@ -56,16 +56,16 @@ def test_seeded_sampling_is_translate_whatever_the_batch(exported, service, monk
 
 
 @pytest.mark.parametrize("job, flags", [
-    (dict(num_beams=4, options=dict(num_return_sequences=3, output_scores=True)),
-     ["--beam", "4", "--n-best", "3", "--scores"]),
+    (dict(beam_size=4, options=dict(num_return_sequences=3, output_scores=True)),
+     ["--beam-size", "4", "--n-best", "3", "--scores"]),
     (dict(options=dict(output_scores=True)), ["--scores"]),
     (dict(options=dict(no_repeat_ngram_size=1)), ["--no-repeat-ngram-size", "1"]),
-    (dict(num_beams=2, options=dict(repetition_penalty=3.0)), ["--beam", "2", "--repetition-penalty", "3.0"]),
+    (dict(beam_size=2, options=dict(repetition_penalty=3.0)), ["--beam-size", "2", "--repetition-penalty", "3.0"]),
     (dict(max_new_tokens=12, options=dict(min_new_tokens=10)), ["--max-new-tokens", "12", "--min-new-tokens", "10"]),
     (dict(options=dict(do_sample=True, seed=3, num_return_sequences=4, output_scores=True, top_p=0.9)),
      ["--sample", "--seed", "3", "--n-best", "4", "--scores", "--top-p", "0.9"]),
-    (dict(num_beams=3, options=dict(num_return_sequences=2, output_token_logprobs=True)),
-     ["--beam", "3", "--n-best", "2", "--token-logprobs"]),
+    (dict(beam_size=3, options=dict(num_return_sequences=2, output_token_logprobs=True)),
+     ["--beam-size", "3", "--n-best", "2", "--token-logprobs"]),
 ], ids=["beam-n-best-scores", "greedy-scores", "no-repeat", "repetition-penalty", "min-new-tokens", "sample-n-best",
         "token-logprobs"])
 def test_each_option_is_translates_flag_in_a_mixed_batch(exported, service, monkeypatch, job, flags):
@@ -91,18 +91,18 @@ def test_each_option_is_translates_flag_in_a_mixed_batch(exported, service, monk
             assert any(len({json.dumps(t) for t in w["ids"]}) > 1 for w in want)
     else:
         assert got == want
-        plain = translate_ids(exported, sources, *flags[:2] if flags[0] in ("--beam", "--max-new-tokens") else ())
+        plain = translate_ids(exported, sources, *flags[:2] if flags[0] in ("--beam-size", "--max-new-tokens") else ())
         if "--min-new-tokens" not in flags:  # this random model never ends before its limit: the floor is inert
             assert got != plain, f"{flags} changed nothing here: the test could not fail"
 
 
-@pytest.mark.parametrize("options, num_beams, message", [
+@pytest.mark.parametrize("options, beam_size, message", [
     (dict(do_sample=True, temperature=0.0), None, "temperature must be a number > 0 such as 0.7, got 0.0"),
     (dict(do_sample=True, top_p=1.5), None, "top_p must be a number in (0, 1] such as 0.9, got 1.5"),
     (dict(do_sample=True, top_k=-1), None, "top_k must be an integer >= 0"),
     (dict(do_sample=True, seed=-1), None, "seed must be an integer in [0, 2**64), got -1"),
     (dict(temperature=0.5), None, "temperature sets how sampling draws, and this decode does not sample; add do_sample"),
-    (dict(do_sample=True), 4, "num_beams 4 with sampling"),
+    (dict(do_sample=True), 4, "beam_size 4 with sampling"),
     (dict(num_return_sequences=3), 2, "n_best 3 is more than the 2 beams searched"),
     (dict(num_return_sequences=0), None, "n_best must be an integer >= 1, got 0"),
     (dict(do_sample=True, num_return_sequences=MAX_BATCH + 1), None, f"n_best with do_sample must be in [1, {MAX_BATCH}]"),
@@ -110,13 +110,13 @@ def test_each_option_is_translates_flag_in_a_mixed_batch(exported, service, monk
     (dict(no_repeat_ngram_size=-1), None, "no_repeat_ngram_size must be an integer >= 0"),
     (dict(min_new_tokens=-2), None, "min_new_tokens must be an integer >= 0"),
 ])
-def test_a_bad_option_is_its_requests_error_naming_the_parameter(exported, service, options, num_beams, message):
-    bad = Job(tuple(SOURCES[0]), num_beams=num_beams, options=options)
-    got = service.run([Job(tuple(SOURCES[1])), bad, Job(tuple(SOURCES[2]), num_beams=2)])
+def test_a_bad_option_is_its_requests_error_naming_the_parameter(exported, service, options, beam_size, message):
+    bad = Job(tuple(SOURCES[0]), beam_size=beam_size, options=options)
+    got = service.run([Job(tuple(SOURCES[1])), bad, Job(tuple(SOURCES[2]), beam_size=2)])
     assert isinstance(got[1], InputError) and message in str(got[1]), got[1]
     assert "--" not in str(got[1]).split(";")[0], got[1]  # named as the request's parameter, not translate's flag
     assert got[0] == translate_ids(exported, [SOURCES[1]])[0]
-    assert got[2] == translate_ids(exported, [SOURCES[2]], "--beam", "2")[0]
+    assert got[2] == translate_ids(exported, [SOURCES[2]], "--beam-size", "2")[0]
 
 
 def test_option_values_as_triton_hands_them_over():
@@ -178,9 +178,9 @@ def _served_requests(c, out):
     plain = c.infer("generate", generate_inputs(source))  # without options: as before, no n-best outputs
     assert plain.as_numpy("output_ids")[0].tolist() == translate_ids(out, [source])[0]
     assert plain.as_numpy("hypotheses") is None
-    beams = c.infer("translate", text_inputs("40213") + [_input("num_beams", 3, "INT32"), _input("n_best", 3, "INT32")])
+    beams = c.infer("translate", text_inputs("40213") + [_input("beam_size", 3, "INT32"), _input("n_best", 3, "INT32")])
     texts = json.loads(beams.as_numpy("hypotheses")[0, 0])["text"]
-    result = invoke("translate", out, "40213", "--backend", "ort-fused", "--beam", "3", "--n-best", "3")
+    result = invoke("translate", out, "40213", "--backend", "ort-fused", "--beam-size", "3", "--n-best", "3")
     assert result.exit_code == 0, result.output
     assert texts == result.output.splitlines() and texts[0] == beams.as_numpy("text")[0, 0].decode()
     with pytest.raises(InferenceServerException, match=r"top_p must be a number in \(0, 1\]"):

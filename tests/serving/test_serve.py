@@ -46,11 +46,11 @@ def test_health_ready_and_endpoints(served):
 def test_generate_is_translate(served, beam):
     out, server = served
     c = client(server)
-    want = translate_ids(out, SOURCES, "--beam", str(beam))
-    assert [generate(c, s, num_beams=beam) for s in SOURCES] == want
+    want = translate_ids(out, SOURCES, "--beam-size", str(beam))
+    assert [generate(c, s, beam_size=beam) for s in SOURCES] == want
     assert len({tuple(w) for w in want}) > 1
-    short = translate_ids(out, SOURCES, "--beam", str(beam), "--max-new-tokens", "3")
-    assert [generate(c, s, num_beams=beam, max_new_tokens=3) for s in SOURCES] == short
+    short = translate_ids(out, SOURCES, "--beam-size", str(beam), "--max-new-tokens", "3")
+    assert [generate(c, s, beam_size=beam, max_new_tokens=3) for s in SOURCES] == short
 
 
 def test_translate_text_is_translate(served):
@@ -80,7 +80,7 @@ def test_bad_requests_are_named_and_the_server_stays_up(served):
         "outside the source vocabulary": lambda: c.infer("generate", generate_inputs([4, 999, 2])),
         f"over the export's max_src_len {MAX_LEN}": lambda: c.infer("generate", generate_inputs([4] * (MAX_LEN + 1))),
         "max_new_tokens must be an integer in [1, ": lambda: c.infer("generate", generate_inputs([4, 2], max_new_tokens=0)),
-        "num_beams must be in [1, ": lambda: c.infer("generate", generate_inputs([4, 2], num_beams=99)),
+        "beam_size must be in [1, ": lambda: c.infer("generate", generate_inputs([4, 2], beam_size=99)),
         "not UTF-8": lambda: c.infer("translate", text_inputs(b"\xff\xfe12")),
         "outside the vocabulary": lambda: c.infer("translate", text_inputs("twelve")),
         "empty source text": lambda: c.infer("translate", text_inputs("  ")),
@@ -107,9 +107,9 @@ def test_a_dropped_client_does_not_disturb_others(served):
     for _ in range(8):  # send a request and hang up before the answer
         with socket.create_connection(("127.0.0.1", server.http), timeout=10) as s:
             s.sendall(head + body)
-    want = translate_ids(out, SOURCES, "--beam", "4")
+    want = translate_ids(out, SOURCES, "--beam-size", "4")
     with ThreadPoolExecutor(8) as pool:  # a client per thread: tritonclient's are not thread-safe
-        got = list(pool.map(lambda s: generate(client(server), s, num_beams=4), SOURCES))
+        got = list(pool.map(lambda s: generate(client(server), s, beam_size=4), SOURCES))
     assert got == want
 
 
@@ -129,7 +129,7 @@ def test_load_64_clients_every_response_is_translate(served):
     variants = [(1, None), (4, None), (1, 5), (4, 5)]
     want = {}
     for beam, new in variants:
-        extra = ["--beam", str(beam)] + (["--max-new-tokens", str(new)] if new else [])
+        extra = ["--beam-size", str(beam)] + (["--max-new-tokens", str(new)] if new else [])
         for s, w in zip(sources, translate_ids(out, sources, *extra)):
             want[(tuple(s), beam, new)] = w
     before = _stats_batches(server)
@@ -140,7 +140,7 @@ def test_load_64_clients_every_response_is_translate(served):
         results = []
         for _ in range(20):
             s, (beam, new) = local.choice(sources), local.choice(variants)
-            results.append(generate(c, s, num_beams=beam, max_new_tokens=new) == want[(tuple(s), beam, new)])
+            results.append(generate(c, s, beam_size=beam, max_new_tokens=new) == want[(tuple(s), beam, new)])
         c.close()
         return results
 

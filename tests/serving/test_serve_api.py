@@ -25,10 +25,10 @@ def test_serve_from_python_answers_as_translate_and_drains(exported, tmp_path):
         assert server.endpoints["http"] == f"http://127.0.0.1:{http_port}"
         c = http.InferenceServerClient(f"127.0.0.1:{http_port}", network_timeout=120)
         assert c.is_server_ready() and c.is_model_ready("generate")
-        got = [c.infer("generate", generate_inputs(s, num_beams=2)).as_numpy("output_ids")[0].tolist()
+        got = [c.infer("generate", generate_inputs(s, beam_size=2)).as_numpy("output_ids")[0].tolist()
                for s in SOURCES]
         c.close()  # an open keep-alive connection holds Triton's drain until its exit timeout
-    assert got == translate_ids(exported, SOURCES, "--beam", "2")
+    assert got == translate_ids(exported, SOURCES, "--beam-size", "2")
     assert server.stop() == 0 == server.code  # drained at the block's end; stop() again returns the same code
     with socket.socket() as s:  # nobody listens there any more (SO_REUSEADDR: the closed connections' TIME_WAIT)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -74,11 +74,11 @@ def test_a_repository_without_models_is_refused(exported, tmp_path):
 
 
 @pytest.mark.parametrize("args, fragments", [
-    (["--alpha", "nan"], ["--alpha must be a number, got nan"]),
+    (["--length-penalty", "nan"], ["--length-penalty must be a number, got nan"]),
     (["--max-batch", "1000"], ["--max-batch 1000 is above the export's max_batch 16", "re-export"]),
     (["--threads", "100000"], ["--threads must be in [1, ", "got 100000"]),
     (["--max-request-mb", "0"], ["--max-request-mb must be a number > 0, got 0"]),
-], ids=["alpha-nan", "max-batch-over-export", "threads", "max-request-mb"])
+], ids=["length-penalty-nan", "max-batch-over-export", "threads", "max-request-mb"])
 def test_every_flag_is_checked_before_triton_starts(exported, tmp_path, args, fragments):
     """Refused with one error line and exit 2 before tritonserver starts (its log stays empty)."""
     log = tmp_path / "server.log"

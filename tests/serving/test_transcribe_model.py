@@ -144,8 +144,8 @@ def test_batched_requests_get_what_transcribe_gives(whisper_served, audio, refer
     forms = [(dict(audio=path.read_bytes()), load_audio(path)) for path in audio.values()]
     forms += [(dict(samples=tone_8k, sampling_rate=8000), prepare_audio(tone_8k, 8000)),
               (dict(samples=mix, sampling_rate=22050), prepare_audio(mix, 22050))]
-    variants = [dict(), dict(language="de"), dict(num_beams=4), dict(task="translate", language="fr"),
-                dict(num_beams=2, language="en")]
+    variants = [dict(), dict(language="de"), dict(beam_size=4), dict(task="translate", language="fr"),
+                dict(num_beams=2, language="en")]  # num_beams: the deprecated spelling, still read
     # every form with the model's defaults, each other option set on two forms in turn
     cases = [(form, clip, dict(max_new_tokens=MAX_NEW)) for form, clip in forms]
     cases += [(*forms[(2 * n + k) % len(forms)], dict(variant, max_new_tokens=MAX_NEW if k % 2 else 4))
@@ -153,7 +153,7 @@ def test_batched_requests_get_what_transcribe_gives(whisper_served, audio, refer
     before = batch_sizes(server)
     with ThreadPoolExecutor(len(cases)) as pool:
         got = list(pool.map(lambda case: transcribe(server, request_inputs(**case[0], **case[2])), cases))
-    flags = {"num_beams": "beam"}
+    flags = {"beam_size": "beam", "num_beams": "beam"}
     want = [expected(reference, clip, **{flags.get(k, k): v for k, v in options.items()})
             for _, clip, options in cases]
     assert got == want
@@ -175,7 +175,7 @@ def test_served_tokens_equal_transformers_generate(whisper_served, audio, beams)
     files = [audio["fox"], audio["stereo"]]
     with ThreadPoolExecutor(len(files)) as pool:
         got = list(pool.map(lambda path: transcribe(server, request_inputs(
-            audio=path.read_bytes(), num_beams=beams, max_new_tokens=MAX_NEW)), files))
+            audio=path.read_bytes(), beam_size=beams, max_new_tokens=MAX_NEW)), files))
     want, languages = generate_tokens(hf_model, src, [judge_clip(f) for f in files], None, beams, MAX_NEW)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(src))
     assert [g["tokens"] for g in got] == want
@@ -244,7 +244,7 @@ def test_timestamps_and_long_form_are_transcribes(whisper_served, audio, referen
     speech, rate = sf.read(str(audio["numbers"]), dtype="float32")
     long = np.tile(speech, int(np.ceil(35 * rate / len(speech))))[: int(35 * rate)]
     cases = [(dict(audio=audio["fox"].read_bytes(), timestamps=True), load_audio(audio["fox"]), dict(timestamps=True)),
-             (dict(audio=audio["fox"].read_bytes(), timestamps=True, num_beams=2), load_audio(audio["fox"]),
+             (dict(audio=audio["fox"].read_bytes(), timestamps=True, beam_size=2), load_audio(audio["fox"]),
               dict(timestamps=True, beam=2)),
              (dict(samples=long, sampling_rate=rate), prepare_audio(long, rate), dict()),
              (dict(samples=long, sampling_rate=rate, timestamps=True), prepare_audio(long, rate),
@@ -276,7 +276,7 @@ def test_a_written_python_repository_transcribes_as_transcribe(whisper_exported,
     assert "models/transcribe/infer" in (tmp_path / "repo" / "README.md").read_text()
     tone = synthetic("tone", rate=8000, seconds=1.5)
     cases = [(dict(audio=audio["fox"].read_bytes()), load_audio(audio["fox"]), dict()),
-             (dict(samples=tone, sampling_rate=8000, num_beams=2, language="de"), prepare_audio(tone, 8000),
+             (dict(samples=tone, sampling_rate=8000, beam_size=2, language="de"), prepare_audio(tone, 8000),
               dict(beam=2, language="de")),
              (dict(audio=audio["stereo"].read_bytes(), timestamps=True), load_audio(audio["stereo"]),
               dict(timestamps=True))]

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -186,7 +185,7 @@ def convert_hf(src: Path, cfg, out: Path, quantization: str = "float32", force: 
     import_ctranslate2()
     from ctranslate2.converters import TransformersConverter
 
-    from seq2trt.reference_model.hf_families import vocabulary_files
+    from seq2trt.reference_model.text import load_tokenizer
 
     if quantization not in QUANTIZATIONS:
         raise ConfigError(f"unknown CTranslate2 quantization {quantization!r}; choose one of {', '.join(QUANTIZATIONS)}")
@@ -202,11 +201,9 @@ def convert_hf(src: Path, cfg, out: Path, quantization: str = "float32", force: 
             return model
 
         def load_tokenizer(self, tokenizer_class, path, **kwargs):
-            if not vocabulary_files(src):  # none, or Whisper's feature extractor alone
-                return IdTokenizer(cfg)
-            with warnings.catch_warnings():  # Marian's tokenizer recommends sacremoses on every load
-                warnings.filterwarnings("ignore", message=".*sacremoses.*")
-                return tokenizer_class.from_pretrained(path, local_files_only=True, **kwargs)
+            # CTranslate2 asks for AutoTokenizer with no options: seq2trt's one loader; none: ids named by number
+            tokenizer = load_tokenizer(Path(path))
+            return tokenizer if tokenizer is not None else IdTokenizer(cfg)
 
     with staged_directory(out, force, "CTranslate2 model") as tmp:
         FromDirectory(str(src)).convert(str(tmp), quantization=quantization, force=True)

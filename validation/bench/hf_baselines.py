@@ -100,7 +100,7 @@ def load_transformers(src: Path):
     """transformers' model for `src`, fp32, its default attention, local files only."""
     import torch
 
-    from seq2trt.reference_model.hf_verify import quiet_transformers
+    from seq2trt.reference_model.text import quiet_transformers
 
     transformers = _transformers()
     with quiet_transformers():  # transformers 5 draws a progress bar over the bench's own

@@ -70,7 +70,7 @@ class BenchSettings:
     temperature: float = 1.0
     top_k: int = 50  # Hugging Face's default; 0: the whole vocabulary
     top_p: float = 1.0
-    # --n-best N: N sequences a source with their scores, from beam search (N <= --beam) or N samples a source.
+    # --n-best N: N sequences a source with their scores, from beam search (N <= --beam-size) or N samples a source.
     n_best: int = 1
     fast_sampling: bool = False  # --search sample: our loops draw by the inverse CDF (decoding._Sampler)
     # A Whisper export: the lengths of the synthetic clips (None: speech.DEFAULT_CLIPS, 10 s and 30 s); a text
@@ -90,7 +90,7 @@ class BenchSettings:
                              "per process, so one bench run measures 1 and at most one other count; run the bench "
                              "once per count (e.g. --threads 1,2 then --threads 4 into another copy)")
         if self.search not in SEARCHES or self.beam < 1:
-            raise InputError(f"--search must be one of {', '.join(SEARCHES)} and --beam >= 1, got {self.search!r} and "
+            raise InputError(f"--search must be one of {', '.join(SEARCHES)} and --beam-size >= 1, got {self.search!r} and "
                              f"{self.beam}")
         if not (self.temperature > 0 and self.top_k >= 0 and 0 < self.top_p <= 1 and self.n_best >= 1):
             raise InputError(f"--temperature must be > 0, --top-k >= 0, --top-p in (0, 1] and --n-best >= 1, got "
@@ -101,7 +101,7 @@ class BenchSettings:
             raise InputError(f"--n-best {self.n_best}: greedy search returns one sequence a source; use --search beam "
                              "or --search sample")
         if self.search == "beam" and self.n_best > self.beam:
-            raise InputError(f"--n-best {self.n_best} is more than the {self.beam} beams; ask for at most --beam")
+            raise InputError(f"--n-best {self.n_best} is more than the {self.beam} beams; ask for at most --beam-size")
         whole = [b for b in self.backends if BACKENDS[b].runs == "ort-search"]  # beam search only (n-best too)
         if whole and self.search == "sample":
             raise InputError(f"{', '.join(whole)}: generate.onnx runs beam search and does not sample (ONNX Runtime's "

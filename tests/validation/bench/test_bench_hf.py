@@ -121,7 +121,7 @@ def test_beam_bench_checks_and_times_generate_beam_search(imported, tmp_path):
     import shutil
 
     out = shutil.copytree(imported / "out", tmp_path / "out", ignore=shutil.ignore_patterns("reports"))
-    result = invoke("bench", out, "--backends", "ort-fused,hf,optimum", "--search", "beam", "--beam", 2,
+    result = invoke("bench", out, "--backends", "ort-fused,hf,optimum", "--search", "beam", "--beam-size", 2,
                     "--length-penalty", 0.8, "--batch-sizes", "1,2", "--repeats", 1, "--warmup", 0, "--new-tokens", 12)
     assert result.exit_code == 0, result.output
     doc = json.loads((out / "reports" / "latency.json").read_text())
@@ -233,7 +233,7 @@ def test_generate_bench_on_an_imported_model_applies_its_rules(imported, tmp_pat
     import shutil
 
     out = shutil.copytree(imported / "out", tmp_path / "out", ignore=shutil.ignore_patterns("reports"))
-    assert invoke("generate", out).exit_code == 0
+    assert invoke("ort-search", out).exit_code == 0
     result = invoke("bench", out, "--backends", "ort-fused,ort-generate", "--batch-sizes", "1,3", "--repeats", 1,
                     "--warmup", 0, "--new-tokens", 8, "--no-curves")
     assert result.exit_code == 0, result.output
@@ -262,7 +262,7 @@ def test_sample_and_n_best_bench_against_transformers(imported, tmp_path):
     for name in ("ort-fused", "hf", "ct2"):
         row = doc["results"]["1"][name]["2"]
         assert row["search"] == "sample" and row["n_best"] == 2 and row["greedy_decode_ms_p50"] > 0
-    result = invoke("bench", out, "--backends", "ort-fused,hf,ct2", "--search", "beam", "--beam", 3, "--n-best", 2,
+    result = invoke("bench", out, "--backends", "ort-fused,hf,ct2", "--search", "beam", "--beam-size", 3, "--n-best", 2,
                     "--batch-sizes", "1", "--repeats", 1, "--warmup", 0, "--new-tokens", 8)
     assert result.exit_code == 0, result.output
     doc = json.loads((out / "reports" / "latency.json").read_text())

@@ -126,7 +126,7 @@ def test_the_bench_times_every_backend_on_the_tiny_whisper(whisper):
 def test_a_beam_bench_runs_beam_search_everywhere(whisper):
     out = whisper["out"]
     invoke_ok("bench", out, "--backends", "eager,ort-fused,hf,ct2", "--batch-sizes", "1,2", "--repeats", 1,
-              "--warmup", 0, "--new-tokens", NEW_TOKENS, "--clip-seconds", "10", "--search", "beam", "--beam", 2)
+              "--warmup", 0, "--new-tokens", NEW_TOKENS, "--clip-seconds", "10", "--search", "beam", "--beam-size", 2)
     doc = json.loads((out / "reports" / "latency.json").read_text())
     assert {r["beam"] for r in doc["rows"]} == {2} and len(doc["rows"]) == 4 * 2
     for name in ("ort-fused", "hf"):
@@ -140,7 +140,7 @@ def test_a_beam_bench_runs_beam_search_everywhere(whisper):
     (("--backends", "eager,ort-generate"), 2, ("ort-generate", "cannot bench a Whisper export")),
     (("--clip-seconds", "40"), 2, ("--clip-seconds", "(0, 30]")),
     (("--search", "sample"), 2, ("greedy and beam",)),
-    (("--batch-sizes", "4", "--search", "beam", "--beam", 2), 2, ("max_batch 4",)),
+    (("--batch-sizes", "4", "--search", "beam", "--beam-size", 2), 2, ("max_batch 4",)),
 ])
 def test_bad_requests_are_one_line(whisper, flags, code, fragments):
     one_error_line(invoke("bench", whisper["out"], "--repeats", 1, "--warmup", 0, *flags), code, *fragments)

@@ -99,7 +99,7 @@ def reported(make_model, tmp_path_factory):
     ckpt = save_checkpoint(root / "ckpt", model, (task.source_vocab, task.target_vocab),
                            extra_files={"metrics.json": json.dumps({"task": "numbers"})})
     out = root / "out"
-    for args in (["export", ckpt, "-o", out, "--max-batch", 4], ["validate", out, "--samples", 8, "--beam", 2],
+    for args in (["export", ckpt, "-o", out, "--max-batch", 4], ["validate", out, "--samples", 8, "--beam-size", 2],
                  ["bench", out, "--backends", "eager,ort", "--batch-sizes", "1,2", "--repeats", 1, "--warmup", 0,
                   "--new-tokens", 2, "--src-len", 4, "--no-curves"], ["report", out]):
         result = invoke(*args)
