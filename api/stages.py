@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from seq2trt.reference_model import layout
+from seq2trt.core import layout
 from seq2trt.exporters.spec import DEFAULT_OPSET
 from seq2trt.runtime.registry import BENCH_DEFAULT
 
@@ -129,9 +129,9 @@ def export(checkpoint: str | Path, out: str | Path, *, dtype: str = "fp32", max_
     from seq2trt.exporters.manifest import MANIFEST, read_manifest
     from seq2trt.exporters.onnx_export import export as export_model
     from seq2trt.exporters.spec import DTYPES, OPSETS, Limits
-    from seq2trt.reference_model.atomic_files import refuse_existing
+    from seq2trt.core.atomic_files import refuse_existing
     from seq2trt.reference_model.checkpoint import load_checkpoint, source_record
-    from seq2trt.reference_model.errors import ConfigError
+    from seq2trt.core.errors import ConfigError
 
     checkpoint, out = Path(checkpoint), Path(out)
     refuse_existing(out, force, "export", kind=MANIFEST, protect=(checkpoint,))  # before any work
@@ -156,7 +156,7 @@ def fuse(out: str | Path, target: str = "trt", *, allow_partial: bool = False, f
     node; "ort": com.microsoft.MultiHeadAttention) and audit it; an incomplete fusion raises `CheckFailed`
     unless `allow_partial`."""
     from seq2trt.exporters.fuse import Target, fuse_artifacts, fused_dir
-    from seq2trt.reference_model.errors import InputError
+    from seq2trt.core.errors import InputError
 
     choices = [t.value for t in Target]
     if target not in choices:
@@ -248,7 +248,7 @@ def import_hf(src: str | Path, out: str | Path, *, force: bool = False,
     """Import the Hugging Face model directory `src` (as save_pretrained writes it; never downloads) as a seq2trt
     checkpoint in `out`, after proving it equal to transformers' model and generate (a failure raises
     `seq2trt.CheckFailed` and writes nothing)."""
-    from seq2trt.reference_model.atomic_files import refuse_existing
+    from seq2trt.core.atomic_files import refuse_existing
     from seq2trt.reference_model.checkpoint import is_checkpoint
     from seq2trt.reference_model.hf_import import check_source_dir, import_hf as run_import
 
@@ -290,7 +290,7 @@ def train(out: str | Path, *, task: str = "numbers", preset: str = "demo", steps
     `force`, is refused before any work."""
     import json
 
-    from seq2trt.reference_model.atomic_files import refuse_existing
+    from seq2trt.core.atomic_files import refuse_existing
     from seq2trt.reference_model.checkpoint import is_checkpoint, save_checkpoint
     from seq2trt.reference_model.config import preset as make_preset
     from seq2trt.reference_model.tasks import get_task

@@ -34,7 +34,7 @@ def demo(out: Path, samples: int, force: bool) -> None:
     from seq2trt.exporters.manifest import MANIFEST
     from seq2trt.plugins import trt_compat
     from seq2trt.reference_model.checkpoint import load_checkpoint, source_record
-    from seq2trt.reference_model.atomic_files import refuse_existing
+    from seq2trt.core.atomic_files import refuse_existing
     from seq2trt.reference_model.train import demo_checkpoint
     from seq2trt.validation.bench.measure import run_bench
     from seq2trt.runtime import registry

@@ -11,7 +11,7 @@ import click
 from seq2trt.cli.options import SEED
 from seq2trt.reference_model.decoding import GNMT_ALPHA
 from seq2trt.reference_model.config import PRESETS
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 from seq2trt.reference_model.tasks import TASKS
 from seq2trt.reference_model.train import TrainSettings
 from seq2trt.runtime.registry import DECODE_BACKENDS
@@ -165,7 +165,7 @@ def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path
     --scores each line starts with its score and a tab; either way the JSON lines are {"ids": [...], "scores":
     [...]}, with --token-logprobs also "token_logprobs": [[...]]. Without the search flags, an imported model's
     own generation settings apply."""
-    from seq2trt.reference_model.atomic_files import write_plain_output
+    from seq2trt.core.atomic_files import write_plain_output
 
     if bool(texts) == bool(ids_file):
         raise InputError("give either TEXTS or --ids-file F (JSON lines of source ids), not both or neither")

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 
 from seq2trt.plugins import trt_compat
 from seq2trt.plugins.op import DOMAIN, PLUGIN_NAME
-from seq2trt.reference_model.errors import ArtifactError, InputError, Terminated, first_line
+from seq2trt.core.errors import ArtifactError, InputError, Terminated, first_line
 
 if TYPE_CHECKING:
     from seq2trt.exporters.tensorrt_child import BuildChild

@@ -30,7 +30,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Callable
 
-from seq2trt.reference_model.errors import ArtifactError, Seq2TrtError
+from seq2trt.core.errors import ArtifactError, Seq2TrtError
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 from seq2trt.exporters import spec
 from seq2trt.runtime.registry import HF_MODEL_BACKENDS
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 
 # The backends whose step model is a pair of graph runners (runtime/step_model.py): the ones this class can drive.
 HF_BACKENDS = HF_MODEL_BACKENDS  # the backends with encoder and decoder graphs

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Mapping, Sequence
 
-from seq2trt.reference_model.errors import ArtifactError, DependencyError, InputError
+from seq2trt.core.errors import ArtifactError, DependencyError, InputError
 
 logger = logging.getLogger(__name__)
 
@@ -223,7 +223,7 @@ def attach_timing_cache(flavour: str | Flavour, config, path: Path | None):
 def save_timing_cache(flavour: str | Flavour, config, path: Path | None) -> None:
     if path is None or not FLAVOURS[flavour_of(flavour)].timing_cache:
         return
-    from seq2trt.reference_model.atomic_files import atomic_write_bytes
+    from seq2trt.core.atomic_files import atomic_write_bytes
 
     atomic_write_bytes(Path(path), bytes(config.get_timing_cache().serialize()))
 

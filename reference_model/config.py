@@ -19,7 +19,7 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any, Literal
 
-from seq2trt.reference_model.errors import ConfigError
+from seq2trt.core.errors import ConfigError
 
 
 class AttentionKind(IntEnum):

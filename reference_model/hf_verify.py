@@ -25,10 +25,10 @@ import torch
 
 from seq2trt.reference_model.decoding import GENERATION_OPTIONS, DecodeSettings, greedy_decode, hf_beam_search
 from seq2trt.reference_model.eager import EagerStepModel
-from seq2trt.reference_model.errors import CheckpointError, DependencyError, first_line
+from seq2trt.core.errors import CheckpointError, DependencyError, first_line
 from seq2trt.reference_model.hf_families import vocabulary_files
 from seq2trt.reference_model.model import Seq2SeqTransformer
-from seq2trt.reference_model.numerics import FP32_LOGIT_TOLERANCE, scaled_error
+from seq2trt.core.numerics import FP32_LOGIT_TOLERANCE, scaled_error
 from seq2trt.reference_model.vocab import pad_batch
 
 logger = logging.getLogger(__name__)

@@ -21,8 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from seq2trt.reference_model.errors import ArtifactError, raise_if_signalled
-from seq2trt.reference_model.atomic_files import Kind, WriteError, atomic_write_text, current_umask, refuse_existing, write_error
+from seq2trt.core.errors import ArtifactError, raise_if_signalled
+from seq2trt.core.atomic_files import Kind, WriteError, atomic_write_text, current_umask, refuse_existing, write_error
 
 logger = logging.getLogger(__name__)
 

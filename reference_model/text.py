@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from seq2trt.reference_model import layout
-from seq2trt.reference_model.errors import CheckpointError, InputError
+from seq2trt.core import layout
+from seq2trt.core.errors import CheckpointError, InputError
 
 
 @dataclass

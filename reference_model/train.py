@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from seq2trt.reference_model.config import preset
 from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode
 from seq2trt.reference_model.eager import EagerStepModel
-from seq2trt.reference_model.errors import CheckFailed, ConfigError, InputError
-from seq2trt.reference_model.layout import METRICS
+from seq2trt.core.errors import CheckFailed, ConfigError, InputError
+from seq2trt.core.layout import METRICS
 from seq2trt.reference_model.model import Seq2SeqTransformer
 from seq2trt.reference_model.tasks import Task, get_task
 from seq2trt.reference_model.vocab import BOS_ID, EOS_ID, PAD_ID, pad_batch

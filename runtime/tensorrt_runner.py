@@ -21,7 +21,7 @@ import numpy as np
 
 from seq2trt.exporters import spec
 from seq2trt.plugins import trt_compat
-from seq2trt.reference_model.errors import ArtifactError, DependencyError, InputError
+from seq2trt.core.errors import ArtifactError, DependencyError, InputError
 
 from seq2trt.runtime.runners import Runner
 

@@ -20,8 +20,8 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from seq2trt.reference_model import layout
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core import layout
+from seq2trt.core.errors import InputError
 from seq2trt.reference_model.hf_families.whisper import FEATURE_EXTRACTOR
 from seq2trt.runtime.decode_jobs import (OpenedDecoder, batch_rows, check_beam_memory, generation_config,
                                         open_decoder)

@@ -164,7 +164,7 @@ def pipeline(checkpoint: str, export_dir: str, out: str) -> int:
     from seq2trt.exporters.fuse import Target, fuse_artifacts
     from seq2trt.exporters.onnx_export import export
     from seq2trt.reference_model.checkpoint import load_checkpoint, source_record
-    from seq2trt.reference_model.errors import Seq2TrtError
+    from seq2trt.core.errors import Seq2TrtError
     from seq2trt.validation.validate import ValidateSettings, run_validation
 
     model, _ = load_checkpoint(Path(checkpoint))
@@ -256,7 +256,7 @@ def _engines_vs_ort(flavour) -> dict:
     from seq2trt.plugins import trt_compat
     from seq2trt.reference_model import Seq2SeqTransformer, preset
     from seq2trt.reference_model.checkpoint import save_checkpoint, source_record
-    from seq2trt.reference_model.errors import CheckFailed
+    from seq2trt.core.errors import CheckFailed
     from seq2trt.validation.validate import ValidateSettings, run_validation
 
     torch.manual_seed(0)

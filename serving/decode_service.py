@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from seq2trt.reference_model.decoding import GNMT_ALPHA, DecodeSettings, Hypothesis
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 
 from seq2trt.runtime.decode_jobs import (batch_rows, check_sources, choose_search, decode_batches, decode_settings, generation_config,
                           has_tokenizer, open_decoder, OpenedDecoder)

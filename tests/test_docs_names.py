@@ -21,9 +21,9 @@ import seq2trt
 
 ROOT = Path(__file__).resolve().parents[1]
 # The folders that install as seq2trt's packages (pyproject's package-dir), and those that only hold files.
-PACKAGES = {"api": "seq2trt", "reference_model": "seq2trt.reference_model", "plugins": "seq2trt.plugins",
-            "exporters": "seq2trt.exporters", "runtime": "seq2trt.runtime", "validation": "seq2trt.validation",
-            "serving": "seq2trt.serving", "cli": "seq2trt.cli", "hf": "seq2trt.hf"}
+PACKAGES = {"api": "seq2trt", "core": "seq2trt.core", "reference_model": "seq2trt.reference_model",
+            "plugins": "seq2trt.plugins", "exporters": "seq2trt.exporters", "runtime": "seq2trt.runtime",
+            "validation": "seq2trt.validation", "serving": "seq2trt.serving", "cli": "seq2trt.cli", "hf": "seq2trt.hf"}
 FOLDERS = (*PACKAGES, "tests", "scripts", "benchmarks", "docs", ".ci")
 # A name followed by one of these is a file name ("manifest.json", "spec.py"), not an attribute.
 FILE_SUFFIXES = {"py", "json", "jsonl", "md", "onnx", "plan", "html", "png", "txt", "sh", "toml", "wav", "flac",

@@ -17,15 +17,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
-from seq2trt.reference_model import layout
+from seq2trt.core import layout
 from seq2trt.reference_model.decoding import GNMT_ALPHA
 from seq2trt.exporters import spec
 from seq2trt.exporters.ort_search import verify_generate
 from seq2trt.exporters.manifest import verify
 from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode, hf_beam_search
 from seq2trt.reference_model.eager import EagerStepModel
-from seq2trt.reference_model.errors import CheckFailed, InputError
-from seq2trt.reference_model.atomic_files import atomic_write_text
+from seq2trt.core.errors import CheckFailed, InputError
+from seq2trt.core.atomic_files import atomic_write_text
 from seq2trt.reference_model.vocab import pad_batch
 
 from seq2trt.validation.end_to_end import TARGETS, agreement

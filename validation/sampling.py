@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from seq2trt.reference_model.decoding import DecodeSettings, StepModel, greedy_decode
-from seq2trt.reference_model.errors import ConfigError
+from seq2trt.core.errors import ConfigError
 from seq2trt.reference_model.vocab import pad_batch
 
 from seq2trt.validation.end_to_end import TARGETS

@@ -21,7 +21,7 @@ from seq2trt.exporters.artifact_checks import load_graph
 from seq2trt.exporters.manifest import Manifest, generation, verify, writing_into
 from seq2trt.exporters.quantize import verify_quantized
 from seq2trt.reference_model.decoding import DecodeSettings
-from seq2trt.reference_model.errors import ArtifactError, CheckFailed, InputError
+from seq2trt.core.errors import ArtifactError, CheckFailed, InputError
 from seq2trt.reference_model.sources import source_kind
 
 from seq2trt.runtime.backends.graph_sets import GRAPH_SETS, GraphSet
@@ -81,8 +81,8 @@ def _engine_graphs(out: Path, settings: ValidateSettings) -> ValidateSettings:
     """Settings for validating TensorRT engines: the graph set they were built from (fused-trt, or plain for
     --no-plugin engines), once this machine can run them."""
     from seq2trt.exporters.tensorrt_engines import read_build
-    from seq2trt.reference_model.errors import DependencyError
-    from seq2trt.reference_model.layout import engine_dir
+    from seq2trt.core.errors import DependencyError
+    from seq2trt.core.layout import engine_dir
 
     why = registry.unavailable((settings.backend,)).get(settings.backend)
     if why:
@@ -101,7 +101,7 @@ def _engine_graphs(out: Path, settings: ValidateSettings) -> ValidateSettings:
 def _device_graphs(out: Path, settings: ValidateSettings) -> ValidateSettings:
     """Settings for a backend on a GPU provider (ort-cuda): its runners on that device, its declared graph set by
     default, refused in one line where the provider is missing or the graphs hold CPU-only nodes."""
-    from seq2trt.reference_model.errors import DependencyError
+    from seq2trt.core.errors import DependencyError
 
     backend = registry.BACKENDS[settings.backend]
     why = registry.unavailable((settings.backend,)).get(settings.backend)

@@ -9,7 +9,7 @@ from typing import Any, Callable, NamedTuple, Protocol
 
 import numpy as np
 
-from seq2trt.reference_model.errors import ConfigError, InputError
+from seq2trt.core.errors import ConfigError, InputError
 
 
 class StepModel(Protocol):

@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
-from seq2trt.reference_model.errors import ConfigError
+from seq2trt.core.errors import ConfigError
 from seq2trt.reference_model.hf_families import COMMON_TOKENIZER_FILES, register, transformers_major
 from seq2trt.reference_model.hf_families.bart_like import LAYER_RENAMES, SINUSOID_TABLES, BartLikeAdapter
 from seq2trt.reference_model.hf_families.values import flag, integer

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
-from seq2trt.reference_model.errors import ConfigError
+from seq2trt.core.errors import ConfigError
 from seq2trt.reference_model.hf_families.values import flag, integer, read_json, show
 
 # Generation settings we reproduce, and the neutral value of every other one we know to change the search.

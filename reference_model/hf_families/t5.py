@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
-from seq2trt.reference_model.errors import ConfigError
+from seq2trt.core.errors import ConfigError
 from seq2trt.reference_model.hf_families import (ACTIVATIONS, COMMON_TOKENIZER_FILES, FamilyAdapter, register,
                                                  transformers_major)
 from seq2trt.reference_model.hf_families.values import flag, integer, show

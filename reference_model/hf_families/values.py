@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from seq2trt.reference_model.errors import CheckpointError, ConfigError
+from seq2trt.core.errors import CheckpointError, ConfigError
 
 
 def read_json(path: Path) -> dict:

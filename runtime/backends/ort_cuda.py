@@ -27,7 +27,7 @@ def unavailable(backend) -> str | None:
 
 
 def refuse_unavailable(backend) -> None:
-    from seq2trt.reference_model.errors import DependencyError
+    from seq2trt.core.errors import DependencyError
 
     why = unavailable(backend)
     if why:

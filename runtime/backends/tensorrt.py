@@ -25,7 +25,7 @@ def engine_runners(out: Path, name: str, manifest) -> tuple[tuple, dict]:
     """(TensorRT runners of the encoder and decoder engines of `name` under OUT/engines, their build.json), each plan
     checked against build.json and build.json against this export."""
     from seq2trt.exporters.tensorrt_engines import verify_engines
-    from seq2trt.reference_model.layout import engine_dir
+    from seq2trt.core.layout import engine_dir
     from seq2trt.runtime.tensorrt_runner import runner_for
 
     engines = engine_dir(out, name)

@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers", reason="the hf extra is not i
 pytestmark = pytest.mark.filterwarnings("ignore:Moving the following attributes:UserWarning")
 
 import seq2trt  # noqa: E402
-from seq2trt.reference_model.errors import InputError  # noqa: E402
+from seq2trt.core.errors import InputError  # noqa: E402
 
 from helpers.audio import (SENTENCES, generate_tokens, judge_clip, speak, synthetic,  # noqa: E402
                            whisper_checkpoint, whisper_source)

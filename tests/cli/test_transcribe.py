@@ -280,7 +280,7 @@ def test_a_file_named_like_a_flag_gets_the_double_dash_hint(tmp_path):
 
 def test_a_temperature_list_is_shown_as_given():
     """The refusal of --temperature -1 showed a Python tuple: "got (-1.0,)"."""
-    from seq2trt.reference_model.errors import InputError
+    from seq2trt.core.errors import InputError
     from seq2trt.reference_model.longform import WindowOptions
 
     with pytest.raises(InputError) as exc:

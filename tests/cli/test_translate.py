@@ -12,7 +12,7 @@ import torch
 
 from seq2trt.reference_model.decoding import DecodeSettings, beam_search, greedy_decode
 from seq2trt.reference_model.eager import EagerStepModel
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 from seq2trt.reference_model.vocab import pad_batch
 
 from helpers.artifacts import import_and_export
@@ -115,11 +115,11 @@ def _fp32_beam_tie(root, source: list[int], ours: list[int], theirs: list[int], 
     """Why two beam results of the same length are a tie at float32's precision, or "" when they are not: both
     rescored by transformers' model in float64 (the sum of the chosen tokens' log-probabilities, eos included where
     a row ended on it), their difference within what float32 arithmetic may move a sum of that many steps. The bound
-    is reference_model.numerics': each logit within FP32_LOGIT_TOLERANCE of the logits' magnitude, so each
+    is core.numerics': each logit within FP32_LOGIT_TOLERANCE of the logits' magnitude, so each
     log-probability within twice that (the logit and the log-sum-exp), summed over both hypotheses' steps. Unequal
     lengths are never a tie here: the length penalty would weigh them differently."""
     from seq2trt.reference_model.hf_verify import load_transformers_model
-    from seq2trt.reference_model.numerics import FP32_LOGIT_TOLERANCE
+    from seq2trt.core.numerics import FP32_LOGIT_TOLERANCE
 
     if len(ours) != len(theirs):
         return ""

@@ -21,7 +21,7 @@ from seq2trt.exporters.onnx_export import export
 from seq2trt.plugins.op import DOMAIN, POSITION_BIAS, AttentionKind, input_names
 from seq2trt.reference_model.checkpoint import save_checkpoint, source_record
 from seq2trt.reference_model.config import preset
-from seq2trt.reference_model.errors import CheckFailed, ConfigError
+from seq2trt.core.errors import CheckFailed, ConfigError
 from seq2trt.reference_model.model import Seq2SeqTransformer
 from seq2trt.validation.validate import ValidateSettings, run_validation
 

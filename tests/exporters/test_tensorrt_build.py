@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from seq2trt.plugins.op import DOMAIN, INPUTS, OUTPUTS, PLUGIN_NAME, AttentionAttrs, AttentionKind
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 
 from helpers.cli import invoke
 
@@ -196,7 +196,7 @@ def test_build_stage_writes_engines_and_build_json(export_dir, plugin, caplog):
 
 def test_build_stage_refuses_tampering_overwrite_and_dtype(export_dir):
     from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines
-    from seq2trt.reference_model.errors import ArtifactError
+    from seq2trt.core.errors import ArtifactError
 
     out, dtype, _ = export_dir
     other = "fp16" if dtype == "fp32" else "fp32"
@@ -231,7 +231,7 @@ def test_cli_build(export_dir):
     assert bad.exit_code == 2 and "cannot target sm_90" in bad.output
     if importlib.util.find_spec("tensorrt") is None:  # enterprise TensorRT: a clear error naming the extra
         from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines
-        from seq2trt.reference_model.errors import DependencyError
+        from seq2trt.core.errors import DependencyError
 
         with pytest.raises(DependencyError, match=r"pip install 'seq2trt\[trt\]'"):
             build_engines(out, EngineRequest("tensorrt", ("current",)))

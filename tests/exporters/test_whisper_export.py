@@ -21,10 +21,10 @@ from seq2trt.exporters.manifest import verify  # noqa: E402
 from seq2trt.exporters.onnx_export import export  # noqa: E402
 from seq2trt.exporters.quantize import quantize_artifacts  # noqa: E402
 from seq2trt.exporters.whisper_features import run_features, write_model_features  # noqa: E402
-from seq2trt.reference_model import layout  # noqa: E402
+from seq2trt.core import layout  # noqa: E402
 from seq2trt.reference_model.checkpoint import load_checkpoint, source_record  # noqa: E402
 from seq2trt.exporters.ort_search import generate_artifacts  # noqa: E402
-from seq2trt.reference_model.errors import ConfigError, InputError  # noqa: E402
+from seq2trt.core.errors import ConfigError, InputError  # noqa: E402
 from seq2trt.reference_model.hf_verify import load_transformers_model, whisper_generated  # noqa: E402
 from seq2trt.reference_model.sources import source_kind  # noqa: E402
 from seq2trt.reference_model.speech import SpeechTokens, transcribe_features  # noqa: E402

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 from seq2trt.reference_model.hf_families import transformers_major
 
 from helpers.artifacts import import_and_export

@@ -20,7 +20,7 @@ from seq2trt.cli.main import cli  # noqa: E402
 from seq2trt.reference_model.checkpoint import load_checkpoint  # noqa: E402
 from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode, hf_beam_search  # noqa: E402
 from seq2trt.reference_model.eager import EagerStepModel  # noqa: E402
-from seq2trt.reference_model.errors import InputError  # noqa: E402
+from seq2trt.core.errors import InputError  # noqa: E402
 from seq2trt.reference_model.hf_families import FAMILIES, transformers_major  # noqa: E402
 from seq2trt.reference_model.hf_families.t5 import DEFAULT_MAX_LEN  # noqa: E402
 from seq2trt.reference_model.hf_verify import load_transformers_model, seeded_sources  # noqa: E402

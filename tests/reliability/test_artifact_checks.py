@@ -15,7 +15,7 @@ import pytest
 
 from seq2trt.exporters.manifest import MANIFEST, read_manifest
 from seq2trt.plugins import trt_compat
-from seq2trt.reference_model.errors import ArtifactError
+from seq2trt.core.errors import ArtifactError
 
 
 # --- readers whose export is replaced while they run ---------------------------------------------------------------

@@ -26,7 +26,7 @@ import pytest
 from seq2trt.exporters import spec
 from seq2trt.exporters.fuse import Target, fused_dir
 from seq2trt.exporters.manifest import read_manifest
-from seq2trt.reference_model.errors import Terminated
+from seq2trt.core.errors import Terminated
 
 from helpers.artifacts import checkpoint_and_export, numbers_model
 from helpers.cli import invoke

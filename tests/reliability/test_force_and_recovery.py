@@ -71,7 +71,7 @@ def test_force_never_replaces_the_current_directory(work, monkeypatch, snapshot,
 
 def test_import_never_replaces_its_source(work, snapshot, invoke, one_error_line):
     from seq2trt.reference_model.checkpoint import load_checkpoint, save_checkpoint
-    from seq2trt.reference_model.errors import ArtifactError
+    from seq2trt.core.errors import ArtifactError
 
     model, vocabs = load_checkpoint(work / "ckpt")
     before = snapshot(work)
@@ -210,7 +210,7 @@ def test_a_signal_whose_interrupt_a_library_swallowed_still_stops_the_commit(tmp
     """The CLI's handler records the signal and raises; when a library swallows that exception (seen twice in
     about 35 runs of the test above: torch.onnx.export went on and the command exited 0), the staged write must still not
     replace the previous output."""
-    from seq2trt.reference_model import errors
+    from seq2trt.core import errors
 
     out = tmp_path / "art"
     out.mkdir()

@@ -14,7 +14,7 @@ from seq2trt.exporters.fuse import FUSION_JSON, Target, fuse_artifacts, fused_di
 from seq2trt.exporters.manifest import verify
 from seq2trt.exporters.tensorrt_engines import BUILD_JSON, read_build
 from seq2trt.plugins import trt_compat
-from seq2trt.reference_model.errors import ArtifactError
+from seq2trt.core.errors import ArtifactError
 from seq2trt.validation.reports.report import write_report
 
 

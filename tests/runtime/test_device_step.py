@@ -15,7 +15,7 @@ from seq2trt.exporters import spec
 from seq2trt.exporters.manifest import verify
 from seq2trt.reference_model.decoding import DecodeSettings, beam_search, greedy_decode, hf_beam_search
 from seq2trt.reference_model.eager import EagerStepModel
-from seq2trt.reference_model.errors import DependencyError
+from seq2trt.core.errors import DependencyError
 from seq2trt.reference_model.vocab import pad_batch
 from seq2trt.runtime.device_step import DeviceStepModel
 from seq2trt.runtime.runners import OrtRunner

@@ -10,7 +10,7 @@ import click
 import pytest
 import torch
 
-from seq2trt.reference_model.errors import DependencyError, InputError
+from seq2trt.core.errors import DependencyError, InputError
 from seq2trt.runtime import registry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -257,7 +257,7 @@ def test_validate_tensorrt_runs_the_verified_engines_judged_by_their_source_grap
     with pytest.raises(InputError, match="built from the fused-trt graphs, not --graphs plain"):
         run_validation(out, ValidateSettings(backend="tensorrt-rtx", graphs="plain", samples=0))
     (engines / "build.json").write_text((engines / "build.json").read_text().replace('"dtype": "fp32"', '"dtype": "fp16"'))
-    from seq2trt.reference_model.errors import ArtifactError
+    from seq2trt.core.errors import ArtifactError
 
     with pytest.raises(ArtifactError):  # the registry's opener verifies build.json against the export
         run_validation(out, ValidateSettings(backend="tensorrt-rtx", samples=0))

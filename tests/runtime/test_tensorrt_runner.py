@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from seq2trt.exporters import spec
-from seq2trt.reference_model.errors import DependencyError
+from seq2trt.core.errors import DependencyError
 from seq2trt.runtime.tensorrt_runner import TensorRTRunner, profile_problems
 
 HAS_RTX = importlib.util.find_spec("tensorrt_rtx") is not None

@@ -23,7 +23,7 @@ transformers = pytest.importorskip("transformers", reason="the hf extra is not i
 
 from helpers.audio import SENTENCES, generate_tokens, judge_clip, speak, synthetic  # noqa: E402
 from seq2trt.reference_model.audio import load_audio, prepare_audio  # noqa: E402
-from seq2trt.reference_model.errors import InputError  # noqa: E402
+from seq2trt.core.errors import InputError  # noqa: E402
 
 from .conftest import WHISPER_MAX_BATCH  # noqa: E402
 

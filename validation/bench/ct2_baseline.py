@@ -30,8 +30,8 @@ import numpy as np
 
 from seq2trt.validation.ties import GreedyComparison, compare_greedy  # noqa: F401  (re-exported)
 
-from seq2trt.reference_model.errors import CheckFailed, ConfigError, DependencyError, InputError
-from seq2trt.reference_model.atomic_files import atomic_write_text
+from seq2trt.core.errors import CheckFailed, ConfigError, DependencyError, InputError
+from seq2trt.core.atomic_files import atomic_write_text
 from seq2trt.reference_model.swap import staged_directory
 
 logger = logging.getLogger(__name__)

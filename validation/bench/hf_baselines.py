@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from seq2trt.reference_model.errors import CheckFailed, CheckpointError, DependencyError, InputError
-from seq2trt.reference_model.atomic_files import atomic_write_text, sha256_file
+from seq2trt.core.errors import CheckFailed, CheckpointError, DependencyError, InputError
+from seq2trt.core.atomic_files import atomic_write_text, sha256_file
 from seq2trt.reference_model.swap import staged_directory
 from seq2trt.runtime import registry
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from seq2trt.reference_model.atomic_files import atomic_write_text
+from seq2trt.core.atomic_files import atomic_write_text
 
 from seq2trt.validation.reports import plots
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from seq2trt.reference_model.eager import EagerStepModel
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 from seq2trt.validation.bench import measure as bench
 from seq2trt.validation.bench import backends as bench_backends
 from seq2trt.validation.bench.settings import BenchSettings, parse_backends, parse_ints

@@ -16,7 +16,7 @@ import torch
 pytest.importorskip("transformers", reason="the hf extra is not installed")
 pytest.importorskip("ctranslate2")
 
-from seq2trt.reference_model.errors import CheckpointError, DependencyError  # noqa: E402
+from seq2trt.core.errors import CheckpointError, DependencyError  # noqa: E402
 from seq2trt.reference_model.hf_import import config_from_hf  # noqa: E402
 from seq2trt.reference_model.hf_verify import load_transformers_model, seeded_sources  # noqa: E402
 from seq2trt.reference_model.vocab import pad_batch  # noqa: E402

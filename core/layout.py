@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from seq2trt.reference_model.errors import ArtifactError
+from seq2trt.core.errors import ArtifactError
 
 # -- a checkpoint directory (`seq2trt train`, `seq2trt import hf`) ---------------------------------------------------
 CONFIG = "config.json"

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Iterable, Union
 
-from seq2trt.reference_model.errors import ArtifactError
+from seq2trt.core.errors import ArtifactError
 
 # Failed writes the user can fix (space, quota, permissions), as opposed to bugs.
 _WRITE_ERRNOS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
