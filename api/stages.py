@@ -250,7 +250,7 @@ def import_hf(src: str | Path, out: str | Path, *, force: bool = False,
     `seq2trt.CheckFailed` and writes nothing)."""
     from seq2trt.core.atomic_files import refuse_existing
     from seq2trt.reference_model.checkpoint import is_checkpoint
-    from seq2trt.reference_model.hf_import import check_source_dir, import_hf as run_import
+    from seq2trt.hf_import.importer import check_source_dir, import_hf as run_import
 
     src, out = Path(src), Path(out)
     check_source_dir(src)  # a symlink loop must not reach the protect check's resolve()

@@ -125,7 +125,7 @@ class Translator:
                 check_backend(self.backend)
 
     def _load_codec(self, folder: Path, src_lang: str | None, tgt_lang: str | None):
-        from seq2trt.reference_model.text import load_codec
+        from seq2trt.hf_import.text import load_codec
 
         if not has_tokenizer(folder):
             if src_lang or tgt_lang:

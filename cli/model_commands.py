@@ -73,7 +73,7 @@ def _read_ids_file(path: Path) -> list[list[int]]:
 
 def _codec(folder: Path, eos_id: int, texts: bool, src_lang: str | None, tgt_lang: str | None):
     """The checkpoint's codec: required for texts and languages, used to print words when it has one, else None."""
-    from seq2trt.reference_model.text import load_codec
+    from seq2trt.hf_import.text import load_codec
 
     if not texts and (src_lang or tgt_lang) and not has_tokenizer(folder):
         flag, lang = ("--tgt-lang", tgt_lang) if tgt_lang else ("--src-lang", src_lang)

@@ -1,4 +1,4 @@
-"""The float32 logit judge shared by the import's proof (reference_model/hf_verify.py: our eager model against
+"""The float32 logit judge shared by the import's proof (hf_import/proof.py: our eager model against
 transformers' own) and `validate` (validation/parity.py and end_to_end.py: the graphs against the eager model), so
 that an export the import proved is not failed by validate for the same size of error.
 

@@ -6,7 +6,7 @@ The presets follow the paper: `base` is Table 3's base model (512/2048/8 heads/6
 Every default is the paper's model. The other values of the architecture fields describe the Hugging Face families
 built the same way (Marian, BART, mBART, M2M100/NLLB) and T5's (Raffel et al., 2020: RMSNorm, a gated FFN, a
 bucketed relative position bias instead of a position table, heads x d_kv not d_model): a model family is a config,
-not a class (`reference_model.hf_import` maps their configs onto this one).
+not a class (`hf_import.importer` maps their configs onto this one).
 """
 
 from __future__ import annotations

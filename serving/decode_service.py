@@ -123,7 +123,7 @@ class DecodeService:
 
     def codec(self, src_lang: str | None = None, tgt_lang: str | None = None):
         """The checkpoint's text codec for a language pair, loaded once."""
-        from seq2trt.reference_model.text import load_codec
+        from seq2trt.hf_import.text import load_codec
 
         key = (src_lang, tgt_lang)
         if key not in self._codecs:

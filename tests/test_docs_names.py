@@ -22,6 +22,7 @@ import seq2trt
 ROOT = Path(__file__).resolve().parents[1]
 # The folders that install as seq2trt's packages (pyproject's package-dir), and those that only hold files.
 PACKAGES = {"api": "seq2trt", "core": "seq2trt.core", "reference_model": "seq2trt.reference_model",
+            "hf_import": "seq2trt.hf_import",
             "plugins": "seq2trt.plugins", "exporters": "seq2trt.exporters", "runtime": "seq2trt.runtime",
             "validation": "seq2trt.validation", "serving": "seq2trt.serving", "cli": "seq2trt.cli", "hf": "seq2trt.hf"}
 FOLDERS = (*PACKAGES, "tests", "scripts", "benchmarks", "docs", ".ci")

@@ -29,7 +29,7 @@ MAX_NEW = 12
 @pytest.fixture(scope="module")
 def whisper(tmp_path_factory):
     """(source directory, checkpoint, export with fused ORT graphs, transformers' model)."""
-    from seq2trt.reference_model.hf_verify import load_transformers_model
+    from seq2trt.hf_import.proof import load_transformers_model
 
     root = tmp_path_factory.mktemp("whisper")
     src = whisper_source(root / "hf", seed=3, std=1.0, suppress_timestamps=True)

@@ -30,7 +30,7 @@ MAX_NEW = 12
 @pytest.fixture(scope="module")
 def whisper(tmp_path_factory):
     """(transformers source directory, its checkpoint, transformers' model of it)."""
-    from seq2trt.reference_model.hf_verify import load_transformers_model
+    from seq2trt.hf_import.proof import load_transformers_model
 
     root = tmp_path_factory.mktemp("whisper")
     src = whisper_source(root / "hf", seed=3, std=1.0, suppress_timestamps=True)  # varied tokens, de and en detected
@@ -130,13 +130,13 @@ def text_model(tmp_path_factory, make_model):
 
 def test_english_only_model_transcribes_and_refuses_translate(english_only, audio, tmp_path):
     src = english_only.parent / "hf"
-    from seq2trt.reference_model.hf_verify import load_transformers_model
+    from seq2trt.hf_import.proof import load_transformers_model
 
     hf_model = load_transformers_model(src, speech=True)
     row = json_lines(stdout_of("transcribe", english_only, audio[0], "--format", "json", "--max-new-tokens",
                                MAX_NEW))[0]
     import torch
-    from seq2trt.reference_model.hf_verify import whisper_generated
+    from seq2trt.hf_import.proof import whisper_generated
 
     features = transformers.WhisperFeatureExtractor.from_pretrained(str(src))(
         [judge_clip(audio[0])], sampling_rate=16000, return_tensors="pt")["input_features"]
@@ -210,7 +210,7 @@ BEGIN = WHISPER_IDS["no_timestamps"] + 1  # <|0.00|>
 def timed(tmp_path_factory):
     """A random Whisper that emits timestamps freely (max_initial_timestamp_index 50, as released checkpoints), its
     checkpoint, transformers' model, and about 40 s of espeak-ng speech beside a short clip."""
-    from seq2trt.reference_model.hf_verify import load_transformers_model
+    from seq2trt.hf_import.proof import load_transformers_model
 
     root = tmp_path_factory.mktemp("timed")
     src = whisper_source(root / "hf", generation=dict(max_initial_timestamp_index=50))

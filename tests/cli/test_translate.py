@@ -86,7 +86,7 @@ def imported_marian(make_hf_model, make_marian_tokenizer, tmp_path_factory):
 
 
 def _hf_generate(root, sources, **kwargs) -> list[list[int]]:
-    from seq2trt.reference_model.hf_verify import load_transformers_model
+    from seq2trt.hf_import.proof import load_transformers_model
 
     hf_model = load_transformers_model(root / "src")
     ids, mask = pad_batch(sources, hf_model.config.pad_token_id)
@@ -118,7 +118,7 @@ def _fp32_beam_tie(root, source: list[int], ours: list[int], theirs: list[int], 
     is core.numerics': each logit within FP32_LOGIT_TOLERANCE of the logits' magnitude, so each
     log-probability within twice that (the logit and the log-sum-exp), summed over both hypotheses' steps. Unequal
     lengths are never a tie here: the length penalty would weigh them differently."""
-    from seq2trt.reference_model.hf_verify import load_transformers_model
+    from seq2trt.hf_import.proof import load_transformers_model
     from seq2trt.core.numerics import FP32_LOGIT_TOLERANCE
 
     if len(ours) != len(theirs):
@@ -241,7 +241,7 @@ def test_a_language_code_must_be_a_language_token_not_an_ordinary_piece(make_mar
     spell one ("de", "fr") was forced as the first token, exit 0, where a code that is no piece was refused."""
     from transformers import AutoTokenizer
 
-    from seq2trt.reference_model.text import _language_id
+    from seq2trt.hf_import.text import _language_id
 
     marian = AutoTokenizer.from_pretrained(str(make_marian_tokenizer(tmp_path / "marian")[0]))
     special = set(marian.all_special_tokens)

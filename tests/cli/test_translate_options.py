@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("transformers", reason="the hf extra is not installed")
 
-from seq2trt.reference_model.hf_verify import load_transformers_model  # noqa: E402
+from seq2trt.hf_import.proof import load_transformers_model  # noqa: E402
 from seq2trt.reference_model.vocab import pad_batch  # noqa: E402
 
 from helpers.artifacts import import_and_export  # noqa: E402

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from seq2trt.core.errors import InputError
-from seq2trt.reference_model.hf_families import transformers_major
+from seq2trt.hf_import.families import transformers_major
 
 from helpers.artifacts import import_and_export
 

@@ -15,9 +15,9 @@ pytest.importorskip("transformers", reason="the hf extra is not installed")
 from seq2trt.reference_model.decoding import DecodeSettings, Hypothesis, greedy_decode, hf_beam_search  # noqa: E402
 from seq2trt.reference_model.eager import EagerStepModel  # noqa: E402
 from seq2trt.core.errors import ConfigError  # noqa: E402
-from seq2trt.reference_model.hf_import import load_hf_as_model  # noqa: E402
-from seq2trt.reference_model.hf_verify import load_transformers_model, seeded_sources  # noqa: E402
-from seq2trt.reference_model.hf_families import transformers_major  # noqa: E402
+from seq2trt.hf_import.importer import load_hf_as_model  # noqa: E402
+from seq2trt.hf_import.proof import load_transformers_model, seeded_sources  # noqa: E402
+from seq2trt.hf_import.families import transformers_major  # noqa: E402
 from seq2trt.reference_model.vocab import pad_batch  # noqa: E402
 
 NEW = 16

@@ -24,8 +24,8 @@ from seq2trt.reference_model import longform as longform_module  # noqa: E402  (
 from seq2trt.reference_model import speech as speech_module  # noqa: E402
 from seq2trt.reference_model.eager import EagerStepModel  # noqa: E402
 from seq2trt.core.errors import ConfigError, InputError  # noqa: E402
-from seq2trt.reference_model.hf_import import load_hf_as_model  # noqa: E402
-from seq2trt.reference_model.hf_verify import load_transformers_model  # noqa: E402
+from seq2trt.hf_import.importer import load_hf_as_model  # noqa: E402
+from seq2trt.hf_import.proof import load_transformers_model  # noqa: E402
 from seq2trt.reference_model.speech import SpeechTokens, compression_ratio  # noqa: E402
 from seq2trt.reference_model.longform import transcribe  # noqa: E402
 

@@ -167,7 +167,7 @@ def test_batched_requests_get_what_transcribe_gives(whisper_served, audio, refer
 
 @pytest.mark.parametrize("beams", [1, 4], ids=["greedy", "beam4"])
 def test_served_tokens_equal_transformers_generate(whisper_served, audio, beams):
-    from seq2trt.reference_model.hf_verify import load_transformers_model
+    from seq2trt.hf_import.proof import load_transformers_model
 
     out, server = whisper_served
     src = out.parent / "hf"

@@ -186,7 +186,7 @@ def convert_hf(src: Path, cfg, out: Path, quantization: str = "float32", force: 
     import_ctranslate2()
     from ctranslate2.converters import TransformersConverter
 
-    from seq2trt.reference_model.hf_families import vocabulary_files
+    from seq2trt.hf_import.families import vocabulary_files
 
     if quantization not in QUANTIZATIONS:
         raise ConfigError(f"unknown CTranslate2 quantization {quantization!r}; choose one of {', '.join(QUANTIZATIONS)}")

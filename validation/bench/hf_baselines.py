@@ -58,7 +58,7 @@ class ImportedSource:
 def imported_source(checkpoint: Path) -> ImportedSource | None:
     """The source of an imported checkpoint (its weights checked against import.json), or None when the checkpoint
     was not imported."""
-    from seq2trt.reference_model.hf_import import IMPORT_RECORD
+    from seq2trt.hf_import.importer import IMPORT_RECORD
 
     record_path = Path(checkpoint) / IMPORT_RECORD
     if not record_path.exists():
@@ -100,7 +100,7 @@ def load_transformers(src: Path):
     """transformers' model for `src`, fp32, its default attention, local files only."""
     import torch
 
-    from seq2trt.reference_model.hf_verify import quiet_transformers
+    from seq2trt.hf_import.proof import quiet_transformers
 
     transformers = _transformers()
     with quiet_transformers():  # transformers 5 draws a progress bar over the bench's own

@@ -51,7 +51,7 @@ def imported_source(manifest, checkpoint: Path | None, backends: tuple[str, ...]
 def source_ids(cfg, task: str | None, source, samples: int, seed: int) -> tuple[list[list[int]], str]:
     """(sources, their origin): the task's held-out ones or random ids; for an imported model the seeded ids its
     import was judged on (no pad inside: CTranslate2's Marian vocabulary has none)."""
-    from seq2trt.reference_model.hf_verify import seeded_sources
+    from seq2trt.hf_import.proof import seeded_sources
 
     from seq2trt.runtime.reference_loader import e2e_sources
 

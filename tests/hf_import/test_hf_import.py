@@ -14,12 +14,12 @@ from click.testing import CliRunner
 pytest.importorskip("transformers", reason="the hf extra is not installed")
 
 from seq2trt.cli.main import cli  # noqa: E402
-from seq2trt.reference_model import hf_import  # noqa: E402
+from seq2trt.hf_import import importer as hf_import  # noqa: E402
 from seq2trt.reference_model.checkpoint import load_checkpoint  # noqa: E402
 from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode, hf_beam_search  # noqa: E402
 from seq2trt.reference_model.eager import EagerStepModel  # noqa: E402
-from seq2trt.reference_model.hf_families import ACTIVATIONS, FAMILIES  # noqa: E402
-from seq2trt.reference_model.hf_verify import load_transformers_model, seeded_sources  # noqa: E402
+from seq2trt.hf_import.families import ACTIVATIONS, FAMILIES  # noqa: E402
+from seq2trt.hf_import.proof import load_transformers_model, seeded_sources  # noqa: E402
 from seq2trt.reference_model.vocab import pad_batch  # noqa: E402
 
 # (family, config options, generation settings): post-/pre-LN, every activation, tied/untied, scale on/off,

@@ -5,8 +5,8 @@ Sentencepiece tokenizer (spiece.model) with Pegasus's reserved ids before the pi
 
 from __future__ import annotations
 
-from seq2trt.reference_model.hf_families import COMMON_TOKENIZER_FILES, register
-from seq2trt.reference_model.hf_families.bart_like import FINAL_NORMS, LAYER_RENAMES, SINUSOID_TABLES, BartLikeAdapter
+from seq2trt.hf_import.families import COMMON_TOKENIZER_FILES, register
+from seq2trt.hf_import.families.bart_like import FINAL_NORMS, LAYER_RENAMES, SINUSOID_TABLES, BartLikeAdapter
 
 
 @register

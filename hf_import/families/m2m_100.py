@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from seq2trt.reference_model.hf_families import COMMON_TOKENIZER_FILES, register
-from seq2trt.reference_model.hf_families.bart_like import FINAL_NORMS, LAYER_RENAMES, SINUSOID_TABLES, BartLikeAdapter
-from seq2trt.reference_model.hf_families.values import integer
+from seq2trt.hf_import.families import COMMON_TOKENIZER_FILES, register
+from seq2trt.hf_import.families.bart_like import FINAL_NORMS, LAYER_RENAMES, SINUSOID_TABLES, BartLikeAdapter
+from seq2trt.hf_import.families.values import integer
 
 
 @register

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from seq2trt.core.errors import ConfigError
-from seq2trt.reference_model.hf_families import COMMON_TOKENIZER_FILES, register, transformers_major
-from seq2trt.reference_model.hf_families.bart_like import LAYER_RENAMES, SINUSOID_TABLES, BartLikeAdapter
-from seq2trt.reference_model.hf_families.values import flag, integer
+from seq2trt.hf_import.families import COMMON_TOKENIZER_FILES, register, transformers_major
+from seq2trt.hf_import.families.bart_like import LAYER_RENAMES, SINUSOID_TABLES, BartLikeAdapter
+from seq2trt.hf_import.families.values import flag, integer
 
 
 @register

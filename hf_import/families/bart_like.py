@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from seq2trt.core.errors import ConfigError
-from seq2trt.reference_model.hf_families import ACTIVATIONS, FamilyAdapter
-from seq2trt.reference_model.hf_families.values import flag, integer, show
+from seq2trt.hf_import.families import ACTIVATIONS, FamilyAdapter
+from seq2trt.hf_import.families.values import flag, integer, show
 
 LAYER_RENAMES = (  # a layer's parameter -> ours, per stack
     (r"(encoder|decoder)\.layers\.(\d+)\.self_attn\.(q|k|v|out)_proj\.", r"\1_layers.\2.self_attn.\3_proj."),

@@ -23,16 +23,16 @@ from typing import Any, Callable
 
 import torch
 
-from seq2trt.reference_model import hf_verify
+from seq2trt.hf_import import proof as hf_verify
 from seq2trt.core.atomic_files import sha256_file
 from seq2trt.reference_model.checkpoint import _read_pt, _read_safetensors, load_state_dict_checked, save_checkpoint
 from seq2trt.reference_model.config import Seq2SeqConfig, beam_bytes, memory_parts, physical_memory
 from seq2trt.core.errors import CheckFailed, CheckpointError, ConfigError
-from seq2trt.reference_model.hf_families import (FAMILIES, REFUSED, SUPPORTED_LAYERS, FamilyAdapter, adapter_for,
+from seq2trt.hf_import.families import (FAMILIES, REFUSED, SUPPORTED_LAYERS, FamilyAdapter, adapter_for,
                                                  transformers_major)
-from seq2trt.reference_model.hf_families import tokenizer_files  # noqa: F401  (callers import it from here)
-from seq2trt.reference_model.hf_families.generation import generation_settings
-from seq2trt.reference_model.hf_families.values import integer, read_json, show, token_ids, unreadable
+from seq2trt.hf_import.families import tokenizer_files  # noqa: F401  (callers import it from here)
+from seq2trt.hf_import.families.generation import generation_settings
+from seq2trt.hf_import.families.values import integer, read_json, show, token_ids, unreadable
 from seq2trt.core.layout import GENERATION, IMPORT_RECORD, TOKENIZER_DIR
 from seq2trt.reference_model.model import Seq2SeqTransformer
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from seq2trt.core.errors import ConfigError
-from seq2trt.reference_model.hf_families.values import flag, integer, read_json, show
+from seq2trt.hf_import.families.values import flag, integer, read_json, show
 
 # Generation settings we reproduce, and the neutral value of every other one we know to change the search.
 _NEUTRAL_GENERATION = {"encoder_no_repeat_ngram_size": 0, "encoder_repetition_penalty": 1.0, "num_beam_groups": 1,

@@ -3,8 +3,8 @@ a logits bias; the decoder may have its own vocabulary (share_encoder_decoder_em
 
 from __future__ import annotations
 
-from seq2trt.reference_model.hf_families import COMMON_TOKENIZER_FILES, register
-from seq2trt.reference_model.hf_families.bart_like import LAYER_RENAMES, SINUSOID_TABLES, BartLikeAdapter
+from seq2trt.hf_import.families import COMMON_TOKENIZER_FILES, register
+from seq2trt.hf_import.families.bart_like import LAYER_RENAMES, SINUSOID_TABLES, BartLikeAdapter
 
 
 @register

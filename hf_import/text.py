@@ -56,13 +56,13 @@ def _language_id(tokenizer, lang: str, folder: Path) -> int:
 def load_codec(checkpoint: Path, eos_id: int, src_lang: str | None = None, tgt_lang: str | None = None
                ) -> TextCodec:
     """The checkpoint's codec; a missing one is an error that says `--ids-file` works without it."""
-    from seq2trt.reference_model.hf_import import TOKENIZER_DIR
+    from seq2trt.hf_import.importer import TOKENIZER_DIR
     from seq2trt.reference_model.vocab import load_vocabs
 
     checkpoint = Path(checkpoint)
     folder = checkpoint / TOKENIZER_DIR
     if folder.is_dir():
-        from seq2trt.reference_model.hf_verify import load_tokenizer
+        from seq2trt.hf_import.proof import load_tokenizer
 
         tokenizer = load_tokenizer(folder)
         if tokenizer is not None:

@@ -18,8 +18,8 @@ from seq2trt.cli.main import cli  # noqa: E402
 from seq2trt.reference_model.checkpoint import load_checkpoint  # noqa: E402
 from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode, hf_beam_search  # noqa: E402
 from seq2trt.reference_model.eager import EagerStepModel  # noqa: E402
-from seq2trt.reference_model.hf_families import transformers_major  # noqa: E402
-from seq2trt.reference_model.hf_verify import load_transformers_model, seeded_sources  # noqa: E402
+from seq2trt.hf_import.families import transformers_major  # noqa: E402
+from seq2trt.hf_import.proof import load_transformers_model, seeded_sources  # noqa: E402
 from seq2trt.reference_model.vocab import pad_batch  # noqa: E402
 
 from helpers.hf_models import bart_like_model_dir  # noqa: E402
@@ -96,7 +96,7 @@ def test_import_equals_transformers_generate(case, tmp_path):
 def test_a_wrong_position_table_fails_the_proof(tmp_path, monkeypatch):
     """Negative control: Pegasus read with fairseq's sinusoid layout instead of its own (sines | cosines) loads every
     tensor, and the proof refuses it (nothing written)."""
-    from seq2trt.reference_model.hf_families import FAMILIES
+    from seq2trt.hf_import.families import FAMILIES
 
     src = bart_like_model_dir(tmp_path / "src", "pegasus", dict(scale_embedding=True))
     monkeypatch.setattr(FAMILIES["pegasus"], "architecture", dict(FAMILIES["pegasus"].architecture,

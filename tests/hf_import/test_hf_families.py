@@ -16,10 +16,10 @@ from seq2trt.cli.main import cli  # noqa: E402
 from seq2trt.reference_model.checkpoint import load_checkpoint  # noqa: E402
 from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode  # noqa: E402
 from seq2trt.reference_model.eager import EagerStepModel  # noqa: E402
-from seq2trt.reference_model.hf_families import COMMON_TOKENIZER_FILES, FAMILIES, register  # noqa: E402
-from seq2trt.reference_model.hf_families.bart_like import (EMBED_NORMS, LAYER_RENAMES, LEARNED_POSITIONS,  # noqa: E402
+from seq2trt.hf_import.families import COMMON_TOKENIZER_FILES, FAMILIES, register  # noqa: E402
+from seq2trt.hf_import.families.bart_like import (EMBED_NORMS, LAYER_RENAMES, LEARNED_POSITIONS,  # noqa: E402
                                                            BartLikeAdapter)
-from seq2trt.reference_model.hf_verify import load_transformers_model, seeded_sources  # noqa: E402
+from seq2trt.hf_import.proof import load_transformers_model, seeded_sources  # noqa: E402
 from seq2trt.reference_model.vocab import pad_batch  # noqa: E402
 
 TYPE = "plain_bart"

@@ -26,7 +26,7 @@ import torch
 from seq2trt.reference_model.decoding import GENERATION_OPTIONS, DecodeSettings, greedy_decode, hf_beam_search
 from seq2trt.reference_model.eager import EagerStepModel
 from seq2trt.core.errors import CheckpointError, DependencyError, first_line
-from seq2trt.reference_model.hf_families import vocabulary_files
+from seq2trt.hf_import.families import vocabulary_files
 from seq2trt.reference_model.model import Seq2SeqTransformer
 from seq2trt.core.numerics import FP32_LOGIT_TOLERANCE, scaled_error
 from seq2trt.reference_model.vocab import pad_batch
@@ -432,7 +432,7 @@ def _verify_speech(src: Path, hf_model, model: Seq2SeqTransformer, gen: dict[str
     if tokenizer is not None:
         check_tokenizer_ids(src, tokenizer, cfg)
     from seq2trt.reference_model.logmel import FeatureParams
-    from seq2trt.reference_model.hf_families.whisper import FEATURE_EXTRACTOR
+    from seq2trt.hf_import.families.whisper import FEATURE_EXTRACTOR
 
     # The extractor the checkpoint will transcribe with, against the model: a damaged one would be copied as it is.
     FeatureParams.from_file(src / FEATURE_EXTRACTOR, cfg.n_mels, cfg.source_frames,

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from seq2trt.core.errors import ConfigError
-from seq2trt.reference_model.hf_families import ACTIVATIONS, COMMON_TOKENIZER_FILES, FamilyAdapter, register
-from seq2trt.reference_model.hf_families.bart_like import FINAL_NORMS, LAYER_RENAMES, layer_options
-from seq2trt.reference_model.hf_families.values import flag, integer, show
+from seq2trt.hf_import.families import ACTIVATIONS, COMMON_TOKENIZER_FILES, FamilyAdapter, register
+from seq2trt.hf_import.families.bart_like import FINAL_NORMS, LAYER_RENAMES, layer_options
+from seq2trt.hf_import.families.values import flag, integer, show
 
 FEATURE_EXTRACTOR = "preprocessor_config.json"
 # Generation settings only Whisper has, read by `speech_settings` instead of the generic check.

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from seq2trt.reference_model.hf_families import COMMON_TOKENIZER_FILES, register
-from seq2trt.reference_model.hf_families.bart_like import (EMBED_NORMS, LAYER_RENAMES, LEARNED_POSITIONS,
+from seq2trt.hf_import.families import COMMON_TOKENIZER_FILES, register
+from seq2trt.hf_import.families.bart_like import (EMBED_NORMS, LAYER_RENAMES, LEARNED_POSITIONS,
                                                            BartLikeAdapter)
 
 

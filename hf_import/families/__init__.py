@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any, ClassVar
 
-from seq2trt.reference_model.hf_families.values import integer
+from seq2trt.hf_import.families.values import integer
 
 # transformers' activation names -> ours
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
@@ -160,5 +160,5 @@ SUPPORTED_LAYERS = ("it reads an encoder-decoder whose layers are BART's (Marian
                     "with transformers whose model class subclasses T5's, mT5's or UMT5's")
 
 # Each module registers its adapter; this order is the order an unknown model type's refusal names them.
-from seq2trt.reference_model.hf_families import (marian, bart, mbart, m2m_100, pegasus, fsmt, t5,  # noqa: E402, F401
+from seq2trt.hf_import.families import (marian, bart, mbart, m2m_100, pegasus, fsmt, t5,  # noqa: E402, F401
                                                  whisper)

@@ -21,9 +21,9 @@ from seq2trt.reference_model.checkpoint import load_checkpoint  # noqa: E402
 from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode, hf_beam_search  # noqa: E402
 from seq2trt.reference_model.eager import EagerStepModel  # noqa: E402
 from seq2trt.core.errors import InputError  # noqa: E402
-from seq2trt.reference_model.hf_families import FAMILIES, transformers_major  # noqa: E402
-from seq2trt.reference_model.hf_families.t5 import DEFAULT_MAX_LEN  # noqa: E402
-from seq2trt.reference_model.hf_verify import load_transformers_model, seeded_sources  # noqa: E402
+from seq2trt.hf_import.families import FAMILIES, transformers_major  # noqa: E402
+from seq2trt.hf_import.families.t5 import DEFAULT_MAX_LEN  # noqa: E402
+from seq2trt.hf_import.proof import load_transformers_model, seeded_sources  # noqa: E402
 from seq2trt.reference_model.vocab import pad_batch  # noqa: E402
 
 from helpers.hf_models import T5_CLASSES, T5_SMALL, t5_model_dir  # noqa: E402
@@ -189,7 +189,7 @@ def test_an_ill_conditioned_model_is_judged_by_transformers_own_float32_error(tm
 def test_an_ill_conditioned_model_read_wrong_is_still_refused(tmp_path, monkeypatch):
     """The widened bound is the judge's own noise, not a pass: the same model without the final RMSNorm's weight
     computes another model, and the proof still fails, naming transformers' own error beside it."""
-    from seq2trt.reference_model import hf_import
+    from seq2trt.hf_import import importer as hf_import
 
     src = t5_model_dir(tmp_path / "src", "t5", ILL_CONDITIONED, std=0.7)
     real = hf_import.map_weights
