@@ -1,8 +1,8 @@
 """Hugging Face checkpoints -> seq2trt checkpoints: each family a `Seq2SeqConfig` of our one model, read by its
-registered adapter (`hf_families`).
+registered adapter (`families`).
 
 `import_hf` reads the source directory without any network access (`.bin` weights through
-`torch.load(weights_only=True)`), builds our model, has `hf_verify.verify` prove it equal to transformers' own model
+`torch.load(weights_only=True)`), builds our model, has `proof.verify` prove it equal to transformers' own model
 and `generate` on the same directory, and only then writes the checkpoint: config.json + model.safetensors, the
 source's tokenizer files under `tokenizer/`, its generation settings in `generation.json` and the proof in
 `import.json`.

@@ -12,7 +12,7 @@ every step obeys transformers' timestamp rule (`DecodeSettings.constrain`). Clip
 `reference_model.longform`.
 
 `SpeechTokens` is the checkpoint's generation.json "speech" record (written by the import from
-generation_config.json: `hf_families.whisper`).
+generation_config.json: `families.whisper`).
 """
 
 from __future__ import annotations
