@@ -190,8 +190,8 @@ def engine_request(out: str | Path, backend: str = "tensorrt-rtx", target: str |
     """The `EngineRequest` of `build`'s arguments (the CLI's build verb uses it too): target None is the GPU here,
     or sm_86 for TensorRT-RTX without one; limits None are the export's."""
     from seq2trt.exporters import manifest, spec
-    from seq2trt.exporters.tensorrt_engines import EngineRequest
-    from seq2trt.plugins import trt_compat
+    from seq2trt.exporters.tensorrt.engines import EngineRequest
+    from seq2trt.exporters.tensorrt import trt_compat
 
     if target is None:  # only TensorRT-RTX can name a target it is not running on
         target = "current" if trt_compat.has_gpu() or backend == trt_compat.Flavour.TENSORRT.value else "sm_86"
@@ -215,7 +215,7 @@ def build(out: str | Path, backend: str = "tensorrt-rtx", target: str | None = N
           progress: Progress | None = None) -> BuildResult:
     """Build TensorRT engines of the export in `out` into `out/engines/<backend>-<target>-<dtype>/`
     (`target`: "sm_86,sm_89" or "current"; see `engine_request` for the defaults)."""
-    from seq2trt.exporters.tensorrt_engines import build_engines, read_build
+    from seq2trt.exporters.tensorrt.engines import build_engines, read_build
 
     request = engine_request(out, backend, target, dtype, max_batch, max_src_len, max_tgt_len, plugin, opt_level,
                              workspace_mib, timing_cache, force)

@@ -37,7 +37,7 @@ LINK = re.compile(r"\]\((?!https?:|#|mailto:)([^)#\s]+)")  # a Markdown link to 
 SHORT_NAME = re.compile(r"(?<![\w./])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)")  # a.b(.c), read from its start
 # Module names that the docs mostly use as variables ("model.generate", "settings.plain"): a short name starting
 # with one is not checked (the seq2trt.-prefixed and path forms still are).
-VARIABLES = {"model", "settings", "sampling", "translator", "whisper"}
+VARIABLES = {"model", "settings", "sampling", "translator", "whisper", "child"}
 # Libraries that a seq2trt module is also named after (runtime/backends/onnxruntime.py, tensorrt.py): their dotted
 # names (`onnxruntime.quantization.quantize_dynamic`) are the library's, not ours.
 LIBRARIES = {"onnxruntime", "tensorrt", "tensorrt_rtx", "ctranslate2", "transformers", "optimum", "triton", "torch"}

@@ -80,7 +80,7 @@ class ValidateSettings:
 def _engine_graphs(out: Path, settings: ValidateSettings) -> ValidateSettings:
     """Settings for validating TensorRT engines: the graph set they were built from (fused-trt, or plain for
     --no-plugin engines), once this machine can run them."""
-    from seq2trt.exporters.tensorrt_engines import read_build
+    from seq2trt.exporters.tensorrt.engines import read_build
     from seq2trt.core.errors import DependencyError
     from seq2trt.core.layout import engine_dir
 

@@ -279,7 +279,7 @@ def test_fp16_of_relu_t5(tmp_path):
 def test_tensorrt_rtx_engines_build_from_a_t5_export(t5_export):
     """`seq2trt build` on a T5 export: every attention block is one plugin layer of the engine, its bias input
     accepted by the plugin (TensorRT-RTX builds without a GPU; running the engines needs one)."""
-    from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines, verify_engines
+    from seq2trt.exporters.tensorrt.engines import EngineRequest, build_engines, verify_engines
 
     family, model, out = t5_export
     fuse_artifacts(out, Target.TRT, force=True)

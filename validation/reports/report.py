@@ -198,7 +198,7 @@ def verify_everything(out: Path) -> Manifest:
     that fails: a report must not present edited or foreign artifacts as this export's."""
     from seq2trt.exporters.fuse import FUSION_JSON, Target, fused_dir, verify_fused
     from seq2trt.exporters.quantize import quantized_dir, verify_quantized
-    from seq2trt.exporters.tensorrt_engines import verify_engines
+    from seq2trt.exporters.tensorrt.engines import verify_engines
 
     out = Path(out)
     manifest = verify(out)

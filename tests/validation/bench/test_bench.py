@@ -154,7 +154,7 @@ def test_cli_reports_unknown_and_unavailable_backends(exported, monkeypatch):
     out, _ = exported
     result = invoke("bench", out, "--backends", "eager,trt")
     assert result.exit_code == 2 and "known backends: eager, eager-cuda, ort" in result.output
-    monkeypatch.setattr("seq2trt.plugins.trt_compat.has_gpu", lambda: False)
+    monkeypatch.setattr("seq2trt.exporters.tensorrt.trt_compat.has_gpu", lambda: False)
     result = invoke("bench", out, "--backends", "ort,tensorrt")
     assert result.exit_code == 2 and "tensorrt: TensorRT engines run only on an NVIDIA GPU" in result.output
     result = invoke("bench", out, "--backends", "ort", "--batch-sizes", "8")

@@ -24,7 +24,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Callable
 
-from seq2trt.plugins import trt_compat
+from seq2trt.exporters.tensorrt import trt_compat
 from seq2trt.core import layout
 from seq2trt.core.layout import BUILD_JSON
 from seq2trt.plugins.op import PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION
@@ -36,8 +36,8 @@ from seq2trt.exporters.graph_files import graph_sha256
 from seq2trt.exporters import fuse, spec
 from seq2trt.exporters.artifact_checks import load_graph
 from seq2trt.exporters import manifest as manifest_mod
-from seq2trt.exporters.tensorrt_build import BuildSettings, build, deferred_interrupt
-from seq2trt.exporters.tensorrt_child import BuildChild
+from seq2trt.exporters.tensorrt.build import BuildSettings, build, deferred_interrupt
+from seq2trt.exporters.tensorrt.child import BuildChild
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ optimization profile from `profiles` ({input name: (min, opt, max) shape}, from 
 capability targets, workspace limit and builder optimization level, then serialize. The plan bytes come back with a
 description of the network (layer types, how many plugin layers) for build.json and the tests.
 
-Flavour differences (targets, timing cache, the RTX parser's library) are `plugins.trt_compat`'s business.
+Flavour differences (targets, timing cache, the RTX parser's library) are `exporters.tensorrt.trt_compat`'s business.
 `build` runs all of this in a child process (`tensorrt_child`): TensorRT-RTX can abort natively on a damaged graph.
 """
 
@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 
-from seq2trt.plugins import trt_compat
+from seq2trt.exporters.tensorrt import trt_compat
 from seq2trt.plugins.op import DOMAIN, PLUGIN_NAME
 from seq2trt.core.errors import ArtifactError, InputError, Terminated, first_line
 
 if TYPE_CHECKING:
-    from seq2trt.exporters.tensorrt_child import BuildChild
+    from seq2trt.exporters.tensorrt.child import BuildChild
 
 logger = logging.getLogger(__name__)
 
@@ -254,7 +254,7 @@ def build(onnx_path: Path, profiles: Profiles, targets: Sequence[int | str] | st
     graph; re-export for another dtype). TensorRT runs in a child process (`child`, or one started for this
     call): a graph that crashes it is a BuildError, and Ctrl-C or SIGTERM stop the build at once.
     """
-    from seq2trt.exporters.tensorrt_child import BuildChild
+    from seq2trt.exporters.tensorrt.child import BuildChild
 
     settings = settings or BuildSettings()
     onnx_path = _checked_path(onnx_path)

@@ -35,7 +35,7 @@ from seq2trt.core.errors import ArtifactError, Seq2TrtError
 logger = logging.getLogger(__name__)
 
 # `-c` puts the working directory first on sys.path; the child imports what its parent does, not files lying there.
-_ENTRY = "import sys; del sys.path[0]; from seq2trt.exporters.tensorrt_child import child_main; child_main()"
+_ENTRY = "import sys; del sys.path[0]; from seq2trt.exporters.tensorrt.child import child_main; child_main()"
 _POLL_S = 0.1  # how often the parent looks at its interrupt event while the child builds
 
 
