@@ -6,8 +6,8 @@ optimization profile from `profiles` ({input name: (min, opt, max) shape}, from 
 capability targets, workspace limit and builder optimization level, then serialize. The plan bytes come back with a
 description of the network (layer types, how many plugin layers) for build.json and the tests.
 
-Flavour differences (targets, timing cache, the RTX parser's library) are `exporters.tensorrt.trt_compat`'s business.
-`build` runs all of this in a child process (`tensorrt_child`): TensorRT-RTX can abort natively on a damaged graph.
+Flavour differences (targets, timing cache, the RTX parser's library) are `trt_compat`'s business.
+`build` runs all of this in a child process (`child`): TensorRT-RTX can abort natively on a damaged graph.
 """
 
 from __future__ import annotations

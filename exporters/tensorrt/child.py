@@ -1,7 +1,7 @@
 """TensorRT's build in a child process, so that a native crash ends the child, not the caller.
 
 TensorRT-RTX aborts its whole process (SIGABRT, `malloc_consolidate(): invalid chunk size`) on some damaged graphs
-that still parse. `BuildChild` runs `tensorrt_build` jobs in a fresh Python started with `sys.executable`: one child
+that still parse. `BuildChild` runs `build` jobs in a fresh Python started with `sys.executable`: one child
 per `with` block, reused by every job inside it (`build_engines` builds both graphs in one child). Starting one
 imports seq2trt's build path and TensorRT, not torch: 0.2–0.4 s (1.7 s when the plugin's definition still imported
 torch). A child that dies — a signal, or an exit while a job is open — is a `BuildError` naming the graph, the

@@ -3,7 +3,7 @@ artifact directory").
 
 `build_engines(out, backend, targets, ...)` verifies the sha256 of every graph it reads (manifest.json for the
 exported graphs, `fused/trt/fusion.json` via `fuse.verify_fused` for the fused ones), builds the encoder and the decoder
-with `tensorrt_build.build` (both in one child process) under profiles from `spec.profiles`, and writes
+with `build.build` (both in one child process) under profiles from `spec.profiles`, and writes
 `encoder.plan`, `decoder.plan` and `build.json` into a staged directory renamed into place at the end (nothing
 half-written; `force` to replace).
 Two builds of the same engine directory take turns (a lock file beside it), so the second one sees the first's
@@ -51,7 +51,7 @@ class EngineRequest:
     limits: spec.Limits | None = None  # None: the export's limits
     plugin: bool = True
     optimization_level: int = 3
-    workspace_limit: int | None = None  # bytes; `tensorrt_build.BuildSettings.workspace_limit`
+    workspace_limit: int | None = None  # bytes; `build.BuildSettings.workspace_limit`
     force: bool = False
     timing_cache: Path | None = None  # enterprise TensorRT only
 
@@ -132,7 +132,7 @@ def build_engines(out: Path, request: EngineRequest, progress: Callable[[str, st
     lock = engine_dir.parent / f".{engine_dir.name}.lock"
     # Ctrl-C is held from the first TensorRT call to the last (TensorRT calls back into Python throughout) and
     # raised at the end; the staged directory is then removed and the old engines stay.
-    # TensorRT runs in one child process for both graphs (`tensorrt_child`: starting one takes seconds).
+    # TensorRT runs in one child process for both graphs (`child`: starting one takes seconds).
     own_child = BuildChild() if child is None else contextlib.nullcontext(child)
     with locked(lock, str(engine_dir)), own_child as child, \
             staged_directory(engine_dir, request.force, "engine", kind=BUILD_JSON) as tmp, deferred_interrupt():

@@ -179,7 +179,8 @@ def ensure_rtx_parser_library(lib_dir: Path | None = None) -> Path:
     `libtensorrt_rtx.so.1`; without the unversioned name the process aborts inside the parser ("terminate called
     without an active exception"). This creates the symlink `libtensorrt_rtx.so -> libtensorrt_rtx.so.1` beside
     it. Idempotent: an existing correct link (or a real file) is kept; a link on LD_LIBRARY_PATH is honoured.
-    Run `python -m seq2trt.exporters.tensorrt.trt_compat` once as a user who can write there, when site-packages is read-only.
+    Run `python -m seq2trt.exporters.tensorrt.trt_compat` once as a user who can write there, when site-packages is
+    read-only.
     """
     lib_dir = Path(lib_dir) if lib_dir is not None else rtx_library_dir()
     link, target = lib_dir / _RTX_LIB, lib_dir / f"{_RTX_LIB}.1"
@@ -201,8 +202,8 @@ def ensure_rtx_parser_library(lib_dir: Path | None = None) -> Path:
         raise DependencyError(
             f"TensorRT-RTX's ONNX parser needs {link}, which its wheel does not ship, and seq2trt could not create "
             f"it ({exc.strerror or exc}). Create it once as a user who can write to {lib_dir}: "
-            f"`ln -s {target.name} {link}` (or `python -m seq2trt.exporters.tensorrt.trt_compat`), or put such a link in a "
-            f"directory listed in LD_LIBRARY_PATH before starting Python") from exc
+            f"`ln -s {target.name} {link}` (or `python -m seq2trt.exporters.tensorrt.trt_compat`), or put such a "
+            f"link in a directory listed in LD_LIBRARY_PATH before starting Python") from exc
     logger.info("created %s -> %s so that TensorRT-RTX's ONNX parser can load plugins", link, target.name)
     return link
 
@@ -263,7 +264,8 @@ def _target_hint(flavour: Flavour, device_cc: int) -> str:
 
 
 def main() -> None:
-    """`python -m seq2trt.exporters.tensorrt.trt_compat`: the one-time TensorRT-RTX parser setup, for read-only installs."""
+    """`python -m seq2trt.exporters.tensorrt.trt_compat`: the one-time TensorRT-RTX parser setup, for read-only
+    installs."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         print(ensure_rtx_parser_library())
