@@ -28,24 +28,18 @@ MAX_NEW = 12
 
 
 @pytest.fixture(scope="module")
-def whisper(tmp_path_factory):
+def whisper(whisper_imported):
     """(transformers source directory, its checkpoint, transformers' model of it)."""
     from seq2trt.hf_import.proof import load_transformers_model
 
-    root = tmp_path_factory.mktemp("whisper")
-    src = whisper_source(root / "hf", seed=3, std=1.0, suppress_timestamps=True)  # varied tokens, de and en detected
-    return src, whisper_checkpoint(src, root / "ckpt"), load_transformers_model(src, speech=True)
+    src, ckpt = whisper_imported
+    return src, ckpt, load_transformers_model(src, speech=True)
 
 
 @pytest.fixture(scope="module")
-def audio(tmp_path_factory):
+def audio(speech_files):
     """Speech at espeak-ng's 22.05 kHz, a tone at 8 kHz (WAV) and noise + tone at 44.1 kHz stereo (FLAC)."""
-    root = tmp_path_factory.mktemp("audio")
-    files = [speak(root, SENTENCES[0], "fox.wav"), speak(root, SENTENCES[2], "numbers.wav")]
-    sf.write(root / "tone-8k.wav", synthetic("tone", rate=8000, seconds=1.5), 8000)
-    stereo = np.stack([synthetic("noise", rate=44100), synthetic("tone", rate=44100)], axis=1)
-    sf.write(root / "stereo-44k.flac", stereo, 44100)
-    return files + [root / "tone-8k.wav", root / "stereo-44k.flac"]
+    return [speech_files[name] for name in ("fox", "numbers", "tone-8k", "stereo")]
 
 
 def stdout_of(*args) -> str:

@@ -17,6 +17,7 @@ from seq2trt.reference_model.vocab import pad_batch
 
 from helpers.artifacts import import_and_export
 from helpers.cli import invoke, invoke_ok
+from helpers.hf_models import hf_rows
 
 HAS_HF = importlib.util.find_spec("transformers") is not None
 
@@ -90,11 +91,7 @@ def _hf_generate(root, sources, **kwargs) -> list[list[int]]:
 
     hf_model = load_transformers_model(root / "src")
     ids, mask = pad_batch(sources, hf_model.config.pad_token_id)
-    with torch.inference_mode():
-        rows = hf_model.generate(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
-                                 do_sample=False, max_new_tokens=63, **kwargs)[:, 1:].tolist()
-    eos = hf_model.config.eos_token_id
-    return [r[: r.index(eos)] if eos in r else r for r in rows]
+    return hf_rows(hf_model, ids, mask, 63, hf_model.config.eos_token_id, **kwargs)
 
 
 @pytest.mark.skipif(not HAS_HF, reason="the hf extra is not installed")

@@ -22,6 +22,8 @@ from seq2trt.hf_import.families import ACTIVATIONS, FAMILIES  # noqa: E402
 from seq2trt.hf_import.proof import load_transformers_model, seeded_sources  # noqa: E402
 from seq2trt.reference_model.vocab import pad_batch  # noqa: E402
 
+from helpers.hf_models import hf_rows  # noqa: E402
+
 # (family, config options, generation settings): post-/pre-LN, every activation, tied/untied, scale on/off,
 # shared/separate vocabularies, forced bos, suppressed ids, the three early-stopping modes and length penalties.
 CASES = {
@@ -50,13 +52,6 @@ CASES = {
 STD = {"m2m_100-silu-unscaled": 1.0}
 
 
-def _generate(hf_model, ids, mask, new_tokens: int, eos: int, **kwargs) -> list[list[int]]:
-    with torch.inference_mode():
-        rows = hf_model.generate(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
-                                 max_new_tokens=new_tokens, do_sample=False, **kwargs)[:, 1:].tolist()
-    return [r[: r.index(eos)] if eos in r else r for r in rows]
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_import_equals_transformers_generate(case, make_hf_model, tmp_path):
     family, config, generation = CASES[case]
@@ -81,10 +76,10 @@ def test_import_equals_transformers_generate(case, make_hf_model, tmp_path):
                                                 "min_new_tokens": None}.get(key, 0)), key
     step = EagerStepModel(model)
     ours = greedy_decode(step, ids, mask, settings)
-    assert ours == _generate(hf_model, ids, mask, 20, model.cfg.eos_id, num_beams=1, num_return_sequences=1)
+    assert ours == hf_rows(hf_model, ids, mask, 20, model.cfg.eos_id, num_beams=1, num_return_sequences=1)
     assert len({t for row in ours for t in row}) > 3, "degenerate outputs cannot tell a wrong model apart"
     beam = hf_beam_search(step, ids, mask, settings, 4, gen["length_penalty"], gen["early_stopping"])
-    assert beam == _generate(hf_model, ids, mask, 20, model.cfg.eos_id, num_beams=4, num_return_sequences=1,
+    assert beam == hf_rows(hf_model, ids, mask, 20, model.cfg.eos_id, num_beams=4, num_return_sequences=1,
                              length_penalty=gen["length_penalty"], early_stopping=gen["early_stopping"])
     assert beam != ours or case.startswith("bart-forced"), "beam search never differed from greedy"
     if generation.get("forced_bos_token_id") is not None:
@@ -203,7 +198,7 @@ def test_finished_sources_leave_the_beam_batch_and_tokens_stay_transformers(earl
             return super().step(input_ids, *args)
 
     beam = hf_beam_search(Counted(model), ids, mask, DecodeSettings.for_model(model.cfg, 20), 4, 1.0, early_stopping)
-    assert beam == _generate(hf_model, ids, mask, 20, model.cfg.eos_id, num_beams=4, length_penalty=1.0,
+    assert beam == hf_rows(hf_model, ids, mask, 20, model.cfg.eos_id, num_beams=4, length_penalty=1.0,
                              early_stopping=early_stopping)
     lengths = {len(row) for row in beam}
     assert len(lengths) > 2, f"the sources must end at different steps to test this: lengths {sorted(lengths)}"

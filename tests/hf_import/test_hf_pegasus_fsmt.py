@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from click.testing import CliRunner
 
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
@@ -22,7 +21,7 @@ from seq2trt.hf_import.families import transformers_major  # noqa: E402
 from seq2trt.hf_import.proof import load_transformers_model, seeded_sources  # noqa: E402
 from seq2trt.reference_model.vocab import pad_batch  # noqa: E402
 
-from helpers.hf_models import bart_like_model_dir  # noqa: E402
+from helpers.hf_models import hf_rows, bart_like_model_dir  # noqa: E402
 
 # fairseq's search never emits pad, and transformers' FSMT places a generated pad differently in its cached generate
 # than in a forward (fsmt.py): the FSMT sources suppress it, as fairseq does.
@@ -51,14 +50,6 @@ CASES = {  # (family, config options, generation settings)
 STD = {"fsmt-gelu-unscaled": 1.0, "pegasus-scaled-gelu": 0.7, "pegasus-relu-unscaled-beams": 0.7}
 
 
-def _generate(hf_model, ids, mask, new_tokens: int, eos: int, **kwargs) -> list[list[int]]:
-    with torch.inference_mode():
-        rows = hf_model.generate(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
-                                 max_new_tokens=new_tokens, do_sample=False, num_return_sequences=1,
-                                 **kwargs)[:, 1:].tolist()
-    return [r[: r.index(eos)] if eos in r else r for r in rows]
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_import_equals_transformers_generate(case, tmp_path):
     family, config, generation = CASES[case]
@@ -85,9 +76,9 @@ def test_import_equals_transformers_generate(case, tmp_path):
     settings = DecodeSettings.for_model(cfg, 20, gen)
     step = EagerStepModel(model)
     greedy = greedy_decode(step, ids, mask, settings)
-    assert greedy == _generate(hf_model, ids, mask, 20, cfg.eos_id, num_beams=1)
+    assert greedy == hf_rows(hf_model, ids, mask, 20, cfg.eos_id, num_beams=1)
     beam = hf_beam_search(step, ids, mask, settings, 4, gen["length_penalty"], gen["early_stopping"])
-    assert beam == _generate(hf_model, ids, mask, 20, cfg.eos_id, num_beams=4, length_penalty=gen["length_penalty"],
+    assert beam == hf_rows(hf_model, ids, mask, 20, cfg.eos_id, num_beams=4, length_penalty=gen["length_penalty"],
                              early_stopping=gen["early_stopping"])
     assert len({t for row in greedy for t in row}) > 3, "degenerate outputs cannot tell a wrong model apart"
     assert beam != greedy, "beam search never differed from greedy"
@@ -149,7 +140,7 @@ def test_translate_text_with_the_fsmt_tokenizer_is_transformers(tmp_path):
     encoded = tokenizer(texts)["input_ids"]
     assert all(row[-1] == 2 and max(row) < n_src for row in encoded)
     ids, mask = pad_batch(encoded, 1)
-    want = _generate(load_transformers_model(src), ids, mask, 16, 2, num_beams=4)
+    want = hf_rows(load_transformers_model(src), ids, mask, 16, 2, num_beams=4)
     assert out.output.splitlines() == [tokenizer.decode(w, skip_special_tokens=True) for w in want]
     assert len(set(out.output.splitlines())) == len(texts), "distinct sources should translate differently"
 

@@ -26,7 +26,7 @@ from seq2trt.hf_import.families.t5 import DEFAULT_MAX_LEN  # noqa: E402
 from seq2trt.hf_import.proof import load_transformers_model, seeded_sources  # noqa: E402
 from seq2trt.reference_model.vocab import pad_batch  # noqa: E402
 
-from helpers.hf_models import T5_CLASSES, T5_SMALL, t5_model_dir  # noqa: E402
+from helpers.hf_models import hf_rows, T5_CLASSES, T5_SMALL, t5_model_dir  # noqa: E402
 
 CLASSES, SMALL = T5_CLASSES, T5_SMALL
 # (family, config options beyond SMALL). transformers 4.57's generate fails on T5s with more decoder than encoder
@@ -50,14 +50,6 @@ def _import(src, out):
     return CliRunner().invoke(cli, ["import", "hf", str(src), "-o", str(out)])
 
 
-def _generate(hf_model, ids, mask, new_tokens: int, eos: int, **kwargs) -> list[list[int]]:
-    with torch.inference_mode():
-        rows = hf_model.generate(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
-                                 max_new_tokens=new_tokens, do_sample=False, num_return_sequences=1,
-                                 **kwargs)[:, 1:].tolist()
-    return [r[: r.index(eos)] if eos in r else r for r in rows]
-
-
 def _judge(src, ckpt, sources: list[list[int]], new_tokens: int = 20) -> tuple[list, list]:
     """Our checkpoint's greedy and beam-4 tokens on padded `sources`, each asserted equal to transformers' generate."""
     model, _ = load_checkpoint(ckpt)
@@ -67,9 +59,9 @@ def _judge(src, ckpt, sources: list[list[int]], new_tokens: int = 20) -> tuple[l
     settings = DecodeSettings.for_model(model.cfg, new_tokens, gen)
     step = EagerStepModel(model)
     greedy = greedy_decode(step, ids, mask, settings)
-    assert greedy == _generate(hf_model, ids, mask, new_tokens, model.cfg.eos_id, num_beams=1)
+    assert greedy == hf_rows(hf_model, ids, mask, new_tokens, model.cfg.eos_id, num_beams=1)
     beam = hf_beam_search(step, ids, mask, settings, 4, gen["length_penalty"], gen["early_stopping"])
-    assert beam == _generate(hf_model, ids, mask, new_tokens, model.cfg.eos_id, num_beams=4,
+    assert beam == hf_rows(hf_model, ids, mask, new_tokens, model.cfg.eos_id, num_beams=4,
                              length_penalty=gen["length_penalty"], early_stopping=gen["early_stopping"])
     return greedy, beam
 
@@ -283,7 +275,7 @@ def test_translate_text_with_the_sentencepiece_tokenizer_is_transformers(fast, b
     encoded = tokenizer(texts)["input_ids"]
     assert all(row[-1] == 1 and row[0] != 1 for row in encoded)
     ids, mask = pad_batch(encoded, 0)
-    want = _generate(load_transformers_model(src), ids, mask, 20, 1, num_beams=beam)
+    want = hf_rows(load_transformers_model(src), ids, mask, 20, 1, num_beams=beam)
     assert out.output.splitlines() == [tokenizer.decode(w, skip_special_tokens=True) for w in want]
     assert len(set(out.output.splitlines())) == len(texts), "distinct sources should translate differently"
     assert np.mean([len(w) for w in want]) > 2
