@@ -326,14 +326,14 @@ def first_token_counts(translator: Ct2Translator, input_ids: np.ndarray, attenti
 def check_sampling(model, translator: Ct2Translator, input_ids: np.ndarray, attention_mask: np.ndarray, sampling,
                    sources: int = 4, draws: int = 2000, require: bool = True):
     """CTranslate2's sampling (its own random stream) against the eager model's first-token probabilities with the
-    same warpers: the chi-square test of validation/sampling.py on the first `sources` sources, `draws` each; raise
-    `CheckFailed` (when `require`) if it fails."""
+    same warpers: the chi-square test of validation/sampling_distribution.py on the first `sources` sources, `draws`
+    each; raise `CheckFailed` (when `require`) if it fails."""
     from dataclasses import replace
 
     from seq2trt.reference_model.decoding import DecodeSettings
     from seq2trt.reference_model.eager import EagerStepModel
 
-    from seq2trt.validation import sampling as judge
+    from seq2trt.validation import sampling_distribution as judge
 
     settings = replace(DecodeSettings.for_model(model.cfg, 1), do_sample=True, temperature=sampling.temperature,
                        top_k=sampling.top_k, top_p=sampling.top_p)

@@ -72,7 +72,8 @@ def prepare(backends: tuple[str, ...], out: Path, reference, task: str | None, s
     """Build and check every anchor among `backends` against the eager `reference` model; `beam` (K, length
     penalty, n-best) for a beam bench, whose hf and optimum are checked on beam tokens too (every hypothesis);
     `sampling` (settings.Sampling) for a sampling bench: hf and optimum must sample the eager model's tokens under the
-    same seed, CTranslate2 (its own random stream) its first-token distribution (validation/sampling.py)."""
+    same seed, CTranslate2 (its own random stream) its first-token distribution
+    (validation/sampling_distribution.py)."""
     done = Prepared()
     ids, mask, origin = check_sources(reference.cfg, task, source, samples, seed)
     want: dict = {}

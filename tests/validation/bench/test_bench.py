@@ -253,7 +253,7 @@ def test_sample_bench_checks_ct2_sampling_as_a_distribution(sample_report):
     doc, _ = sample_report
     check = doc["checks"]["ct2"]["sampling"]
     assert check["passed"] and check["draws"] == 2000 and check["sources"] == 4 and check["impossible"] == 0
-    from seq2trt.validation.sampling import ALPHA
+    from seq2trt.validation.sampling_distribution import ALPHA
 
     assert check["p_value"] >= check["alpha"] == ALPHA
 
@@ -267,7 +267,7 @@ def test_sampling_options_reach_each_backend(exported):
 
     from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode
     from seq2trt.reference_model.vocab import pad_batch
-    from seq2trt.validation import sampling as judge
+    from seq2trt.validation import sampling_distribution as judge
     from seq2trt.validation.bench import ct2_baseline
     from seq2trt.validation.bench.settings import Sampling
 
