@@ -92,12 +92,10 @@ def _seq2trt_version() -> str | None:
         return None
 
 
-def build_engines(out: Path, request: EngineRequest, progress: Callable[[str, str, int], None] | None = None,
-                  child: BuildChild | None = None) -> Path:
-    """Build and write the engines of `out`; return the engine directory. `progress(graph, phase, graphs_done)`.
-    TensorRT runs in `child`, or in a child process started for this call."""
-    out = Path(out)
-    manifest = manifest_mod.read_manifest(out)
+def _checked_request(out: Path, request: EngineRequest, manifest) -> tuple[str, spec.Limits, trt_compat.Flavour]:
+    """(dtype, limits, flavour) of `request` on the export `out`, once they fit it and this machine: the export's
+    dtype, limits within its own, the plugin's kernels for its head size, the flavour installed, a GPU for
+    --target current."""
     dtype = request.dtype or manifest.dtype
     if dtype != manifest.dtype:
         raise InputError(f"{out} was exported as {manifest.dtype}; TensorRT networks are strongly typed, so a "
@@ -118,6 +116,28 @@ def build_engines(out: Path, request: EngineRequest, progress: Callable[[str, st
                          f"targets instead (e.g. --target sm_86: {flavour.value} builds them without a GPU"
                          + ("" if trt_compat.FLAVOURS[flavour].explicit_targets else
                             "; this flavour cannot: use --backend tensorrt-rtx") + ")")
+    return dtype, limits, flavour
+
+
+def _graph_record(out: Path, graph: spec.GraphKind, path: Path, digest: str, result, profiles: dict) -> dict:
+    """build.json's entry of one graph: the graph it was built from, its plan, the build's time and profiles, and
+    what TensorRT made of the network."""
+    return {"source": str(path.relative_to(out)), "source_sha256": digest,
+            "plan": f"{graph.value}.plan", "plan_bytes": len(result.plan),
+            "plan_sha256": hashlib.sha256(result.plan).hexdigest(),
+            "build_seconds": round(result.seconds, 3),
+            "profiles": {n: [list(s) for s in p] for n, p in profiles.items()},
+            **result.network.to_json()}
+
+
+def build_engines(out: Path, request: EngineRequest, progress: Callable[[str, str, int], None] | None = None,
+                  child: BuildChild | None = None) -> Path:
+    """Build and write the engines of `out`; return the engine directory. `progress(graph, phase, graphs_done)`.
+    TensorRT runs in `child`, or in a child process started for this call."""
+    out = Path(out)
+    manifest = manifest_mod.read_manifest(out)
+    dtype, limits, flavour = _checked_request(out, request, manifest)
+    cfg = manifest.config
     engine_dir = layout.engines_root(out) / engine_dir_name(flavour.value, request.targets, dtype, request.plugin)
     refuse_existing(engine_dir, request.force, "engine", kind=BUILD_JSON)  # before any work
     graphs = source_graphs(out, request.plugin)
@@ -140,13 +160,7 @@ def build_engines(out: Path, request: EngineRequest, progress: Callable[[str, st
             report = (lambda phase, _d, _t, g=graph, n=done: progress(g.value, phase, n)) if progress else None
             result = build(path, profiles[graph], request.targets, dtype, settings, report, child=child)
             atomic_write_bytes(tmp / f"{graph.value}.plan", result.plan)
-            record["graphs"][graph.value] = {
-                "source": str(path.relative_to(out)), "source_sha256": digest,
-                "plan": f"{graph.value}.plan", "plan_bytes": len(result.plan),
-                "plan_sha256": hashlib.sha256(result.plan).hexdigest(),
-                "build_seconds": round(result.seconds, 3), "profiles": {n: [list(s) for s in p]
-                                                                        for n, p in profiles[graph].items()},
-                **result.network.to_json()}
+            record["graphs"][graph.value] = _graph_record(out, graph, path, digest, result, profiles[graph])
             record["tensorrt_version"] = result.tensorrt_version
         if progress:
             progress("", "done", len(graphs))
