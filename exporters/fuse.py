@@ -32,7 +32,7 @@ from seq2trt.plugins.op import DOMAIN, PLUGIN_NAME, AttentionAttrs, attrs_from_n
 from seq2trt.reference_model.config import Seq2SeqConfig
 from seq2trt.core.errors import ArtifactError, CheckFailed, InputError, Seq2TrtError
 from seq2trt.core.atomic_files import atomic_write_text
-from seq2trt.reference_model.swap import staged_directory
+from seq2trt.core.swap import staged_directory
 
 from seq2trt.exporters import graph_files, spec
 from seq2trt.core import layout

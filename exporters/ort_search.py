@@ -64,7 +64,7 @@ from onnx import TensorProto, helper
 from seq2trt.reference_model.config import Seq2SeqConfig
 from seq2trt.core.errors import ArtifactError, InputError
 from seq2trt.core.atomic_files import atomic_write_text
-from seq2trt.reference_model.swap import staged_directory
+from seq2trt.core.swap import staged_directory
 
 from seq2trt.exporters import graph_files, spec
 from seq2trt.reference_model.checkpoint import generation_config

@@ -27,7 +27,7 @@ import onnx
 
 from seq2trt.core.errors import ArtifactError, DependencyError, InputError
 from seq2trt.core.atomic_files import atomic_write_text
-from seq2trt.reference_model.swap import staged_directory
+from seq2trt.core.swap import staged_directory
 
 from seq2trt.exporters import graph_files, spec
 from seq2trt.core import layout

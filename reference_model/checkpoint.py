@@ -18,7 +18,7 @@ import torch
 
 from seq2trt.reference_model.config import Seq2SeqConfig, memory_parts, physical_memory
 from seq2trt.core.errors import CheckpointError
-from seq2trt.reference_model.swap import staged_directory
+from seq2trt.core.swap import staged_directory
 from seq2trt.reference_model.model import Seq2SeqTransformer
 from seq2trt.reference_model.vocab import Vocab, load_vocabs, save_vocabs
 

@@ -21,7 +21,7 @@ from seq2trt.core.errors import InputError
 from seq2trt.core.atomic_files import refuse_existing
 from seq2trt.core.layout import FEATURES
 from seq2trt.exporters.graph_files import copy_graph
-from seq2trt.reference_model.swap import staged_directory
+from seq2trt.core.swap import staged_directory
 
 from seq2trt.runtime.decode_jobs import checkpoint_folder, has_tokenizer
 from seq2trt.serving.model_config import model_config, model_kinds, tensor_block, write_python_model

@@ -30,7 +30,7 @@ from seq2trt.core.layout import BUILD_JSON
 from seq2trt.plugins.op import PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION
 from seq2trt.core.errors import ArtifactError, InputError
 from seq2trt.core.atomic_files import atomic_write_bytes, atomic_write_text, refuse_existing, sha256_file
-from seq2trt.reference_model.swap import locked, staged_directory
+from seq2trt.core.swap import locked, staged_directory
 
 from seq2trt.exporters.graph_files import graph_sha256
 from seq2trt.exporters import fuse, spec

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from seq2trt.core.errors import ArtifactError
-from seq2trt.reference_model.swap import locked
+from seq2trt.core.swap import locked
 
 from helpers.faults import permission_denied, raising
 
@@ -58,7 +58,7 @@ def test_lock_in_a_folder_that_cannot_be_written_says_so(tmp_path, monkeypatch):
 def test_written_files_and_directories_follow_the_umask(tmp_path):
     """mkstemp/mkdtemp make private files; artifacts are ordinary ones, readable by whoever the umask allows."""
     from seq2trt.core.atomic_files import atomic_write_text
-    from seq2trt.reference_model.swap import staged_directory
+    from seq2trt.core.swap import staged_directory
 
     old = os.umask(0o022)
     try:

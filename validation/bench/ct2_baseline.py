@@ -32,7 +32,7 @@ from seq2trt.validation.ties import GreedyComparison, compare_greedy  # noqa: F4
 
 from seq2trt.core.errors import CheckFailed, ConfigError, DependencyError, InputError
 from seq2trt.core.atomic_files import atomic_write_text
-from seq2trt.reference_model.swap import staged_directory
+from seq2trt.core.swap import staged_directory
 
 logger = logging.getLogger(__name__)
 

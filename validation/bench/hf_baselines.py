@@ -31,7 +31,7 @@ import numpy as np
 
 from seq2trt.core.errors import CheckFailed, CheckpointError, DependencyError, InputError
 from seq2trt.core.atomic_files import atomic_write_text, sha256_file
-from seq2trt.reference_model.swap import staged_directory
+from seq2trt.core.swap import staged_directory
 from seq2trt.runtime import registry
 
 from seq2trt.validation.bench.backends import peak_rss_mb, start_turn

@@ -116,7 +116,7 @@ class SpeechBench:
         if any(registry.BACKENDS[n].runs == "ctranslate2" for n in names):
             from ctranslate2.converters import TransformersConverter
 
-            from seq2trt.reference_model.swap import staged_directory
+            from seq2trt.core.swap import staged_directory
 
             self.progress("converting the source with CTranslate2")
             start = time.perf_counter()
