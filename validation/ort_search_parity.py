@@ -57,22 +57,9 @@ def run_generate_validation(out: Path, settings, checkpoint: Path | None = None,
     cap = limits.max_tgt_len - 1 if task_name else min(32, limits.max_tgt_len - 1)
     decode = DecodeSettings.for_model(cfg, settings.max_new_tokens or cap)
     sources, origin = e2e_sources(cfg, task_name, settings.samples, settings.seed)
-    eager = EagerStepModel(model.double())
     K = settings.beam_size
-    searches = {"greedy": (1, lambda m, ids, mask: greedy_decode(m, ids, mask, decode)),
-                "beam": (K, lambda m, ids, mask: hf_beam_search(m, ids, mask, decode, K, length_penalty, True))}
-    results = {}
-    with GenerateModel(out, manifest, settings.threads, int8) as generate:
-        for search, (beams, reference) in searches.items():
-            if progress:
-                progress(f"{search} ({beams} beam{'s' * (beams > 1)}) of {len(sources)} sources: {label} vs eager")
-            rows = max(1, limits.max_batch // beams)
-            want, got = [], []
-            for i in range(0, len(sources), rows):
-                ids, mask = pad_batch(sources[i: i + rows], cfg.pad_id)
-                want += reference(eager, ids, mask)
-                got += generate.decode(ids, mask, decode, beams, length_penalty)
-            results[search] = agreement(want, got, cfg.eos_id)
+    results = _search_agreements(out, manifest, settings, int8, EagerStepModel(model.double()), sources, decode,
+                                 length_penalty, label, progress)
     targets = TARGETS["int8" if int8 else "fp32"]
     failures = [f"{search}: token_agreement {a.token_agreement:.6f}, sequence_match {a.sequence_match:.6f} (targets "
                 f"{targets.token_agreement}, {targets.sequence_match}), first divergent step {a.first_divergent_step}, "
@@ -95,6 +82,28 @@ def run_generate_validation(out: Path, settings, checkpoint: Path | None = None,
         raise CheckFailed(f"{label} of {out} differs from the eager search ({out}/reports/{report}.md):\n  "
                           + "\n  ".join(failures))
     return document
+
+
+def _search_agreements(out: Path, manifest, settings, int8: bool, eager: EagerStepModel, sources: list[list[int]],
+                       decode: DecodeSettings, length_penalty: float, label: str, progress) -> dict:
+    """Greedy search and beam search (`settings.beam_size` beams) of the export's generate.onnx against the eager
+    model's on `sources`, batched within the export's max_batch: each search's token agreement."""
+    cfg, limits, K = manifest.config, manifest.limits, settings.beam_size
+    searches = {"greedy": (1, lambda m, ids, mask: greedy_decode(m, ids, mask, decode)),
+                "beam": (K, lambda m, ids, mask: hf_beam_search(m, ids, mask, decode, K, length_penalty, True))}
+    results = {}
+    with GenerateModel(out, manifest, settings.threads, int8) as generate:
+        for search, (beams, reference) in searches.items():
+            if progress:
+                progress(f"{search} ({beams} beam{'s' * (beams > 1)}) of {len(sources)} sources: {label} vs eager")
+            rows = max(1, limits.max_batch // beams)
+            want, got = [], []
+            for i in range(0, len(sources), rows):
+                ids, mask = pad_batch(sources[i: i + rows], cfg.pad_id)
+                want += reference(eager, ids, mask)
+                got += generate.decode(ids, mask, decode, beams, length_penalty)
+            results[search] = agreement(want, got, cfg.eos_id)
+    return results
 
 
 def _write(out: Path, document: dict, report: str, label: str) -> None:
