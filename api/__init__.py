@@ -24,10 +24,10 @@ __all__ = ["Translator", "Transcriber", "Hypothesis", "Transcription", "Transcri
 _HOMES = {"Translator": "seq2trt.translator", "Transcriber": "seq2trt.transcriber", "Hypothesis": "seq2trt.translator",
           "Transcription": "seq2trt.runtime.transcription", "TranscribedSegment": "seq2trt.runtime.transcription",
           "DECODE_BACKENDS": "seq2trt.runtime.registry", **{name: "seq2trt.stages" for name in _STAGES},
-          **{name: "seq2trt.reference_model.errors" for name in __all__ if name.endswith(("Error", "Failed"))}}
+          **{name: "seq2trt.core.errors" for name in __all__ if name.endswith(("Error", "Failed"))}}
 
 if TYPE_CHECKING:
-    from seq2trt.reference_model.errors import (ArtifactError, CheckFailed, CheckpointError, ConfigError,
+    from seq2trt.core.errors import (ArtifactError, CheckFailed, CheckpointError, ConfigError,
                                                 DependencyError, InputError, Seq2TrtError)
     from seq2trt.runtime.registry import DECODE_BACKENDS
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from seq2trt.reference_model import layout
+from seq2trt.core import layout
 from seq2trt.exporters.spec import DEFAULT_OPSET
 from seq2trt.runtime.registry import BENCH_DEFAULT
 
@@ -129,9 +129,9 @@ def export(checkpoint: str | Path, out: str | Path, *, dtype: str = "fp32", max_
     from seq2trt.exporters.manifest import MANIFEST, read_manifest
     from seq2trt.exporters.onnx_export import export as export_model
     from seq2trt.exporters.spec import DTYPES, OPSETS, Limits
-    from seq2trt.reference_model.atomic_files import refuse_existing
+    from seq2trt.core.atomic_files import refuse_existing
     from seq2trt.reference_model.checkpoint import load_checkpoint, source_record
-    from seq2trt.reference_model.errors import ConfigError
+    from seq2trt.core.errors import ConfigError
 
     checkpoint, out = Path(checkpoint), Path(out)
     refuse_existing(out, force, "export", kind=MANIFEST, protect=(checkpoint,))  # before any work
@@ -156,7 +156,7 @@ def fuse(out: str | Path, target: str = "trt", *, allow_partial: bool = False, f
     node; "ort": com.microsoft.MultiHeadAttention) and audit it; an incomplete fusion raises `CheckFailed`
     unless `allow_partial`."""
     from seq2trt.exporters.fuse import Target, fuse_artifacts, fused_dir
-    from seq2trt.reference_model.errors import InputError
+    from seq2trt.core.errors import InputError
 
     choices = [t.value for t in Target]
     if target not in choices:
@@ -190,8 +190,8 @@ def engine_request(out: str | Path, backend: str = "tensorrt-rtx", target: str |
     """The `EngineRequest` of `build`'s arguments (the CLI's build verb uses it too): target None is the GPU here,
     or sm_86 for TensorRT-RTX without one; limits None are the export's."""
     from seq2trt.exporters import manifest, spec
-    from seq2trt.exporters.tensorrt_engines import EngineRequest
-    from seq2trt.plugins import trt_compat
+    from seq2trt.exporters.tensorrt.engines import EngineRequest
+    from seq2trt.exporters.tensorrt import trt_compat
 
     if target is None:  # only TensorRT-RTX can name a target it is not running on
         target = "current" if trt_compat.has_gpu() or backend == trt_compat.Flavour.TENSORRT.value else "sm_86"
@@ -215,7 +215,7 @@ def build(out: str | Path, backend: str = "tensorrt-rtx", target: str | None = N
           progress: Progress | None = None) -> BuildResult:
     """Build TensorRT engines of the export in `out` into `out/engines/<backend>-<target>-<dtype>/`
     (`target`: "sm_86,sm_89" or "current"; see `engine_request` for the defaults)."""
-    from seq2trt.exporters.tensorrt_engines import build_engines, read_build
+    from seq2trt.exporters.tensorrt.engines import build_engines, read_build
 
     request = engine_request(out, backend, target, dtype, max_batch, max_src_len, max_tgt_len, plugin, opt_level,
                              workspace_mib, timing_cache, force)
@@ -248,9 +248,9 @@ def import_hf(src: str | Path, out: str | Path, *, force: bool = False,
     """Import the Hugging Face model directory `src` (as save_pretrained writes it; never downloads) as a seq2trt
     checkpoint in `out`, after proving it equal to transformers' model and generate (a failure raises
     `seq2trt.CheckFailed` and writes nothing)."""
-    from seq2trt.reference_model.atomic_files import refuse_existing
+    from seq2trt.core.atomic_files import refuse_existing
     from seq2trt.reference_model.checkpoint import is_checkpoint
-    from seq2trt.reference_model.hf_import import check_source_dir, import_hf as run_import
+    from seq2trt.hf_import.importer import check_source_dir, import_hf as run_import
 
     src, out = Path(src), Path(out)
     check_source_dir(src)  # a symlink loop must not reach the protect check's resolve()
@@ -290,7 +290,7 @@ def train(out: str | Path, *, task: str = "numbers", preset: str = "demo", steps
     `force`, is refused before any work."""
     import json
 
-    from seq2trt.reference_model.atomic_files import refuse_existing
+    from seq2trt.core.atomic_files import refuse_existing
     from seq2trt.reference_model.checkpoint import is_checkpoint, save_checkpoint
     from seq2trt.reference_model.config import preset as make_preset
     from seq2trt.reference_model.tasks import get_task

@@ -30,7 +30,7 @@ import numpy as np
 
 from seq2trt.reference_model.decoding import GNMT_ALPHA, DecodeSettings
 from seq2trt.reference_model.decoding.options import DECODE_OPTIONS, SETTING_FIELDS, renamed_kwargs, spelling
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 from seq2trt.runtime.registry import CONCURRENT_BACKENDS, DECODE_BACKENDS  # CONCURRENT: the kinds' modules say
 from seq2trt.runtime.decode_jobs import check_decode_options, check_threads, decode_job, has_tokenizer, open_decoder
 from seq2trt.runtime.transcription import (MAX_SECONDS, TRANSCRIBE_BACKENDS, TranscribedSegment, Transcriber,
@@ -126,14 +126,14 @@ class Translator:
     def _refuse_whole_search_on_speech(self) -> None:
         """A speech export with a whole-search backend (generate.onnx) is refused before anything is opened."""
         from seq2trt.exporters.manifest import read_manifest
-        from seq2trt.reference_model.layout import MANIFEST
+        from seq2trt.core.layout import MANIFEST
 
         if self.backend not in TRANSCRIBE_BACKENDS and (self.path / MANIFEST).is_file():
             if read_manifest(self.path).config.audio:
                 check_backend(self.backend)
 
     def _load_codec(self, folder: Path, src_lang: str | None, tgt_lang: str | None):
-        from seq2trt.reference_model.text import load_codec
+        from seq2trt.hf_import.text import load_codec
 
         if not has_tokenizer(folder):
             if src_lang or tgt_lang:

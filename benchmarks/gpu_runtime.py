@@ -103,7 +103,7 @@ def dry_run(shapes: list[str], batches: list[int], new_tokens: int) -> list[str]
 
     from seq2trt.exporters import spec
     from seq2trt.exporters.onnx_export import export_copy
-    from seq2trt.reference_model.hf_import import config_from_hf
+    from seq2trt.hf_import.importer import config_from_hf
     from seq2trt.reference_model.model import Seq2SeqTransformer
     from seq2trt.runtime import registry
 
@@ -144,7 +144,7 @@ class Runs:
         from seq2trt.exporters import spec
         from seq2trt.exporters.fuse import Target, fuse_artifacts
         from seq2trt.exporters.onnx_export import export
-        from seq2trt.reference_model.hf_import import load_hf_as_model
+        from seq2trt.hf_import.importer import load_hf_as_model
 
         self.shape, self.new_tokens, self.device = shape, new_tokens, device
         model_class, self.beams, dtypes = SHAPES[shape].model_class, SHAPES[shape].beams, SHAPES[shape].dtypes

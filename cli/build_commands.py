@@ -1,4 +1,4 @@
-"""`seq2trt build`: TensorRT engines of an export (exporters.tensorrt_engines does the work)."""
+"""`seq2trt build`: TensorRT engines of an export (exporters.tensorrt.engines does the work)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from seq2trt.plugins import trt_compat
+from seq2trt.exporters.tensorrt import trt_compat
 
 
 @click.command()
@@ -33,7 +33,7 @@ def build(out: Path, backend: str, target: str | None, dtype: str | None, max_ba
           workspace_mib: int | None, timing_cache: Path | None, force: bool) -> None:
     """Build encoder and decoder engines of the export in OUT into OUT/engines/<backend>-<target>-<dtype>/."""
     from seq2trt.exporters import spec
-    from seq2trt.exporters.tensorrt_engines import build_engines
+    from seq2trt.exporters.tensorrt.engines import build_engines
     from seq2trt.stages import engine_request
 
     from seq2trt.cli.progress import progress_bar
@@ -43,7 +43,7 @@ def build(out: Path, backend: str, target: str | None, dtype: str | None, max_ba
     targets = request.targets
     with progress_bar(f"building {backend} engines ({trt_compat.target_tag(targets)})", len(spec.GraphKind)) as update:
         engine_dir = build_engines(out, request, lambda graph, phase, done: update(done, f"{graph} {phase}".strip()))
-    from seq2trt.exporters.tensorrt_engines import read_build
+    from seq2trt.exporters.tensorrt.engines import read_build
 
     info = read_build(engine_dir, verify=False)
     for name, graph in info["graphs"].items():

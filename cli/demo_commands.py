@@ -32,9 +32,9 @@ def demo(out: Path, samples: int, force: bool) -> None:
     """Run the whole pipeline on the demo model (numbers -> words) and write a report."""
     from seq2trt.exporters.fuse import Target, fuse_artifacts
     from seq2trt.exporters.manifest import MANIFEST
-    from seq2trt.plugins import trt_compat
+    from seq2trt.exporters.tensorrt import trt_compat
     from seq2trt.reference_model.checkpoint import load_checkpoint, source_record
-    from seq2trt.reference_model.atomic_files import refuse_existing
+    from seq2trt.core.atomic_files import refuse_existing
     from seq2trt.reference_model.train import demo_checkpoint
     from seq2trt.validation.bench.measure import run_bench
     from seq2trt.runtime import registry
@@ -81,7 +81,7 @@ def demo(out: Path, samples: int, force: bool) -> None:
     if flavour is None:
         _done(t, "skipped: no TensorRT installed (pip install 'seq2trt[rtx]' builds engines without a GPU)")
     else:
-        from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines
+        from seq2trt.exporters.tensorrt.engines import EngineRequest, build_engines
 
         target = "current" if trt_compat.has_gpu() else "sm_86"
         engine_dir = build_engines(out, EngineRequest(flavour.value, trt_compat.parse_targets(flavour, target),

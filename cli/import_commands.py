@@ -35,7 +35,7 @@ def hf(src: Path, out: Path, force: bool) -> None:
     detected = " and detected languages" if "languages_equal" in v["seeded"] else ""
     missing = "transcribe prints ids" if speech else "translate takes --ids-file"
     own = [v[s]["judge_fp32_error"] for s in sets if "judge_fp32_error" in v[s]]
-    if own:  # ill-conditioned: judged within twice transformers' own float32 error (hf_verify._judge_own_error)
+    if own:  # ill-conditioned: judged within twice transformers' own float32 error (proof._judge_own_error)
         logits = f"{logits:.1e}" + (f", inside twice transformers' own float32 error of "
                                     f"{max(e['logits'] for e in own):.1e} (scaled) on this model")
     else:

@@ -46,7 +46,7 @@ with _signals_held():
     from rich.logging import RichHandler
     from rich.markup import escape
 
-    from seq2trt.reference_model.errors import SIGNALS, Seq2TrtError, Terminated
+    from seq2trt.core.errors import SIGNALS, Seq2TrtError, Terminated
 
 err_console = Console(stderr=True)
 

@@ -12,7 +12,7 @@ import click
 
 from seq2trt.cli.options import SEED, decode_options
 from seq2trt.reference_model.config import PRESETS
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 from seq2trt.reference_model.tasks import TASKS
 from seq2trt.reference_model.train import TrainSettings
 from seq2trt.runtime.registry import DECODE_BACKENDS
@@ -125,7 +125,7 @@ def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path
     --scores each line starts with its score and a tab; either way the JSON lines are {"ids": [...], "scores":
     [...]}, with --token-logprobs also "token_logprobs": [[...]]. Without the search flags, an imported model's
     own generation settings apply."""
-    from seq2trt.reference_model.atomic_files import write_plain_output
+    from seq2trt.core.atomic_files import write_plain_output
     from seq2trt.translator import Translator
 
     if bool(texts) == bool(ids_file):

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from seq2trt.cli.options import decode_options
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 from seq2trt.runtime.transcription import MAX_SECONDS, TRANSCRIBE_BACKENDS
 
 FORMATS = ("text", "json", "srt", "vtt")
@@ -96,7 +96,7 @@ def transcribe(source: Path, audio: tuple[Path, ...], language: str | None, task
     segments}), with srt or vtt the subtitles of the one file given. A file past 30 s is transcribed window by
     window (long-form: with timestamps, as transformers does). Every file is read and checked before the first is
     decoded; progress goes to stderr."""
-    from seq2trt.reference_model.atomic_files import write_plain_output
+    from seq2trt.core.atomic_files import write_plain_output
     from seq2trt.runtime.transcription import open_transcriber, read_clips
 
     if fmt in ("srt", "vtt") and len(audio) > 1:

@@ -12,7 +12,7 @@ import onnx
 
 from seq2trt.plugins.op import DOMAIN, attrs_from_node
 from seq2trt.reference_model.config import Seq2SeqConfig
-from seq2trt.reference_model.errors import ArtifactError, first_line
+from seq2trt.core.errors import ArtifactError, first_line
 
 from seq2trt.exporters import graph_files, spec
 

@@ -30,16 +30,17 @@ from onnx import helper
 
 from seq2trt.plugins.op import DOMAIN, PLUGIN_NAME, AttentionAttrs, attrs_from_node
 from seq2trt.reference_model.config import Seq2SeqConfig
-from seq2trt.reference_model.errors import ArtifactError, CheckFailed, InputError, Seq2TrtError
-from seq2trt.reference_model.atomic_files import atomic_write_text
-from seq2trt.reference_model.swap import staged_directory
+from seq2trt.core.errors import ArtifactError, CheckFailed, InputError, Seq2TrtError
+from seq2trt.core.atomic_files import atomic_write_text
+from seq2trt.core.swap import staged_directory
 
 from seq2trt.exporters import graph_files, spec
-from seq2trt.reference_model import layout
-from seq2trt.reference_model.layout import FUSION_JSON
+from seq2trt.core import layout
+from seq2trt.core.layout import FUSION_JSON
 from seq2trt.exporters.artifact_checks import check_derived_graphs, load_graph
+from seq2trt.exporters.fold_elementwise import fold_norms_and_activations
 from seq2trt.exporters.fuse_ort import (MS_DOMAIN, fold_attention_scale, fold_constant_transposes,
-                                       fold_norms_and_activations, fold_projections_into_attention, ort_nodes)
+                                       fold_projections_into_attention, ort_nodes)
 from seq2trt.exporters.manifest import Manifest, verify
 
 logger = logging.getLogger(__name__)

@@ -10,8 +10,7 @@ folds that only ONNX Runtime's graphs want.
   step's scores;
 - `fold_constant_transposes`: a Transpose of a weight becomes a transposed weight, so `seq2trt quantize` can make
   the tied output projection int8;
-- `fold_norms_and_activations`: T5's residual add + RMSNorm becomes one `SkipSimplifiedLayerNormalization` and its
-  tanh GELU one `FastGelu`, where a one-token step pays per node rather than per element.
+- T5's residual add + RMSNorm and tanh GELU as contrib nodes: `fold_elementwise.fold_norms_and_activations`.
 
 A pass that reads a weight's value takes `base_dir`, the folder of a graph loaded as structure, whose external data
 it reads one tensor at a time (`graph_files`).
@@ -119,22 +118,8 @@ def fold_projections_into_attention(model: onnx.ModelProto, base_dir: Path | Non
         if parts[0] is None:
             nodes.append(node)
             continue
-        prefix = f"{node.name}.packed_qkv"
         if None not in parts and len({x for x, _, _ in parts}) == 1:  # self-attention: pack q, k, v
-            w = np.concatenate([tensor_array(weights[p[1]], base_dir) for p in parts], axis=1)  # (D, 3D)
-            b = None if all(p[2] is None for p in parts) else np.concatenate(
-                [tensor_array(weights[p[2]], base_dir) if p[2] else np.zeros(w.shape[1] // 3, w.dtype)
-                 for p in parts])  # (3D,)
-            graph.initializer.extend([
-                numpy_helper.from_array(w, f"{prefix}.weight"),
-                numpy_helper.from_array(np.array([w.shape[1] // 3] * 3, np.int64), f"{prefix}.split")])
-            q, k, v = (f"{prefix}.{part}" for part in "qkv")
-            nodes += [helper.make_node("MatMul", [parts[0][0], f"{prefix}.weight"], [f"{prefix}.out"],
-                                       name=f"{prefix}.matmul"),
-                      helper.make_node("Split", [f"{prefix}.out", f"{prefix}.split"], [q, k, v], axis=-1,
-                                       name=f"{prefix}.split")]
-            renamed.update(zip(node.input[:3], (q, k, v)))  # the same values: other readers (a bias's Shape) follow
-            node.input[0], node.input[1], node.input[2] = q, k, v
+            b = _pack_qkv(graph, node, parts, weights, base_dir, nodes, renamed)
         elif parts[1] is None and parts[2] is None and parts[0][2] is not None:  # cross: only the query's bias
             bias = tensor_array(weights[parts[0][2]], base_dir)
             b = np.concatenate([bias, np.zeros_like(bias), np.zeros_like(bias)])
@@ -151,8 +136,35 @@ def fold_projections_into_attention(model: onnx.ModelProto, base_dir: Path | Non
     for node in nodes:
         node.input[:] = [renamed.get(name, name) for name in node.input]
     del graph.node[:]
-    graph.node.extend(_topological(nodes))
+    graph.node.extend(topological(nodes))
     return changed
+
+
+def _pack_qkv(graph: onnx.GraphProto, node: onnx.NodeProto, parts: list, weights: dict, base_dir: Path | None,
+              nodes: list, renamed: dict):
+    """Self-attention's three projections of one input as one MatMul with [Wq | Wk | Wv] and a Split feeding `node`
+    (appended to `nodes`; the old q, k, v names mapped to the new ones in `renamed`); returns their biases as one
+    (3D,) array for MultiHeadAttention's `bias`, or None when the projections have none."""
+    from onnx import numpy_helper
+
+    import numpy as np
+
+    prefix = f"{node.name}.packed_qkv"
+    w = np.concatenate([tensor_array(weights[p[1]], base_dir) for p in parts], axis=1)  # (D, 3D)
+    b = None if all(p[2] is None for p in parts) else np.concatenate(
+        [tensor_array(weights[p[2]], base_dir) if p[2] else np.zeros(w.shape[1] // 3, w.dtype)
+         for p in parts])  # (3D,)
+    graph.initializer.extend([
+        numpy_helper.from_array(w, f"{prefix}.weight"),
+        numpy_helper.from_array(np.array([w.shape[1] // 3] * 3, np.int64), f"{prefix}.split")])
+    q, k, v = (f"{prefix}.{part}" for part in "qkv")
+    nodes += [helper.make_node("MatMul", [parts[0][0], f"{prefix}.weight"], [f"{prefix}.out"],
+                               name=f"{prefix}.matmul"),
+              helper.make_node("Split", [f"{prefix}.out", f"{prefix}.split"], [q, k, v], axis=-1,
+                               name=f"{prefix}.split")]
+    renamed.update(zip(node.input[:3], (q, k, v)))  # the same values: other readers (a bias's Shape) follow
+    node.input[0], node.input[1], node.input[2] = q, k, v
+    return b
 
 
 def fold_attention_scale(model: onnx.ModelProto, base_dir: Path | None = None) -> int:
@@ -168,10 +180,6 @@ def fold_attention_scale(model: onnx.ModelProto, base_dir: Path | None = None) -
     nodes changed.
     """
     import math
-
-    from onnx import numpy_helper
-
-    import numpy as np
 
     graph = model.graph
     floats = [v.type.tensor_type.elem_type for v in graph.output
@@ -196,13 +204,7 @@ def fold_attention_scale(model: onnx.ModelProto, base_dir: Path | None = None) -
             nodes.append(node)
             continue
         if bias:  # (3D,): q, k, v biases; the node adds q's before its product
-            tensor = inits[bias]
-            array = tensor_array(tensor, base_dir)
-            scaled = array.astype(np.float64)
-            scaled[: len(scaled) // 3] *= factor
-            new = numpy_helper.from_array(scaled.astype(array.dtype), bias)
-            new.data_type = tensor.data_type
-            tensor.CopyFrom(new)
+            _scale_query_bias(inits[bias], factor, base_dir)
         constant = helper.make_tensor(f"{node.name}.scale", elem, [], [factor])  # the graph's float type
         graph.initializer.append(constant)
         query = f"{node.name}.query_scaled"
@@ -217,7 +219,22 @@ def fold_attention_scale(model: onnx.ModelProto, base_dir: Path | None = None) -
     return folded
 
 
-def _topological(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+def _scale_query_bias(tensor: onnx.TensorProto, factor: float, base_dir: Path | None) -> None:
+    """Multiply the query's third of a MultiHeadAttention `bias` (q, k, v biases, (3D,)) by `factor`, in place, in
+    its own element type."""
+    from onnx import numpy_helper
+
+    import numpy as np
+
+    array = tensor_array(tensor, base_dir)
+    scaled = array.astype(np.float64)
+    scaled[: len(scaled) // 3] *= factor
+    new = numpy_helper.from_array(scaled.astype(array.dtype), tensor.name)
+    new.data_type = tensor.data_type
+    tensor.CopyFrom(new)
+
+
+def topological(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
     """`nodes` in an order where each reads only graph inputs, initializers or earlier outputs (a renamed reader may
     now precede its tensor's new producer); otherwise the given order is kept."""
     produced = {out for node in nodes for out in node.output}
@@ -265,114 +282,3 @@ def fold_constant_transposes(model: onnx.ModelProto, base_dir: Path | None = Non
         del node.attribute[:]
         folded += 1
     return folded
-
-
-# tanh GELU: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), as FastGelu computes it
-_GELU_CONSTANTS = {"cube": 3.0, "cubic": 0.044715, "scale": (2.0 / 3.141592653589793) ** 0.5, "one": 1.0, "half": 0.5}
-
-
-def fold_norms_and_activations(model: onnx.ModelProto) -> dict[str, int]:
-    """ORT target, fp32 graphs, after the optimizer: the element-wise chains our exporter writes for T5 become
-    single ONNX Runtime contrib nodes. At one token a step each node's dispatch costs more than its arithmetic, and
-    a T5 decoder step has some 400 such nodes against 85 matrix products.
-
-    - `Add(a, b)` then RMSNorm, `w * (x * Reciprocal(Sqrt(ReduceMean(Pow(x, 2), -1) + eps)))` (`model.RMSNorm`), ->
-      `SkipSimplifiedLayerNormalization(a, b, w)`, whose fourth output is the sum the residual stream reads on;
-      a norm whose input is no such Add (a stack's first, on the embedding) is left as it is;
-    - `x * (0.5 * (1 + Tanh(sqrt(2/pi) * (x + 0.044715 * Pow(x, 3)))))` -> `FastGelu(x)`.
-
-    Only chains whose every intermediate is read by the chain alone, with the constants above, are folded; the
-    fp16/bf16 exports (casts inside the norm) keep theirs. Returns how many of each were folded.
-    """
-    from onnx import numpy_helper
-
-    import numpy as np
-
-    graph = model.graph
-    inits = {i.name: i for i in graph.initializer}
-    floats = [i for i in graph.initializer if i.data_type == onnx.TensorProto.FLOAT]
-    scalars = {i.name: float(numpy_helper.to_array(i).reshape(())) for i in floats if int(np.prod(i.dims)) == 1}
-    vectors = {i.name for i in floats if len(i.dims) == 1}
-    producers = {out: n for n in graph.node for out in n.output}
-    readers: dict[str, list] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
-    outputs = {o.name for o in graph.output}
-
-    def only(name: str, op: str) -> onnx.NodeProto | None:
-        """The single reader of `name` when it is an `op` node and `name` is no graph output."""
-        found = readers.get(name, [])
-        return found[0] if len(found) == 1 and found[0].op_type == op and name not in outputs else None
-
-    def other(node: onnx.NodeProto, name: str) -> str:
-        return node.input[1] if node.input[0] == name else node.input[0]
-
-    def is_scalar(name: str, value: float) -> bool:
-        return name in scalars and abs(scalars[name] - value) <= 1e-6 * max(1.0, abs(value))
-
-    def axes_last(node: onnx.NodeProto) -> bool:
-        keep = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "keepdims"), 1)
-        axes = node.input[1] if len(node.input) > 1 else ""
-        return keep == 1 and axes in inits and numpy_helper.to_array(inits[axes]).tolist() in ([-1], -1)
-
-    def rms_norm(pow_: onnx.NodeProto):
-        """(removed nodes, x, weight name, eps, output) of the RMSNorm starting at `pow_`, or None."""
-        x = pow_.input[0]
-        if not is_scalar(pow_.input[1], 2.0) or not (mean := only(pow_.output[0], "ReduceMean")) or not axes_last(mean):
-            return None
-        if not (add := only(mean.output[0], "Add")) or other(add, mean.output[0]) not in scalars:
-            return None
-        if not (sqrt := only(add.output[0], "Sqrt")) or not (recip := only(sqrt.output[0], "Reciprocal")):
-            return None
-        if not (scale := only(recip.output[0], "Mul")) or other(scale, recip.output[0]) != x:
-            return None
-        if not (weigh := only(scale.output[0], "Mul")) or (w := other(weigh, scale.output[0])) not in vectors:
-            return None
-        return [pow_, mean, add, sqrt, recip, scale, weigh], x, w, scalars[other(add, mean.output[0])], weigh.output[0]
-
-    def gelu(pow_: onnx.NodeProto):
-        """(removed nodes, x, output) of the tanh GELU starting at `pow_`, or None."""
-        x = pow_.input[0]
-        chain, name = [pow_], pow_.output[0]
-        if not is_scalar(pow_.input[1], _GELU_CONSTANTS["cube"]):
-            return None
-        for op, const in (("Mul", "cubic"), ("Add", None), ("Mul", "scale"), ("Tanh", None), ("Add", "one"),
-                          ("Mul", "half"), ("Mul", None)):
-            node = only(name, op)
-            if node is None or (const and not is_scalar(other(node, name), _GELU_CONSTANTS[const])) or \
-                    (op != "Tanh" and const is None and other(node, name) != x):
-                return None
-            chain.append(node)
-            name = node.output[0]
-        return chain, x, name
-
-    removed, new_nodes = set(), {}
-    counts = {"skip_rms_norm": 0, "fast_gelu": 0}
-    for node in graph.node:
-        if node.op_type != "Pow" or id(node) in removed:
-            continue
-        if found := gelu(node):
-            chain, x, out = found
-            new = helper.make_node("FastGelu", [x], [out], name=f"{out}.fast_gelu", domain=MS_DOMAIN)
-            counts["fast_gelu"] += 1
-        elif (found := rms_norm(node)) and (residual := producers.get(found[1])) is not None and \
-                residual.op_type == "Add" and not any(i in inits for i in residual.input) \
-                and id(residual) not in removed:
-            chain, x, w, eps, out = found
-            chain = chain + [residual]
-            # the sum keeps the Add's name: the residual stream, and localisation's sub-block outputs, read it
-            new = helper.make_node("SkipSimplifiedLayerNormalization", [*residual.input, w], [out, "", "", x],
-                                   name=f"{out}.skip_rms_norm", domain=MS_DOMAIN, epsilon=eps)
-            counts["skip_rms_norm"] += 1
-        else:
-            continue
-        new.metadata_props.extend(chain[0].metadata_props)  # the traced module scopes, for localisation
-        removed.update(id(n) for n in chain)
-        new_nodes[id(chain[0])] = new
-    nodes = [new_nodes.get(id(node), node) for node in graph.node if id(node) in new_nodes or id(node) not in removed]
-    del graph.node[:]
-    graph.node.extend(_topological(nodes))
-    if any(counts.values()) and not any(o.domain == MS_DOMAIN for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
-    return counts

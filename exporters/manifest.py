@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from seq2trt.reference_model.config import LATER_FIELDS, Seq2SeqConfig
-from seq2trt.reference_model.errors import ArtifactError
-from seq2trt.reference_model.atomic_files import atomic_write_text, sha256_file
-from seq2trt.reference_model.swap import recover_tree, replacements_paused
+from seq2trt.core.errors import ArtifactError
+from seq2trt.core.atomic_files import atomic_write_text, sha256_file
+from seq2trt.core.swap import recover_tree, replacements_paused
 
 from seq2trt.exporters import spec
 from seq2trt.exporters.graph_files import data_name
-from seq2trt.reference_model.layout import MANIFEST
+from seq2trt.core.layout import MANIFEST
 
 
 

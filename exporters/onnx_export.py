@@ -23,10 +23,10 @@ import onnx
 import torch
 import torch.nn as nn
 
-from seq2trt.reference_model.dtypes import DTYPES, torch_dtype
+from seq2trt.core.dtypes import DTYPES, torch_dtype
 from seq2trt.plugins.op import AttentionAttrs, AttentionKind, pack_inputs
-from seq2trt.reference_model.errors import ArtifactError, ConfigError
-from seq2trt.reference_model.swap import staged_directory
+from seq2trt.core.errors import ArtifactError, ConfigError
+from seq2trt.core.swap import staged_directory
 from seq2trt.reference_model.model import Seq2SeqTransformer
 
 from seq2trt.exporters import graph_files, spec

@@ -62,13 +62,13 @@ import onnx
 from onnx import TensorProto, helper
 
 from seq2trt.reference_model.config import Seq2SeqConfig
-from seq2trt.reference_model.errors import ArtifactError, InputError
-from seq2trt.reference_model.atomic_files import atomic_write_text
-from seq2trt.reference_model.swap import staged_directory
+from seq2trt.core.errors import ArtifactError, InputError
+from seq2trt.core.atomic_files import atomic_write_text
+from seq2trt.core.swap import staged_directory
 
 from seq2trt.exporters import graph_files, spec
 from seq2trt.reference_model.checkpoint import generation_config
-from seq2trt.reference_model.layout import GENERATE_JSON, generate_dir
+from seq2trt.core.layout import GENERATE_JSON, generate_dir
 from seq2trt.exporters.artifact_checks import load_graph
 from seq2trt.exporters.fuse import Target, fused_dir, verify_fused
 from seq2trt.exporters.fuse_ort import MS_DOMAIN

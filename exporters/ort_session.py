@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 from typing import Callable, Union
 
-from seq2trt.reference_model.errors import DependencyError
+from seq2trt.core.errors import DependencyError
 
 logger = logging.getLogger(__name__)
 

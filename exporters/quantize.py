@@ -25,13 +25,13 @@ from typing import Callable
 
 import onnx
 
-from seq2trt.reference_model.errors import ArtifactError, DependencyError, InputError
-from seq2trt.reference_model.atomic_files import atomic_write_text
-from seq2trt.reference_model.swap import staged_directory
+from seq2trt.core.errors import ArtifactError, DependencyError, InputError
+from seq2trt.core.atomic_files import atomic_write_text
+from seq2trt.core.swap import staged_directory
 
 from seq2trt.exporters import graph_files, spec
-from seq2trt.reference_model import layout
-from seq2trt.reference_model.layout import QUANTIZATION_JSON
+from seq2trt.core import layout
+from seq2trt.core.layout import QUANTIZATION_JSON
 from seq2trt.exporters.artifact_checks import check_derived_graphs, load_graph
 from seq2trt.exporters.fuse import FUSION_JSON, Target, fused_dir, verify_fused
 from seq2trt.exporters.manifest import Manifest, read_manifest

@@ -35,7 +35,7 @@ import numpy as np
 
 from seq2trt.plugins.op import AttentionKind
 from seq2trt.reference_model.config import Seq2SeqConfig
-from seq2trt.reference_model.errors import ConfigError, InputError
+from seq2trt.core.errors import ConfigError, InputError
 from seq2trt.reference_model.sources import source_kind
 
 SPEC_REVISION = 1

@@ -3,7 +3,7 @@ whisper_features both trace with it)."""
 
 from __future__ import annotations
 
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 
 
 def check_torch_cache() -> None:

@@ -26,9 +26,9 @@ import torch
 
 from seq2trt.exporters import spec
 from seq2trt.exporters.torch_cache import check_torch_cache, reused_torchlib_registry
-from seq2trt.reference_model import layout
+from seq2trt.core import layout
 from seq2trt.exporters.graph_files import save_graph
-from seq2trt.reference_model.errors import ConfigError, DependencyError, InputError
+from seq2trt.core.errors import ConfigError, DependencyError, InputError
 from seq2trt.reference_model.logmel import FeatureParams, LogMel
 
 logger = logging.getLogger(__name__)

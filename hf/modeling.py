@@ -26,7 +26,7 @@ from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 from seq2trt.exporters import spec
 from seq2trt.runtime.registry import HF_MODEL_BACKENDS
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 
 # The backends whose step model is a pair of graph runners (runtime/step_model.py): the ones this class can drive.
 HF_BACKENDS = HF_MODEL_BACKENDS  # the backends with encoder and decoder graphs
@@ -79,7 +79,7 @@ class Seq2TrtEncoder(torch.nn.Module):
 def hf_config(cfg, folder: Path) -> PretrainedConfig:
     """The imported model's own Hugging Face config (`seq2trt import hf` copies config.json beside the tokenizer),
     else a minimal encoder-decoder config from the model's (a model trained here)."""
-    from seq2trt.reference_model.hf_import import TOKENIZER_DIR
+    from seq2trt.hf_import.importer import TOKENIZER_DIR
 
     if (folder / TOKENIZER_DIR / "config.json").is_file():
         from transformers import AutoConfig
@@ -97,7 +97,7 @@ def hf_generation_config(cfg, config: PretrainedConfig, folder: Path, limits: sp
     forced and suppressed tokens, the logits processors and sampling options seq2trt reproduces), over the defaults transformers derives from the config; a length limit no longer
     than the export's decoder holds."""
     from seq2trt.reference_model.decoding import GENERATION_OPTIONS
-    from seq2trt.reference_model.hf_import import GENERATION
+    from seq2trt.hf_import.importer import GENERATION
 
     gen = GenerationConfig.from_model_config(config)
     gen.decoder_start_token_id, gen.eos_token_id, gen.pad_token_id = cfg.bos_id, cfg.eos_id, cfg.pad_id

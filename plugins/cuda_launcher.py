@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from seq2trt.reference_model.errors import ArtifactError, DependencyError, InputError
+from seq2trt.core.errors import ArtifactError, DependencyError, InputError
 
 from seq2trt.plugins.kernels import aot
 from seq2trt.plugins.kernels.launch_plan import DIVISIBILITY, SCRATCH_PARAMS, SIGNATURES, Launch, plan

@@ -17,7 +17,7 @@ import logging
 import numpy as np
 import onnx
 
-from seq2trt.reference_model.errors import ArtifactError, DependencyError
+from seq2trt.core.errors import ArtifactError, DependencyError
 
 from seq2trt.plugins.op import (DOMAIN, INPUTS, OPTIONAL_INPUTS, OUTPUTS, PLUGIN_NAME, AttentionAttrs, AttentionKind,
                                 attrs_from_node, input_names, reference_attention)

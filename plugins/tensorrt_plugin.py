@@ -23,7 +23,7 @@ from types import ModuleType
 
 import numpy as np
 
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 
 from seq2trt.plugins import cuda_launcher
 from seq2trt.plugins.kernels.launch_plan import kernel_head_dim_problem, workspace_bytes

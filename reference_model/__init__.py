@@ -1,7 +1,7 @@
 """The reference encoder-decoder Transformer: config, eager model, checkpoints, decoding, demo tasks."""
 
 from seq2trt.reference_model.config import PRESETS, Seq2SeqConfig, preset
-from seq2trt.reference_model.errors import (ArtifactError, CheckFailed, CheckpointError, ConfigError, DependencyError, InputError,
+from seq2trt.core.errors import (ArtifactError, CheckFailed, CheckpointError, ConfigError, DependencyError, InputError,
                      Seq2TrtError)
 
 

@@ -15,7 +15,7 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from seq2trt.reference_model.errors import DependencyError, InputError, first_line
+from seq2trt.core.errors import DependencyError, InputError, first_line
 
 logger = logging.getLogger(__name__)
 

@@ -17,12 +17,12 @@ from typing import Callable
 import torch
 
 from seq2trt.reference_model.config import Seq2SeqConfig, memory_parts, physical_memory
-from seq2trt.reference_model.errors import CheckpointError
-from seq2trt.reference_model.swap import staged_directory
+from seq2trt.core.errors import CheckpointError
+from seq2trt.core.swap import staged_directory
 from seq2trt.reference_model.model import Seq2SeqTransformer
 from seq2trt.reference_model.vocab import Vocab, load_vocabs, save_vocabs
 
-from seq2trt.reference_model.layout import CONFIG, GENERATION, LEGACY_WEIGHTS, METRICS, VOCAB, WEIGHTS
+from seq2trt.core.layout import CONFIG, GENERATION, LEGACY_WEIGHTS, METRICS, VOCAB, WEIGHTS
 
 
 def _aliases(cfg: Seq2SeqConfig) -> dict[str, str]:
@@ -69,7 +69,7 @@ def _save_weights(save_file: Callable, state: dict[str, torch.Tensor], path: Pat
     """safetensors' writer, its I/O failures (a full disk) as the OSError they are, for the usual write error."""
     from safetensors import SafetensorError
 
-    from seq2trt.reference_model.atomic_files import write_error
+    from seq2trt.core.atomic_files import write_error
 
     try:
         save_file(state, str(path), metadata={"format": "pt"})
@@ -233,7 +233,7 @@ def source_record(path: Path) -> dict:
     """What an export records of its checkpoint: path, sha256 of the weights, and the task it was trained on."""
     import json
 
-    from seq2trt.reference_model.atomic_files import sha256_file
+    from seq2trt.core.atomic_files import sha256_file
 
     path = Path(path)
     metrics = (path if path.is_dir() else path.parent) / METRICS

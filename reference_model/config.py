@@ -6,7 +6,7 @@ The presets follow the paper: `base` is Table 3's base model (512/2048/8 heads/6
 Every default is the paper's model. The other values of the architecture fields describe the Hugging Face families
 built the same way (Marian, BART, mBART, M2M100/NLLB) and T5's (Raffel et al., 2020: RMSNorm, a gated FFN, a
 bucketed relative position bias instead of a position table, heads x d_kv not d_model): a model family is a config,
-not a class (`reference_model.hf_import` maps their configs onto this one).
+not a class (`hf_import.importer` maps their configs onto this one).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any, Literal
 
-from seq2trt.reference_model.errors import ConfigError
+from seq2trt.core.errors import ConfigError
 
 
 class AttentionKind(IntEnum):
@@ -103,6 +103,15 @@ class Seq2SeqConfig:
         problems = self._type_problems()
         if problems:
             raise ConfigError("invalid model config: " + "; ".join(problems))
+        problems = self._value_problems()
+        if not problems:
+            problems = self._id_problems()
+        if problems:
+            raise ConfigError("invalid model config: " + "; ".join(problems))
+
+    def _value_problems(self) -> list[str]:
+        """Every size, rate and choice outside its range or its set, named."""
+        problems = []
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "num_heads", "num_encoder_layers",
                      "num_decoder_layers", "d_ff", "max_src_len", "max_tgt_len"):
             value = getattr(self, name)
@@ -141,26 +150,30 @@ class Seq2SeqConfig:
         if self.share_vocab and self.src_vocab_size != self.tgt_vocab_size:
             problems.append(f"share_vocab needs src_vocab_size == tgt_vocab_size, "
                             f"got {self.src_vocab_size} and {self.tgt_vocab_size}")
-        if not problems:
-            ids = {"pad_id": self.pad_id, "bos_id": self.bos_id, "eos_id": self.eos_id}
-            for name, value in ids.items():
-                if not 0 <= value < min(self.src_vocab_size, self.tgt_vocab_size):
-                    problems.append(f"{name} ({value}) must be a valid id in both vocabularies")
-            # bos may equal pad (Marian starts decoding with its pad id) or eos (BART starts with eos). An audio
-            # source is never padded with ids, so there pad may be eos (Whisper's pad is its <|endoftext|>).
-            if self.pad_id == self.eos_id and not self.n_mels:
-                problems.append(f"pad_id and eos_id must differ, got {ids}")
-            for name, value in (("forced_bos_id", self.forced_bos_id), *(("suppress_ids", i) for i in self.suppress_ids),
-                                *(("begin_suppress_ids", i) for i in self.begin_suppress_ids)):
-                if value is not None and not 0 <= value < self.tgt_vocab_size:
-                    problems.append(f"{name} ({value}) must be a valid target id")
-            if self.max_new_tokens is not None and not 1 <= self.max_new_tokens <= self.max_tgt_len - 1:
-                problems.append(f"max_new_tokens must be null or in [1, {self.max_tgt_len - 1}] (max_tgt_len - 1), "
-                                f"got {self.max_new_tokens}")
-            if self.eos_id in self.suppress_ids:
-                problems.append(f"suppress_ids must not hold eos_id ({self.eos_id}): nothing could end")
-        if problems:
-            raise ConfigError("invalid model config: " + "; ".join(problems))
+        return problems
+
+    def _id_problems(self) -> list[str]:
+        """Every special id that is no valid id of its vocabulary, or that contradicts another (once the sizes are
+        valid)."""
+        problems = []
+        ids = {"pad_id": self.pad_id, "bos_id": self.bos_id, "eos_id": self.eos_id}
+        for name, value in ids.items():
+            if not 0 <= value < min(self.src_vocab_size, self.tgt_vocab_size):
+                problems.append(f"{name} ({value}) must be a valid id in both vocabularies")
+        # bos may equal pad (Marian starts decoding with its pad id) or eos (BART starts with eos). An audio
+        # source is never padded with ids, so there pad may be eos (Whisper's pad is its <|endoftext|>).
+        if self.pad_id == self.eos_id and not self.n_mels:
+            problems.append(f"pad_id and eos_id must differ, got {ids}")
+        for name, value in (("forced_bos_id", self.forced_bos_id), *(("suppress_ids", i) for i in self.suppress_ids),
+                            *(("begin_suppress_ids", i) for i in self.begin_suppress_ids)):
+            if value is not None and not 0 <= value < self.tgt_vocab_size:
+                problems.append(f"{name} ({value}) must be a valid target id")
+        if self.max_new_tokens is not None and not 1 <= self.max_new_tokens <= self.max_tgt_len - 1:
+            problems.append(f"max_new_tokens must be null or in [1, {self.max_tgt_len - 1}] (max_tgt_len - 1), "
+                            f"got {self.max_new_tokens}")
+        if self.eos_id in self.suppress_ids:
+            problems.append(f"suppress_ids must not hold eos_id ({self.eos_id}): nothing could end")
+        return problems
 
     def _type_problems(self) -> list[str]:
         """Every field whose value has the wrong JSON type, named (checked before any comparison)."""

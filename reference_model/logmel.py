@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from seq2trt.reference_model.errors import ConfigError, DependencyError, first_line
+from seq2trt.core.errors import ConfigError, DependencyError, first_line
 
 
 @dataclass(frozen=True, eq=False)

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from seq2trt.reference_model.decoding import MIN_TEMPERATURE, StepModel, option_problem, seeded_generator
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 from seq2trt.reference_model.speech import (SECONDS_PER_FRAME, TIME_PRECISION, SpeechTokens,
                                             decode_windows, needs_detection, row_languages)
 

@@ -29,7 +29,7 @@ import torch
 import torch.nn as nn
 
 from seq2trt.reference_model.config import AttentionKind, Seq2SeqConfig  # noqa: F401 (AttentionKind: the model's, re-exported)
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 
 KV = tuple[torch.Tensor, torch.Tensor]  # (key, value), each (B, H, L, Dh)
 

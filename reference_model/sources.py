@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 from seq2trt.reference_model.vocab import pad_batch
 
 

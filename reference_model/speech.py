@@ -12,7 +12,7 @@ every step obeys transformers' timestamp rule (`DecodeSettings.constrain`). Clip
 `reference_model.longform`.
 
 `SpeechTokens` is the checkpoint's generation.json "speech" record (written by the import from
-generation_config.json: `hf_families.whisper`).
+generation_config.json: `families.whisper`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from seq2trt.reference_model.decoding import DecodeSettings, StepModel, greedy_decode, hf_beam_search
-from seq2trt.reference_model.errors import ConfigError, InputError
+from seq2trt.core.errors import ConfigError, InputError
 
 TASKS = ("transcribe", "translate")
 SECONDS_PER_FRAME = 0.01  # the feature extractor's hop: 160 samples at 16 kHz

@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 from seq2trt.reference_model.vocab import Vocab
 
 ONES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",

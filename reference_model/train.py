@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from seq2trt.reference_model.config import preset
 from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode
 from seq2trt.reference_model.eager import EagerStepModel
-from seq2trt.reference_model.errors import CheckFailed, ConfigError, InputError
-from seq2trt.reference_model.layout import METRICS
+from seq2trt.core.errors import CheckFailed, ConfigError, InputError
+from seq2trt.core.layout import METRICS
 from seq2trt.reference_model.model import Seq2SeqTransformer
 from seq2trt.reference_model.tasks import Task, get_task
 from seq2trt.reference_model.vocab import BOS_ID, EOS_ID, PAD_ID, pad_batch
@@ -146,7 +146,7 @@ def demo_checkpoint(cache_root: Path | None = None, settings: TrainSettings = Tr
     if blocking is not None and not blocking.is_dir():
         raise InputError(f"the demo cache {root} (SEQ2TRT_CACHE, default ~/.cache/seq2trt) cannot be a folder: "
                          f"{blocking} is a file; point SEQ2TRT_CACHE at a folder")
-    from seq2trt.reference_model.swap import locked
+    from seq2trt.core.swap import locked
 
     # One trainer per cache entry: a second process (another `seq2trt demo`, a parallel test worker) waits for the
     # first one's checkpoint instead of training its own and renaming it over a folder the first one reads.

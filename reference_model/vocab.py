@@ -12,7 +12,7 @@ from typing import Literal
 
 import numpy as np
 
-from seq2trt.reference_model.errors import CheckpointError, InputError
+from seq2trt.core.errors import CheckpointError, InputError
 
 SPECIALS = ("<pad>", "<s>", "</s>")
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2

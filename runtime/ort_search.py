@@ -19,7 +19,7 @@ from seq2trt.exporters import ort_session, spec
 from seq2trt.exporters.ort_search import FILENAME, generate_dir, verify_generate
 from seq2trt.exporters.manifest import Manifest
 from seq2trt.reference_model.decoding import DecodeSettings, Hypothesis
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 
 logger = logging.getLogger(__name__)
 

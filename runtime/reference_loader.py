@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from seq2trt.exporters.manifest import Manifest
-from seq2trt.reference_model.errors import CheckpointError, InputError
-from seq2trt.reference_model.atomic_files import sha256_file
+from seq2trt.core.errors import CheckpointError, InputError
+from seq2trt.core.atomic_files import sha256_file
 
 
 def load_reference(manifest: Manifest, checkpoint: Path | None):

@@ -21,7 +21,7 @@ from typing import Iterator
 
 from seq2trt.exporters import spec
 from seq2trt.exporters.manifest import Manifest, verify
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 from seq2trt.runtime.backends.graph_sets import GRAPH_SETS, graph_set  # noqa: F401  (GRAPH_SETS: the one table)
 
 

@@ -20,9 +20,9 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from seq2trt.reference_model.dtypes import dtype_name
+from seq2trt.core.dtypes import dtype_name
 from seq2trt.exporters import ort_session, spec
-from seq2trt.reference_model.errors import ArtifactError, DependencyError, first_line
+from seq2trt.core.errors import ArtifactError, DependencyError, first_line
 
 class Runner:
     """Base: context manager, `input_metadata()`, checked and timed `infer(feed)`."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from seq2trt.exporters import spec
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 from seq2trt.reference_model.sources import source_kind
 
 from seq2trt.runtime.runners import Runner

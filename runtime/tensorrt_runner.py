@@ -1,8 +1,8 @@
 """The TensorRT backend: one engine of the graph contract behind the shared `Runner` interface.
 
 `TensorRTRunner(plan, cfg, kind, dtype, limits, flavour, build_info)`: on activation it imports the flavour
-(`plugins.trt_compat`), registers the attention plugin (plugin engines need its creator at deserialization),
-checks that the engine can run here (`trt_compat.check_engine`: flavour, version, compute capability, with a
+(`exporters.tensorrt.trt_compat`), registers the attention plugin (plugin engines need its creator at
+deserialization), checks that the engine can run here (`trt_compat.check_engine`: flavour, version, compute capability, with a
 message saying how to rebuild), deserializes it and makes one execution context and one CUDA stream.
 `infer(feed)` takes numpy like every runner; `infer_device(feed)` takes and returns torch CUDA tensors, so a
 decoding loop can feed the present K/V back as the next past without a host round trip. Shapes outside the
@@ -20,8 +20,8 @@ from typing import Callable, Mapping
 import numpy as np
 
 from seq2trt.exporters import spec
-from seq2trt.plugins import trt_compat
-from seq2trt.reference_model.errors import ArtifactError, DependencyError, InputError
+from seq2trt.exporters.tensorrt import trt_compat
+from seq2trt.core.errors import ArtifactError, DependencyError, InputError
 
 from seq2trt.runtime.runners import Runner
 
@@ -156,7 +156,7 @@ class TensorRTRunner(Runner):
 def runner_for(engine_dir: Path, kind: spec.GraphKind, cfg, limits: spec.Limits | None = None) -> TensorRTRunner:
     """A runner for one graph of an engine directory (under an export's engines/), its plan checked against
     build.json and build.json against the graphs of that export (`verify_engines`)."""
-    from seq2trt.exporters.tensorrt_engines import verify_engines
+    from seq2trt.exporters.tensorrt.engines import verify_engines
 
     info = verify_engines(engine_dir)
     limits = limits or spec.Limits(**info["limits"])

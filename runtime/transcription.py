@@ -21,9 +21,9 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from seq2trt.reference_model import layout
-from seq2trt.reference_model.errors import InputError
-from seq2trt.reference_model.hf_families.whisper import FEATURE_EXTRACTOR
+from seq2trt.core import layout
+from seq2trt.core.errors import InputError
+from seq2trt.hf_import.families.whisper import FEATURE_EXTRACTOR
 from seq2trt.runtime.decode_jobs import (OpenedDecoder, batch_rows, check_beam_memory, generation_config,
                                         open_decoder)
 from seq2trt.runtime.registry import names
@@ -87,13 +87,13 @@ def check_backend(backend: str) -> None:
 
 
 def text_tokenizer(folder: Path, eos_id: int):
-    """The checkpoint's text codec (reference_model.text) when tokenizer/ holds a vocabulary, else None."""
-    from seq2trt.reference_model.hf_families import vocabulary_files
+    """The checkpoint's text codec (hf_import.text) when tokenizer/ holds a vocabulary, else None."""
+    from seq2trt.hf_import.families import vocabulary_files
 
     tokenizer = Path(folder) / layout.TOKENIZER_DIR
     if not tokenizer.is_dir() or not vocabulary_files(tokenizer):
         return None
-    from seq2trt.reference_model.text import load_codec
+    from seq2trt.hf_import.text import load_codec
 
     return load_codec(folder, eos_id)
 

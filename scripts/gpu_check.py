@@ -31,7 +31,7 @@ def _write(path: str, doc: dict) -> None:
 def env(out: str) -> int:
     import torch
 
-    from seq2trt.plugins import trt_compat
+    from seq2trt.exporters.tensorrt import trt_compat
 
     doc = {"python": platform.python_version(), "torch": torch.__version__, "cuda_available": torch.cuda.is_available()}
     if torch.cuda.is_available():
@@ -164,7 +164,7 @@ def pipeline(checkpoint: str, export_dir: str, out: str) -> int:
     from seq2trt.exporters.fuse import Target, fuse_artifacts
     from seq2trt.exporters.onnx_export import export
     from seq2trt.reference_model.checkpoint import load_checkpoint, source_record
-    from seq2trt.reference_model.errors import Seq2TrtError
+    from seq2trt.core.errors import Seq2TrtError
     from seq2trt.validation.validate import ValidateSettings, run_validation
 
     model, _ = load_checkpoint(Path(checkpoint))
@@ -221,7 +221,7 @@ def bench(checkpoint: str, export_dir: str, out: str) -> int:
 def tensorrt(out: str) -> int:
     """Per flavour: does it load, can it target this GPU; where both, build the demo-sized tiny export's engines
     and compare one encoder and one decoder call against ONNX Runtime on the same graphs."""
-    from seq2trt.plugins import trt_compat
+    from seq2trt.exporters.tensorrt import trt_compat
 
     cc = trt_compat.current_compute_capability()
     doc, failed = {"compute_capability": cc}, 0
@@ -252,11 +252,11 @@ def _engines_vs_ort(flavour) -> dict:
 
     from seq2trt.exporters.fuse import Target, fuse_artifacts
     from seq2trt.exporters.onnx_export import export
-    from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines
-    from seq2trt.plugins import trt_compat
+    from seq2trt.exporters.tensorrt.engines import EngineRequest, build_engines
+    from seq2trt.exporters.tensorrt import trt_compat
     from seq2trt.reference_model import Seq2SeqTransformer, preset
     from seq2trt.reference_model.checkpoint import save_checkpoint, source_record
-    from seq2trt.reference_model.errors import CheckFailed
+    from seq2trt.core.errors import CheckFailed
     from seq2trt.validation.validate import ValidateSettings, run_validation
 
     torch.manual_seed(0)

@@ -51,8 +51,8 @@ def _decoders(family: str, src: Path, device: str):
     import torch
 
     from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode, hf_beam_search
-    from seq2trt.reference_model.hf_import import load_hf_as_model
-    from seq2trt.reference_model.hf_verify import load_transformers_model, seeded_sources, whisper_generated
+    from seq2trt.hf_import.importer import load_hf_as_model
+    from seq2trt.hf_import.proof import load_transformers_model, seeded_sources, whisper_generated
     from seq2trt.reference_model.sources import source_kind
     from seq2trt.reference_model.speech import SpeechTokens, transcribe_features
     from seq2trt.reference_model.vocab import pad_batch

@@ -38,7 +38,7 @@ import numpy as np
 
 from seq2trt.reference_model.decoding import GNMT_ALPHA, DecodeSettings, Hypothesis
 from seq2trt.reference_model.decoding.options import DECODE_OPTIONS, OPTIONS, SETTING_FIELDS, spelling
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 
 from seq2trt.runtime.decode_jobs import (batch_rows, check_sources, choose_search, decode_batches, decode_settings, generation_config,
                           has_tokenizer, open_decoder, OpenedDecoder)
@@ -129,7 +129,7 @@ class DecodeService:
 
     def codec(self, src_lang: str | None = None, tgt_lang: str | None = None):
         """The checkpoint's text codec for a language pair, loaded once."""
-        from seq2trt.reference_model.text import load_codec
+        from seq2trt.hf_import.text import load_codec
 
         key = (src_lang, tgt_lang)
         if key not in self._codecs:

@@ -24,7 +24,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from seq2trt.reference_model.errors import DependencyError, Seq2TrtError
+from seq2trt.core.errors import DependencyError, Seq2TrtError
 from seq2trt.serving.settings import ServeSettings
 
 logger = logging.getLogger(__name__)

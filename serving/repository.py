@@ -17,11 +17,11 @@ from pathlib import Path
 
 from seq2trt.exporters import spec
 from seq2trt.exporters.manifest import verify
-from seq2trt.reference_model.errors import InputError
-from seq2trt.reference_model.atomic_files import refuse_existing
-from seq2trt.reference_model.layout import FEATURES
+from seq2trt.core.errors import InputError
+from seq2trt.core.atomic_files import refuse_existing
+from seq2trt.core.layout import FEATURES
 from seq2trt.exporters.graph_files import copy_graph
-from seq2trt.reference_model.swap import staged_directory
+from seq2trt.core.swap import staged_directory
 
 from seq2trt.runtime.decode_jobs import checkpoint_folder, has_tokenizer
 from seq2trt.serving.model_config import model_config, model_kinds, tensor_block, write_python_model
@@ -50,7 +50,7 @@ def graph_config(kind: spec.GraphKind, cfg, dtype: str, repository_backend: str,
 
 def _graph_files(out: Path, settings: ServeSettings, repository_backend: str, manifest) -> dict[spec.GraphKind, Path]:
     if repository_backend == "tensorrt_plan":
-        from seq2trt.reference_model.layout import engine_dir
+        from seq2trt.core.layout import engine_dir
         from seq2trt.runtime.registry import ENGINE_BACKENDS
 
         flavour = settings.backend if settings.backend in ENGINE_BACKENDS else "tensorrt"

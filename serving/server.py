@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 from seq2trt.serving.model_config import write_local_repository
 from seq2trt.serving.process import (_WORKDIR_PREFIX, ServerError, bundled_server, die_with, log_errors,
                                      remove_dead_workdirs, server_command, wait_ready)

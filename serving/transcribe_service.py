@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from seq2trt.reference_model.errors import InputError, Seq2TrtError, first_line
+from seq2trt.core.errors import InputError, Seq2TrtError, first_line
 
 from seq2trt.runtime.transcription import MAX_SECONDS, Transcriber, Transcription, open_transcriber
 from seq2trt.serving.decode_service import request_message

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from seq2trt.reference_model.decoding import GNMT_ALPHA, Hypothesis
-from seq2trt.reference_model.errors import InputError, Seq2TrtError
+from seq2trt.core.errors import InputError, Seq2TrtError
 
 from seq2trt.serving.decode_service import (REQUEST_OPTIONS, DecodeService, Job, beam_size_input, option_value, request_message, scalar,
                                              source_ids, text_of)

@@ -1,5 +1,6 @@
-"""Shared fixtures: tiny seeded models built in code, the numbers model's checkpoint and export, and the trained demo
-checkpoint (cached). Shared code that is not a fixture lives in tests/helpers (imported as `helpers`)."""
+"""Shared fixtures: tiny seeded models built in code, the numbers model's checkpoint and export, the trained demo
+checkpoint (cached), and the speech tests' Whisper and audio. Shared code that is not a fixture lives in tests/helpers
+(imported as `helpers`)."""
 
 from __future__ import annotations
 
@@ -229,3 +230,39 @@ def make_marian_tokenizer():
 @pytest.fixture(scope="session")
 def make_m2m100_tokenizer():
     return m2m100_tokenizer_dir
+
+
+@pytest.fixture(scope="session")
+def whisper_imported(tmp_path_factory) -> tuple[Path, Path]:
+    """(source directory, checkpoint) of the transcribe tests' Whisper, read only: a small random transformers Whisper
+    (helpers.audio.whisper_source: a tiny tokenizer and the default feature extractor beside it) imported with its
+    proof. Seed 3 at unit std: varied tokens, more than one language detected; timestamps suppressed where none are
+    asked for, so that transformers' generate decodes a short clip in one window."""
+    from helpers.audio import whisper_checkpoint, whisper_source
+
+    root = tmp_path_factory.mktemp("whisper")
+    src = whisper_source(root / "hf", seed=3, std=1.0, suppress_timestamps=True)
+    return src, whisper_checkpoint(src, root / "ckpt")
+
+
+@pytest.fixture(scope="session")
+def speech_files(tmp_path_factory) -> dict[str, Path]:
+    """The speech tests' audio, made here, read only: espeak-ng's speech at 22.05 kHz ("fox", "speech", "numbers":
+    helpers.audio.SENTENCES 0, 1, 2, as WAV; "numbers-flac" the same as FLAC), a 440 Hz tone at 8 kHz ("tone-8k" WAV,
+    "tone-ogg" OGG Vorbis) and noise + tone at 44.1 kHz stereo ("stereo", FLAC)."""
+    import numpy as np
+    import soundfile as sf
+
+    from helpers.audio import SENTENCES, speak, synthetic
+
+    root = tmp_path_factory.mktemp("audio")
+    files = {name: speak(root, text, f"{name}.wav") for name, text in zip(("fox", "speech", "numbers"), SENTENCES)}
+    samples, rate = sf.read(str(files["numbers"]), dtype="float32")
+    sf.write(root / "numbers.flac", samples, rate)
+    tone = synthetic("tone", rate=8000, seconds=1.5)
+    sf.write(root / "tone-8k.wav", tone, 8000)
+    sf.write(root / "tone-8k.ogg", tone, 8000, format="OGG", subtype="VORBIS")
+    stereo = np.stack([synthetic("noise", rate=44100), synthetic("tone", rate=44100)], axis=1)
+    sf.write(root / "stereo-44k.flac", stereo, 44100)
+    return {**files, "numbers-flac": root / "numbers.flac", "tone-8k": root / "tone-8k.wav",
+            "tone-ogg": root / "tone-8k.ogg", "stereo": root / "stereo-44k.flac"}

@@ -1,7 +1,7 @@
 """Every architecture option of Seq2SeqConfig through the pipeline: the cached decoder equals a full recompute in
 float64, and the exported, fused (both targets) graphs match the float64 eager model over the spec's sweep and
 decode its tokens (`validate`). The Hugging Face families' options are also judged by transformers in
-tests/reference_model/test_hf_import.py; `bias=False` (the tutorials' model) has no outside implementation."""
+tests/hf_import/test_hf_import.py; `bias=False` (the tutorials' model) has no outside implementation."""
 
 from __future__ import annotations
 

@@ -49,7 +49,7 @@ def test_demo_runs_the_whole_pipeline(demo_checkpoint, tmp_path):
         assert doc["passed"] and doc["graph_failures"] == [], graphs
         if graphs != "int8-ort":  # float32: every divergence must be a near-tie within the measured logit error
             assert (greedy["token_agreement"] if judged is None else judged) == 1.0, graphs
-    from seq2trt.plugins import trt_compat
+    from seq2trt.exporters.tensorrt import trt_compat
 
     if trt_compat.available("tensorrt-rtx"):  # CI installs the rtx extra: engines are built without a GPU
         build = json.loads(next((out / "engines").glob("tensorrt-rtx-*/build.json")).read_text())

@@ -21,9 +21,10 @@ import seq2trt
 
 ROOT = Path(__file__).resolve().parents[1]
 # The folders that install as seq2trt's packages (pyproject's package-dir), and those that only hold files.
-PACKAGES = {"api": "seq2trt", "reference_model": "seq2trt.reference_model", "plugins": "seq2trt.plugins",
-            "exporters": "seq2trt.exporters", "runtime": "seq2trt.runtime", "validation": "seq2trt.validation",
-            "serving": "seq2trt.serving", "cli": "seq2trt.cli", "hf": "seq2trt.hf"}
+PACKAGES = {"api": "seq2trt", "core": "seq2trt.core", "reference_model": "seq2trt.reference_model",
+            "hf_import": "seq2trt.hf_import",
+            "plugins": "seq2trt.plugins", "exporters": "seq2trt.exporters", "runtime": "seq2trt.runtime",
+            "validation": "seq2trt.validation", "serving": "seq2trt.serving", "cli": "seq2trt.cli", "hf": "seq2trt.hf"}
 FOLDERS = (*PACKAGES, "tests", "scripts", "benchmarks", "docs", ".ci")
 # A name followed by one of these is a file name ("manifest.json", "spec.py"), not an attribute.
 FILE_SUFFIXES = {"py", "json", "jsonl", "md", "onnx", "plan", "html", "png", "txt", "sh", "toml", "wav", "flac",
@@ -36,7 +37,7 @@ LINK = re.compile(r"\]\((?!https?:|#|mailto:)([^)#\s]+)")  # a Markdown link to 
 SHORT_NAME = re.compile(r"(?<![\w./])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)")  # a.b(.c), read from its start
 # Module names that the docs mostly use as variables ("model.generate", "settings.plain"): a short name starting
 # with one is not checked (the seq2trt.-prefixed and path forms still are).
-VARIABLES = {"model", "settings", "sampling", "translator", "whisper"}
+VARIABLES = {"model", "settings", "sampling", "translator", "whisper", "child"}
 # Libraries that a seq2trt module is also named after (runtime/backends/onnxruntime.py, tensorrt.py): their dotted
 # names (`onnxruntime.quantization.quantize_dynamic`) are the library's, not ours.
 LIBRARIES = {"onnxruntime", "tensorrt", "tensorrt_rtx", "ctranslate2", "transformers", "optimum", "triton", "torch"}

@@ -68,7 +68,7 @@ def test_imported_t5_through_the_pipeline(family, config, tmp_path):
     import torch
 
     from helpers.hf_models import t5_model_dir
-    from seq2trt.reference_model.hf_verify import load_transformers_model
+    from seq2trt.hf_import.proof import load_transformers_model
     from seq2trt.reference_model.sources import source_kind
     from seq2trt.reference_model.checkpoint import load_checkpoint
 

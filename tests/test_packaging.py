@@ -7,7 +7,8 @@ from importlib.metadata import distribution
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TOP_LEVEL = ["reference_model", "exporters", "plugins", "runtime", "validation", "serving", "cli", "hf", "api"]
+TOP_LEVEL = ["core", "reference_model", "hf_import", "exporters", "plugins", "runtime", "validation", "serving", "cli",
+             "hf", "api"]
 PACKAGE_OF = {"api": "seq2trt"}  # folder -> package, where it is not seq2trt.<folder>
 
 
@@ -46,8 +47,11 @@ def test_installed_distribution_has_no_generic_top_level_names():
 
 
 # The layering, lowest first: a module may import its own layer and those below it, never one above (imports inside
-# functions included). api/ (`seq2trt`) and hf/ sit above serving/ and below cli/.
-LAYERS = ["reference_model", "plugins", "exporters", "runtime", "validation", "serving", "api", "hf", "cli"]
+# functions included). core/ (errors, layout, atomic files, dtypes) is the floor and imports no other package; the
+# Hugging Face import stands on the model alone (the model never imports it); api/ (`seq2trt`) and hf/ sit above
+# serving/ and below cli/.
+LAYERS = ["core", "reference_model", "hf_import", "plugins", "exporters", "runtime", "validation", "serving", "api", "hf",
+          "cli"]
 
 
 def layer_of_module(name: str) -> int | None:
@@ -92,6 +96,10 @@ def test_the_layering_check_catches_an_upward_import(tmp_path):
     (fake / "bad.py").write_text("def f():\n    from seq2trt.runtime import registry\n")
     assert upward_imports("reference_model", tmp_path) == [
         "reference_model/bad.py:2 imports seq2trt.runtime (runtime is above reference_model)"]
+    (tmp_path / "core").mkdir()
+    (tmp_path / "core" / "bad.py").write_text("from seq2trt.reference_model.config import preset\n")
+    assert upward_imports("core", tmp_path) == [
+        "core/bad.py:1 imports seq2trt.reference_model.config (reference_model is above core)"]
 
 
 def test_relative_imports_are_not_used():

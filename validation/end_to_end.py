@@ -27,7 +27,7 @@ import numpy as np
 
 from seq2trt.reference_model.decoding import DecodeSettings, StepHook, StepModel, beam_search, greedy_decode
 from seq2trt.reference_model.vocab import pad_batch
-from seq2trt.reference_model.numerics import FP32_LOGIT_TOLERANCE, magnitude
+from seq2trt.core.numerics import FP32_LOGIT_TOLERANCE, magnitude
 
 from seq2trt.validation.ties import BEAM_ALPHA, beam_near_ties, beam_tracer, greedy_tie, near_tie_cap
 

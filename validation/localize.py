@@ -21,7 +21,7 @@ import onnx
 
 from seq2trt.exporters import spec
 from seq2trt.exporters.graph_files import external_ranges, load_structure
-from seq2trt.reference_model.errors import ArtifactError
+from seq2trt.core.errors import ArtifactError
 
 from seq2trt.validation.parity import GraphParity, OutputStats, case_feeds, compare_output, tolerance_for
 from seq2trt.runtime.runners import EagerRunner, OrtRunner

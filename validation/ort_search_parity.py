@@ -17,15 +17,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
-from seq2trt.reference_model import layout
+from seq2trt.core import layout
 from seq2trt.reference_model.decoding import GNMT_ALPHA
 from seq2trt.exporters import spec
 from seq2trt.exporters.ort_search import verify_generate
 from seq2trt.exporters.manifest import verify
 from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode, hf_beam_search
 from seq2trt.reference_model.eager import EagerStepModel
-from seq2trt.reference_model.errors import CheckFailed, InputError
-from seq2trt.reference_model.atomic_files import atomic_write_text
+from seq2trt.core.errors import CheckFailed, InputError
+from seq2trt.core.atomic_files import atomic_write_text
 from seq2trt.reference_model.vocab import pad_batch
 
 from seq2trt.validation.end_to_end import TARGETS, agreement
@@ -57,22 +57,9 @@ def run_generate_validation(out: Path, settings, checkpoint: Path | None = None,
     cap = limits.max_tgt_len - 1 if task_name else min(32, limits.max_tgt_len - 1)
     decode = DecodeSettings.for_model(cfg, settings.max_new_tokens or cap)
     sources, origin = e2e_sources(cfg, task_name, settings.samples, settings.seed)
-    eager = EagerStepModel(model.double())
     K = settings.beam_size
-    searches = {"greedy": (1, lambda m, ids, mask: greedy_decode(m, ids, mask, decode)),
-                "beam": (K, lambda m, ids, mask: hf_beam_search(m, ids, mask, decode, K, length_penalty, True))}
-    results = {}
-    with GenerateModel(out, manifest, settings.threads, int8) as generate:
-        for search, (beams, reference) in searches.items():
-            if progress:
-                progress(f"{search} ({beams} beam{'s' * (beams > 1)}) of {len(sources)} sources: {label} vs eager")
-            rows = max(1, limits.max_batch // beams)
-            want, got = [], []
-            for i in range(0, len(sources), rows):
-                ids, mask = pad_batch(sources[i: i + rows], cfg.pad_id)
-                want += reference(eager, ids, mask)
-                got += generate.decode(ids, mask, decode, beams, length_penalty)
-            results[search] = agreement(want, got, cfg.eos_id)
+    results = _search_agreements(out, manifest, settings, int8, EagerStepModel(model.double()), sources, decode,
+                                 length_penalty, label, progress)
     targets = TARGETS["int8" if int8 else "fp32"]
     failures = [f"{search}: token_agreement {a.token_agreement:.6f}, sequence_match {a.sequence_match:.6f} (targets "
                 f"{targets.token_agreement}, {targets.sequence_match}), first divergent step {a.first_divergent_step}, "
@@ -95,6 +82,28 @@ def run_generate_validation(out: Path, settings, checkpoint: Path | None = None,
         raise CheckFailed(f"{label} of {out} differs from the eager search ({out}/reports/{report}.md):\n  "
                           + "\n  ".join(failures))
     return document
+
+
+def _search_agreements(out: Path, manifest, settings, int8: bool, eager: EagerStepModel, sources: list[list[int]],
+                       decode: DecodeSettings, length_penalty: float, label: str, progress) -> dict:
+    """Greedy search and beam search (`settings.beam_size` beams) of the export's generate.onnx against the eager
+    model's on `sources`, batched within the export's max_batch: each search's token agreement."""
+    cfg, limits, K = manifest.config, manifest.limits, settings.beam_size
+    searches = {"greedy": (1, lambda m, ids, mask: greedy_decode(m, ids, mask, decode)),
+                "beam": (K, lambda m, ids, mask: hf_beam_search(m, ids, mask, decode, K, length_penalty, True))}
+    results = {}
+    with GenerateModel(out, manifest, settings.threads, int8) as generate:
+        for search, (beams, reference) in searches.items():
+            if progress:
+                progress(f"{search} ({beams} beam{'s' * (beams > 1)}) of {len(sources)} sources: {label} vs eager")
+            rows = max(1, limits.max_batch // beams)
+            want, got = [], []
+            for i in range(0, len(sources), rows):
+                ids, mask = pad_batch(sources[i: i + rows], cfg.pad_id)
+                want += reference(eager, ids, mask)
+                got += generate.decode(ids, mask, decode, beams, length_penalty)
+            results[search] = agreement(want, got, cfg.eos_id)
+    return results
 
 
 def _write(out: Path, document: dict, report: str, label: str) -> None:

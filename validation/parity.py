@@ -20,8 +20,8 @@ import numpy as np
 
 from seq2trt.exporters import spec
 from seq2trt.reference_model.sources import random_target_ids, source_kind
-from seq2trt.reference_model.errors import ArtifactError
-from seq2trt.reference_model.numerics import FP32_LOGIT_TOLERANCE, magnitude
+from seq2trt.core.errors import ArtifactError
+from seq2trt.core.numerics import FP32_LOGIT_TOLERANCE, magnitude
 
 from seq2trt.runtime.runners import Runner
 
@@ -45,7 +45,7 @@ class Tolerance:
         return self.atol * (magnitude(reference) if self.scaled else 1.0)
 
 
-# fp32 meets 1e-4 of the reference's magnitude on logits (the import's bound: reference_model/numerics.py), far above
+# fp32 meets 1e-4 of the reference's magnitude on logits (the import's bound: core/numerics.py), far above
 # float32 arithmetic's own error on these models (about 1e-6). Reduced
 # precision is judged case by case (validation/precision.py): by these same bounds for what float32 arithmetic
 # must reproduce exactly (an fp16/bf16 graph's fp32 twin, an int8 graph against the reference that quantizes as it

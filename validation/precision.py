@@ -32,7 +32,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from seq2trt.reference_model.dtypes import torch_dtype
+from seq2trt.core.dtypes import torch_dtype
 from seq2trt.validation.parity import REPORTED, TOLERANCES, CaseResult, OutputStats, Tolerance, compare_output
 
 UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}

@@ -21,7 +21,7 @@ from seq2trt.exporters.artifact_checks import load_graph
 from seq2trt.exporters.manifest import Manifest, generation, verify, writing_into
 from seq2trt.exporters.quantize import verify_quantized
 from seq2trt.reference_model.decoding import DecodeSettings
-from seq2trt.reference_model.errors import ArtifactError, CheckFailed, InputError
+from seq2trt.core.errors import ArtifactError, CheckFailed, InputError
 from seq2trt.reference_model.sources import source_kind
 
 from seq2trt.runtime.backends.graph_sets import GRAPH_SETS, GraphSet
@@ -80,9 +80,9 @@ class ValidateSettings:
 def _engine_graphs(out: Path, settings: ValidateSettings) -> ValidateSettings:
     """Settings for validating TensorRT engines: the graph set they were built from (fused-trt, or plain for
     --no-plugin engines), once this machine can run them."""
-    from seq2trt.exporters.tensorrt_engines import read_build
-    from seq2trt.reference_model.errors import DependencyError
-    from seq2trt.reference_model.layout import engine_dir
+    from seq2trt.exporters.tensorrt.engines import read_build
+    from seq2trt.core.errors import DependencyError
+    from seq2trt.core.layout import engine_dir
 
     why = registry.unavailable((settings.backend,)).get(settings.backend)
     if why:
@@ -101,7 +101,7 @@ def _engine_graphs(out: Path, settings: ValidateSettings) -> ValidateSettings:
 def _device_graphs(out: Path, settings: ValidateSettings) -> ValidateSettings:
     """Settings for a backend on a GPU provider (ort-cuda): its runners on that device, its declared graph set by
     default, refused in one line where the provider is missing or the graphs hold CPU-only nodes."""
-    from seq2trt.reference_model.errors import DependencyError
+    from seq2trt.core.errors import DependencyError
 
     backend = registry.BACKENDS[settings.backend]
     why = registry.unavailable((settings.backend,)).get(settings.backend)
@@ -164,24 +164,20 @@ def heldout_exact_match(task_name: str, samples: int) -> tuple[str, Callable[[li
     return "held-out exact match", lambda outputs: task.exact_match(outputs, pairs)
 
 
-def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | None = None,
-                   progress: Callable[[str], None] | None = None) -> dict:
-    """Validate `out`, write its reports, and return the parity document; raise CheckFailed when anything fails."""
-    out = Path(out)
-    started = generation(out)  # before anything is read: the reports must describe this export
+def _with_graph_set(out: Path, settings: ValidateSettings) -> ValidateSettings:
+    """`settings` naming the graph set its backend reads: the one its engines were built from, the one its device
+    runs, else the one asked for (the plain graphs by default)."""
     backend = registry.BACKENDS[settings.backend]
-    engines = backend.runs == "tensorrt"
-    if engines:
-        settings = _engine_graphs(out, settings)
-    elif backend.device != "cpu":
-        settings = _device_graphs(out, settings)
-    elif settings.graphs is None:
-        settings = replace(settings, graphs="plain")
-    graph_set = GRAPH_SETS[settings.graphs]
-    if graph_set.whole_search:
-        from seq2trt.validation.ort_search_parity import run_generate_validation
+    if backend.runs == "tensorrt":
+        return _engine_graphs(out, settings)
+    if backend.device != "cpu":
+        return _device_graphs(out, settings)
+    return replace(settings, graphs="plain") if settings.graphs is None else settings
 
-        return run_generate_validation(out, settings, checkpoint, progress, int8=graph_set.quantized)
+
+def _checked_export(out: Path, settings: ValidateSettings, graph_set: GraphSet):
+    """The export's verified manifest, once the graph set's folder (and the plain graphs, which localisation reads)
+    holds graphs of the export's model and the asked new-token count fits its limits."""
     manifest = verify(out, [kind.filename for kind in spec.GraphKind])  # every graph set derives from the export
     graph_set.verified_folder(out, manifest)
     cfg, dtype, limits = manifest.config, manifest.dtype, manifest.limits
@@ -193,6 +189,45 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
         raise InputError(f"--max-new-tokens {settings.max_new_tokens} is outside [1, {limits.max_tgt_len - 1}] (the "
                          f"export's max_tgt_len {limits.max_tgt_len}, bos included); lower it or re-export with a "
                          "larger --max-tgt-len")
+    return manifest
+
+
+def _decoding_parity(out: Path, manifest, checkpoint: Path | None, settings: ValidateSettings, task_name,
+                     candidates: tuple, references: tuple, precision: str, progress):
+    """(end-to-end parity, sampling agreement, where the sources came from) of the candidate runners' step model
+    against the eager one on `settings.samples` sources."""
+    cfg, limits = manifest.config, manifest.limits
+    sources, origin = e2e_sources(cfg, task_name, settings.samples, settings.seed)
+    prompt = speech_prompt(out, manifest, checkpoint)
+    cap = limits.max_tgt_len - 1 if task_name else min(32, limits.max_tgt_len - 1 - len(prompt))
+    decode = replace(DecodeSettings.for_model(cfg, settings.max_new_tokens or cap), prompt=prompt)
+    candidate = registry.step_model_of(settings.backend, *candidates)  # ort-cuda: the cache on the device
+    eager = RunnerStepModel(*references)
+    e2e = end_to_end(candidate, eager, sources, decode, precision,
+                     beam_size=settings.beam_size, batch_size=limits.max_batch, progress=progress,
+                     task_metric=heldout_exact_match(task_name, settings.samples) if task_name else None,
+                     source_kind=source_kind(cfg))
+    if progress:
+        progress("sampling agreement")
+    sampled = sampling_agreement(candidate, eager, sources[:SAMPLING_SOURCES], decode, precision,
+                                 batch_size=limits.max_batch, seed=settings.seed, pad=source_kind(cfg).pad)
+    return e2e, sampled, origin
+
+
+def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | None = None,
+                   progress: Callable[[str], None] | None = None) -> dict:
+    """Validate `out`, write its reports, and return the parity document; raise CheckFailed when anything fails."""
+    out = Path(out)
+    started = generation(out)  # before anything is read: the reports must describe this export
+    engines = registry.BACKENDS[settings.backend].runs == "tensorrt"
+    settings = _with_graph_set(out, settings)
+    graph_set = GRAPH_SETS[settings.graphs]
+    if graph_set.whole_search:
+        from seq2trt.validation.ort_search_parity import run_generate_validation
+
+        return run_generate_validation(out, settings, checkpoint, progress, int8=graph_set.quantized)
+    manifest = _checked_export(out, settings, graph_set)
+    cfg, dtype, limits = manifest.config, manifest.dtype, manifest.limits
     model, task_name = load_reference(manifest, checkpoint)
     base = {"device": settings.device, "intra_op_threads": settings.threads}
     options = {**base, **(graph_set.runner_options(dtype) if graph_set.runner_options else {})}
@@ -215,23 +250,11 @@ def run_validation(out: Path, settings: ValidateSettings, checkpoint: Path | Non
         if progress:
             progress("graph-level parity over the spec sweep")
         graphs = graph_parity(judged, references, spec.sweep(limits, cfg=cfg), seed=settings.seed, judge=judge)
-        e2e = sampled = None
+        e2e = sampled = origin = None
         if settings.samples:
-            sources, origin = e2e_sources(cfg, task_name, settings.samples, settings.seed)
-            prompt = speech_prompt(out, manifest, checkpoint)
-            cap = limits.max_tgt_len - 1 if task_name else min(32, limits.max_tgt_len - 1 - len(prompt))
-            decode = replace(DecodeSettings.for_model(cfg, settings.max_new_tokens or cap), prompt=prompt)
-            candidate = registry.step_model_of(settings.backend, *candidates)  # ort-cuda: the cache on the device
-            eager = RunnerStepModel(*references)
-            e2e = end_to_end(candidate, eager, sources, decode, precision,
-                             beam_size=settings.beam_size, batch_size=limits.max_batch, progress=progress,
-                             task_metric=heldout_exact_match(task_name, settings.samples) if task_name else None,
-                             source_kind=source_kind(cfg))
-            if progress:
-                progress("sampling agreement")
-            sampled = sampling_agreement(candidate, eager, sources[:SAMPLING_SOURCES], decode, precision,
-                                         batch_size=limits.max_batch, seed=settings.seed, pad=source_kind(cfg).pad)
-    document = parity_document(manifest, settings, graphs, e2e, origin if settings.samples else None, sampled)
+            e2e, sampled, origin = _decoding_parity(out, manifest, checkpoint, settings, task_name, candidates,
+                                                    references, precision, progress)
+    document = parity_document(manifest, settings, graphs, e2e, origin, sampled)
     document["localisation"] = []
     if engines and settings.localize_budget_s > 0:  # localisation reads ONNX graphs' intermediate values
         document["localisation_skipped"] = "engines: localise the graphs they were built from with --backend ort"

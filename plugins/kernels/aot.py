@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from seq2trt.plugins.kernels import launch_plan
-from seq2trt.reference_model.errors import DependencyError, InputError
+from seq2trt.core.errors import DependencyError, InputError
 
 logger = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from seq2trt.reference_model import dtypes
+from seq2trt.core import dtypes
 from seq2trt.plugins.op import INPUTS, OPTIONAL_INPUTS, POSITION_BIAS, AttentionAttrs, AttentionKind
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 
 if TYPE_CHECKING:  # torch only where tensors are: the plans are read by TensorRT's build child, which has none
     import torch

@@ -8,7 +8,7 @@ import numpy as np
 
 from seq2trt.reference_model.decoding.settings import DecodeSettings, Hypothesis, StepModel
 from seq2trt.reference_model.decoding.topk import _chosen, _log_softmax32, _top_n
-from seq2trt.reference_model.errors import ConfigError
+from seq2trt.core.errors import ConfigError
 
 
 StepHook = Callable[[int, np.ndarray, np.ndarray], None]  # (step, rows (b,), logits (b, V))

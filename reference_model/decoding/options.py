@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 
 
 def _integer(value) -> bool:

@@ -11,7 +11,7 @@ import numpy as np
 
 from seq2trt.reference_model.decoding.options import (GNMT_ALPHA, OPTION_RULES, SETTING_FIELDS,  # noqa: F401
                                                       option_problem)
-from seq2trt.reference_model.errors import ConfigError, InputError
+from seq2trt.core.errors import ConfigError, InputError
 
 
 class StepModel(Protocol):

@@ -12,7 +12,7 @@ from seq2trt.exporters.fuse import Target, fused_dir, verify_fused
 from seq2trt.exporters.manifest import Manifest
 from seq2trt.exporters.ort_search import generate_dir, verify_generate
 from seq2trt.exporters.quantize import quantized_dir, verify_quantized
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ CONCURRENT = False  # one device-resident model per opened export: its calls are
 def unavailable(backend) -> str | None:
     """Why ONNX Runtime's CUDA provider cannot run here, naming the install; None when it can."""
     from seq2trt.exporters.ort_session import GPU_INSTALL, has_cuda
-    from seq2trt.plugins import trt_compat
+    from seq2trt.exporters.tensorrt import trt_compat
 
     if not has_cuda():
         return f"ONNX Runtime has no CUDA provider here (onnxruntime-gpu is not installed); {GPU_INSTALL}"
@@ -27,7 +27,7 @@ def unavailable(backend) -> str | None:
 
 
 def refuse_unavailable(backend) -> None:
-    from seq2trt.reference_model.errors import DependencyError
+    from seq2trt.core.errors import DependencyError
 
     why = unavailable(backend)
     if why:

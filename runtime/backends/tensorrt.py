@@ -14,7 +14,7 @@ CONCURRENT = False  # one execution context per engine: calls are serialised
 
 
 def unavailable(backend) -> str | None:
-    from seq2trt.plugins import trt_compat
+    from seq2trt.exporters.tensorrt import trt_compat
 
     if not trt_compat.has_gpu():
         return "TensorRT engines run only on an NVIDIA GPU and this machine has none"
@@ -24,8 +24,8 @@ def unavailable(backend) -> str | None:
 def engine_runners(out: Path, name: str, manifest) -> tuple[tuple, dict]:
     """(TensorRT runners of the encoder and decoder engines of `name` under OUT/engines, their build.json), each plan
     checked against build.json and build.json against this export."""
-    from seq2trt.exporters.tensorrt_engines import verify_engines
-    from seq2trt.reference_model.layout import engine_dir
+    from seq2trt.exporters.tensorrt.engines import verify_engines
+    from seq2trt.core.layout import engine_dir
     from seq2trt.runtime.tensorrt_runner import runner_for
 
     engines = engine_dir(out, name)

@@ -80,7 +80,7 @@ def judge_translator(found: dict, workdir: Path, marian) -> None:
 def judge_transcriber(found: dict, workdir: Path, marian) -> None:
     """The tokens and text of transformers' Whisper `generate` on the same file, language given."""
     from helpers.audio import generate_tokens, judge_clip
-    from seq2trt.reference_model.hf_verify import load_transformers_model
+    from seq2trt.hf_import.proof import load_transformers_model
 
     src = workdir / "whisper-src"
     want, _ = generate_tokens(load_transformers_model(src, speech=True), src, [judge_clip(workdir / "talk.wav")],

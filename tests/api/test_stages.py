@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import seq2trt
-from seq2trt.reference_model.atomic_files import sha256_file
+from seq2trt.core.atomic_files import sha256_file
 from seq2trt.reference_model.checkpoint import save_checkpoint
 
 from helpers.cli import invoke_ok

@@ -17,35 +17,29 @@ transformers = pytest.importorskip("transformers", reason="the hf extra is not i
 pytestmark = pytest.mark.filterwarnings("ignore:Moving the following attributes:UserWarning")
 
 import seq2trt  # noqa: E402
-from seq2trt.reference_model.errors import InputError  # noqa: E402
+from seq2trt.core.errors import InputError  # noqa: E402
 
-from helpers.audio import (SENTENCES, generate_tokens, judge_clip, speak, synthetic,  # noqa: E402
-                           whisper_checkpoint, whisper_source)
+from helpers.audio import generate_tokens, judge_clip  # noqa: E402
 from helpers.cli import invoke, invoke_ok  # noqa: E402
 
 MAX_NEW = 12
 
 
 @pytest.fixture(scope="module")
-def whisper(tmp_path_factory):
+def whisper(whisper_imported, tmp_path_factory):
     """(source directory, checkpoint, export with fused ORT graphs, transformers' model)."""
-    from seq2trt.reference_model.hf_verify import load_transformers_model
+    from seq2trt.hf_import.proof import load_transformers_model
 
-    root = tmp_path_factory.mktemp("whisper")
-    src = whisper_source(root / "hf", seed=3, std=1.0, suppress_timestamps=True)
-    ckpt = whisper_checkpoint(src, root / "ckpt")
-    invoke_ok("export", ckpt, "-o", root / "out")
-    invoke_ok("fuse", root / "out", "--target", "ort")
-    return src, ckpt, root / "out", load_transformers_model(src, speech=True)
+    src, ckpt = whisper_imported
+    out = tmp_path_factory.mktemp("whisper") / "out"
+    invoke_ok("export", ckpt, "-o", out)
+    invoke_ok("fuse", out, "--target", "ort")
+    return src, ckpt, out, load_transformers_model(src, speech=True)
 
 
 @pytest.fixture(scope="module")
-def audio(tmp_path_factory):
-    root = tmp_path_factory.mktemp("audio")
-    sf.write(root / "tone-8k.wav", synthetic("tone", rate=8000, seconds=1.5), 8000)
-    stereo = np.stack([synthetic("noise", rate=44100), synthetic("tone", rate=44100)], axis=1)
-    sf.write(root / "stereo-44k.flac", stereo, 44100)
-    return [speak(root, SENTENCES[1], "speech.wav"), root / "tone-8k.wav", root / "stereo-44k.flac"]
+def audio(speech_files):
+    return [speech_files[name] for name in ("speech", "tone-8k", "stereo")]
 
 
 def as_rows(files, results) -> list[dict]:

@@ -16,7 +16,7 @@ import torch
 import seq2trt
 from seq2trt.reference_model.decoding import DecodeSettings, beam_search, greedy_decode
 from seq2trt.reference_model.eager import EagerStepModel
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 from seq2trt.reference_model.vocab import pad_batch
 
 from helpers.artifacts import import_and_export

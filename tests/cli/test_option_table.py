@@ -20,7 +20,7 @@ import seq2trt
 from seq2trt.cli.main import cli
 from seq2trt.reference_model.decoding import DecodeSettings
 from seq2trt.reference_model.decoding.options import DECODE_OPTIONS, OPTIONS, DecodeOption
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 
 from helpers.cli import invoke
 

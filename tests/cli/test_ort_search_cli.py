@@ -106,7 +106,7 @@ def test_validate_graphs_generate_int8(numbers_generate):
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_HF, reason="the hf extra is not installed")
 def test_ort_generate_of_an_imported_marian_is_transformers_generate(make_hf_model, make_marian_tokenizer, tmp_path):
-    from seq2trt.reference_model.hf_verify import load_transformers_model
+    from seq2trt.hf_import.proof import load_transformers_model
 
     src, n = make_marian_tokenizer(tmp_path / "src")
     make_hf_model(src, "marian", dict(vocab_size=n, pad_token_id=n - 1, decoder_start_token_id=n - 1,

@@ -28,24 +28,18 @@ MAX_NEW = 12
 
 
 @pytest.fixture(scope="module")
-def whisper(tmp_path_factory):
+def whisper(whisper_imported):
     """(transformers source directory, its checkpoint, transformers' model of it)."""
-    from seq2trt.reference_model.hf_verify import load_transformers_model
+    from seq2trt.hf_import.proof import load_transformers_model
 
-    root = tmp_path_factory.mktemp("whisper")
-    src = whisper_source(root / "hf", seed=3, std=1.0, suppress_timestamps=True)  # varied tokens, de and en detected
-    return src, whisper_checkpoint(src, root / "ckpt"), load_transformers_model(src, speech=True)
+    src, ckpt = whisper_imported
+    return src, ckpt, load_transformers_model(src, speech=True)
 
 
 @pytest.fixture(scope="module")
-def audio(tmp_path_factory):
+def audio(speech_files):
     """Speech at espeak-ng's 22.05 kHz, a tone at 8 kHz (WAV) and noise + tone at 44.1 kHz stereo (FLAC)."""
-    root = tmp_path_factory.mktemp("audio")
-    files = [speak(root, SENTENCES[0], "fox.wav"), speak(root, SENTENCES[2], "numbers.wav")]
-    sf.write(root / "tone-8k.wav", synthetic("tone", rate=8000, seconds=1.5), 8000)
-    stereo = np.stack([synthetic("noise", rate=44100), synthetic("tone", rate=44100)], axis=1)
-    sf.write(root / "stereo-44k.flac", stereo, 44100)
-    return files + [root / "tone-8k.wav", root / "stereo-44k.flac"]
+    return [speech_files[name] for name in ("fox", "numbers", "tone-8k", "stereo")]
 
 
 def stdout_of(*args) -> str:
@@ -130,13 +124,13 @@ def text_model(tmp_path_factory, make_model):
 
 def test_english_only_model_transcribes_and_refuses_translate(english_only, audio, tmp_path):
     src = english_only.parent / "hf"
-    from seq2trt.reference_model.hf_verify import load_transformers_model
+    from seq2trt.hf_import.proof import load_transformers_model
 
     hf_model = load_transformers_model(src, speech=True)
     row = json_lines(stdout_of("transcribe", english_only, audio[0], "--format", "json", "--max-new-tokens",
                                MAX_NEW))[0]
     import torch
-    from seq2trt.reference_model.hf_verify import whisper_generated
+    from seq2trt.hf_import.proof import whisper_generated
 
     features = transformers.WhisperFeatureExtractor.from_pretrained(str(src))(
         [judge_clip(audio[0])], sampling_rate=16000, return_tensors="pt")["input_features"]
@@ -210,7 +204,7 @@ BEGIN = WHISPER_IDS["no_timestamps"] + 1  # <|0.00|>
 def timed(tmp_path_factory):
     """A random Whisper that emits timestamps freely (max_initial_timestamp_index 50, as released checkpoints), its
     checkpoint, transformers' model, and about 40 s of espeak-ng speech beside a short clip."""
-    from seq2trt.reference_model.hf_verify import load_transformers_model
+    from seq2trt.hf_import.proof import load_transformers_model
 
     root = tmp_path_factory.mktemp("timed")
     src = whisper_source(root / "hf", generation=dict(max_initial_timestamp_index=50))
@@ -280,7 +274,7 @@ def test_a_file_named_like_a_flag_gets_the_double_dash_hint(tmp_path):
 
 def test_a_temperature_list_is_shown_as_given():
     """The refusal of --temperature -1 showed a Python tuple: "got (-1.0,)"."""
-    from seq2trt.reference_model.errors import InputError
+    from seq2trt.core.errors import InputError
     from seq2trt.reference_model.longform import WindowOptions
 
     with pytest.raises(InputError) as exc:

@@ -12,11 +12,12 @@ import torch
 
 from seq2trt.reference_model.decoding import DecodeSettings, beam_search, greedy_decode
 from seq2trt.reference_model.eager import EagerStepModel
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 from seq2trt.reference_model.vocab import pad_batch
 
 from helpers.artifacts import import_and_export
 from helpers.cli import invoke, invoke_ok
+from helpers.hf_models import hf_rows
 
 HAS_HF = importlib.util.find_spec("transformers") is not None
 
@@ -86,15 +87,11 @@ def imported_marian(make_hf_model, make_marian_tokenizer, tmp_path_factory):
 
 
 def _hf_generate(root, sources, **kwargs) -> list[list[int]]:
-    from seq2trt.reference_model.hf_verify import load_transformers_model
+    from seq2trt.hf_import.proof import load_transformers_model
 
     hf_model = load_transformers_model(root / "src")
     ids, mask = pad_batch(sources, hf_model.config.pad_token_id)
-    with torch.inference_mode():
-        rows = hf_model.generate(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
-                                 do_sample=False, max_new_tokens=63, **kwargs)[:, 1:].tolist()
-    eos = hf_model.config.eos_token_id
-    return [r[: r.index(eos)] if eos in r else r for r in rows]
+    return hf_rows(hf_model, ids, mask, 63, hf_model.config.eos_token_id, **kwargs)
 
 
 @pytest.mark.skipif(not HAS_HF, reason="the hf extra is not installed")
@@ -115,11 +112,11 @@ def _fp32_beam_tie(root, source: list[int], ours: list[int], theirs: list[int], 
     """Why two beam results of the same length are a tie at float32's precision, or "" when they are not: both
     rescored by transformers' model in float64 (the sum of the chosen tokens' log-probabilities, eos included where
     a row ended on it), their difference within what float32 arithmetic may move a sum of that many steps. The bound
-    is reference_model.numerics': each logit within FP32_LOGIT_TOLERANCE of the logits' magnitude, so each
+    is core.numerics': each logit within FP32_LOGIT_TOLERANCE of the logits' magnitude, so each
     log-probability within twice that (the logit and the log-sum-exp), summed over both hypotheses' steps. Unequal
     lengths are never a tie here: the length penalty would weigh them differently."""
-    from seq2trt.reference_model.hf_verify import load_transformers_model
-    from seq2trt.reference_model.numerics import FP32_LOGIT_TOLERANCE
+    from seq2trt.hf_import.proof import load_transformers_model
+    from seq2trt.core.numerics import FP32_LOGIT_TOLERANCE
 
     if len(ours) != len(theirs):
         return ""
@@ -241,7 +238,7 @@ def test_a_language_code_must_be_a_language_token_not_an_ordinary_piece(make_mar
     spell one ("de", "fr") was forced as the first token, exit 0, where a code that is no piece was refused."""
     from transformers import AutoTokenizer
 
-    from seq2trt.reference_model.text import _language_id
+    from seq2trt.hf_import.text import _language_id
 
     marian = AutoTokenizer.from_pretrained(str(make_marian_tokenizer(tmp_path / "marian")[0]))
     special = set(marian.all_special_tokens)

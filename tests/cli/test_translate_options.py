@@ -12,11 +12,12 @@ import torch
 
 pytest.importorskip("transformers", reason="the hf extra is not installed")
 
-from seq2trt.reference_model.hf_verify import load_transformers_model  # noqa: E402
+from seq2trt.hf_import.proof import load_transformers_model  # noqa: E402
 from seq2trt.reference_model.vocab import pad_batch  # noqa: E402
 
 from helpers.artifacts import import_and_export  # noqa: E402
 from helpers.cli import invoke  # noqa: E402
+from helpers.hf_models import hf_generate  # noqa: E402
 
 SOURCES = [[5, 9, 13, 2], [22, 2], [7, 7, 30, 41, 12, 2], [60, 3, 2], [11, 2], [40, 41, 42, 43, 2]]
 NEW = 20
@@ -39,12 +40,7 @@ def _generate(root, seed=None, **kwargs):
     ids, mask = pad_batch(SOURCES, hf_model.config.pad_token_id)
     if seed is not None:
         torch.manual_seed(seed)
-    with torch.inference_mode():
-        out = hf_model.generate(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
-                                max_new_tokens=NEW, return_dict_in_generate=True, **kwargs)
-    eos = hf_model.config.eos_token_id
-    rows = [r[: r.index(eos)] if eos in r else r for r in out.sequences[:, 1:].tolist()]
-    return rows, out
+    return hf_generate(hf_model, ids, mask, NEW, hf_model.config.eos_token_id, **kwargs)
 
 
 def _translate(root, *flags, source="ckpt"):

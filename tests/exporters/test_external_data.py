@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from seq2trt.exporters import graph_files
-from seq2trt.reference_model.errors import ConfigError
+from seq2trt.core.errors import ConfigError
 
 from helpers.cli import invoke_ok
 

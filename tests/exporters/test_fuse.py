@@ -19,7 +19,7 @@ from seq2trt.exporters.manifest import read_manifest, write_manifest
 from seq2trt.exporters.onnx_export import export
 from seq2trt.plugins.op import DOMAIN, PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION, AttentionAttrs, AttentionKind
 from seq2trt.plugins.plugin_cpu import for_cpu, register_reference_ops
-from seq2trt.reference_model.errors import ArtifactError, CheckFailed
+from seq2trt.core.errors import ArtifactError, CheckFailed
 from seq2trt.reference_model.sources import ordinary_ids
 from seq2trt.validation.precision import RMS_FACTOR, TWIN, UNIT_ROUNDOFF, fp32_twin, peer_model, rounded_model
 from seq2trt.runtime.runners import emulate_bf16

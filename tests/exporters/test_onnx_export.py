@@ -17,7 +17,7 @@ from seq2trt.exporters import spec
 from seq2trt.exporters.manifest import MANIFEST, read_manifest, verify
 from seq2trt.exporters.onnx_export import export, export_copy, marked_core
 from seq2trt.plugins.op import AttentionAttrs
-from seq2trt.reference_model.errors import ArtifactError
+from seq2trt.core.errors import ArtifactError
 from seq2trt.reference_model.model import MultiHeadAttention, attention_core
 from seq2trt.reference_model.sources import ordinary_ids
 from seq2trt.validation.parity import graph_parity

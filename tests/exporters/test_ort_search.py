@@ -18,7 +18,7 @@ from seq2trt.exporters.manifest import verify
 from seq2trt.exporters.onnx_export import export
 from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode, hf_beam_search
 from seq2trt.reference_model.eager import EagerStepModel
-from seq2trt.reference_model.errors import ArtifactError, InputError
+from seq2trt.core.errors import ArtifactError, InputError
 from seq2trt.reference_model.vocab import pad_batch
 from seq2trt.runtime.ort_search import GenerateModel
 

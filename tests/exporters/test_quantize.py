@@ -20,7 +20,7 @@ from seq2trt.exporters.manifest import verify
 from seq2trt.exporters.onnx_export import export
 from seq2trt.exporters.quantize import (QUANTIZATION_JSON, QuantizeSettings, quantize_artifacts, quantized_dir,
                                         verify_quantized)
-from seq2trt.reference_model.errors import ArtifactError, InputError
+from seq2trt.core.errors import ArtifactError, InputError
 from seq2trt.validation.parity import REPORTED, graph_parity
 from seq2trt.validation.precision import judge_for
 from seq2trt.runtime.runners import EagerRunner, OrtRunner

@@ -21,7 +21,7 @@ from seq2trt.exporters.onnx_export import export
 from seq2trt.plugins.op import DOMAIN, POSITION_BIAS, AttentionKind, input_names
 from seq2trt.reference_model.checkpoint import save_checkpoint, source_record
 from seq2trt.reference_model.config import preset
-from seq2trt.reference_model.errors import CheckFailed, ConfigError
+from seq2trt.core.errors import CheckFailed, ConfigError
 from seq2trt.reference_model.model import Seq2SeqTransformer
 from seq2trt.validation.validate import ValidateSettings, run_validation
 
@@ -279,7 +279,7 @@ def test_fp16_of_relu_t5(tmp_path):
 def test_tensorrt_rtx_engines_build_from_a_t5_export(t5_export):
     """`seq2trt build` on a T5 export: every attention block is one plugin layer of the engine, its bias input
     accepted by the plugin (TensorRT-RTX builds without a GPU; running the engines needs one)."""
-    from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines, verify_engines
+    from seq2trt.exporters.tensorrt.engines import EngineRequest, build_engines, verify_engines
 
     family, model, out = t5_export
     fuse_artifacts(out, Target.TRT, force=True)

@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from seq2trt.plugins.op import DOMAIN, INPUTS, OUTPUTS, PLUGIN_NAME, AttentionAttrs, AttentionKind
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 
 from helpers.cli import invoke
 
@@ -59,8 +59,8 @@ def build():
     """`build` with one child process for the module's builds (starting one takes seconds)."""
     import functools
 
-    from seq2trt.exporters.tensorrt_build import build
-    from seq2trt.exporters.tensorrt_child import BuildChild
+    from seq2trt.exporters.tensorrt.build import build
+    from seq2trt.exporters.tensorrt.child import BuildChild
 
     with BuildChild() as child:
         yield functools.partial(build, child=child)
@@ -69,7 +69,7 @@ def build():
 @pytest.mark.parametrize("kind", list(AttentionKind))
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 def test_plugin_graph_builds_an_engine(tmp_path, monkeypatch, kind, dtype):
-    from seq2trt.exporters.tensorrt_build import build_in_process as build  # in process: the plugin is watched
+    from seq2trt.exporters.tensorrt.build import build_in_process as build  # in process: the plugin is watched
     from seq2trt.plugins import tensorrt_plugin
 
     asked = []
@@ -113,7 +113,7 @@ def attention_graph(path, dtype: str) -> dict:
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 def test_standard_attention_op_builds_without_plugin(tmp_path, build, dtype):
-    from seq2trt.exporters.tensorrt_build import BuildSettings
+    from seq2trt.exporters.tensorrt.build import BuildSettings
 
     path = tmp_path / "attention.onnx"
     profiles = attention_graph(path, dtype)
@@ -124,7 +124,7 @@ def test_standard_attention_op_builds_without_plugin(tmp_path, build, dtype):
 
 
 def test_refusals(tmp_path, build):
-    from seq2trt.exporters.tensorrt_build import BuildSettings
+    from seq2trt.exporters.tensorrt.build import BuildSettings
 
     path = tmp_path / "plugin.onnx"
     profiles = plugin_graph(path, AttentionKind.CROSS, "fp16")
@@ -169,7 +169,7 @@ def test_build_stage_writes_engines_and_build_json(export_dir, plugin, caplog):
     import json
     import logging
 
-    from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines, read_build
+    from seq2trt.exporters.tensorrt.engines import EngineRequest, build_engines, read_build
 
     out, dtype, cfg = export_dir
     with caplog.at_level(logging.INFO, logger="seq2trt"):
@@ -195,8 +195,8 @@ def test_build_stage_writes_engines_and_build_json(export_dir, plugin, caplog):
 
 
 def test_build_stage_refuses_tampering_overwrite_and_dtype(export_dir):
-    from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines
-    from seq2trt.reference_model.errors import ArtifactError
+    from seq2trt.exporters.tensorrt.engines import EngineRequest, build_engines
+    from seq2trt.core.errors import ArtifactError
 
     out, dtype, _ = export_dir
     other = "fp16" if dtype == "fp32" else "fp32"
@@ -230,8 +230,8 @@ def test_cli_build(export_dir):
     bad = invoke("build", out, "--target", "sm_90")
     assert bad.exit_code == 2 and "cannot target sm_90" in bad.output
     if importlib.util.find_spec("tensorrt") is None:  # enterprise TensorRT: a clear error naming the extra
-        from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines
-        from seq2trt.reference_model.errors import DependencyError
+        from seq2trt.exporters.tensorrt.engines import EngineRequest, build_engines
+        from seq2trt.core.errors import DependencyError
 
         with pytest.raises(DependencyError, match=r"pip install 'seq2trt\[trt\]'"):
             build_engines(out, EngineRequest("tensorrt", ("current",)))

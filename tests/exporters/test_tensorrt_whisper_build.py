@@ -18,7 +18,7 @@ def test_whisper_engines_build_with_the_plugin(tmp_path, dtype):
     from seq2trt.exporters import spec
     from seq2trt.exporters.fuse import Target, fuse_artifacts
     from seq2trt.exporters.onnx_export import export
-    from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines, read_build
+    from seq2trt.exporters.tensorrt.engines import EngineRequest, build_engines, read_build
     from seq2trt.reference_model.checkpoint import load_checkpoint, source_record
 
     from helpers.audio import whisper_checkpoint

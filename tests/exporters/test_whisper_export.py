@@ -21,11 +21,11 @@ from seq2trt.exporters.manifest import verify  # noqa: E402
 from seq2trt.exporters.onnx_export import export  # noqa: E402
 from seq2trt.exporters.quantize import quantize_artifacts  # noqa: E402
 from seq2trt.exporters.whisper_features import run_features, write_model_features  # noqa: E402
-from seq2trt.reference_model import layout  # noqa: E402
+from seq2trt.core import layout  # noqa: E402
 from seq2trt.reference_model.checkpoint import load_checkpoint, source_record  # noqa: E402
 from seq2trt.exporters.ort_search import generate_artifacts  # noqa: E402
-from seq2trt.reference_model.errors import ConfigError, InputError  # noqa: E402
-from seq2trt.reference_model.hf_verify import load_transformers_model, whisper_generated  # noqa: E402
+from seq2trt.core.errors import ConfigError, InputError  # noqa: E402
+from seq2trt.hf_import.proof import load_transformers_model, whisper_generated  # noqa: E402
 from seq2trt.reference_model.sources import source_kind  # noqa: E402
 from seq2trt.reference_model.speech import SpeechTokens, transcribe_features  # noqa: E402
 from seq2trt.runtime.registry import open_step_model  # noqa: E402
@@ -60,7 +60,7 @@ def features(cfg, count: int, seed: int) -> np.ndarray:
 
 
 def scaled_err(ours: np.ndarray, theirs: np.ndarray) -> float:
-    """max |d| over max(1, max |theirs|): the import's own measure (reference_model/hf_verify.py)."""
+    """max |d| over max(1, max |theirs|): the import's own measure (hf_import/proof.py)."""
     return float(np.abs(ours - theirs).max()) / max(1.0, float(np.abs(theirs).max()))
 
 

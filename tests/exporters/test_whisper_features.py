@@ -17,7 +17,7 @@ from helpers.audio import SENTENCES, speak, synthetic
 from seq2trt.exporters.whisper_features import (FeatureParams, LogMel, features_graph, pad_clips, run_features,
                                                 write_features_graph)
 from seq2trt.reference_model.audio import load_audio
-from seq2trt.reference_model.errors import ConfigError, InputError
+from seq2trt.core.errors import ConfigError, InputError
 
 ATOL = 1e-4  # fp32 features, as the issue asks, against the extractor's float64 arithmetic
 N_SAMPLES = 480000

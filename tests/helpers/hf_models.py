@@ -111,3 +111,20 @@ def bart_like_model_dir(path, family: str, config: dict | None = None, generatio
         setattr(model.generation_config, key, value)
     model.eval().save_pretrained(path)
     return path
+
+
+def hf_generate(hf_model, ids, mask, new_tokens: int, eos: int, **kwargs):
+    """transformers' `generate` on padded source ids, the judge of our searches: (each returned row's tokens after the
+    decoder start, up to eos; generate's own output, for its scores). `kwargs` go to generate as they are."""
+    import torch
+
+    with torch.inference_mode():
+        out = hf_model.generate(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
+                                max_new_tokens=new_tokens, return_dict_in_generate=True, **kwargs)
+    return [r[: r.index(eos)] if eos in r else r for r in out.sequences[:, 1:].tolist()], out
+
+
+def hf_rows(hf_model, ids, mask, new_tokens: int, eos: int, **kwargs) -> list[list[int]]:
+    """`hf_generate`'s rows of a deterministic search (no sampling), one row a source unless `kwargs` say otherwise."""
+    return hf_generate(hf_model, ids, mask, new_tokens, eos, **{"do_sample": False, "num_return_sequences": 1,
+                                                                 **kwargs})[0]

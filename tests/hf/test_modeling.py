@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from seq2trt.reference_model.errors import InputError
-from seq2trt.reference_model.hf_families import transformers_major
+from seq2trt.core.errors import InputError
+from seq2trt.hf_import.families import transformers_major
 
 from helpers.artifacts import import_and_export
 

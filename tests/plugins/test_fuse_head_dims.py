@@ -8,7 +8,7 @@ import torch
 
 from seq2trt.exporters.fuse import Target, fuse_artifacts, fused_dir
 from seq2trt.exporters.onnx_export import export
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 
 from helpers.cli import invoke
 

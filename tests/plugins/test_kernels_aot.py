@@ -27,7 +27,7 @@ from seq2trt.plugins import cuda_launcher as kernel_launch
 from seq2trt.plugins.kernels import aot
 from seq2trt.plugins.kernels import launch_plan as launch
 from seq2trt.plugins.op import AttentionAttrs, AttentionKind
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 
 TARGETS = ("sm_80", "sm_90")
 SUBSET = ["--dtypes", "fp32,fp16,bf16", "--head-dims", "64"]

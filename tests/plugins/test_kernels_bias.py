@@ -246,7 +246,7 @@ def test_t5_model_decodes_through_the_kernels_as_eager(child):
 
 def test_launch_plan_refuses_a_table_too_short_and_a_bias_on_cross():
     from seq2trt.plugins.kernels.launch_plan import plan
-    from seq2trt.reference_model.errors import InputError
+    from seq2trt.core.errors import InputError
 
     dec = AttentionAttrs(DEC, 2, 64, 1.0)
     shapes = [(1, 1, 128)] * 3 + [(1, 2, 9, 64)] * 2

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper
 
 from seq2trt.plugins.op import DOMAIN, INPUTS, OUTPUTS, PLUGIN_NAME, AttentionAttrs, AttentionKind
 from seq2trt.plugins.plugin_cpu import for_cpu, register_reference_ops
-from seq2trt.reference_model.errors import ArtifactError
+from seq2trt.core.errors import ArtifactError
 
 B, T, L, H, DH = 2, 3, 5, 2, 4
 

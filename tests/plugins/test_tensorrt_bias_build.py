@@ -65,7 +65,7 @@ def bias_plugin_graph(path, kind: AttentionKind, dtype: str, constant: bool) -> 
     (AttentionKind.ENCODER_SELF, "fp16", True), (AttentionKind.DECODER_SELF, "fp16", True),
     (AttentionKind.DECODER_SELF, "fp32", False), (AttentionKind.ENCODER_SELF, "bf16", False)])
 def test_plugin_graph_with_a_bias_builds_an_engine(tmp_path, kind, dtype, constant):
-    from seq2trt.exporters.tensorrt_build import build_in_process as build  # in process: the plugin is watched
+    from seq2trt.exporters.tensorrt.build import build_in_process as build  # in process: the plugin is watched
     from seq2trt.plugins import tensorrt_plugin
 
     seen = []

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from seq2trt.plugins import trt_compat
+from seq2trt.exporters.tensorrt import trt_compat
 from seq2trt.plugins.op import (DOMAIN, INPUTS, OUTPUTS, PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION,
                                 AttentionAttrs, AttentionKind, output_shapes)
-from seq2trt.reference_model.errors import ArtifactError, DependencyError, InputError
+from seq2trt.core.errors import ArtifactError, DependencyError, InputError
 
 from helpers.faults import permission_denied, raising
 

@@ -12,7 +12,7 @@ import soxr
 
 from helpers.audio import speak, synthetic
 from seq2trt.reference_model.audio import SAMPLING_RATE, load_audio, prepare_audio
-from seq2trt.reference_model.errors import DependencyError, InputError
+from seq2trt.core.errors import DependencyError, InputError
 
 FORMATS = {"wav": "FLOAT", "flac": "PCM_16", "ogg": "VORBIS"}
 

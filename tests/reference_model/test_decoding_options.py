@@ -14,11 +14,13 @@ pytest.importorskip("transformers", reason="the hf extra is not installed")
 
 from seq2trt.reference_model.decoding import DecodeSettings, Hypothesis, greedy_decode, hf_beam_search  # noqa: E402
 from seq2trt.reference_model.eager import EagerStepModel  # noqa: E402
-from seq2trt.reference_model.errors import ConfigError  # noqa: E402
-from seq2trt.reference_model.hf_import import load_hf_as_model  # noqa: E402
-from seq2trt.reference_model.hf_verify import load_transformers_model, seeded_sources  # noqa: E402
-from seq2trt.reference_model.hf_families import transformers_major  # noqa: E402
+from seq2trt.core.errors import ConfigError  # noqa: E402
+from seq2trt.hf_import.importer import load_hf_as_model  # noqa: E402
+from seq2trt.hf_import.proof import load_transformers_model, seeded_sources  # noqa: E402
+from seq2trt.hf_import.families import transformers_major  # noqa: E402
 from seq2trt.reference_model.vocab import pad_batch  # noqa: E402
+
+from helpers.hf_models import hf_generate  # noqa: E402
 
 NEW = 16
 
@@ -54,14 +56,6 @@ def models(request, make_hf_model, tmp_path_factory):
     return model, load_transformers_model(src), ids, mask
 
 
-def _generate(hf_model, ids, mask, eos, **kwargs):
-    with torch.inference_mode():
-        out = hf_model.generate(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
-                                max_new_tokens=NEW, return_dict_in_generate=True, **kwargs)
-    rows = [r[: r.index(eos)] if eos in r else r for r in out.sequences[:, 1:].tolist()]
-    return rows, out
-
-
 def _options(name, baseline):
     """The option set, with bad words planted from the baseline's own output (2- and 3-token words it produced)."""
     opts = dict(OPTIONS[name])
@@ -83,7 +77,7 @@ def test_greedy_options_equal_generate(models, name):
     eos, step = model.cfg.eos_id, EagerStepModel(model)
     baseline = greedy_decode(step, ids, mask, DecodeSettings.for_model(model.cfg, NEW))
     opts = _options(name, baseline)
-    want, _ = _generate(hf_model, ids, mask, eos, do_sample=False, num_beams=1, **opts)
+    want, _ = hf_generate(hf_model, ids, mask, NEW, eos, do_sample=False, num_beams=1, **opts)
     ours = greedy_decode(step, ids, mask, _settings(model, opts))
     assert ours == want
     assert ours != baseline, f"{name} changed nothing: the test could not fail"
@@ -101,7 +95,7 @@ def test_beam_options_nbest_and_scores_equal_generate(models, name, early_stoppi
     nbest = dict(num_return_sequences=3, output_scores=True)
     baseline = hf_beam_search(step, ids, mask, _settings(model, {}, **nbest), 4, 1.0, early_stopping)
     opts = _options(name, [h.tokens for row in baseline for h in row])
-    want, out = _generate(hf_model, ids, mask, eos, do_sample=False, num_beams=4, num_return_sequences=3,
+    want, out = hf_generate(hf_model, ids, mask, NEW, eos, do_sample=False, num_beams=4, num_return_sequences=3,
                           early_stopping=early_stopping, output_scores=True, **opts)
     ours = hf_beam_search(step, ids, mask, _settings(model, opts, **nbest), 4, 1.0, early_stopping)
     assert all(isinstance(h, Hypothesis) for row in ours for h in row)
@@ -115,7 +109,7 @@ def test_beam_options_nbest_and_scores_equal_generate(models, name, early_stoppi
 def test_greedy_scores_are_the_transition_scores(models):
     model, hf_model, ids, mask = models
     eos = model.cfg.eos_id
-    want, out = _generate(hf_model, ids, mask, eos, do_sample=False, num_beams=1, output_scores=True,
+    want, out = hf_generate(hf_model, ids, mask, NEW, eos, do_sample=False, num_beams=1, output_scores=True,
                           repetition_penalty=1.3)
     ours = greedy_decode(EagerStepModel(model), ids, mask, _settings(model, dict(repetition_penalty=1.3),
                                                                      output_scores=True))
@@ -137,7 +131,7 @@ def test_greedy_and_sampled_token_logprobs_are_the_transition_scores(models):
     eos, step = model.cfg.eos_id, EagerStepModel(model)
     for opts, extra in ((dict(repetition_penalty=1.3), {}), (dict(temperature=0.7, top_k=5), dict(do_sample=True))):
         torch.manual_seed(5)
-        want, out = _generate(hf_model, ids, mask, eos, num_beams=1, output_scores=True, do_sample=bool(extra),
+        want, out = hf_generate(hf_model, ids, mask, NEW, eos, num_beams=1, output_scores=True, do_sample=bool(extra),
                               **opts)
         ours = greedy_decode(step, ids, mask, _settings(model, opts, output_token_logprobs=True, seed=5, **extra))
         assert [row[0].tokens for row in ours] == want
@@ -154,7 +148,7 @@ def test_beam_token_logprobs_are_the_transition_scores(models, early_stopping):
     model, hf_model, ids, mask = models
     eos, step = model.cfg.eos_id, EagerStepModel(model)
     opts = dict(min_length=4, no_repeat_ngram_size=2)
-    want, out = _generate(hf_model, ids, mask, eos, do_sample=False, num_beams=4, num_return_sequences=3,
+    want, out = hf_generate(hf_model, ids, mask, NEW, eos, do_sample=False, num_beams=4, num_return_sequences=3,
                           early_stopping=early_stopping, output_scores=True, **opts)
     ours = hf_beam_search(step, ids, mask, _settings(model, opts, num_return_sequences=3, output_token_logprobs=True),
                           4, 1.0, early_stopping)
@@ -192,7 +186,7 @@ def test_sampling_equals_generate_with_the_same_seed(models, name, n):
     model, hf_model, ids, mask = models
     eos, opts = model.cfg.eos_id, SAMPLING[name]
     torch.manual_seed(11)
-    want, _ = _generate(hf_model, ids, mask, eos, do_sample=True, num_beams=1, num_return_sequences=n,
+    want, _ = hf_generate(hf_model, ids, mask, NEW, eos, do_sample=True, num_beams=1, num_return_sequences=n,
                         min_length=3, **opts)
     settings = _settings(model, dict(min_length=3, **opts), do_sample=True, seed=11, num_return_sequences=n)
     ours = greedy_decode(EagerStepModel(model), ids, mask, settings)

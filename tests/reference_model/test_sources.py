@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from seq2trt.reference_model.config import preset
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 from seq2trt.reference_model.sources import TokenIds, ordinary_ids, random_target_ids, source_kind
 
 

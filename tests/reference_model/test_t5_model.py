@@ -19,8 +19,8 @@ from transformers.models.t5.modeling_t5 import T5Attention
 
 from seq2trt.reference_model.checkpoint import canonical_state_dict, load_checkpoint, save_checkpoint
 from seq2trt.reference_model.config import Seq2SeqConfig
-from seq2trt.reference_model.errors import ConfigError
-from seq2trt.reference_model.hf_families import transformers_major
+from seq2trt.core.errors import ConfigError
+from seq2trt.hf_import.families import transformers_major
 from seq2trt.reference_model.model import Seq2SeqTransformer, distance_bias, relative_position_buckets
 
 MAX_LEN = 160  # our limits in these tests: past T5's default max_distance of 128

@@ -23,9 +23,9 @@ transformers = pytest.importorskip("transformers", reason="the hf extra is not i
 from seq2trt.reference_model import longform as longform_module  # noqa: E402  (its windows decoded by name there)
 from seq2trt.reference_model import speech as speech_module  # noqa: E402
 from seq2trt.reference_model.eager import EagerStepModel  # noqa: E402
-from seq2trt.reference_model.errors import ConfigError, InputError  # noqa: E402
-from seq2trt.reference_model.hf_import import load_hf_as_model  # noqa: E402
-from seq2trt.reference_model.hf_verify import load_transformers_model  # noqa: E402
+from seq2trt.core.errors import ConfigError, InputError  # noqa: E402
+from seq2trt.hf_import.importer import load_hf_as_model  # noqa: E402
+from seq2trt.hf_import.proof import load_transformers_model  # noqa: E402
 from seq2trt.reference_model.speech import SpeechTokens, compression_ratio  # noqa: E402
 from seq2trt.reference_model.longform import transcribe  # noqa: E402
 

@@ -45,7 +45,7 @@ def artifact(make_model, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("artifact")
     _, out = checkpoint_and_export(root, model, task, max_batch=MAX_BATCH, fuse=("trt",), record_task=True)
     if HAS_RTX:
-        from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines
+        from seq2trt.exporters.tensorrt.engines import EngineRequest, build_engines
 
         build_engines(out, EngineRequest("tensorrt-rtx", (86,)))
     invoke_ok("report", out)
@@ -187,10 +187,10 @@ def quick_validation(monkeypatch):
 @pytest.fixture
 def stub_build(monkeypatch):
     """build_engines without TensorRT's compile (seconds a case): every check of the files it reads still runs."""
-    from seq2trt.exporters import tensorrt_engines
-    from seq2trt.exporters.tensorrt_build import BuildResult, NetworkInfo
-    from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines
-    from seq2trt.plugins import trt_compat
+    from seq2trt.exporters.tensorrt import engines as tensorrt_engines
+    from seq2trt.exporters.tensorrt.build import BuildResult, NetworkInfo
+    from seq2trt.exporters.tensorrt.engines import EngineRequest, build_engines
+    from seq2trt.exporters.tensorrt import trt_compat
 
     info = NetworkInfo({}, {}, {}, 0, 0)
     monkeypatch.setattr(tensorrt_engines, "build", lambda path, *a, **k: BuildResult(

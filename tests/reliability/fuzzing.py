@@ -31,10 +31,10 @@ import pytest
 
 from seq2trt.exporters import spec
 from seq2trt.exporters.fuse import FUSION_JSON, Target, fused_dir
-from seq2trt.exporters.tensorrt_engines import BUILD_JSON
+from seq2trt.exporters.tensorrt.engines import BUILD_JSON
 from seq2trt.reference_model.config import Seq2SeqConfig
-from seq2trt.reference_model.errors import Seq2TrtError
-from seq2trt.reference_model.atomic_files import sha256_file
+from seq2trt.core.errors import Seq2TrtError
+from seq2trt.core.atomic_files import sha256_file
 
 
 # --- mutations ---------------------------------------------------------------------------------------------------

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from seq2trt.exporters.manifest import MANIFEST, read_manifest
-from seq2trt.plugins import trt_compat
-from seq2trt.reference_model.errors import ArtifactError
+from seq2trt.exporters.tensorrt import trt_compat
+from seq2trt.core.errors import ArtifactError
 
 
 # --- readers whose export is replaced while they run ---------------------------------------------------------------
@@ -183,7 +183,7 @@ def test_export_refuses_limits_that_are_zero_or_absurd(work, flags, fragment, sn
 @pytest.fixture
 def tensorrt_here(monkeypatch):
     """As if TensorRT-RTX were installed (its import only): build's own checks run; TensorRT is never called."""
-    from seq2trt.exporters import tensorrt_engines
+    from seq2trt.exporters.tensorrt import engines as tensorrt_engines
 
     monkeypatch.setattr(trt_compat, "load", lambda flavour: None)
     monkeypatch.setattr(tensorrt_engines, "build", lambda *a, **k: pytest.fail("TensorRT was called"))

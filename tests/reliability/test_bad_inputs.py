@@ -23,8 +23,8 @@ from onnx import TensorProto, helper
 
 from seq2trt.exporters import spec
 from seq2trt.exporters.manifest import read_manifest
-from seq2trt.plugins import trt_compat
-from seq2trt.reference_model.errors import ArtifactError, InputError
+from seq2trt.exporters.tensorrt import trt_compat
+from seq2trt.core.errors import ArtifactError, InputError
 from seq2trt.reference_model.tasks import get_task
 
 MAX_BATCH, MAX_LEN = 4, 16  # conftest.artifact's limits

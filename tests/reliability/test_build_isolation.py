@@ -26,7 +26,7 @@ import pytest
 from seq2trt.exporters import spec
 from seq2trt.exporters.fuse import Target, fused_dir
 from seq2trt.exporters.manifest import read_manifest
-from seq2trt.reference_model.errors import Terminated
+from seq2trt.core.errors import Terminated
 
 from helpers.artifacts import checkpoint_and_export, numbers_model
 from helpers.cli import invoke
@@ -79,8 +79,8 @@ def test_graph_that_aborts_tensorrt_is_one_build_error(out, rehash, one_error_li
 @pytest.mark.rtx
 def test_child_that_dies_is_a_build_error_and_the_next_child_builds(out, monkeypatch):
     """Any death of the child (here: an abort as it starts) is a BuildError; a later build starts a new child."""
-    from seq2trt.exporters import tensorrt_child
-    from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines
+    from seq2trt.exporters.tensorrt import child as tensorrt_child
+    from seq2trt.exporters.tensorrt.engines import EngineRequest, build_engines
 
     entry = tensorrt_child._ENTRY
     monkeypatch.setattr(tensorrt_child, "_ENTRY", "import os; os.abort()")
@@ -95,8 +95,8 @@ def test_child_that_dies_is_a_build_error_and_the_next_child_builds(out, monkeyp
 @pytest.mark.rtx
 @pytest.mark.parametrize("signum, raised", [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, Terminated)])
 def test_interrupt_kills_the_child_at_once(out, signum, raised):
-    from seq2trt.exporters.tensorrt_build import build
-    from seq2trt.exporters.tensorrt_child import BuildChild
+    from seq2trt.exporters.tensorrt.build import build
+    from seq2trt.exporters.tensorrt.child import BuildChild
 
     m = read_manifest(out)
     graph = fused_dir(out, Target.TRT) / "decoder.onnx"
@@ -176,7 +176,7 @@ def test_damaged_graph_is_one_error_from_validate(out, damage, rehash, one_error
 def test_the_build_child_imports_no_torch():
     """What TensorRT's build child imports (the build path and the plugin's definitions) must not import torch: it
     cost every build call 1.2 s of the child's 1.7 s start, for tensors the child never makes."""
-    code = ("import sys; import seq2trt.exporters.tensorrt_child, seq2trt.exporters.tensorrt_build, "
+    code = ("import sys; import seq2trt.exporters.tensorrt.child, seq2trt.exporters.tensorrt.build, "
             "seq2trt.plugins.tensorrt_plugin; print('torch' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

@@ -12,7 +12,7 @@ import pytest
 
 import seq2trt
 from seq2trt.reference_model.decoding import DecodeSettings
-from seq2trt.reference_model.errors import ConfigError, InputError
+from seq2trt.core.errors import ConfigError, InputError
 
 from helpers.cli import invoke, one_error_line
 

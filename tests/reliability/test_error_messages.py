@@ -127,7 +127,7 @@ def test_validate_and_bench_bound_their_thread_counts(work, verb, invoke, one_er
 ])
 def test_a_bad_beam_count_names_where_it_came_from(generation, beam, fragment):
     """A hand-edited generation.json is named as the source of its num_beams, not as a --beam-size never given."""
-    from seq2trt.reference_model.errors import InputError
+    from seq2trt.core.errors import InputError
     from seq2trt.runtime.decode_jobs import choose_search
 
     with pytest.raises(InputError) as raised:

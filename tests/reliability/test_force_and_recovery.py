@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from seq2trt.reference_model.swap import recover, recover_tree, staged_directory
+from seq2trt.core.swap import recover, recover_tree, staged_directory
 
 
 # --- --force replaces only an artifact of the same kind -------------------------------------------------------------
@@ -71,7 +71,7 @@ def test_force_never_replaces_the_current_directory(work, monkeypatch, snapshot,
 
 def test_import_never_replaces_its_source(work, snapshot, invoke, one_error_line):
     from seq2trt.reference_model.checkpoint import load_checkpoint, save_checkpoint
-    from seq2trt.reference_model.errors import ArtifactError
+    from seq2trt.core.errors import ArtifactError
 
     model, vocabs = load_checkpoint(work / "ckpt")
     before = snapshot(work)
@@ -94,7 +94,7 @@ def test_force_still_replaces_its_own_kind(work, invoke):
 KILLED_SWAP = textwrap.dedent("""
     import os, shutil, sys
     from pathlib import Path
-    from seq2trt.reference_model.swap import staged_directory
+    from seq2trt.core.swap import staged_directory
     out, when = Path(sys.argv[1]), sys.argv[2]
     real = os.replace
     def replace(src, dst):
@@ -147,7 +147,7 @@ def test_two_forced_replacements_racing_both_finish_and_leave_nothing_hidden(tmp
     script = textwrap.dedent("""
         import sys
         from pathlib import Path
-        from seq2trt.reference_model.swap import staged_directory
+        from seq2trt.core.swap import staged_directory
         for i in range(30):
             with staged_directory(Path(sys.argv[1]), force=True, kind="marker") as tmp:
                 (tmp / "marker").write_text(sys.argv[2])
@@ -167,7 +167,7 @@ def test_staging_of_a_dead_process_and_unheld_locks_are_cleaned(tmp_path):
     dead.wait()
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        from seq2trt.reference_model.swap import _owner_tag
+        from seq2trt.core.swap import _owner_tag
 
         stale = tmp_path / f".art.{dead.pid}-1.abcdefgh.partial"
         reused = tmp_path / f".art.{alive.pid}-1.abcdefgh.partial"  # its pid, but a process started at tick 1
@@ -210,7 +210,7 @@ def test_a_signal_whose_interrupt_a_library_swallowed_still_stops_the_commit(tmp
     """The CLI's handler records the signal and raises; when a library swallows that exception (seen twice in
     about 35 runs of the test above: torch.onnx.export went on and the command exited 0), the staged write must still not
     replace the previous output."""
-    from seq2trt.reference_model import errors
+    from seq2trt.core import errors
 
     out = tmp_path / "art"
     out.mkdir()
@@ -240,7 +240,7 @@ def test_reading_inside_a_write_guard_does_not_wait_for_itself(tmp_path):
     wait on that lock (a second flock from the same process would wait forever)."""
     import threading
 
-    from seq2trt.reference_model.swap import replacements_paused
+    from seq2trt.core.swap import replacements_paused
 
     out = tmp_path / "art"
     out.mkdir()

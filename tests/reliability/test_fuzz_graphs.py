@@ -14,7 +14,7 @@ import pytest
 
 from seq2trt.exporters import spec
 from seq2trt.exporters.fuse import Target, fuse_artifacts
-from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines
+from seq2trt.exporters.tensorrt.engines import EngineRequest, build_engines
 from seq2trt.validation.reports.report import write_report
 
 
@@ -42,7 +42,7 @@ def test_damaged_fused_graphs_reach_tensorrt(work, quick_validation, fuzz, outco
     """Damage that still parses is what reaches TensorRT's parser, which can abort its process natively: the build
     runs TensorRT in a child, so such a crash must come back as a BuildError (a Seq2TrtError), never end this one;
     otherwise the build refuses the graphs, or validation of the same graphs passes or stops them."""
-    from seq2trt.exporters.tensorrt_child import BuildChild
+    from seq2trt.exporters.tensorrt.child import BuildChild
 
     out = work / "out"
     with BuildChild() as child:  # one child for the run; a crash ends it and the next job starts another

@@ -11,9 +11,9 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from seq2trt.reference_model import hf_import, hf_verify  # noqa: E402
+from seq2trt.hf_import import importer as hf_import, proof as hf_verify  # noqa: E402
 from seq2trt.reference_model.checkpoint import load_checkpoint  # noqa: E402
-from seq2trt.reference_model.errors import Seq2TrtError  # noqa: E402
+from seq2trt.core.errors import Seq2TrtError  # noqa: E402
 
 FILES = ["config.json", "generation_config.json", "model.safetensors.index.json"]
 

@@ -12,9 +12,9 @@ import pytest
 
 from seq2trt.exporters.fuse import FUSION_JSON, Target, fuse_artifacts, fused_dir
 from seq2trt.exporters.manifest import verify
-from seq2trt.exporters.tensorrt_engines import BUILD_JSON, read_build
-from seq2trt.plugins import trt_compat
-from seq2trt.reference_model.errors import ArtifactError
+from seq2trt.exporters.tensorrt.engines import BUILD_JSON, read_build
+from seq2trt.exporters.tensorrt import trt_compat
+from seq2trt.core.errors import ArtifactError
 from seq2trt.validation.reports.report import write_report
 
 

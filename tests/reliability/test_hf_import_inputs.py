@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 @pytest.fixture(autouse=True)
 def machine_of_64_gib(monkeypatch):
     """The size checks against a machine of 64 GiB, whatever this one has: the absurd sizes below exceed it."""
-    from seq2trt.reference_model import hf_import
+    from seq2trt.hf_import import importer as hf_import
 
     monkeypatch.setattr(hf_import, "physical_memory", lambda: 64 * 2**30)
 

@@ -160,7 +160,7 @@ def speech_expected(reference, doc: dict):
     """What `seq2trt transcribe` gives for the request's clip and options (a dict of outputs), or the one-line
     reason it refuses them (a str)."""
     from seq2trt.reference_model.audio import prepare_audio
-    from seq2trt.reference_model.errors import Seq2TrtError
+    from seq2trt.core.errors import Seq2TrtError
 
     given = {t["name"]: t["data"] for t in doc["inputs"]}
     options = dict(max_new_tokens=given["max_new_tokens"][0], beam=given.get("num_beams", [None])[0],
@@ -306,7 +306,7 @@ def test_what_this_model_cannot_transcribe_is_refused_as_the_cli_refuses(speech,
     """Issue 49 item 2: on a Whisper without timestamp tokens a clip past 30 s (long-form needs them) and
     timestamps are refused with the reason, as `seq2trt transcribe` refuses them (Transcriber.check_timestamps, one
     check for both), never answered with the first 30 s alone."""
-    from seq2trt.reference_model.errors import ConfigError
+    from seq2trt.core.errors import ConfigError
 
     out, server, reference = speech
     clip = np.round(0.1 * np.random.RandomState(1).randn(int(seconds * 16000)), 4).astype(np.float32)

@@ -46,7 +46,7 @@ def test_loading_a_t5_tokenizer_prints_nothing_and_tokens_are_sentencepieces(t5_
     import sentencepiece as spm
 
     # a process of its own: transformers logs the note once per process (warning_once)
-    code = ("import json, sys\nfrom seq2trt.reference_model.hf_verify import load_tokenizer\n"
+    code = ("import json, sys\nfrom seq2trt.hf_import.proof import load_tokenizer\n"
             "t = load_tokenizer(__import__('pathlib').Path(sys.argv[1]))\n"
             "print(json.dumps([t(x)['input_ids'] for x in json.loads(sys.argv[2])]))\n")
     result = subprocess.run([sys.executable, "-c", code, str(t5_saved_by_4x), json.dumps(TEXTS)], capture_output=True,

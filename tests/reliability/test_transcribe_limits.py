@@ -17,7 +17,7 @@ pytest.importorskip("transformers", reason="the hf extra is not installed")
 import seq2trt  # noqa: E402
 from helpers.audio import generate_tokens, synthetic  # noqa: E402
 from helpers.cli import invoke, one_error_line  # noqa: E402
-from seq2trt.reference_model.errors import InputError  # noqa: E402
+from seq2trt.core.errors import InputError  # noqa: E402
 
 MAX_TGT_LEN = 24  # the start token, a prompt of 3 (language, task, <|notimestamps|>), 20 tokens generated
 
@@ -57,7 +57,7 @@ def test_the_api_names_its_keyword(short_export):
 
 def test_the_default_length_is_what_the_export_holds(short_export):
     """The model's own max_length (448) is capped at the export's: generate with max_new_tokens 20 is the judge."""
-    from seq2trt.reference_model.hf_verify import load_transformers_model
+    from seq2trt.hf_import.proof import load_transformers_model
 
     from helpers.audio import judge_clip
 

@@ -15,7 +15,7 @@ from seq2trt.exporters import spec
 from seq2trt.exporters.manifest import verify
 from seq2trt.reference_model.decoding import DecodeSettings, beam_search, greedy_decode, hf_beam_search
 from seq2trt.reference_model.eager import EagerStepModel
-from seq2trt.reference_model.errors import DependencyError
+from seq2trt.core.errors import DependencyError
 from seq2trt.reference_model.vocab import pad_batch
 from seq2trt.runtime.device_step import DeviceStepModel
 from seq2trt.runtime.runners import OrtRunner
@@ -237,7 +237,7 @@ def test_the_registry_opener_refuses_ort_cuda_with_a_typed_error(numbers_export)
 def cuda_on_the_cpu(monkeypatch):
     """A CUDA provider reported, its sessions placed on the CPU provider (which runs the same code)."""
     from seq2trt.exporters import ort_session
-    from seq2trt.plugins import trt_compat
+    from seq2trt.exporters.tensorrt import trt_compat
 
     cpu_providers = ort_session.providers
     monkeypatch.setattr(ort_session, "has_cuda", lambda: True)

@@ -65,7 +65,7 @@ def test_the_measuring_path_runs_end_to_end_on_tiny_shapes(bench, monkeypatch, t
     from helpers.hf_models import T5_SMALL, WHISPER_IDS, WHISPER_SMALL
 
     from seq2trt.exporters import ort_session
-    from seq2trt.plugins import trt_compat
+    from seq2trt.exporters.tensorrt import trt_compat
 
     cpu_providers = ort_session.providers
     monkeypatch.setattr(ort_session, "has_cuda", lambda: True)

@@ -10,7 +10,7 @@ import click
 import pytest
 import torch
 
-from seq2trt.reference_model.errors import DependencyError, InputError
+from seq2trt.core.errors import DependencyError, InputError
 from seq2trt.runtime import registry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,7 +135,7 @@ def test_unknown_backend_names_the_choices():
 
 
 def test_unavailable_says_why_and_the_extra(monkeypatch):
-    from seq2trt.plugins import trt_compat
+    from seq2trt.exporters.tensorrt import trt_compat
 
     monkeypatch.setattr(trt_compat, "has_gpu", lambda: False)
     monkeypatch.setattr(registry, "_missing_module", lambda module: module in ("ctranslate2", "optimum.onnxruntime"))
@@ -155,7 +155,7 @@ def test_the_cuda_provider_is_asked_of_onnxruntime(monkeypatch):
     piece is named, with the extra that installs the provider."""
     import onnxruntime as ort
 
-    from seq2trt.plugins import trt_compat
+    from seq2trt.exporters.tensorrt import trt_compat
 
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
     why = registry.unavailable(("ort-cuda", "ort-generate-cuda", "ort-fused"))
@@ -201,7 +201,7 @@ def engines_export(tmp_path_factory):
     from seq2trt.exporters import spec
     from seq2trt.exporters.fuse import Target, fuse_artifacts
     from seq2trt.exporters.onnx_export import export
-    from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines
+    from seq2trt.exporters.tensorrt.engines import EngineRequest, build_engines
     from seq2trt.reference_model.checkpoint import save_checkpoint, source_record
     from seq2trt.reference_model.config import preset
     from seq2trt.reference_model.model import Seq2SeqTransformer
@@ -235,7 +235,7 @@ def test_validate_tensorrt_runs_the_verified_engines_judged_by_their_source_grap
     judges them against the fused-trt graphs they were built from. Here the GPU runner is replaced by ONNX Runtime
     on the plan's source graph (this machine cannot run a plan); every check before it is the real one."""
     from seq2trt.exporters import spec
-    from seq2trt.plugins import trt_compat
+    from seq2trt.exporters.tensorrt import trt_compat
     from seq2trt.plugins.plugin_cpu import for_cpu, register_reference_ops
     from seq2trt.runtime import tensorrt_runner
     from seq2trt.runtime.runners import OrtRunner
@@ -257,14 +257,14 @@ def test_validate_tensorrt_runs_the_verified_engines_judged_by_their_source_grap
     with pytest.raises(InputError, match="built from the fused-trt graphs, not --graphs plain"):
         run_validation(out, ValidateSettings(backend="tensorrt-rtx", graphs="plain", samples=0))
     (engines / "build.json").write_text((engines / "build.json").read_text().replace('"dtype": "fp32"', '"dtype": "fp16"'))
-    from seq2trt.reference_model.errors import ArtifactError
+    from seq2trt.core.errors import ArtifactError
 
     with pytest.raises(ArtifactError):  # the registry's opener verifies build.json against the export
         run_validation(out, ValidateSettings(backend="tensorrt-rtx", samples=0))
 
 
 def test_validate_tensorrt_needs_the_library_too(engines_export, monkeypatch):
-    from seq2trt.plugins import trt_compat
+    from seq2trt.exporters.tensorrt import trt_compat
     from seq2trt.validation.validate import ValidateSettings, run_validation
 
     out, _ = engines_export

@@ -12,7 +12,7 @@ from seq2trt.exporters.manifest import verify
 from seq2trt.exporters.onnx_export import export
 from seq2trt.reference_model.decoding import DecodeSettings, beam_search, greedy_decode
 from seq2trt.reference_model.eager import EagerStepModel
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 from seq2trt.reference_model.sources import ordinary_ids
 from seq2trt.reference_model.vocab import pad_batch
 from seq2trt.runtime.step_model import RunnerStepModel

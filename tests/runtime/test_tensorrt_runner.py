@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from seq2trt.exporters import spec
-from seq2trt.reference_model.errors import DependencyError
+from seq2trt.core.errors import DependencyError
 from seq2trt.runtime.tensorrt_runner import TensorRTRunner, profile_problems
 
 HAS_RTX = importlib.util.find_spec("tensorrt_rtx") is not None
@@ -42,9 +42,9 @@ def test_engine_matches_onnxruntime(tmp_path, monkeypatch, make_model, graph, pl
     on a padded batch (rows 1 and 2 lose 4 and 7 of 9 source tokens) so the key-padding path is compared too."""
     from seq2trt.exporters.fuse import Target, fuse_artifacts
     from seq2trt.exporters.onnx_export import export
-    from seq2trt.exporters.tensorrt_engines import EngineRequest, build_engines
+    from seq2trt.exporters.tensorrt.engines import EngineRequest, build_engines
     from seq2trt.runtime.runners import OrtRunner
-    from seq2trt.exporters.tensorrt_build import BuildSettings
+    from seq2trt.exporters.tensorrt.build import BuildSettings
     from seq2trt.validation.parity import TOLERANCES
     from seq2trt.runtime.tensorrt_runner import runner_for
 

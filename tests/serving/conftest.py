@@ -129,17 +129,11 @@ WHISPER_MAX_BATCH = 8
 
 
 @pytest.fixture(scope="package")
-def whisper_exported(tmp_path_factory) -> Path:
-    """A small random Whisper (a tiny tokenizer and the default feature extractor beside it: helpers.audio's
-    whisper_source) in ../hf, its checkpoint in ../ckpt, and its export (max_batch WHISPER_MAX_BATCH) fused for ONNX
-    Runtime, made by `seq2trt export` and `seq2trt fuse`."""
-    from helpers.audio import whisper_checkpoint, whisper_source
-
+def whisper_exported(whisper_imported, tmp_path_factory) -> Path:
+    """The speech tests' Whisper (tests/conftest.py's whisper_imported, as tests/cli/test_transcribe.py's model)
+    exported (max_batch WHISPER_MAX_BATCH) and fused for ONNX Runtime by `seq2trt export` and `seq2trt fuse`."""
+    _, ckpt = whisper_imported
     root = tmp_path_factory.mktemp("whisper")
-    # varied tokens, more than one language detected; timestamps suppressed where none are asked for, so that
-    # transformers' generate decodes a short clip in one window (as tests/cli/test_transcribe.py's model)
-    src = whisper_source(root / "hf", seed=3, std=1.0, suppress_timestamps=True)
-    ckpt = whisper_checkpoint(src, root / "ckpt")
     for args in (("export", ckpt, "-o", root / "out", "--max-batch", WHISPER_MAX_BATCH),
                  ("fuse", root / "out", "--target", "ort")):
         result = invoke(*args)

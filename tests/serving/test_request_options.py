@@ -12,7 +12,7 @@ import pytest
 
 from helpers.cli import invoke
 from seq2trt.reference_model.decoding import Hypothesis
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 from seq2trt.serving import decode_service
 from seq2trt.serving.decode_service import DecodeService, Job, option_value
 

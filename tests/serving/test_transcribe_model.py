@@ -21,9 +21,9 @@ import soundfile as sf
 
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
 
-from helpers.audio import SENTENCES, generate_tokens, judge_clip, speak, synthetic  # noqa: E402
+from helpers.audio import generate_tokens, judge_clip, synthetic  # noqa: E402
 from seq2trt.reference_model.audio import load_audio, prepare_audio  # noqa: E402
-from seq2trt.reference_model.errors import InputError  # noqa: E402
+from seq2trt.core.errors import InputError  # noqa: E402
 
 from .conftest import WHISPER_MAX_BATCH  # noqa: E402
 
@@ -31,18 +31,10 @@ MAX_NEW = 10
 
 
 @pytest.fixture(scope="module")
-def audio(tmp_path_factory) -> dict[str, Path]:
+def audio(speech_files) -> dict[str, Path]:
     """Speech at espeak-ng's 22.05 kHz (WAV), the same as FLAC, a tone at 8 kHz (OGG Vorbis), noise + tone at
     44.1 kHz stereo (FLAC)."""
-    root = tmp_path_factory.mktemp("audio")
-    files = {"fox": speak(root, SENTENCES[0], "fox.wav"), "numbers": speak(root, SENTENCES[2], "numbers.wav")}
-    samples, rate = sf.read(str(files["numbers"]), dtype="float32")
-    sf.write(root / "numbers.flac", samples, rate)
-    sf.write(root / "tone-8k.ogg", synthetic("tone", rate=8000, seconds=1.5), 8000, format="OGG", subtype="VORBIS")
-    stereo = np.stack([synthetic("noise", rate=44100), synthetic("tone", rate=44100)], axis=1)
-    sf.write(root / "stereo-44k.flac", stereo, 44100)
-    return {**files, "numbers-flac": root / "numbers.flac", "tone-ogg": root / "tone-8k.ogg",
-            "stereo": root / "stereo-44k.flac"}
+    return {name: speech_files[name] for name in ("fox", "numbers", "numbers-flac", "tone-ogg", "stereo")}
 
 
 @pytest.fixture(scope="module")
@@ -166,11 +158,11 @@ def test_batched_requests_get_what_transcribe_gives(whisper_served, audio, refer
 
 
 @pytest.mark.parametrize("beams", [1, 4], ids=["greedy", "beam4"])
-def test_served_tokens_equal_transformers_generate(whisper_served, audio, beams):
-    from seq2trt.reference_model.hf_verify import load_transformers_model
+def test_served_tokens_equal_transformers_generate(whisper_served, whisper_imported, audio, beams):
+    from seq2trt.hf_import.proof import load_transformers_model
 
     out, server = whisper_served
-    src = out.parent / "hf"
+    src, _ = whisper_imported
     hf_model = load_transformers_model(src, speech=True)
     files = [audio["fox"], audio["stereo"]]
     with ThreadPoolExecutor(len(files)) as pool:

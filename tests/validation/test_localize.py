@@ -241,7 +241,7 @@ def test_failing_validation_is_localised(cli_export, monkeypatch):
     failures first, each naming the first sub-block over that bound, with the block's op types, and then fails."""
     import json
 
-    from seq2trt.reference_model.errors import CheckFailed
+    from seq2trt.core.errors import CheckFailed
     from seq2trt.validation import precision
     from seq2trt.validation.parity import Tolerance
     from seq2trt.validation.validate import ValidateSettings, run_validation

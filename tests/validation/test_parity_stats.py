@@ -85,8 +85,8 @@ def test_validate_and_the_import_judge_float32_rounding_alike():
     """An fp32 export of a large-activation model passed the import's proof (1e-4 of the logits' magnitude) and
     failed validate (1e-4 absolute + 1e-4 relative elementwise, which a small logit beside large ones cannot meet
     through float32 rounding alone). Both now bound the error by 1e-4 of the reference's magnitude."""
-    from seq2trt.reference_model.hf_verify import LOGIT_TOLERANCE
-    from seq2trt.reference_model.numerics import scaled_error
+    from seq2trt.hf_import.proof import LOGIT_TOLERANCE
+    from seq2trt.core.numerics import scaled_error
     from seq2trt.validation.end_to_end import TARGETS, EndToEndResult, SequenceAgreement
 
     got, ref = _large_logits()

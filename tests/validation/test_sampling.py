@@ -19,7 +19,7 @@ from seq2trt.reference_model.eager import EagerStepModel
 from seq2trt.reference_model.vocab import pad_batch
 from seq2trt.runtime.runners import OrtRunner
 from seq2trt.runtime.step_model import RunnerStepModel
-from seq2trt.validation import sampling
+from seq2trt.validation import sampling, sampling_distribution as distribution
 
 from helpers.sources import random_sources
 
@@ -93,19 +93,20 @@ def test_chi_square_passes_the_eager_sampling_and_fails_a_wrong_temperature(mode
     model, ort_model, reference, sources = models
     for options in ({}, {"temperature": 0.7, "top_k": 5}, {"temperature": 1.3, "top_p": 0.8}):
         settings = settings_of(model.cfg, do_sample=True, **options)
-        probs = sampling.first_token_probs(reference, sources[:4], settings)
+        probs = distribution.first_token_probs(reference, sources[:4], settings)
         if "top_k" in options:
             assert ((probs > 0).sum(1) == 5).all()
         for candidate in (EagerStepModel(model), ort_model):
-            counts = sampling.first_token_counts(candidate, sources[:4], settings, probs.shape[1], draws=2048)
+            counts = distribution.first_token_counts(candidate, sources[:4], settings, probs.shape[1], draws=2048)
             assert counts.sum() == 4 * 2048
-            result = sampling.chi_square(counts, probs)
+            result = distribution.chi_square(counts, probs)
             assert result and result.impossible == 0 and result.dof >= 4, result
         wrong = replace(settings, temperature=settings.temperature * 1.25)  # the planted error
-        counts = sampling.first_token_counts(EagerStepModel(model), sources[:4], wrong, probs.shape[1], draws=2048,
-                                             batch_size=256)
-        failed = sampling.chi_square(counts, probs)
-        assert not failed and failed.p_value < sampling.ALPHA and "below the significance level" in failed.failures()[0]
+        counts = distribution.first_token_counts(EagerStepModel(model), sources[:4], wrong, probs.shape[1], draws=2048,
+                                                 batch_size=256)
+        failed = distribution.chi_square(counts, probs)
+        assert not failed and failed.p_value < distribution.ALPHA
+        assert "below the significance level" in failed.failures()[0]
 
 
 def test_distribution_mode_for_reduced_precision(models):
@@ -122,18 +123,18 @@ def test_reduced_precision_is_tested_against_its_own_probabilities(models):
     there. A planted wrong temperature in the sampling still fails the candidate-null test."""
     model, ort_model, reference, sources = models
     settings = sampling.sampling_settings(settings_of(model.cfg), seed=2)
-    shifted = Biased(ort_model, token=int(sampling.first_token_probs(reference, sources[:1], settings)[0].argmax()),
+    shifted = Biased(ort_model, token=int(distribution.first_token_probs(reference, sources[:1], settings)[0].argmax()),
                      bias=-1.0)
-    own = sampling.distributional_sampling(shifted, reference, sources[:4], settings, draws=2000, null="candidate")
+    own = distribution.distributional_sampling(shifted, reference, sources[:4], settings, draws=2000, null="candidate")
     assert own and own.total_variation > 0.05, own
-    eager = sampling.distributional_sampling(shifted, reference, sources[:4], settings, draws=2000, null="eager")
-    assert not eager and eager.p_value < sampling.ALPHA
-    probs = sampling.first_token_probs(ort_model, sources[:4], settings)
+    eager = distribution.distributional_sampling(shifted, reference, sources[:4], settings, draws=2000, null="eager")
+    assert not eager and eager.p_value < distribution.ALPHA
+    probs = distribution.first_token_probs(ort_model, sources[:4], settings)
     wrong = replace(settings, temperature=settings.temperature * 1.25)
-    counts = sampling.first_token_counts(ort_model, sources[:4], wrong, probs.shape[1], draws=2000)
-    assert not sampling.chi_square(counts, probs)
+    counts = distribution.first_token_counts(ort_model, sources[:4], wrong, probs.shape[1], draws=2000)
+    assert not distribution.chi_square(counts, probs)
     with pytest.raises(sampling.ConfigError, match="unknown null 'x'"):
-        sampling.distributional_sampling(ort_model, reference, sources[:1], settings, draws=10, null="x")
+        distribution.distributional_sampling(ort_model, reference, sources[:1], settings, draws=10, null="x")
 
 
 def test_fast_sampling_draws_the_same_distribution_by_another_stream(models):
@@ -143,13 +144,13 @@ def test_fast_sampling_draws_the_same_distribution_by_another_stream(models):
     model, ort_model, reference, sources = models
     for options in ({}, {"temperature": 0.7, "top_k": 5}, {"temperature": 1.3, "top_p": 0.8, "top_k": 0}):
         settings = settings_of(model.cfg, do_sample=True, fast_sampling=True, **options)
-        probs = sampling.first_token_probs(reference, sources[:4], settings)
-        counts = sampling.first_token_counts(ort_model, sources[:4], settings, probs.shape[1], draws=2048)
-        result = sampling.chi_square(counts, probs)
+        probs = distribution.first_token_probs(reference, sources[:4], settings)
+        counts = distribution.first_token_counts(ort_model, sources[:4], settings, probs.shape[1], draws=2048)
+        result = distribution.chi_square(counts, probs)
         assert result and result.impossible == 0, (options, result)
         wrong = replace(settings, temperature=settings.temperature * 1.25)
-        failed = sampling.chi_square(sampling.first_token_counts(ort_model, sources[:4], wrong, probs.shape[1],
-                                                                 draws=2048), probs)
+        failed = distribution.chi_square(distribution.first_token_counts(ort_model, sources[:4], wrong, probs.shape[1],
+                                                                         draws=2048), probs)
         assert not failed, options
     ids, mask = pad_batch(sources[:12], model.cfg.pad_id)
     fast = settings_of(model.cfg, do_sample=True, fast_sampling=True, seed=4)
@@ -160,26 +161,26 @@ def test_fast_sampling_draws_the_same_distribution_by_another_stream(models):
 
 def test_chi2_survival_function_against_closed_forms():
     for x in (0.1, 1.0, 3.841458820694124, 10.0, 40.0):
-        assert sampling.chi2_sf(x, 2) == pytest.approx(math.exp(-x / 2), rel=1e-12)  # dof 2: exp(-x/2)
-        assert sampling.chi2_sf(x, 1) == pytest.approx(math.erfc(math.sqrt(x / 2)), rel=1e-10)  # dof 1: erfc
+        assert distribution.chi2_sf(x, 2) == pytest.approx(math.exp(-x / 2), rel=1e-12)  # dof 2: exp(-x/2)
+        assert distribution.chi2_sf(x, 1) == pytest.approx(math.erfc(math.sqrt(x / 2)), rel=1e-10)  # dof 1: erfc
         # dof 4: exp(-x/2) (1 + x/2)
-        assert sampling.chi2_sf(x, 4) == pytest.approx(math.exp(-x / 2) * (1 + x / 2), rel=1e-12)
-    assert sampling.chi2_sf(3.841458820694124, 1) == pytest.approx(0.05, rel=1e-9)
-    assert sampling.chi2_sf(math.inf, 3) == 0.0 and sampling.chi2_sf(5.0, 0) == 1.0
+        assert distribution.chi2_sf(x, 4) == pytest.approx(math.exp(-x / 2) * (1 + x / 2), rel=1e-12)
+    assert distribution.chi2_sf(3.841458820694124, 1) == pytest.approx(0.05, rel=1e-9)
+    assert distribution.chi2_sf(math.inf, 3) == 0.0 and distribution.chi2_sf(5.0, 0) == 1.0
 
 
 def test_rare_categories_are_pooled_and_impossible_tokens_counted():
     probs = np.array([[0.5, 0.3, 0.19, 0.006, 0.004, 0.0]])  # 1000 draws: expected 500, 300, 190, 6, 4, 0
     counts = np.array([[480, 310, 195, 9, 5, 1]])
-    result = sampling.chi_square(counts, probs)
+    result = distribution.chi_square(counts, probs)
     # the pool of 4 and 0 (expected 4 < 5) joins the smallest category (6): 500, 300, 190, 10
     assert result.categories == 4 and result.dof == 3 and result.impossible == 1
     statistic = sum((o - e) ** 2 / e for o, e in ((480, 500), (310, 300), (195, 190), (15, 10)))
     assert result.statistic == pytest.approx(statistic)
-    assert result.p_value == pytest.approx(sampling.chi2_sf(statistic, 3))
+    assert result.p_value == pytest.approx(distribution.chi2_sf(statistic, 3))
     wide = np.array([[0.96, 0.02, 0.006, 0.007, 0.007]])  # every category expected >= 5: nothing pooled ...
-    assert sampling.chi_square(np.array([[960, 20, 6, 7, 7]]), wide).categories == 5
+    assert distribution.chi_square(np.array([[960, 20, 6, 7, 7]]), wide).categories == 5
     rare = np.array([[0.97, 0.02, 0.003, 0.003, 0.004]])  # ... here 3, 3, 4 pool to 10 and stand alone
-    assert sampling.chi_square(np.array([[970, 20, 3, 3, 4]]), rare).categories == 3
+    assert distribution.chi_square(np.array([[970, 20, 3, 3, 4]]), rare).categories == 3
     tiny = np.array([[0.996, 0.002, 0.002]])  # a pool of 4 joins the only category left
-    assert sampling.chi_square(np.array([[996, 2, 2]]), tiny).categories == 1
+    assert distribution.chi_square(np.array([[996, 2, 2]]), tiny).categories == 1

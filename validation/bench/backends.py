@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from seq2trt.reference_model.decoding import DecodeSettings, Hypothesis, greedy_decode, hf_beam_search
-from seq2trt.reference_model.errors import DependencyError
+from seq2trt.core.errors import DependencyError
 
 NEVER = -1  # an eos id no argmax returns: forced-length decoding
 

@@ -29,9 +29,9 @@ import numpy as np
 
 from seq2trt.validation.ties import GreedyComparison, compare_greedy  # noqa: F401  (re-exported)
 
-from seq2trt.reference_model.errors import CheckFailed, ConfigError, DependencyError, InputError
-from seq2trt.reference_model.atomic_files import atomic_write_text
-from seq2trt.reference_model.swap import staged_directory
+from seq2trt.core.errors import CheckFailed, ConfigError, DependencyError, InputError
+from seq2trt.core.atomic_files import atomic_write_text
+from seq2trt.core.swap import staged_directory
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ def convert_hf(src: Path, cfg, out: Path, quantization: str = "float32", force: 
     import_ctranslate2()
     from ctranslate2.converters import TransformersConverter
 
-    from seq2trt.reference_model.text import load_tokenizer
+    from seq2trt.hf_import.text import load_tokenizer
 
     if quantization not in QUANTIZATIONS:
         raise ConfigError(f"unknown CTranslate2 quantization {quantization!r}; choose one of {', '.join(QUANTIZATIONS)}")
@@ -323,14 +323,14 @@ def first_token_counts(translator: Ct2Translator, input_ids: np.ndarray, attenti
 def check_sampling(model, translator: Ct2Translator, input_ids: np.ndarray, attention_mask: np.ndarray, sampling,
                    sources: int = 4, draws: int = 2000, require: bool = True):
     """CTranslate2's sampling (its own random stream) against the eager model's first-token probabilities with the
-    same warpers: the chi-square test of validation/sampling.py on the first `sources` sources, `draws` each; raise
-    `CheckFailed` (when `require`) if it fails."""
+    same warpers: the chi-square test of validation/sampling_distribution.py on the first `sources` sources, `draws`
+    each; raise `CheckFailed` (when `require`) if it fails."""
     from dataclasses import replace
 
     from seq2trt.reference_model.decoding import DecodeSettings
     from seq2trt.reference_model.eager import EagerStepModel
 
-    from seq2trt.validation import sampling as judge
+    from seq2trt.validation import sampling_distribution as judge
 
     settings = replace(DecodeSettings.for_model(model.cfg, 1), do_sample=True, temperature=sampling.temperature,
                        top_k=sampling.top_k, top_p=sampling.top_p)

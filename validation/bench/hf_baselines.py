@@ -29,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from seq2trt.reference_model.errors import CheckFailed, CheckpointError, DependencyError, InputError
-from seq2trt.reference_model.atomic_files import atomic_write_text, sha256_file
-from seq2trt.reference_model.swap import staged_directory
+from seq2trt.core.errors import CheckFailed, CheckpointError, DependencyError, InputError
+from seq2trt.core.atomic_files import atomic_write_text, sha256_file
+from seq2trt.core.swap import staged_directory
 from seq2trt.runtime import registry
 
 from seq2trt.validation.bench.backends import peak_rss_mb, start_turn
@@ -58,7 +58,7 @@ class ImportedSource:
 def imported_source(checkpoint: Path) -> ImportedSource | None:
     """The source of an imported checkpoint (its weights checked against import.json), or None when the checkpoint
     was not imported."""
-    from seq2trt.reference_model.hf_import import IMPORT_RECORD
+    from seq2trt.hf_import.importer import IMPORT_RECORD
 
     record_path = Path(checkpoint) / IMPORT_RECORD
     if not record_path.exists():
@@ -100,7 +100,7 @@ def load_transformers(src: Path):
     """transformers' model for `src`, fp32, its default attention, local files only."""
     import torch
 
-    from seq2trt.reference_model.text import quiet_transformers
+    from seq2trt.hf_import.text import quiet_transformers
 
     transformers = _transformers()
     with quiet_transformers():  # transformers 5 draws a progress bar over the bench's own

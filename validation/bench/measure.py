@@ -19,11 +19,11 @@ from typing import Callable
 
 import numpy as np
 
-from seq2trt.reference_model import layout
+from seq2trt.core import layout
 from seq2trt.exporters.manifest import Manifest, verify
 from seq2trt.reference_model.decoding import DecodeSettings
 from seq2trt.validation.bench.stats import paired_ratio, stats_ms
-from seq2trt.reference_model.errors import CheckFailed, DependencyError, InputError
+from seq2trt.core.errors import CheckFailed, DependencyError, InputError
 
 from seq2trt.validation.bench import backends as bb
 from seq2trt.validation.bench import prepare as bench_prepare

@@ -51,7 +51,7 @@ def imported_source(manifest, checkpoint: Path | None, backends: tuple[str, ...]
 def source_ids(cfg, task: str | None, source, samples: int, seed: int) -> tuple[list[list[int]], str]:
     """(sources, their origin): the task's held-out ones or random ids; for an imported model the seeded ids its
     import was judged on (no pad inside: CTranslate2's Marian vocabulary has none)."""
-    from seq2trt.reference_model.hf_verify import seeded_sources
+    from seq2trt.hf_import.proof import seeded_sources
 
     from seq2trt.runtime.reference_loader import e2e_sources
 
@@ -72,7 +72,8 @@ def prepare(backends: tuple[str, ...], out: Path, reference, task: str | None, s
     """Build and check every anchor among `backends` against the eager `reference` model; `beam` (K, length
     penalty, n-best) for a beam bench, whose hf and optimum are checked on beam tokens too (every hypothesis);
     `sampling` (settings.Sampling) for a sampling bench: hf and optimum must sample the eager model's tokens under the
-    same seed, CTranslate2 (its own random stream) its first-token distribution (validation/sampling.py)."""
+    same seed, CTranslate2 (its own random stream) its first-token distribution
+    (validation/sampling_distribution.py)."""
     done = Prepared()
     ids, mask, origin = check_sources(reference.cfg, task, source, samples, seed)
     want: dict = {}

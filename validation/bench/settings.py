@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from seq2trt.reference_model.decoding import GNMT_ALPHA
-from seq2trt.reference_model.errors import DependencyError, InputError
+from seq2trt.core.errors import DependencyError, InputError
 
 from seq2trt.runtime.decode_jobs import check_threads
 from seq2trt.runtime.registry import (BACKENDS, BENCH_DEFAULT, graph_set,  # noqa: F401  (unavailable: re-exported)
@@ -160,7 +160,7 @@ def runnable(settings: BenchSettings) -> tuple[BenchSettings, dict[str, str]]:
 def available_backends(out: Path) -> tuple[str, ...]:
     """The backends `bench` can time here for the export in `out` (what the demo asks for): hf and optimum when the
     checkpoint its manifest names was imported."""
-    from seq2trt.reference_model import layout
+    from seq2trt.core import layout
 
     try:
         checkpoint = json.loads((Path(out) / layout.MANIFEST).read_text())["source"]["checkpoint"]

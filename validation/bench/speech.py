@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from seq2trt.reference_model.errors import CheckFailed, InputError
+from seq2trt.core.errors import CheckFailed, InputError
 from seq2trt.runtime import registry
 
 from seq2trt.validation.bench.backends import start_turn

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from seq2trt.reference_model import layout
-from seq2trt.reference_model.errors import CheckFailed, InputError
+from seq2trt.core import layout
+from seq2trt.core.errors import CheckFailed, InputError
 from seq2trt.runtime import registry
 
 from seq2trt.validation.bench import speech as sp
@@ -116,7 +116,7 @@ class SpeechBench:
         if any(registry.BACKENDS[n].runs == "ctranslate2" for n in names):
             from ctranslate2.converters import TransformersConverter
 
-            from seq2trt.reference_model.swap import staged_directory
+            from seq2trt.core.swap import staged_directory
 
             self.progress("converting the source with CTranslate2")
             start = time.perf_counter()
@@ -126,7 +126,7 @@ class SpeechBench:
                     _check_ct2_prompt_tokens(Path(tmp))
             except Exception as exc:  # the peer's own converter on the user's source (one without tokenizer files
                 # fails in WhisperTokenizer): that peer cannot run, the others are measured
-                from seq2trt.reference_model.errors import first_line
+                from seq2trt.core.errors import first_line
 
                 peers = [n for n in self.backends if registry.BACKENDS[n].runs == "ctranslate2"]
                 why = (f"CTranslate2's converter cannot convert {self.source.path} ({type(exc).__name__}: "
@@ -346,7 +346,7 @@ def markdown(doc: dict) -> str:
 
 
 def write_reports(reports: Path, doc: dict) -> None:
-    from seq2trt.reference_model.atomic_files import atomic_write_text
+    from seq2trt.core.atomic_files import atomic_write_text
 
     atomic_write_text(Path(reports) / "latency.json", json.dumps(doc, indent=2) + "\n")
     atomic_write_text(Path(reports) / "latency.md", markdown(doc))

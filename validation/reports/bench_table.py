@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from seq2trt.reference_model.atomic_files import atomic_write_text
+from seq2trt.core.atomic_files import atomic_write_text
 
 from seq2trt.validation.reports import plots
 
@@ -27,6 +27,16 @@ def markdown(doc: dict, images: dict[str, str]) -> str:
              f"warm-up, backends interleaved round-robin.", "",
              f"Machine: {m.get('cpus')} CPUs, {m.get('processor')}; load average before {m.get('loadavg_before')}, "
              f"after {m.get('loadavg_after')} (a shared machine: compare ratios, not absolute times).", ""]
+    for section in (_latency_tables, _encoder_tables, _checks_table, _memory_table, _builds_table):
+        lines += section(doc)
+    for title, name in images.items():
+        lines += [f"![{title}]({name})", ""]
+    return "\n".join(lines)
+
+
+def _latency_tables(doc: dict) -> list[str]:
+    """One table a thread count: each backend's tokens/s, step and decode times, and its ratios."""
+    lines = []
     for t, backends in doc["results"].items():
         threading = doc.get("threading", {}).get(t, {})
         how = "; ".join(f"{name}: {text}" for name, text in threading.items())
@@ -46,8 +56,13 @@ def markdown(doc: dict, images: dict[str, str]) -> str:
         lines.append("")
     lines += ["Ratios are tokens/s ratios (> 1: faster than the reference), medians of per-repetition pairs. "
               "CTranslate2's step times come from its per-token callback (steps 1 .. N-1).", ""]
-    encoder = doc.get("encoder_ms") or {}
-    for t, backends in encoder.items():
+    return lines
+
+
+def _encoder_tables(doc: dict) -> list[str]:
+    """The encoder's p50 by source length, one table a thread count."""
+    lines = []
+    for t, backends in (doc.get("encoder_ms") or {}).items():
         lines += [f"### Encoder p50 (ms) by source length, {t} thread(s)", "", "| backend | batch | " +
                   " | ".join(f"S={n}" for n in _keys(backends)) + " |", "|---|---|" + "---|" * len(_keys(backends))]
         for backend, by_batch in backends.items():
@@ -55,33 +70,49 @@ def markdown(doc: dict, images: dict[str, str]) -> str:
                 lines.append(f"| {backend} | {batch} | " + " | ".join(
                     _fmt(by_len.get(n, {}).get("p50"), ".3f") for n in _keys(backends)) + " |")
         lines.append("")
-    if doc.get("checks"):
-        lines += ["## Agreement with the eager model (greedy tokens, checked before timing)", "",
-                  "| backend | sources | identical | near-ties | max abs logit diff |", "|---|---|---|---|---|"]
-        for name, c in doc["checks"].items():
-            lines.append(f"| {name} | {c['sequences']} {c['sources']} | {c['identical']} ({c['rate']:.3f}) | "
-                         f"{c['ties']} | {_fmt(c['max_abs_logit_diff'], '.3g')} |")
-        lines.append("")
-    if doc.get("memory"):
-        lines += ["## Memory", "", "| backend | peak RSS (MB) | scope | RSS added by loading (MB) |", "|---|---|---|---|"]
-        for name, mem in doc["memory"].items():
-            lines.append(f"| {name} | {_fmt(mem.get('peak_rss_mb'), '.0f')} | {mem.get('scope', '')} | "
-                         f"{_fmt(mem.get('load_rss_delta_mb'), '.1f')} |")
-        lines.append("")
-    if doc.get("builds"):
-        lines += ["## Builds", "", "| build | graph | seconds | size (MiB) |", "|:---|:---|---|---|"]
-        for name, build in doc["builds"].items():
-            if "convert_seconds" in build:  # a CTranslate2 conversion (one model.bin) or Optimum's export
-                lines.append(f"| {name} conversion | {build.get('file', 'model.bin')} | {_fmt(build['convert_seconds'])} | "
-                             f"{_fmt(build['model_bytes'] / 2**20, '.1f')} |")
-                continue
-            for graph, g in build.items():  # a TensorRT engine directory: one plan per graph
-                size = None if g.get("plan_bytes") is None else g["plan_bytes"] / 2**20
-                lines.append(f"| {name} | {graph}.plan | {_fmt(g.get('build_seconds'))} | {_fmt(size, '.1f')} |")
-        lines.append("")
-    for title, name in images.items():
-        lines += [f"![{title}]({name})", ""]
-    return "\n".join(lines)
+    return lines
+
+
+def _checks_table(doc: dict) -> list[str]:
+    """Each backend's agreement with the eager model, checked before timing."""
+    if not doc.get("checks"):
+        return []
+    lines = ["## Agreement with the eager model (greedy tokens, checked before timing)", "",
+             "| backend | sources | identical | near-ties | max abs logit diff |", "|---|---|---|---|---|"]
+    for name, c in doc["checks"].items():
+        lines.append(f"| {name} | {c['sequences']} {c['sources']} | {c['identical']} ({c['rate']:.3f}) | "
+                     f"{c['ties']} | {_fmt(c['max_abs_logit_diff'], '.3g')} |")
+    lines.append("")
+    return lines
+
+
+def _memory_table(doc: dict) -> list[str]:
+    """Each backend's peak RSS and what loading it added."""
+    if not doc.get("memory"):
+        return []
+    lines = ["## Memory", "", "| backend | peak RSS (MB) | scope | RSS added by loading (MB) |", "|---|---|---|---|"]
+    for name, mem in doc["memory"].items():
+        lines.append(f"| {name} | {_fmt(mem.get('peak_rss_mb'), '.0f')} | {mem.get('scope', '')} | "
+                     f"{_fmt(mem.get('load_rss_delta_mb'), '.1f')} |")
+    lines.append("")
+    return lines
+
+
+def _builds_table(doc: dict) -> list[str]:
+    """Each build's graphs, build seconds and sizes (TensorRT plans, CTranslate2 and Optimum conversions)."""
+    if not doc.get("builds"):
+        return []
+    lines = ["## Builds", "", "| build | graph | seconds | size (MiB) |", "|:---|:---|---|---|"]
+    for name, build in doc["builds"].items():
+        if "convert_seconds" in build:  # a CTranslate2 conversion (one model.bin) or Optimum's export
+            lines.append(f"| {name} conversion | {build.get('file', 'model.bin')} | {_fmt(build['convert_seconds'])} | "
+                         f"{_fmt(build['model_bytes'] / 2**20, '.1f')} |")
+            continue
+        for graph, g in build.items():  # a TensorRT engine directory: one plan per graph
+            size = None if g.get("plan_bytes") is None else g["plan_bytes"] / 2**20
+            lines.append(f"| {name} | {graph}.plan | {_fmt(g.get('build_seconds'))} | {_fmt(size, '.1f')} |")
+    lines.append("")
+    return lines
 
 
 def _keys(backends: dict) -> list[str]:

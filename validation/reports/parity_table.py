@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from seq2trt.reference_model import layout
-from seq2trt.reference_model.atomic_files import atomic_write_text
+from seq2trt.core import layout
+from seq2trt.core.atomic_files import atomic_write_text
 
 
 def _bound(tol: dict) -> str:

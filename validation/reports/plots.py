@@ -9,8 +9,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from seq2trt.reference_model.errors import DependencyError
-from seq2trt.reference_model.atomic_files import atomic_write_bytes
+from seq2trt.core.errors import DependencyError
+from seq2trt.core.atomic_files import atomic_write_bytes
 
 
 def _pyplot():

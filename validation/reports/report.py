@@ -12,12 +12,12 @@ import json
 import re
 from pathlib import Path
 
-from seq2trt.reference_model import layout
+from seq2trt.core import layout
 from seq2trt.exporters import spec
 from seq2trt.exporters.manifest import Manifest, generation, verify, writing_into
 from seq2trt.reference_model.config import Seq2SeqConfig
-from seq2trt.reference_model.errors import ArtifactError, first_line
-from seq2trt.reference_model.atomic_files import atomic_write_text
+from seq2trt.core.errors import ArtifactError, first_line
+from seq2trt.core.atomic_files import atomic_write_text
 
 from seq2trt.validation.reports import bench_table
 from seq2trt.validation.reports import parity_table
@@ -198,7 +198,7 @@ def verify_everything(out: Path) -> Manifest:
     that fails: a report must not present edited or foreign artifacts as this export's."""
     from seq2trt.exporters.fuse import FUSION_JSON, Target, fused_dir, verify_fused
     from seq2trt.exporters.quantize import quantized_dir, verify_quantized
-    from seq2trt.exporters.tensorrt_engines import verify_engines
+    from seq2trt.exporters.tensorrt.engines import verify_engines
 
     out = Path(out)
     manifest = verify(out)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from seq2trt.reference_model.eager import EagerStepModel
-from seq2trt.reference_model.errors import InputError
+from seq2trt.core.errors import InputError
 from seq2trt.validation.bench import measure as bench
 from seq2trt.validation.bench import backends as bench_backends
 from seq2trt.validation.bench.settings import BenchSettings, parse_backends, parse_ints
@@ -154,7 +154,7 @@ def test_cli_reports_unknown_and_unavailable_backends(exported, monkeypatch):
     out, _ = exported
     result = invoke("bench", out, "--backends", "eager,trt")
     assert result.exit_code == 2 and "known backends: eager, eager-cuda, ort" in result.output
-    monkeypatch.setattr("seq2trt.plugins.trt_compat.has_gpu", lambda: False)
+    monkeypatch.setattr("seq2trt.exporters.tensorrt.trt_compat.has_gpu", lambda: False)
     result = invoke("bench", out, "--backends", "ort,tensorrt")
     assert result.exit_code == 2 and "tensorrt: TensorRT engines run only on an NVIDIA GPU" in result.output
     result = invoke("bench", out, "--backends", "ort", "--batch-sizes", "8")
@@ -253,7 +253,7 @@ def test_sample_bench_checks_ct2_sampling_as_a_distribution(sample_report):
     doc, _ = sample_report
     check = doc["checks"]["ct2"]["sampling"]
     assert check["passed"] and check["draws"] == 2000 and check["sources"] == 4 and check["impossible"] == 0
-    from seq2trt.validation.sampling import ALPHA
+    from seq2trt.validation.sampling_distribution import ALPHA
 
     assert check["p_value"] >= check["alpha"] == ALPHA
 
@@ -267,7 +267,7 @@ def test_sampling_options_reach_each_backend(exported):
 
     from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode
     from seq2trt.reference_model.vocab import pad_batch
-    from seq2trt.validation import sampling as judge
+    from seq2trt.validation import sampling_distribution as judge
     from seq2trt.validation.bench import ct2_baseline
     from seq2trt.validation.bench.settings import Sampling
 

@@ -16,9 +16,9 @@ import torch
 pytest.importorskip("transformers", reason="the hf extra is not installed")
 pytest.importorskip("ctranslate2")
 
-from seq2trt.reference_model.errors import CheckpointError, DependencyError  # noqa: E402
-from seq2trt.reference_model.hf_import import config_from_hf  # noqa: E402
-from seq2trt.reference_model.hf_verify import load_transformers_model, seeded_sources  # noqa: E402
+from seq2trt.core.errors import CheckpointError, DependencyError  # noqa: E402
+from seq2trt.hf_import.importer import config_from_hf  # noqa: E402
+from seq2trt.hf_import.proof import load_transformers_model, seeded_sources  # noqa: E402
 from seq2trt.reference_model.vocab import pad_batch  # noqa: E402
 from seq2trt.runtime import registry  # noqa: E402
 from seq2trt.validation.bench import ct2_baseline as ct2_backend  # noqa: E402
@@ -26,6 +26,7 @@ from seq2trt.validation.bench import hf_baselines as hf_backends  # noqa: E402
 
 from helpers.artifacts import checkpoint_and_export, import_and_export  # noqa: E402
 from helpers.cli import invoke  # noqa: E402
+from helpers.hf_models import hf_rows  # noqa: E402
 
 NEW_TOKENS = 5
 # optimum-onnx pins transformers<4.58: under transformers 5 the bench measures the rest and says why (CI's second
@@ -144,7 +145,7 @@ def test_ct2_from_the_source_equals_transformers_generate(imported, tmp_path):
     translator = ct2_backend.Ct2Translator(ct2_backend.convert_hf(src, cfg, tmp_path / "ct2"), threads=1)
     assert translator.target_tokens[0] == "</s>" and len(translator.target_tokens) == cfg.tgt_vocab_size - 1
     ids, mask = pad_batch(seeded_sources(cfg, 12, seed=3), cfg.pad_id)
-    assert translator.greedy(ids, mask, 20).tokens == _generate(src, ids, mask, 20, cfg.eos_id)
+    assert translator.greedy(ids, mask, 20).tokens == hf_rows(load_transformers_model(src), ids, mask, 20, cfg.eos_id, num_beams=1, forced_eos_token_id=None)
 
 
 @pytest.mark.parametrize("family", ["marian", "bart"])
@@ -156,7 +157,7 @@ def test_ct2_conversion_without_a_tokenizer(family, make_hf_model, tmp_path):
     translator = ct2_backend.Ct2Translator(ct2_backend.convert_hf(src, cfg, tmp_path / "ct2"), threads=1)
     assert len(translator.target_tokens) == cfg.tgt_vocab_size - (family == "marian")
     ids, mask = pad_batch(seeded_sources(cfg, 8, seed=4), cfg.pad_id)
-    want = _generate(src, ids, mask, 12, cfg.eos_id)
+    want = hf_rows(load_transformers_model(src), ids, mask, 12, cfg.eos_id, num_beams=1, forced_eos_token_id=None)
     assert len({tuple(w) for w in want}) > 1, "want varied outputs"
     assert translator.greedy(ids, mask, 12).tokens == want
 
@@ -215,14 +216,6 @@ def test_hf_backends_need_an_imported_checkpoint(plain_export, backends):
 def test_missing_fused_graphs_are_named_by_the_one_opener(plain_export):
     result = invoke("bench", plain_export, "--backends", "ort-fused", "--batch-sizes", 1, "--repeats", 1, "--warmup", 0)
     assert result.exit_code != 0 and f"seq2trt fuse {plain_export} --target ort" in result.output
-
-
-def _generate(src, ids, mask, new_tokens: int, eos: int) -> list[list[int]]:
-    model = load_transformers_model(src)
-    with torch.inference_mode():
-        rows = model.generate(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask), num_beams=1,
-                              do_sample=False, max_new_tokens=new_tokens, forced_eos_token_id=None)[:, 1:].tolist()
-    return [r[: r.index(eos)] if eos in r else r for r in rows]
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("ctranslate2")
 
-from seq2trt.reference_model.errors import CheckFailed, ConfigError, DependencyError  # noqa: E402
+from seq2trt.core.errors import CheckFailed, ConfigError, DependencyError  # noqa: E402
 from seq2trt.reference_model.vocab import pad_batch  # noqa: E402
 from seq2trt.validation.bench import ct2_baseline as ct2_backend  # noqa: E402
 
