@@ -79,7 +79,7 @@ class Seq2TrtEncoder(torch.nn.Module):
 def hf_config(cfg, folder: Path) -> PretrainedConfig:
     """The imported model's own Hugging Face config (`seq2trt import hf` copies config.json beside the tokenizer),
     else a minimal encoder-decoder config from the model's (a model trained here)."""
-    from seq2trt.hf_import.importer import TOKENIZER_DIR
+    from seq2trt.core.layout import TOKENIZER_DIR
 
     if (folder / TOKENIZER_DIR / "config.json").is_file():
         from transformers import AutoConfig

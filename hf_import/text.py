@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seq2trt.core import layout
+from seq2trt.core.layout import TOKENIZER_DIR
 from seq2trt.core.errors import CheckpointError, DependencyError, InputError, first_line
 
 
@@ -59,7 +60,6 @@ def _language_id(tokenizer, lang: str, folder: Path) -> int:
 def load_codec(checkpoint: Path, eos_id: int, src_lang: str | None = None, tgt_lang: str | None = None
                ) -> TextCodec:
     """The checkpoint's codec; a missing one is an error that says `--ids-file` works without it."""
-    from seq2trt.hf_import.importer import TOKENIZER_DIR
     from seq2trt.reference_model.vocab import load_vocabs
 
     checkpoint = Path(checkpoint)

@@ -1,7 +1,7 @@
 """The decoding options a caller sets, declared once (`DECODE_OPTIONS`): for each, the DecodeSettings field (or the
 search argument) it sets, its Python keyword, its CLI flag, its served request input, its type, its rule, its help,
 and whether ONNX Runtime's whole-search graph (ort-generate's BeamSearch) applies it. The CLI's click options
-(cli/options.decode_options), the Translator's keyword checks, serve's request inputs (serving/model_config) and the
+(cli/options.decode_options), the Translator's keyword checks, serve's request inputs (serving/model_config.py) and the
 whole-search graph's refusals (runtime/decode_jobs.unsupported_in_graph) are all made from it, and a message names
 an option as the caller spelled it (`spelling`). Old spellings stay as deprecated aliases that warn with the new name.
 
