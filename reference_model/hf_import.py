@@ -34,6 +34,7 @@ from seq2trt.reference_model.hf_families import tokenizer_files  # noqa: F401  (
 from seq2trt.reference_model.hf_families.generation import generation_settings
 from seq2trt.reference_model.hf_families.values import integer, read_json, show, token_ids, unreadable
 from seq2trt.reference_model.layout import GENERATION, IMPORT_RECORD, TOKENIZER_DIR
+from seq2trt.reference_model.memory import import_peak
 from seq2trt.reference_model.model import Seq2SeqTransformer
 
 logger = logging.getLogger(__name__)
@@ -150,7 +151,7 @@ def _check_memory(config: Path, adapter: FamilyAdapter, cfg: Seq2SeqConfig, beam
     """Refuse sizes the machine cannot hold before anything is allocated: the import holds our model and
     transformers' at once; one source's beam search holds num_beams rows of logits and K/V."""
     total, parts = physical_memory(), memory_parts(cfg)
-    need = 2 * sum(parts.values())
+    need = import_peak(sum(parts.values()))
     if need > total:
         biggest = max(parts, key=parts.get)
         raise ConfigError(f"{config} describes a model of about {need / 8:.2g} parameters ({need / 2**30:,.0f} GiB "
@@ -348,7 +349,9 @@ def import_hf(src: Path, out: Path, force: bool = False, progress: Callable[[str
     src = Path(src)
     progress("reading the source model")
     family, model, gen, files = load_hf_as_model(src)
-    progress(f"verifying the {family} model against transformers")
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    progress(f"read {family}: {sum(p.numel() for p in model.parameters()) / 1e6:,.0f} M parameters, "
+             f"{weights / 2**30:.2f} GiB; proving it equal to transformers' own model")
     report = hf_verify.verify(src, model, gen, progress)
     gc.collect()  # transformers' model, only the proof's: freed before the checkpoint's write copies ours
     adapter = FAMILIES[family]
@@ -358,7 +361,7 @@ def import_hf(src: Path, out: Path, force: bool = False, progress: Callable[[str
     if not report["passed"]:
         raise CheckFailed(f"import of {src} failed its verification against transformers (nothing written): "
                           + "; ".join(report["failures"]))
-    progress("writing the checkpoint")
+    progress(f"proof passed; writing the checkpoint to {out}")
     extra = {GENERATION: json.dumps(gen, indent=2) + "\n", IMPORT_RECORD: json.dumps(record, indent=2) + "\n"}
     save_checkpoint(out, model, force=force, extra_files=extra,
                     extra_writer=lambda tmp: _copy_tokenizer(adapter, src, tmp), protect=(src,))
