@@ -105,14 +105,13 @@ def export_copy(model: Seq2SeqTransformer, dtype: str) -> Seq2SeqTransformer:
         # T5 v1.1 / mT5 / UMT5 activations pass fp16's 65504 in the gated FFN (transformers keeps `wo` in fp32).
         raise ConfigError("fp16 is refused for gated-FFN T5 models (T5 v1.1, flan-t5, mT5, UMT5): their FFN "
                           "activations overflow fp16; export with --dtype bf16 (same range as fp32) or fp32")
-    # Weights already in the export's dtype are shared with the copy, not copied (`.to` leaves them as they are): a
-    # model past 2 GiB exports holding one copy of its weights, not two. Others convert on the copy only.
-    target = TORCH_DTYPES[dtype]
-    shared = {id(p): p for p in model.parameters() if p.dtype == target} \
-        if all(p.dtype == target for p in model.parameters()) else {}
+    # The copy starts sharing every weight with the model (a deep copy of the modules only); weights in another
+    # dtype are then replaced in the copy alone, one tensor at a time. So an fp32 export holds one copy of the
+    # weights and an fp16/bf16 export the fp32 model plus its narrow weights, never a second fp32 copy.
+    shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
     copied = copy.deepcopy(model, shared).eval().use_attention(marked_core)
     norms = {name: m for name, m in copied.named_modules() if isinstance(m, nn.LayerNorm)}
-    copied = copied.to(TORCH_DTYPES[dtype])
+    _convert_copy(copied, TORCH_DTYPES[dtype])
     if dtype != "fp32":
         for name, norm in norms.items():
             parent_name, _, child = name.rpartition(".")
@@ -123,6 +122,23 @@ def export_copy(model: Seq2SeqTransformer, dtype: str) -> Seq2SeqTransformer:
     if dtype != "fp32" and copied.frontend is not None:
         copied.frontend = Float32FrontEnd(copied.frontend)
     return copied
+
+
+def _convert_copy(copied: nn.Module, dtype: torch.dtype) -> None:
+    """What `copied.to(dtype)` does to floating-point parameters and buffers, with new tensors set on `copied` only
+    (`.to` would change the shared tensors of the model it was copied from); a tensor shared by two modules (a
+    tied embedding) stays one tensor."""
+    converted: dict[int, torch.Tensor] = {}
+    for module in copied.modules():
+        for table in (module._parameters, module._buffers):
+            for name, tensor in table.items():
+                if tensor is None or not tensor.is_floating_point() or tensor.dtype == dtype:
+                    continue
+                if id(tensor) not in converted:
+                    narrow = tensor.detach().to(dtype)
+                    converted[id(tensor)] = nn.Parameter(narrow, tensor.requires_grad) \
+                        if isinstance(tensor, nn.Parameter) else narrow
+                table[name] = converted[id(tensor)]
 
 
 class EncoderGraph(nn.Module):
