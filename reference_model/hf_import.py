@@ -327,12 +327,15 @@ def _few(keys: list[str], n: int = 4) -> str:
     return ", ".join(keys[:n]) + (f" and {len(keys) - n} more" if len(keys) > n else "")
 
 
-def load_hf_as_model(src: Path) -> tuple[str, Seq2SeqTransformer, dict[str, Any], list[Path]]:
-    """(family, our eager model with the source's weights, generation settings, weight files read)."""
+def load_hf_as_model(src: Path, progress: Callable[[str], None] = lambda msg: None
+                     ) -> tuple[str, Seq2SeqTransformer, dict[str, Any], list[Path]]:
+    """(family, our eager model with the source's weights, generation settings, weight files read); `progress`
+    hears when the checked config's weights start to be read (a refused config prints nothing before its error)."""
     src = Path(src)
     check_source_dir(src)
     family, cfg, gen = config_from_hf(src)
     adapter = FAMILIES[family]
+    progress(f"reading the {family} model's weights")
     hf_state, files = read_hf_weights(src)
     cfg = untie_head(adapter, cfg, hf_state)
     state = map_weights(adapter, cfg, hf_state)
@@ -347,8 +350,7 @@ def import_hf(src: Path, out: Path, force: bool = False, progress: Callable[[str
     """Import, verify against transformers, then write the checkpoint atomically; returns the import record.
     A failed verification raises CheckFailed (exit 1) and writes nothing."""
     src = Path(src)
-    progress("reading the source model")
-    family, model, gen, files = load_hf_as_model(src)
+    family, model, gen, files = load_hf_as_model(src, progress)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     progress(f"read {family}: {sum(p.numel() for p in model.parameters()) / 1e6:,.0f} M parameters, "
              f"{weights / 2**30:.2f} GiB; proving it equal to transformers' own model")

@@ -28,7 +28,7 @@ from seq2trt.reference_model.eager import EagerStepModel
 from seq2trt.reference_model.errors import CheckpointError, DependencyError, first_line
 from seq2trt.reference_model.hf_families import vocabulary_files
 from seq2trt.reference_model.model import Seq2SeqTransformer
-from seq2trt.reference_model.numerics import FP32_LOGIT_TOLERANCE, scaled_error
+from seq2trt.reference_model.numerics import FP32_LOGIT_TOLERANCE, magnitude, scaled_error
 from seq2trt.reference_model.vocab import pad_batch
 
 logger = logging.getLogger(__name__)
@@ -188,18 +188,23 @@ def _step_logits(recorded: list[tuple[int, np.ndarray, np.ndarray]], ours_greedy
                  theirs_greedy: list[list[int]], their_logits, eos_id: int) -> tuple[int, float, float]:
     """(rows compared, max abs error, scaled error) of our greedy search's step logits (`recorded`: step, live rows,
     logits) against generate's own (`their_logits`: one (B, V) tensor a step), wherever both searches fed the same
-    tokens so far (everywhere, when the tokens agree)."""
-    theirs = torch.stack(their_logits, 1).double().numpy()  # (B, steps, V): generate's own steps, raw
-    ours_steps, theirs_steps = [], []
+    tokens so far (everywhere, when the tokens agree). Judged a step at a time, so that no float64 copy of every
+    step's logits over the whole vocabulary is made (GiBs for a 250,000-token model); the same figures as
+    `scaled_error` of all the steps at once."""
+    compared, err, scale = 0, 0.0, 1.0
     for step, rows, logits in recorded:
-        if step >= theirs.shape[1]:  # ours ran longer (a limit read wrong): the tokens tell
+        if step >= len(their_logits):  # ours ran longer (a limit read wrong): the tokens tell
             break
         same = [i for i, r in enumerate(rows)
                 if (ours_greedy[r] + [eos_id])[:step] == (theirs_greedy[r] + [eos_id])[:step]]
-        ours_steps.append(logits[same])
-        theirs_steps.append(theirs[rows[same], step])
-    ours_steps, theirs_steps = np.concatenate(ours_steps), np.concatenate(theirs_steps)
-    return (int(len(ours_steps)), *_scaled_err(ours_steps, theirs_steps))
+        if not same:
+            continue
+        theirs = their_logits[step][torch.as_tensor(rows[same])].numpy()  # generate's own step, raw
+        compared += len(same)
+        step_err = _scaled_err(logits[same], theirs)[0]
+        err = float("nan") if np.isnan(step_err) or np.isnan(err) else max(err, step_err)  # NaN fails the proof
+        scale = max(scale, magnitude(theirs))
+    return compared, err, err / scale
 
 
 def compare(hf_model, model: Seq2SeqTransformer, sources: list[list[int]], gen: dict[str, Any],
