@@ -350,11 +350,16 @@ def import_hf(src: Path, out: Path, force: bool = False, progress: Callable[[str
     """Import, verify against transformers, then write the checkpoint atomically; returns the import record.
     A failed verification raises CheckFailed (exit 1) and writes nothing."""
     src = Path(src)
+    check_source_dir(src)
+    _, cfg, settings = config_from_hf(src)
+    # A speech model's proof runs transformers' side first and frees its model before ours is built: one model in
+    # memory at a time (a whisper-large-v3 is 6 GB of fp32 weights a copy).
+    judged = hf_verify.judge_speech(src, cfg, settings, progress) if cfg.audio else None
     family, model, gen, files = load_hf_as_model(src, progress)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     progress(f"read {family}: {sum(p.numel() for p in model.parameters()) / 1e6:,.0f} M parameters, "
              f"{weights / 2**30:.2f} GiB; proving it equal to transformers' own model")
-    report = hf_verify.verify(src, model, gen, progress)
+    report = hf_verify.verify(src, model, gen, progress, judged=judged)
     gc.collect()  # transformers' model, only the proof's: freed before the checkpoint's write copies ours
     adapter = FAMILIES[family]
     record = {"family": family, "source": {"path": str(src.resolve()),
