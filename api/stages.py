@@ -139,15 +139,34 @@ def export(checkpoint: str | Path, out: str | Path, *, dtype: str = "fp32", max_
         raise ConfigError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     if opset not in OPSETS:
         raise ConfigError(f"opset {opset} is not supported; choose {OPSETS.start}..{OPSETS.stop - 1}")
+    _check_export_memory(checkpoint, dtype)
     if progress:
         progress(f"loading {checkpoint}")
     model, _ = load_checkpoint(checkpoint)
     limits = Limits.for_model(model.cfg, 32 if max_batch is None else max_batch, max_src_len, max_tgt_len)
     if progress:
         progress(f"exporting {dtype} graphs (opset {opset})")
-    export_model(model, out, dtype=dtype, opset=opset, limits=limits, force=force, source=source_record(checkpoint))
+    export_model(model, out, dtype=dtype, opset=opset, limits=limits, force=force, source=source_record(checkpoint),
+                 **({"progress": progress} if progress else {}))
     data = read_manifest(out).data
     return ExportResult(out, _graph_paths(out), data, data["dtype"], dict(data["settings"]["limits"]))
+
+
+def _check_export_memory(checkpoint: Path, dtype: str) -> None:
+    """Refuse an export the machine cannot hold before the checkpoint is read (memory.export_peak); a checkpoint
+    without a readable config is left to load_checkpoint's own error."""
+    from seq2trt.reference_model import memory
+    from seq2trt.reference_model.config import Seq2SeqConfig, memory_parts, physical_memory
+
+    config = (checkpoint if checkpoint.is_dir() else checkpoint.parent) / layout.CONFIG
+    try:
+        cfg = Seq2SeqConfig.load(config)
+    except Exception:  # missing or damaged: load_checkpoint names it
+        return
+    weights = sum(memory_parts(cfg).values())
+    memory.check_fits(f"a {dtype} export", memory.export_peak(weights, 4 if dtype == "fp32" else 2), physical_memory(),
+                      f"{checkpoint} ({weights / memory.GiB:,.1f} GiB of fp32 weights)",
+                      "export on a machine with more memory (the peak is the fp32 model plus one graph's weights)")
 
 
 def fuse(out: str | Path, target: str = "trt", *, allow_partial: bool = False, force: bool = False,
@@ -163,7 +182,8 @@ def fuse(out: str | Path, target: str = "trt", *, allow_partial: bool = False, f
         raise InputError(f"unknown fusion target {target!r}; choose one of {', '.join(choices)}")
     if progress:
         progress(f"fusing the attention blocks of {out} for {target}")
-    audit = fuse_artifacts(Path(out), Target(target), allow_partial=allow_partial, force=force)
+    audit = fuse_artifacts(Path(out), Target(target), allow_partial=allow_partial, force=force,
+                           **({"progress": progress} if progress else {}))
     folder = fused_dir(Path(out), Target(target))
     doc = audit.to_dict()
     return FuseResult(folder, target, _graph_paths(folder), audit.complete, doc["graphs"])
@@ -177,7 +197,8 @@ def quantize(out: str | Path, *, per_channel: bool = False, reduce_range: bool |
 
     if progress:
         progress(f"quantizing the fused ORT graphs of {out} to int8")
-    doc = quantize_artifacts(Path(out), QuantizeSettings(per_channel, reduce_range), force=force)
+    doc = quantize_artifacts(Path(out), QuantizeSettings(per_channel, reduce_range), force=force,
+                             **({"progress": progress} if progress else {}))
     folder = quantized_dir(Path(out))
     return QuantizeResult(folder, _graph_paths(folder), doc)
 

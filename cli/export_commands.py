@@ -35,8 +35,10 @@ def export(checkpoint: Path, out: Path, dtype: str, opset: int, max_batch: int, 
 
     quiet_exporters()
     start = time.perf_counter()
+    from seq2trt.cli.progress import progress_lines
+
     result = seq2trt.export(checkpoint, out, dtype=dtype, opset=opset, max_batch=max_batch, max_src_len=max_src_len,
-                            max_tgt_len=max_tgt_len, force=force)
+                            max_tgt_len=max_tgt_len, force=force, progress=progress_lines("export"))
     files = result.manifest["files"]
     sizes = ", ".join(f"{name} {info['bytes'] / 2**20:.1f} MiB" for name, info in files.items())
     click.echo(f"exported {dtype} graphs in {time.perf_counter() - start:.1f} s: {sizes}; in {out}")

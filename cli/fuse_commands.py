@@ -22,7 +22,9 @@ def fuse(out: Path, target: str, allow_partial: bool, force: bool) -> None:
     """Fuse the attention blocks of the export in OUT into OUT/fused/<target>/ and audit the result."""
     import seq2trt
 
-    result = seq2trt.fuse(out, target, allow_partial=allow_partial, force=force)
+    from seq2trt.cli.progress import progress_lines
+
+    result = seq2trt.fuse(out, target, allow_partial=allow_partial, force=force, progress=progress_lines("fuse"))
     for name, graph in result.audit.items():
         blocks = ", ".join(f"{kind} {graph['fused'][kind]}/{n}" for kind, n in graph["expected"].items())
         click.echo(f"{name}: {blocks} fused; {graph['nodes_before']} -> {graph['nodes_after']} nodes")
@@ -48,7 +50,10 @@ def quantize(out: Path, per_channel: bool, reduce_range: bool | None, force: boo
     """
     import seq2trt
 
-    doc = seq2trt.quantize(out, per_channel=per_channel, reduce_range=reduce_range, force=force).report
+    from seq2trt.cli.progress import progress_lines
+
+    doc = seq2trt.quantize(out, per_channel=per_channel, reduce_range=reduce_range, force=force,
+                           progress=progress_lines("quantize")).report
     for graph, g in doc["graphs"].items():
         click.echo(f"{graph}: {g['quantized']}/{g['matmuls']} MatMuls int8; {g['bytes_before'] / 2**20:.1f} -> "
                    f"{g['bytes_after'] / 2**20:.1f} MiB")

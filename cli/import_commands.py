@@ -22,10 +22,9 @@ def hf(src: Path, out: Path, force: bool) -> None:
     downloads) after proving it equal to transformers' own model and generate; the proof goes to OUT/import.json."""
     import seq2trt
 
-    from seq2trt.cli.main import err_console
+    from seq2trt.cli.progress import progress_lines
 
-    with err_console.status("importing") as status:
-        record = seq2trt.import_hf(src, out, force=force, progress=lambda msg: status.update(msg)).record
+    record = seq2trt.import_hf(src, out, force=force, progress=progress_lines("import")).record
     v = record["verification"]
     sets = [name for name in ("seeded", "texts") if name in v]
     n = sum(v[s]["sources"] for s in sets)

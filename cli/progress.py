@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Callable, Iterator
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -22,3 +23,16 @@ def progress_bar(description: str, total: int) -> Iterator[Callable[..., None]]:
             bar.update(task, completed=completed, status=status)
 
         yield update
+
+
+def progress_lines(stage: str) -> Callable[[str], None]:
+    """A `progress(message)` callback for a stage's library function that prints each message as one line on
+    stderr, with the time since the stage began: a line, not a spinner, so a log file shows a big model's minutes."""
+    start = time.monotonic()
+
+    def progress(message: str) -> None:
+        minutes, seconds = divmod(int(time.monotonic() - start), 60)
+        err_console.print(f"{stage} [{minutes:d}:{seconds:02d}] {message}", highlight=False, markup=False,
+                          soft_wrap=True)
+
+    return progress

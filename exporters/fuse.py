@@ -21,6 +21,7 @@ from __future__ import annotations
 import enum
 import json
 import logging
+from typing import Callable
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -159,7 +160,8 @@ def fused_dir(out: Path, target: Target) -> Path:
     return layout.fused_dir(out, target.value)
 
 
-def fuse_artifacts(out: Path, target: Target, allow_partial: bool = False, force: bool = False) -> FusionAudit:
+def fuse_artifacts(out: Path, target: Target, allow_partial: bool = False, force: bool = False,
+                   progress: Callable[[str], None] = logger.info) -> FusionAudit:
     """Fuse both graphs of the export in `out` into `out/fused/<target>/`, with `fusion.json`.
 
     Verifies the manifest hashes of the graphs it reads; an incomplete fusion raises `CheckFailed` naming the
@@ -176,9 +178,11 @@ def fuse_artifacts(out: Path, target: Target, allow_partial: bool = False, force
     with staged_directory(fused_dir(out, target), force, f"fused {target.value}", kind=FUSION_JSON) as tmp:
         files = {}
         for kind in spec.GraphKind:
-            logger.info("fusing the %s graph for %s", kind.value, target.value)
+            progress(f"fusing the {kind.value} graph for {target.value}")
             model, graph_audit = _fuse_file(manifest.path(kind.filename), target, manifest, kind)
             audit.graphs.append(graph_audit)
+            progress(f"writing the fused {kind.value} graph ({sum(graph_audit.fused.values())} of "
+                     f"{sum(graph_audit.expected.values())} attention blocks fused)")
             graph_files.save_graph(model, tmp / kind.filename, base_dir=manifest.root)
             del model
             files.update(graph_files.file_records(

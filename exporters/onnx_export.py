@@ -17,6 +17,7 @@ import copy
 import logging
 import time
 import warnings
+from typing import Callable
 from pathlib import Path
 
 import onnx
@@ -104,14 +105,13 @@ def export_copy(model: Seq2SeqTransformer, dtype: str) -> Seq2SeqTransformer:
         # T5 v1.1 / mT5 / UMT5 activations pass fp16's 65504 in the gated FFN (transformers keeps `wo` in fp32).
         raise ConfigError("fp16 is refused for gated-FFN T5 models (T5 v1.1, flan-t5, mT5, UMT5): their FFN "
                           "activations overflow fp16; export with --dtype bf16 (same range as fp32) or fp32")
-    # Weights already in the export's dtype are shared with the copy, not copied (`.to` leaves them as they are): a
-    # model past 2 GiB exports holding one copy of its weights, not two. Others convert on the copy only.
-    target = TORCH_DTYPES[dtype]
-    shared = {id(p): p for p in model.parameters() if p.dtype == target} \
-        if all(p.dtype == target for p in model.parameters()) else {}
+    # The copy starts sharing every weight with the model (a deep copy of the modules only); weights in another
+    # dtype are then replaced in the copy alone, one tensor at a time. So an fp32 export holds one copy of the
+    # weights and an fp16/bf16 export the fp32 model plus its narrow weights, never a second fp32 copy.
+    shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
     copied = copy.deepcopy(model, shared).eval().use_attention(marked_core)
     norms = {name: m for name, m in copied.named_modules() if isinstance(m, nn.LayerNorm)}
-    copied = copied.to(TORCH_DTYPES[dtype])
+    _convert_copy(copied, TORCH_DTYPES[dtype])
     if dtype != "fp32":
         for name, norm in norms.items():
             parent_name, _, child = name.rpartition(".")
@@ -122,6 +122,23 @@ def export_copy(model: Seq2SeqTransformer, dtype: str) -> Seq2SeqTransformer:
     if dtype != "fp32" and copied.frontend is not None:
         copied.frontend = Float32FrontEnd(copied.frontend)
     return copied
+
+
+def _convert_copy(copied: nn.Module, dtype: torch.dtype) -> None:
+    """What `copied.to(dtype)` does to floating-point parameters and buffers, with new tensors set on `copied` only
+    (`.to` would change the shared tensors of the model it was copied from); a tensor shared by two modules (a
+    tied embedding) stays one tensor."""
+    converted: dict[int, torch.Tensor] = {}
+    for module in copied.modules():
+        for table in (module._parameters, module._buffers):
+            for name, tensor in table.items():
+                if tensor is None or not tensor.is_floating_point() or tensor.dtype == dtype:
+                    continue
+                if id(tensor) not in converted:
+                    narrow = tensor.detach().to(dtype)
+                    converted[id(tensor)] = nn.Parameter(narrow, tensor.requires_grad) \
+                        if isinstance(tensor, nn.Parameter) else narrow
+                table[name] = converted[id(tensor)]
 
 
 class EncoderGraph(nn.Module):
@@ -211,7 +228,8 @@ def trace(model: Seq2SeqTransformer, kind: spec.GraphKind, opset: int) -> onnx.M
     return finish(trace_program(model, kind, opset).model_proto, model.cfg, opset)
 
 
-def write_graph(model: Seq2SeqTransformer, kind: spec.GraphKind, opset: int, path: Path) -> onnx.ModelProto:
+def write_graph(model: Seq2SeqTransformer, kind: spec.GraphKind, opset: int, path: Path,
+                progress: Callable[[str], None] = logger.info) -> onnx.ModelProto:
     """Trace one graph into `path` (its weights streamed into external data past the threshold: graph_files) and
     return its structure, finished (`finish`) and written back over the file (the data file is unchanged)."""
     import onnx_ir as ir
@@ -219,9 +237,8 @@ def write_graph(model: Seq2SeqTransformer, kind: spec.GraphKind, opset: int, pat
     program = trace_program(model, kind, opset)
     size = sum(v.const_value.nbytes for v in program.model.graph.initializers.values() if v.const_value is not None)
     external = size > graph_files.threshold()
-    if external:
-        logger.info("writing the %s graph's %.2f GiB of weights to %s", kind.value, size / 2**30,
-                    graph_files.data_name(path))
+    progress(f"writing the {kind.value} graph: {size / 2**30:.2f} GiB of weights"
+             + (f" to {graph_files.data_name(path)}" if external else ""))
     ir.save(program.model, str(path), external_data=graph_files.data_name(path) if external else None,
             size_threshold_bytes=graph_files.INLINE_TENSOR_BYTES)
     del program  # the torch tensors it references belong to the model; its own buffers go now
@@ -283,30 +300,36 @@ def check_graph(proto: onnx.ModelProto, cfg, kind: spec.GraphKind, dtype: str) -
 
 
 def export(model: Seq2SeqTransformer, out: Path, dtype: str = "fp32", opset: int = spec.DEFAULT_OPSET,
-           limits: spec.Limits | None = None, force: bool = False, source: dict | None = None) -> Path:
+           limits: spec.Limits | None = None, force: bool = False, source: dict | None = None,
+           progress: Callable[[str], None] = logger.info) -> Path:
     """Write `out/encoder.onnx`, `out/decoder.onnx` and `out/manifest.json` atomically; returns `out`.
 
-    `source` (checkpoint path and weights hash) is recorded in the manifest so `validate` can find the model.
+    `source` (checkpoint path and weights hash) is recorded in the manifest so `validate` can find the model;
+    `progress` hears each graph traced, written and checked (a big model's take minutes).
     """
     if opset not in spec.OPSETS:
         raise ConfigError(f"opset {opset} is not supported; choose {spec.OPSETS.start}..{spec.OPSETS.stop - 1}")
     check_torch_cache()
     limits = limits or spec.Limits.for_model(model.cfg)
+    if dtype != "fp32":
+        progress(f"converting the model's weights to {dtype}")
     exported = export_copy(model, dtype)
     timings = {}
     protect = (Path(source["checkpoint"]),) if source and source.get("checkpoint") else ()
     with staged_directory(out, force, "export", kind=MANIFEST, protect=protect) as tmp:
         for kind in spec.GraphKind:
             start = time.perf_counter()
-            logger.info("tracing and writing the %s graph", kind.value)
-            proto = write_graph(exported, kind, opset, tmp / kind.filename)
+            progress(f"tracing the {kind.value} graph")
+            proto = write_graph(exported, kind, opset, tmp / kind.filename, progress)
             check_graph(proto, model.cfg, kind, dtype)
             del proto
+            progress(f"checking the {kind.value} graph (onnx checker, full type inference)")
             graph_files.check_model_file(tmp / kind.filename, full_check=True)  # strict type inference
             timings[kind.value] = round(time.perf_counter() - start, 2)
-            logger.info("exported %s graph in %.1f s", kind.value, timings[kind.value])
+            progress(f"exported the {kind.value} graph in {timings[kind.value]:.1f} s")
         files = [p.name for k in spec.GraphKind for p in graph_files.graph_files(tmp / k.filename)]
         if spec.audio_source(model.cfg):
+            progress("writing the features graph (log-mel front end)")
             files += [p.name for p in graph_files.graph_files(write_model_features(tmp, model.cfg, source, opset))]
         settings = {"dtype": dtype, "opset": opset, "limits": vars(limits), "export_seconds": timings}
         write_manifest(tmp, model.cfg, settings, files, source=source)

@@ -128,7 +128,19 @@ def quantize_graph(source: Path, target: Path, settings: QuantizeSettings,
             "nodes_after": len(after.graph.node)}
 
 
-def quantize_artifacts(out: Path, settings: QuantizeSettings = QuantizeSettings(), force: bool = False) -> dict:
+def _check_memory(source_dir: Path) -> None:
+    """Refuse before any work a graph the quantizer could not hold (memory.quantize_peak of the largest graph)."""
+    from seq2trt.reference_model import config, memory
+
+    largest = max(memory.files_bytes(graph_files.graph_files(source_dir / kind.filename)) for kind in spec.GraphKind)
+    memory.check_fits("int8 quantization", memory.quantize_peak(largest), config.physical_memory(),
+                      f"{source_dir} (its largest graph: {largest / memory.GiB:,.1f} GiB)",
+                      "quantize on a machine with more memory, or run the fused graphs as they are "
+                      f"(`--backend ort-fused`)", InputError)
+
+
+def quantize_artifacts(out: Path, settings: QuantizeSettings = QuantizeSettings(), force: bool = False,
+                       progress: Callable[[str], None] = logger.info) -> dict:
     """Quantize `out/fused/ort/` into `out/quantized/ort-int8/` with quantization.json; returns that document."""
     import onnxruntime
 
@@ -145,13 +157,14 @@ def quantize_artifacts(out: Path, settings: QuantizeSettings = QuantizeSettings(
         raise InputError(f"{out} is a {manifest.dtype} export; int8 dynamic quantization starts from float32 "
                          f"graphs: export with `--dtype fp32` into another folder")
     source_dir = fused_dir(out, Target.ORT)
+    _check_memory(source_dir)
     settings = settings.resolved()
     doc = {"method": "onnxruntime dynamic quantization (int8 weights, uint8 activations quantized at run time)",
            "onnxruntime": onnxruntime.__version__, **asdict(settings), "graphs": {}, "files": {}}
     with staged_directory(quantized_dir(out), force, "int8 graphs", kind=QUANTIZATION_JSON) as tmp:
         for kind in spec.GraphKind:
             source = source_dir / kind.filename
-            logger.info("quantizing the %s graph", kind.value)
+            progress(f"quantizing the {kind.value} graph")
             entry = quantize_graph(source, tmp / kind.filename, settings,
                                    lambda path: load_graph(path, manifest.config, kind, manifest.dtype))
             if entry["quantized"] != entry["constant_weight_matmuls"]:

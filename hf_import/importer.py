@@ -34,6 +34,7 @@ from seq2trt.hf_import.families import tokenizer_files  # noqa: F401  (callers i
 from seq2trt.hf_import.families.generation import generation_settings
 from seq2trt.hf_import.families.values import integer, read_json, show, token_ids, unreadable
 from seq2trt.core.layout import GENERATION, IMPORT_RECORD, TOKENIZER_DIR
+from seq2trt.reference_model.memory import import_peak
 from seq2trt.reference_model.model import Seq2SeqTransformer
 
 logger = logging.getLogger(__name__)
@@ -150,7 +151,7 @@ def _check_memory(config: Path, adapter: FamilyAdapter, cfg: Seq2SeqConfig, beam
     """Refuse sizes the machine cannot hold before anything is allocated: the import holds our model and
     transformers' at once; one source's beam search holds num_beams rows of logits and K/V."""
     total, parts = physical_memory(), memory_parts(cfg)
-    need = 2 * sum(parts.values())
+    need = import_peak(sum(parts.values()))
     if need > total:
         biggest = max(parts, key=parts.get)
         raise ConfigError(f"{config} describes a model of about {need / 8:.2g} parameters ({need / 2**30:,.0f} GiB "
@@ -326,12 +327,15 @@ def _few(keys: list[str], n: int = 4) -> str:
     return ", ".join(keys[:n]) + (f" and {len(keys) - n} more" if len(keys) > n else "")
 
 
-def load_hf_as_model(src: Path) -> tuple[str, Seq2SeqTransformer, dict[str, Any], list[Path]]:
-    """(family, our eager model with the source's weights, generation settings, weight files read)."""
+def load_hf_as_model(src: Path, progress: Callable[[str], None] = lambda msg: None
+                     ) -> tuple[str, Seq2SeqTransformer, dict[str, Any], list[Path]]:
+    """(family, our eager model with the source's weights, generation settings, weight files read); `progress`
+    hears when the checked config's weights start to be read (a refused config prints nothing before its error)."""
     src = Path(src)
     check_source_dir(src)
     family, cfg, gen = config_from_hf(src)
     adapter = FAMILIES[family]
+    progress(f"reading the {family} model's weights")
     hf_state, files = read_hf_weights(src)
     cfg = untie_head(adapter, cfg, hf_state)
     state = map_weights(adapter, cfg, hf_state)
@@ -346,10 +350,16 @@ def import_hf(src: Path, out: Path, force: bool = False, progress: Callable[[str
     """Import, verify against transformers, then write the checkpoint atomically; returns the import record.
     A failed verification raises CheckFailed (exit 1) and writes nothing."""
     src = Path(src)
-    progress("reading the source model")
-    family, model, gen, files = load_hf_as_model(src)
-    progress(f"verifying the {family} model against transformers")
-    report = hf_verify.verify(src, model, gen, progress)
+    check_source_dir(src)
+    _, cfg, settings = config_from_hf(src)
+    # A speech model's proof runs transformers' side first and frees its model before ours is built: one model in
+    # memory at a time (a whisper-large-v3 is 6 GB of fp32 weights a copy).
+    judged = hf_verify.judge_speech(src, cfg, settings, progress) if cfg.audio else None
+    family, model, gen, files = load_hf_as_model(src, progress)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    progress(f"read {family}: {sum(p.numel() for p in model.parameters()) / 1e6:,.0f} M parameters, "
+             f"{weights / 2**30:.2f} GiB; proving it equal to transformers' own model")
+    report = hf_verify.verify(src, model, gen, progress, judged=judged)
     gc.collect()  # transformers' model, only the proof's: freed before the checkpoint's write copies ours
     adapter = FAMILIES[family]
     record = {"family": family, "source": {"path": str(src.resolve()),
@@ -358,7 +368,7 @@ def import_hf(src: Path, out: Path, force: bool = False, progress: Callable[[str
     if not report["passed"]:
         raise CheckFailed(f"import of {src} failed its verification against transformers (nothing written): "
                           + "; ".join(report["failures"]))
-    progress("writing the checkpoint")
+    progress(f"proof passed; writing the checkpoint to {out}")
     extra = {GENERATION: json.dumps(gen, indent=2) + "\n", IMPORT_RECORD: json.dumps(record, indent=2) + "\n"}
     save_checkpoint(out, model, force=force, extra_files=extra,
                     extra_writer=lambda tmp: _copy_tokenizer(adapter, src, tmp), protect=(src,))

@@ -27,7 +27,7 @@ from seq2trt.reference_model.decoding import GENERATION_OPTIONS, DecodeSettings,
 from seq2trt.reference_model.eager import EagerStepModel
 from seq2trt.core.errors import CheckpointError, DependencyError, first_line
 from seq2trt.reference_model.model import Seq2SeqTransformer
-from seq2trt.core.numerics import FP32_LOGIT_TOLERANCE, scaled_error
+from seq2trt.core.numerics import FP32_LOGIT_TOLERANCE, magnitude, scaled_error
 from seq2trt.hf_import.text import _bad_tokenizer, load_tokenizer, quiet_transformers  # noqa: F401 (re-exported)
 from seq2trt.reference_model.vocab import pad_batch
 
@@ -37,6 +37,24 @@ logger = logging.getLogger(__name__)
 LOGIT_TOLERANCE = FP32_LOGIT_TOLERANCE
 BEAM_SIZE = 4
 _LIBRARY_MAX_LENGTH = 20  # generate's model-agnostic max_length (GenerationConfig's default in transformers 4.x)
+# Past this many bytes of fp32 weights the proof runs on fewer inputs: its time and its activations grow with the
+# model times the batch (a whisper-large-v3's eager encoder holds 20 heads x 1,500^2 attention scores a clip), and
+# every comparison still runs both models end to end. 2 GiB: where a graph needs ONNX external data.
+BIG_MODEL_BYTES = 2 * 2**30
+BIG_MODEL_SOURCES = {"text": 4, "speech": 1}  # per set, against 8 text sources and 4 feature batches below it
+
+
+def proof_scope(cfg, count: int) -> dict[str, Any]:
+    """How many inputs a set of the proof holds for this model: `count` (4 feature batches at most for speech), or
+    `BIG_MODEL_SOURCES` past `BIG_MODEL_BYTES` of fp32 weights; the rule and the figures go into import.json."""
+    from seq2trt.reference_model.config import memory_parts
+
+    weights, kind = sum(memory_parts(cfg).values()), "speech" if cfg.audio else "text"
+    usual = min(count, 4) if cfg.audio else count
+    big = weights > BIG_MODEL_BYTES
+    return {"weights_bytes": weights, "sources_per_set": min(usual, BIG_MODEL_SOURCES[kind]) if big else usual,
+            "bounded": big, "rule": f"{BIG_MODEL_SOURCES[kind]} {kind} input(s) a set past "
+                                    f"{BIG_MODEL_BYTES / 2**30:.0f} GiB of fp32 weights, else {usual}"}
 
 
 def load_transformers_model(src: Path, speech: bool = False):
@@ -118,24 +136,30 @@ def _step_logits(recorded: list[tuple[int, np.ndarray, np.ndarray]], ours_greedy
                  theirs_greedy: list[list[int]], their_logits, eos_id: int) -> tuple[int, float, float]:
     """(rows compared, max abs error, scaled error) of our greedy search's step logits (`recorded`: step, live rows,
     logits) against generate's own (`their_logits`: one (B, V) tensor a step), wherever both searches fed the same
-    tokens so far (everywhere, when the tokens agree)."""
-    theirs = torch.stack(their_logits, 1).double().numpy()  # (B, steps, V): generate's own steps, raw
-    ours_steps, theirs_steps = [], []
+    tokens so far (everywhere, when the tokens agree). Judged a step at a time, so that no float64 copy of every
+    step's logits over the whole vocabulary is made (GiBs for a 250,000-token model); the same figures as
+    `scaled_error` of all the steps at once."""
+    compared, err, scale = 0, 0.0, 1.0
     for step, rows, logits in recorded:
-        if step >= theirs.shape[1]:  # ours ran longer (a limit read wrong): the tokens tell
+        if step >= len(their_logits):  # ours ran longer (a limit read wrong): the tokens tell
             break
         same = [i for i, r in enumerate(rows)
                 if (ours_greedy[r] + [eos_id])[:step] == (theirs_greedy[r] + [eos_id])[:step]]
-        ours_steps.append(logits[same])
-        theirs_steps.append(theirs[rows[same], step])
-    ours_steps, theirs_steps = np.concatenate(ours_steps), np.concatenate(theirs_steps)
-    return (int(len(ours_steps)), *_scaled_err(ours_steps, theirs_steps))
+        if not same:
+            continue
+        theirs = their_logits[step][torch.as_tensor(rows[same])].numpy()  # generate's own step, raw
+        compared += len(same)
+        step_err = _scaled_err(logits[same], theirs)[0]
+        err = float("nan") if np.isnan(step_err) or np.isnan(err) else max(err, step_err)  # NaN fails the proof
+        scale = max(scale, magnitude(theirs))
+    return compared, err, err / scale
 
 
 def compare(hf_model, model: Seq2SeqTransformer, sources: list[list[int]], gen: dict[str, Any],
-            max_new_tokens: int | None) -> dict[str, Any]:
+            max_new_tokens: int | None, progress: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     """Encoder states, step logits, greedy and beam tokens of ours vs transformers on `sources`; `max_new_tokens`
-    None: each side's default length (transformers' generation config, our checkpoint's config)."""
+    None: each side's default length (transformers' generation config, our checkpoint's config); `progress` hears
+    each step (a big model's take minutes)."""
     cfg = model.cfg
     ids, mask = pad_batch(sources, cfg.pad_id)
     t_ids, t_mask = torch.as_tensor(ids), torch.as_tensor(mask)
@@ -144,6 +168,7 @@ def compare(hf_model, model: Seq2SeqTransformer, sources: list[list[int]], gen: 
     settings = dataclasses.replace(DecodeSettings.for_model(cfg, max_new_tokens, gen), do_sample=False,
                                    num_return_sequences=1)
     step_model = EagerStepModel(model)
+    progress("encoder states, both models")
     with torch.inference_mode(), _transformers_runs():
         theirs_enc = hf_model.get_encoder()(input_ids=t_ids, attention_mask=t_mask).last_hidden_state.numpy()
     with torch.inference_mode():
@@ -152,17 +177,20 @@ def compare(hf_model, model: Seq2SeqTransformer, sources: list[list[int]], gen: 
     enc_err, enc_rel = _scaled_err(ours_enc[valid], theirs_enc[valid])
 
     recorded: list[tuple[int, np.ndarray, np.ndarray]] = []
+    progress("our greedy search")
     ours_greedy = greedy_decode(step_model, ids, mask, settings,
                                 on_step=lambda step, rows, logits: recorded.append((step, rows.copy(), logits.copy())))
     common = dict(input_ids=t_ids, attention_mask=t_mask, do_sample=False, num_return_sequences=1,
                   **({} if max_new_tokens is None else {"max_new_tokens": max_new_tokens}))
     with torch.inference_mode(), _transformers_runs():
+        progress("transformers' generate: greedy, then beam")
         greedy = hf_model.generate(**common, num_beams=1, output_logits=True, return_dict_in_generate=True)
         theirs_beam = _generated(hf_model.generate(**common, num_beams=BEAM_SIZE, length_penalty=gen["length_penalty"],
                                                    early_stopping=gen["early_stopping"]), cfg.eos_id)
     theirs_greedy = _generated(greedy.sequences, cfg.eos_id)
     compared, logit_err, logit_rel = _step_logits(recorded, ours_greedy, theirs_greedy, greedy.logits, cfg.eos_id)
 
+    progress(f"our beam search ({BEAM_SIZE} beams)")
     ours_beam = hf_beam_search(step_model, ids, mask, settings, BEAM_SIZE, gen["length_penalty"], gen["early_stopping"])
     return {"sources": len(sources), "encoder_max_abs_err": enc_err, "encoder_scaled_err": enc_rel,
             "step_logits_compared": compared, "logits_max_abs_err": logit_err, "logits_scaled_err": logit_rel,
@@ -180,7 +208,7 @@ def whisper_generated(sequences: torch.Tensor, prompt_len: int, eos_id: int) -> 
 
 
 def compare_speech(hf_model, model: Seq2SeqTransformer, features: np.ndarray, gen: dict[str, Any],
-                   max_new_tokens: int | None) -> dict[str, Any]:
+                   max_new_tokens: int | None, progress: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     """`compare` for a speech model on a (B, n_mels, frames) feature batch: encoder states, the step logits of
     greedy search, greedy and beam tokens against transformers' `generate(input_features, language, task)` with a
     given language (the first the model knows), and the languages transformers detects against ours.
@@ -188,59 +216,87 @@ def compare_speech(hf_model, model: Seq2SeqTransformer, features: np.ndarray, ge
     The tokens are judged on what each side transcribes: transformers' plain output (its long-form loop runs for
     short inputs too, so a model that emits a timestamp pair is decoded again from it inside the window) against
     our `transcribe`, which follows it. The step logits are those of one decode of each window's first pass
-    (generate with `force_unique_generate_call`, whose returned logits are that call's)."""
-    from seq2trt.reference_model.speech import SpeechTokens, detect_languages, generation_limit
+    (generate with `force_unique_generate_call`, whose returned logits are that call's). transformers' side runs
+    first (`_their_speech`), so that a caller may free its model before ours is built (`judge_speech`)."""
+    return _our_speech(model, _their_speech(hf_model, model.cfg, features, gen, max_new_tokens, progress), gen,
+                       progress)
+
+
+def _their_speech(hf_model, cfg, features: np.ndarray, gen: dict[str, Any], max_new_tokens: int | None,
+                  progress: Callable[[str], None]) -> dict[str, Any]:
+    """What transformers' model computes for `compare_speech` on `features`: its outputs, no reference to it."""
+    from seq2trt.reference_model.speech import SpeechTokens, generation_limit
+
+    speech = SpeechTokens.from_record(gen.get("speech"))
+    language = next(iter(speech.languages), None) if speech.multilingual else None
+    prompt = speech.prompt(language, "transcribe")
+    limit = generation_limit(cfg, prompt, max_new_tokens)
+    x = torch.as_tensor(features)
+    progress("transformers' encoder states")
+    with torch.inference_mode(), _transformers_runs():
+        enc = hf_model.get_encoder()(input_features=x).last_hidden_state.numpy()
+    common = dict(input_features=x, max_new_tokens=limit, do_sample=False,
+                  **({"language": language, "task": "transcribe"} if speech.multilingual else {}))
+    with torch.inference_mode(), _transformers_runs(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        progress("transformers' generate: greedy (logits), greedy, beam")
+        first = hf_model.generate(**common, num_beams=1, output_logits=True, return_dict_in_generate=True,
+                                  force_unique_generate_call=True)
+        greedy = hf_model.generate(**common, num_beams=1)
+        beam = hf_model.generate(**common, num_beams=BEAM_SIZE, length_penalty=gen["length_penalty"],
+                                 early_stopping=gen["early_stopping"])
+    greedy, beam = ([r[: r.index(cfg.eos_id)] if cfg.eos_id in r else r for r in out.tolist()]
+                    for out in (greedy, beam))  # no prompt, padded with pad (eos) on the right
+    theirs = {"features": features, "language": language, "prompt": prompt, "limit": limit, "encoder": enc,
+              "first": whisper_generated(first.sequences, len(prompt), cfg.eos_id), "first_logits": first.logits,
+              "greedy": greedy, "beam": beam, "limit_failure": _limit_failure(hf_model, cfg)}
+    if speech.multilingual:
+        progress("transformers' language detection")
+        with torch.inference_mode(), _transformers_runs():
+            theirs["languages"] = hf_model.detect_language(input_features=x).tolist()
+    return theirs
+
+
+def _our_speech(model: Seq2SeqTransformer, theirs: dict[str, Any], gen: dict[str, Any],
+                progress: Callable[[str], None]) -> dict[str, Any]:
+    """Our side of `compare_speech`, judged against transformers' outputs `theirs` (`_their_speech`)."""
+    from seq2trt.reference_model.speech import SpeechTokens, detect_languages
     from seq2trt.reference_model.longform import transcribe
 
     cfg, speech = model.cfg, SpeechTokens.from_record(gen.get("speech"))
-    language = next(iter(speech.languages), None) if speech.multilingual else None
+    features, language, limit = theirs["features"], theirs["language"], theirs["limit"]
     step_model = EagerStepModel(model)
-    x = torch.as_tensor(features)
     mask = np.ones((len(features), cfg.max_src_len), dtype=np.int64)
-    with torch.inference_mode(), _transformers_runs():
-        theirs_enc = hf_model.get_encoder()(input_features=x).last_hidden_state.numpy()
+    progress("our encoder states")
     with torch.inference_mode():
-        ours_enc = model.encode(x, torch.as_tensor(mask)).numpy()
-    enc_err, enc_rel = _scaled_err(ours_enc, theirs_enc)
-    prompt = speech.prompt(language, "transcribe")
-    limit = generation_limit(cfg, prompt, max_new_tokens)
-    settings = dataclasses.replace(DecodeSettings.for_model(cfg, 1, gen), prompt=prompt, max_new_tokens=limit,
-                                   do_sample=False, num_return_sequences=1)
+        ours_enc = model.encode(torch.as_tensor(features), torch.as_tensor(mask)).numpy()
+    enc_err, enc_rel = _scaled_err(ours_enc, theirs["encoder"])
+    settings = dataclasses.replace(DecodeSettings.for_model(cfg, 1, gen), prompt=theirs["prompt"],
+                                   max_new_tokens=limit, do_sample=False, num_return_sequences=1)
     recorded: list[tuple[int, np.ndarray, np.ndarray]] = []
+    progress("our greedy search, then our transcription (greedy and beam)")
     ours_first = greedy_decode(step_model, features, mask, settings,
                                on_step=lambda step, rows, logits: recorded.append((step, rows.copy(), logits.copy())))
     ours_greedy, ours_beam = ([t.tokens for t in transcribe(
         step_model, cfg, speech, list(features), language=language, task="transcribe", beam_size=beams,
         length_penalty=gen["length_penalty"], early_stopping=gen["early_stopping"], max_new_tokens=limit,
         generation=gen)] for beams in (1, BEAM_SIZE))
-    common = dict(input_features=x, max_new_tokens=limit, do_sample=False,
-                  **({"language": language, "task": "transcribe"} if speech.multilingual else {}))
-    with torch.inference_mode(), _transformers_runs(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        first = hf_model.generate(**common, num_beams=1, output_logits=True, return_dict_in_generate=True,
-                                  force_unique_generate_call=True)
-        greedy = hf_model.generate(**common, num_beams=1)
-        beam = hf_model.generate(**common, num_beams=BEAM_SIZE, length_penalty=gen["length_penalty"],
-                                 early_stopping=gen["early_stopping"])
-    theirs_greedy, theirs_beam = ([r[: r.index(cfg.eos_id)] if cfg.eos_id in r else r for r in out.tolist()]
-                                  for out in (greedy, beam))  # no prompt, padded with pad (eos) on the right
-    compared, logit_err, logit_rel = _step_logits(recorded, ours_first,
-                                                  whisper_generated(first.sequences, len(prompt), cfg.eos_id),
-                                                  first.logits, cfg.eos_id)
-    result = {"sources": len(features), "language": language, "prompt": list(prompt),
+    compared, logit_err, logit_rel = _step_logits(recorded, ours_first, theirs["first"], theirs["first_logits"],
+                                                  cfg.eos_id)
+    greedy, beam = theirs["greedy"], theirs["beam"]
+    result = {"sources": len(features), "language": language, "prompt": list(theirs["prompt"]),
               "encoder_max_abs_err": enc_err, "encoder_scaled_err": enc_rel,
               "step_logits_compared": compared, "logits_max_abs_err": logit_err,
               "logits_scaled_err": logit_rel,
-              "greedy_equal": sum(a == b for a, b in zip(ours_greedy, theirs_greedy)),
-              "beam_equal": sum(a == b for a, b in zip(ours_beam, theirs_beam)),
-              "greedy_mismatches": [i for i, (a, b) in enumerate(zip(ours_greedy, theirs_greedy)) if a != b],
-              "beam_mismatches": [i for i, (a, b) in enumerate(zip(ours_beam, theirs_beam)) if a != b]}
-    if speech.multilingual:
-        with torch.inference_mode(), _transformers_runs():
-            theirs_lang = hf_model.detect_language(input_features=x).tolist()
+              "greedy_equal": sum(a == b for a, b in zip(ours_greedy, greedy)),
+              "beam_equal": sum(a == b for a, b in zip(ours_beam, beam)),
+              "greedy_mismatches": [i for i, (a, b) in enumerate(zip(ours_greedy, greedy)) if a != b],
+              "beam_mismatches": [i for i, (a, b) in enumerate(zip(ours_beam, beam)) if a != b]}
+    if "languages" in theirs:
+        progress("our language detection")
         by_id = {i: c for c, i in speech.languages.items()}
         ours_lang = detect_languages(step_model, step_model.encode(features, mask), mask, cfg.bos_id, speech)
-        result["languages_equal"] = sum(by_id.get(t) == o for t, o in zip(theirs_lang, ours_lang))
+        result["languages_equal"] = sum(by_id.get(t) == o for t, o in zip(theirs["languages"], ours_lang))
     return result
 
 
@@ -264,16 +320,27 @@ def _limit_failure(hf_model, cfg) -> str | None:
     return None
 
 
+def _announce_scope(cfg, count: int, progress: Callable[[str], None]) -> dict[str, Any]:
+    scope = proof_scope(cfg, count)
+    if scope["bounded"]:
+        progress(f"a model of {scope['weights_bytes'] / 2**30:.1f} GiB of fp32 weights: the proof runs on "
+                 f"{scope['sources_per_set']} input(s) a set ({scope['rule']})")
+    return scope
+
+
 def verify(src: Path, model: Seq2SeqTransformer, gen: dict[str, Any], progress: Callable[[str], None] = lambda m: None,
-           count: int = 8, max_new_tokens: int = 24) -> dict[str, Any]:
-    """The import's proof: `compare` on seeded sources, and on tokenizer-made texts when there is a tokenizer."""
+           count: int = 8, max_new_tokens: int = 24, judged: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The import's proof: `compare` on seeded sources, and on tokenizer-made texts when there is a tokenizer; a
+    speech model's against transformers' side already run (`judged`: `judge_speech`), or run here first."""
     import transformers
 
     cfg = model.cfg
     if cfg.audio:
-        with quiet_transformers():
-            hf_model = load_transformers_model(src, speech=True)
-            return _verify_speech(src, hf_model, model, gen, progress, count, max_new_tokens)
+        judged = judged or judge_speech(src, cfg, gen, progress, count, max_new_tokens)
+        return _verify_speech(judged, model, gen, progress, max_new_tokens)
+    scope = _announce_scope(cfg, count, progress)
+    count = scope["sources_per_set"]
+    progress("loading transformers' model")
     hf_model = load_transformers_model(src)
     own = cfg.max_new_tokens
     # A short limit of the model's own is what translate stops at: the searches run to it, unprompted on both sides.
@@ -290,13 +357,14 @@ def verify(src: Path, model: Seq2SeqTransformer, gen: dict[str, Any], progress: 
                               "max_new_tokens": new_tokens if new_tokens is not None else f"the model's own ({own})",
                               "model_max_new_tokens": own, "tolerance_scaled": LOGIT_TOLERANCE,
                               "length_penalty": gen["length_penalty"], "early_stopping": gen["early_stopping"],
-                              "options": {k: gen.get(k) for k in GENERATION_OPTIONS if gen.get(k) is not None}}
+                              "options": {k: gen.get(k) for k in GENERATION_OPTIONS if gen.get(k) is not None},
+                              "scope": scope}
     failures = [] if (limit := _limit_failure(hf_model, cfg)) is None else [limit]
     in_fp32: dict[str, list[str]] = {}
     with quiet_transformers():  # generate's notes on the source's settings (both max_length and max_new_tokens...)
         for name, sources in sets.items():
             progress(f"comparing {len(sources)} {name} sources with transformers")
-            report[name] = compare(hf_model, model, sources, gen, new_tokens)
+            report[name] = compare(hf_model, model, sources, gen, new_tokens, progress)
             in_fp32[name] = _failures(name, report[name], LOGIT_TOLERANCE)
         if any(in_fp32.values()):
             _judge_own_error(hf_model, model, sets, gen, new_tokens, report, in_fp32, progress)
@@ -334,17 +402,23 @@ def _judge_own_error(hf_model, model: Seq2SeqTransformer, sets: dict[str, list[l
     float32 rounding moves this model's outputs. Two float32 computations each that close to the result differ by
     at most 2e, so the set passes when the tokens are equal and the encoder states and step logits are within
     max(LOGIT_TOLERANCE, 2e) of transformers'. The figures (e, the bound, the float32 errors) stay in the report.
-    Updates `in_fp32` with what still fails."""
-    import copy
+    Updates `in_fp32` with what still fails.
 
+    transformers' model is converted to float64 in place, after its float32 runs (one parameter at a time: no
+    float32 copy is kept beside it), so the judge holds ours, its float64 model and no deep copy; it is left in
+    float64, as nothing runs it afterwards."""
     progress("float32 disagrees with transformers beyond the fixed tolerance: measuring transformers' own float32 "
              "error on these sources (its float64 run)")
-    hf64 = copy.deepcopy(hf_model).double()
-    for name, found in in_fp32.items():
-        if not found:
-            continue
+    failing = [name for name, found in in_fp32.items() if found]
+    runs32 = {name: _judge_run(hf_model, sets[name], model.cfg.pad_id, new_tokens) for name in failing}
+    hf_model.double()
+    for name in failing:
+        mask, sequences, enc32, logits32 = runs32.pop(name)
+        _, _, enc64, logits64 = _judge_run(hf_model, sets[name], model.cfg.pad_id, new_tokens, sequences)
+        valid = mask.astype(bool)
+        noise = {"encoder": _scaled_err(enc32[valid], enc64[valid])[1], "logits": _scaled_err(logits32, logits64)[1]}
+        del enc32, logits32, enc64, logits64
         result = report[name]
-        noise = _judge_noise(hf_model, hf64, sets[name], model.cfg.pad_id, new_tokens)
         bounds = {what: max(LOGIT_TOLERANCE, 2 * noise[what]) for what in ("encoder", "logits")}
         result["judge_fp32_error"] = {**noise, "tolerance_scaled": bounds}
         still = _failures(name, result, bounds)
@@ -352,30 +426,30 @@ def _judge_own_error(hf_model, model: Seq2SeqTransformer, sets: dict[str, list[l
                          f"{noise['logits']:.3g}, scaled)" for f in still]
 
 
-def _judge_noise(hf_model, hf64, sources: list[list[int]], pad_id: int, new_tokens: int | None) -> dict[str, float]:
-    """Scaled max |transformers float32 - transformers float64| of the encoder states (valid positions) and of the
-    logits teacher-forced on its float32 greedy output, on `sources`."""
+def _judge_run(hf_model, sources: list[list[int]], pad_id: int, new_tokens: int | None,
+               sequences: torch.Tensor | None = None) -> tuple[np.ndarray, torch.Tensor, np.ndarray, np.ndarray]:
+    """(mask, decoder tokens, encoder states, logits) of transformers' model on `sources`, teacher-forced on
+    `sequences` (None: its own greedy output, generated here); the outputs in the model's dtype (float32 ones are
+    not widened: they are exact in float64 when compared)."""
     ids, mask = pad_batch(sources, pad_id)
     t_ids, t_mask = torch.as_tensor(ids), torch.as_tensor(mask)
     with torch.inference_mode(), _transformers_runs():
-        sequences = hf_model.generate(input_ids=t_ids, attention_mask=t_mask, do_sample=False, num_beams=1,
-                                      num_return_sequences=1,
-                                      **({} if new_tokens is None else {"max_new_tokens": new_tokens}))
-        runs = [m(input_ids=t_ids, attention_mask=t_mask, decoder_input_ids=sequences) for m in (hf_model, hf64)]
-    valid = mask.astype(bool)
-    (enc32, logits32), (enc64, logits64) = ((r.encoder_last_hidden_state.double().numpy(), r.logits.double().numpy())
-                                            for r in runs)
-    return {"encoder": _scaled_err(enc32[valid], enc64[valid])[1], "logits": _scaled_err(logits32, logits64)[1]}
+        if sequences is None:
+            sequences = hf_model.generate(input_ids=t_ids, attention_mask=t_mask, do_sample=False, num_beams=1,
+                                          num_return_sequences=1,
+                                          **({} if new_tokens is None else {"max_new_tokens": new_tokens}))
+        run = hf_model(input_ids=t_ids, attention_mask=t_mask, decoder_input_ids=sequences)
+    return mask, sequences, run.encoder_last_hidden_state.numpy(), run.logits.numpy()
 
 
-def _verify_speech(src: Path, hf_model, model: Seq2SeqTransformer, gen: dict[str, Any], progress: Callable[[str], None],
-                   count: int, max_new_tokens: int) -> dict[str, Any]:
-    """`verify` for a speech model: `compare_speech` on seeded random features (the tokenizer is checked to load)."""
-    import transformers
-
+def judge_speech(src: Path, cfg, gen: dict[str, Any], progress: Callable[[str], None] = lambda m: None,
+                 count: int = 8, max_new_tokens: int = 24) -> dict[str, Any]:
+    """transformers' side of a speech model's proof, on seeded random features (`proof_scope`'s count; the
+    tokenizer and feature extractor checked first). Its model is loaded here and freed on return, so that the
+    import can build ours after it: one 1.5 B model in memory at a time, not two."""
     from seq2trt.reference_model.sources import source_kind
 
-    cfg = model.cfg
+    scope = _announce_scope(cfg, count, progress)
     tokenizer = load_tokenizer(src)
     if tokenizer is not None:
         check_tokenizer_ids(src, tokenizer, cfg)
@@ -386,14 +460,25 @@ def _verify_speech(src: Path, hf_model, model: Seq2SeqTransformer, gen: dict[str
     FeatureParams.from_file(src / FEATURE_EXTRACTOR, cfg.n_mels, cfg.source_frames,
                             f"fix it (WhisperFeatureExtractor(feature_size={cfg.n_mels}).save_pretrained), or remove "
                             f"it to transcribe with the default extractor for {cfg.n_mels} mel bins")
-    features = np.stack(source_kind(cfg).random(np.random.default_rng(0), min(count, 4)))
-    progress(f"comparing {len(features)} seeded feature batches with transformers")
-    result = compare_speech(hf_model, model, features, gen, max_new_tokens)
+    features = np.stack(source_kind(cfg).random(np.random.default_rng(0), scope["sources_per_set"]))
+    progress(f"comparing {len(features)} seeded feature batches with transformers; loading transformers' model")
+    with quiet_transformers():
+        hf_model = load_transformers_model(src, speech=True)
+        return _their_speech(hf_model, cfg, features, gen, max_new_tokens, progress) | {"scope": scope}
+
+
+def _verify_speech(judged: dict[str, Any], model: Seq2SeqTransformer, gen: dict[str, Any],
+                   progress: Callable[[str], None], max_new_tokens: int) -> dict[str, Any]:
+    """`verify` for a speech model: our side of `compare_speech` against transformers' (`judge_speech`)."""
+    import transformers
+
+    result = _our_speech(model, judged, gen, progress)
+    features = judged["features"]
     report: dict[str, Any] = {"transformers": transformers.__version__, "beam_size": BEAM_SIZE,
                               "max_new_tokens": max_new_tokens, "tolerance_scaled": LOGIT_TOLERANCE,
                               "length_penalty": gen["length_penalty"], "early_stopping": gen["early_stopping"],
-                              "seeded": result}
-    failures = [] if (limit := _limit_failure(hf_model, cfg)) is None else [limit]
+                              "seeded": result, "scope": judged["scope"]}
+    failures = [] if judged["limit_failure"] is None else [judged["limit_failure"]]
     for what in ("encoder", "logits"):
         if not result[f"{what}_scaled_err"] <= LOGIT_TOLERANCE:
             failures.append(f"seeded: {what} differ by {result[f'{what}_max_abs_err']:.3g} "

@@ -42,6 +42,46 @@ def test_export_result_describes_the_files_written(staged):
     assert messages["export"] and all(isinstance(m, str) for m in messages["export"])
 
 
+def test_each_stage_reports_each_graph_as_it_goes(staged, tmp_path):
+    """A big model's stage takes minutes per graph: export, fuse and quantize each say, graph by graph, what they
+    are doing (each graph traced, written and checked; fused and written; quantized), in order."""
+    root, _, _, messages = staged
+    for kind in ("encoder", "decoder"):
+        steps = [next(i for i, m in enumerate(messages["export"]) if m.startswith(f"{what} the {kind} graph"))
+                 for what in ("tracing", "writing", "checking", "exported")]
+        assert steps == sorted(steps), messages["export"]
+        fused = [i for i, m in enumerate(messages["fuse"]) if f"the {kind} graph" in m or f"fused {kind} graph" in m]
+        assert len(fused) == 2 and "attention blocks fused" in messages["fuse"][fused[1]], messages["fuse"]
+    assert messages["export"].index("tracing the encoder graph") < messages["export"].index("tracing the decoder graph")
+    quantized: list[str] = []
+    seq2trt.quantize(root / "out", force=True, progress=quantized.append)
+    assert [m for m in quantized if m.endswith(" graph")] == ["quantizing the encoder graph",
+                                                                "quantizing the decoder graph"]
+
+
+def test_a_stage_the_machine_cannot_hold_is_refused_before_any_work(staged, tmp_path, monkeypatch):
+    """Export and quantize estimate their peak from the weights' bytes (reference_model/memory.py) and refuse, in
+    one line naming the figures and the way out, when it passes the machine's memory: nothing is written."""
+    from seq2trt.reference_model import config, memory
+
+    root, _, _, _ = staged
+    weights = sum(config.memory_parts(config.Seq2SeqConfig.load(root / "ckpt" / "config.json")).values())
+    monkeypatch.setattr(config, "physical_memory", lambda: memory.export_peak(weights, 4) - 1)
+    with pytest.raises(seq2trt.ConfigError, match=r"a fp32 export of .* needs about .* GiB .*more than this machine"):
+        seq2trt.export(root / "ckpt", tmp_path / "new")
+    assert not (tmp_path / "new").exists()
+    monkeypatch.setattr(config, "physical_memory", lambda: memory.export_peak(weights, 4))  # exactly enough
+    seq2trt.export(root / "ckpt", tmp_path / "new", max_batch=4)
+
+    graphs = root / "out" / "fused" / "ort"
+    largest = max((graphs / name).stat().st_size for name in ("encoder.onnx", "decoder.onnx"))
+    monkeypatch.setattr(config, "physical_memory", lambda: memory.quantize_peak(largest) - 1)
+    seq2trt.fuse(tmp_path / "new", "ort")
+    with pytest.raises(seq2trt.InputError, match="int8 quantization of .*more than this machine.*--backend ort-fused"):
+        seq2trt.quantize(tmp_path / "new")
+    assert not (tmp_path / "new" / "quantized").exists()
+
+
 def test_fuse_result_matches_fusion_json(staged):
     root, _, result, messages = staged
     assert isinstance(result, seq2trt.FuseResult) and result.folder == root / "out" / "fused" / "ort"

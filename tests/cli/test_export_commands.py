@@ -29,6 +29,18 @@ def test_export_writes_the_artifact_directory(exported):
     assert manifest["source"]["checkpoint"].endswith("ckpt") and len(manifest["files"]["decoder.onnx"]["sha256"]) == 64
 
 
+def test_export_prints_a_progress_line_per_step(exported, tmp_path):
+    """Lines on stderr (a log file keeps them, unlike a spinner), each with the stage and the time since it began."""
+    import re
+
+    output = invoke_ok("export", exported / "ckpt", "-o", tmp_path / "out", "--max-batch", 8)
+    lines = [line for line in output.splitlines() if line.startswith("export [")]
+    assert all(re.match(r"export \[\d+:\d\d\] \S", line) for line in lines), lines
+    for kind in ("encoder", "decoder"):
+        assert any(f"tracing the {kind} graph" in line for line in lines), lines
+        assert any(f"checking the {kind} graph" in line for line in lines), lines
+
+
 def test_export_refuses_an_existing_directory(exported):
     result = invoke("export", exported / "ckpt", "-o", exported / "out")
     assert result.exit_code == 2 and "--force" in result.output

@@ -172,6 +172,36 @@ def test_marking_is_confined_to_the_export_copy(model):
     assert [b.kind for b in blocks(copied)] == [b.kind for b in blocks(model)]
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+def test_the_export_copy_holds_no_second_fp32_copy_of_the_weights(make_model, dtype):
+    """The memory of an export is the model plus its weights in the export dtype: an fp32 copy shares every
+    weight with the model; an fp16/bf16 copy holds only narrow weights of its own (the LayerNorms and an audio
+    front end excepted: kept fp32 on purpose), equal to `.to(dtype)` of the model's, while the model keeps its fp32
+    weights untouched; a tied embedding stays one tensor."""
+    model = make_model(seed=2, dtype=torch.float32)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    copied = export_copy(model, dtype)
+    ours = {t.data_ptr() for t in (*model.parameters(), *model.buffers())}
+    norms = {id(t) for m in copied.modules() if type(m).__name__ in ("Float32LayerNorm", "Float32FrontEnd")
+             for t in (*m.parameters(), *m.buffers())}
+    narrow = spec.DTYPES[dtype][0]
+    for name, tensor in (*copied.named_parameters(), *copied.named_buffers()):
+        if not tensor.is_floating_point() or id(tensor) in norms:
+            continue
+        if dtype == "fp32":
+            assert tensor.data_ptr() in ours, name
+        else:
+            assert str(tensor.dtype).removeprefix("torch.") == narrow and tensor.data_ptr() not in ours, name
+    if dtype != "fp32":
+        state = model.state_dict()
+        for name, tensor in copied.state_dict().items():
+            if tensor.dtype == getattr(torch, narrow) and name in state:
+                assert torch.equal(tensor, state[name].to(tensor.dtype)), name
+    assert all(torch.equal(v, before[k]) and v.dtype == torch.float32 for k, v in model.state_dict().items())
+    if model.cfg.tie_embeddings:
+        assert copied.lm_head.weight is copied.tgt_embed.weight
+
+
 def test_existing_output_is_refused_without_force(exports, model):
     out, dtype = exports("fp32")
     before = (out / MANIFEST).read_bytes()

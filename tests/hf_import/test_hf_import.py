@@ -275,3 +275,26 @@ def test_typical_p_without_sampling_changes_nothing_and_imports(make_hf_model, t
     path = src / "generation_config.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "typical_p": 0.5}))
     assert CliRunner().invoke(cli, ["import", "hf", str(src), "-o", str(tmp_path / "ckpt")]).exit_code == 0
+
+
+@pytest.mark.parametrize("speech", [False, True], ids=["text", "speech"])
+def test_a_big_models_proof_runs_on_fewer_inputs_and_records_it(make_hf_model, tmp_path, monkeypatch, speech):
+    """Past hf_verify.BIG_MODEL_BYTES of fp32 weights the proof runs on BIG_MODEL_SOURCES inputs a set (a
+    whisper-large-v3 takes minutes an input on two cores); what was proven is printed and kept in import.json. Below
+    it the proof is unchanged (8 sources a set; 4 feature batches)."""
+    from seq2trt.hf_import import proof as hf_verify
+    from helpers.hf_models import whisper_model_dir
+
+    src = whisper_model_dir(tmp_path / "hf", config={}) if speech else make_hf_model(tmp_path / "src", "marian")
+    usual = hf_import.import_hf(src, tmp_path / "usual")["verification"]
+    assert not usual["scope"]["bounded"] and usual["seeded"]["sources"] == (4 if speech else 8)
+    monkeypatch.setattr(hf_verify, "BIG_MODEL_BYTES", usual["scope"]["weights_bytes"] - 1)  # this model is big
+    messages: list[str] = []
+    record = hf_import.import_hf(src, tmp_path / "big", progress=messages.append)
+    proof = record["verification"]
+    want = hf_verify.BIG_MODEL_SOURCES["speech" if speech else "text"]
+    assert proof["passed"] and proof["scope"]["bounded"] and proof["scope"]["sources_per_set"] == want
+    assert proof["seeded"]["sources"] == want and proof["seeded"]["greedy_equal"] == proof["seeded"]["beam_equal"] == want
+    assert json.loads((tmp_path / "big" / "import.json").read_text())["verification"]["scope"] == proof["scope"]
+    assert any(f"the proof runs on {want} input(s) a set" in m for m in messages), messages
+    assert any(m.startswith("comparing ") for m in messages) and any("beam" in m for m in messages)
