@@ -88,29 +88,8 @@ def beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndar
             encoder_state, mask = _expand(model, encoder_state, mask, K)
         V = logp.shape[-1]
         cand = (scores[:, :, None] + logp.reshape(b_live, K, V)).reshape(b_live, K * V)
-        top = np.argsort(-cand, axis=1, kind="stable")[:, : 2 * K]  # (b, 2K): enough to refill K live beams
-        new_scores = np.full((b_live, K), -np.inf)
-        origin = np.repeat(np.arange(b_live) * K, K).reshape(b_live, K)
-        new_tokens = np.full((b_live, K), settings.pad_id, dtype=np.int64)
-        done = np.zeros(b_live, dtype=bool)
-        for b in range(b_live):
-            kept = finished[sources[b]]
-            slot = 0
-            for rank, flat in enumerate(top[b]):
-                beam, token = divmod(int(flat), V)
-                score = cand[b, flat]
-                if not np.isfinite(score):
-                    break
-                if token == settings.eos_id:
-                    if rank < K:
-                        kept.add(beams[b * K + beam], score, ended=True, token_logprobs=None if beam_lp is None else
-                                 beam_lp[b * K + beam] + [float(logp[b * K + beam, token])])
-                    continue
-                new_scores[b, slot], origin[b, slot], new_tokens[b, slot] = score, b * K + beam, token
-                slot += 1
-                if slot == K:
-                    break
-            done[b] = kept.is_done(new_scores[b].max(), step + 1)
+        new_scores, origin, new_tokens, done = _gnmt_step(cand, logp, [finished[s] for s in sources], beams, beam_lp,
+                                                          settings, K, step)
         gather = origin.reshape(-1)
         if beam_lp is not None:
             chosen = logp[gather, new_tokens.reshape(-1)]
@@ -127,15 +106,52 @@ def beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndar
             beam_lp = None if beam_lp is None else [beam_lp[r] for r in rows]
         past = _reorder(model, past, gather, step, K)
         next_ids = new_tokens.reshape(-1, 1)
-    else:
-        for b, source in enumerate(sources):  # the length limit: live beams join their source's hypotheses
-            for k in range(K):
-                if np.isfinite(scores[b, k]):
-                    finished[source].add(beams[b * K + k], scores[b, k], ended=False,
-                                         token_logprobs=None if beam_lp is None else beam_lp[b * K + k])
+    else:  # the length limit: live beams join their source's hypotheses
+        _close([finished[s] for s in sources], scores, beams, beam_lp, K)
     if settings.plain:
         return [kept.hyps[0][1] if kept.hyps else [] for kept in finished]
     return [[Hypothesis(tokens, float(score), lp) for score, tokens, lp in kept.hyps[:n_best]] for kept in finished]
+
+
+def _gnmt_step(cand: np.ndarray, logp: np.ndarray, kept: list[_Finished], beams: list[list[int]],
+               beam_lp: list[list[float]] | None, settings: DecodeSettings, K: int, step: int):
+    """One step's choice for each live source b (`cand` (b, K*V): the beams' scores plus each continuation's
+    log-probability): eos among the K best candidates joins `kept[b]`, the best K others go on.
+    Returns (their scores (b, K), the rows they came from (b, K), their tokens (b, K), whether each source is done)."""
+    b_live, V = len(kept), logp.shape[-1]
+    top = np.argsort(-cand, axis=1, kind="stable")[:, : 2 * K]  # (b, 2K): enough to refill K live beams
+    new_scores = np.full((b_live, K), -np.inf)
+    origin = np.repeat(np.arange(b_live) * K, K).reshape(b_live, K)
+    new_tokens = np.full((b_live, K), settings.pad_id, dtype=np.int64)
+    done = np.zeros(b_live, dtype=bool)
+    for b in range(b_live):
+        slot = 0
+        for rank, flat in enumerate(top[b]):
+            beam, token = divmod(int(flat), V)
+            score = cand[b, flat]
+            if not np.isfinite(score):
+                break
+            if token == settings.eos_id:
+                if rank < K:
+                    kept[b].add(beams[b * K + beam], score, ended=True, token_logprobs=None if beam_lp is None else
+                                beam_lp[b * K + beam] + [float(logp[b * K + beam, token])])
+                continue
+            new_scores[b, slot], origin[b, slot], new_tokens[b, slot] = score, b * K + beam, token
+            slot += 1
+            if slot == K:
+                break
+        done[b] = kept[b].is_done(new_scores[b].max(), step + 1)
+    return new_scores, origin, new_tokens, done
+
+
+def _close(kept: list[_Finished], scores: np.ndarray, beams: list[list[int]], beam_lp: list[list[float]] | None,
+           K: int) -> None:
+    """At the length limit, each live source's finite beams join its hypotheses (not ended with eos)."""
+    for b, source_kept in enumerate(kept):
+        for k in range(K):
+            if np.isfinite(scores[b, k]):
+                source_kept.add(beams[b * K + k], scores[b, k], ended=False,
+                                token_logprobs=None if beam_lp is None else beam_lp[b * K + k])
 
 
 def _check_beams(settings: DecodeSettings, beam_size: int) -> int:
