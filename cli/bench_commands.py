@@ -59,10 +59,7 @@ def bench(out: Path, backends: str, batch_sizes: str, threads: str, repeats: int
           length_penalty: float, temperature: float, top_k: int, top_p: float, fast_sampling: bool,
           n_best: int) -> None:
     """Time the backends on the export in OUT; write OUT/reports/latency.json, latency.md and plots."""
-    from seq2trt.validation.bench.measure import run_bench
     from seq2trt.validation.bench.settings import parse_backends, parse_ints, parse_seconds
-
-    from seq2trt.cli.progress import progress_bar
 
     settings = BenchSettings(backends=parse_backends(backends), batch_sizes=parse_ints(batch_sizes, "--batch-sizes"),
                              threads=parse_ints(threads, "--threads"), repeats=repeats, warmup=warmup,
@@ -70,6 +67,22 @@ def bench(out: Path, backends: str, batch_sizes: str, threads: str, repeats: int
                              length_penalty=length_penalty, temperature=temperature, top_k=top_k, top_p=top_p,
                              n_best=n_best, fast_sampling=fast_sampling,
                              clip_seconds=None if clip_seconds is None else parse_seconds(clip_seconds, "--clip-seconds"))
+    doc = _run(out, settings, checkpoint)
+    for name, why in doc.get("not_measured", {}).items():  # a peer that cannot run here: the rest was measured
+        click.echo(f"not measured: {name}: {why}", err=True)
+    if doc.get("kind") == "speech":
+        _echo_speech(doc)
+        click.echo(f"reports in {out / 'reports'} (latency.json, latency.md)")
+        return
+    _echo_text(doc)
+    click.echo(f"reports in {out / 'reports'} (latency.json, latency.md, plots)")
+
+
+def _run(out: Path, settings: BenchSettings, checkpoint: Path | None) -> dict:
+    """`run_bench` under a progress bar counting its repetitions."""
+    from seq2trt.cli.progress import progress_bar
+    from seq2trt.validation.bench.measure import run_bench
+
     total = len(settings.threads) * (settings.warmup + settings.repeats)
     with progress_bar("bench", total) as update:
         done = [0]
@@ -79,13 +92,10 @@ def bench(out: Path, backends: str, batch_sizes: str, threads: str, repeats: int
                 done[0] += 1
             update(min(done[0], total), message)
 
-        doc = run_bench(out, settings, checkpoint, progress)
-    for name, why in doc.get("not_measured", {}).items():  # a peer that cannot run here: the rest was measured
-        click.echo(f"not measured: {name}: {why}", err=True)
-    if doc.get("kind") == "speech":
-        _echo_speech(doc)
-        click.echo(f"reports in {out / 'reports'} (latency.json, latency.md)")
-        return
+        return run_bench(out, settings, checkpoint, progress)
+
+
+def _echo_text(doc: dict) -> None:
     for t, by_backend in doc["results"].items():
         for backend, by_batch in by_backend.items():
             for batch, r in by_batch.items():
@@ -100,7 +110,6 @@ def bench(out: Path, backends: str, batch_sizes: str, threads: str, repeats: int
                            (f" n-best {r['n_best']}" if "n_best" in r else "") +
                            f": {r['tokens_per_s']:9.1f} tokens/s, decode p50 {r['decode_ms_p50']:.2f} ms{steps}{extra}"
                            + (f" ({vs})" if vs else ""))
-    click.echo(f"reports in {out / 'reports'} (latency.json, latency.md, plots)")
 
 
 def _echo_speech(doc: dict) -> None:

@@ -128,15 +128,8 @@ def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path
     from seq2trt.core.atomic_files import write_plain_output
     from seq2trt.translator import Translator
 
-    if bool(texts) == bool(ids_file):
-        raise InputError("give either TEXTS or --ids-file F (JSON lines of source ids), not both or neither")
-    if options["output_token_logprobs"] and output_ids is None:
-        raise InputError("--token-logprobs writes each token's log-probability to --output-ids (the printed lines "
-                         "hold the text alone); add --output-ids FILE")
+    _check_translate_inputs(texts, ids_file, output_ids, options["output_token_logprobs"])
     check_decode_options(alpha, batch_size)
-    if any(not t.strip() for t in texts):
-        raise InputError("empty source text; give at least one symbol")
-    _check_utf8(texts)
     with Translator(source, backend, threads, checkpoint, src_lang, tgt_lang, spelling="flag",
                     speech=False) as translator:
         if texts:
@@ -146,17 +139,33 @@ def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path
         sources = [translator.encode(t) for t in texts] if texts else _read_ids_file(ids_file)
         settings, decoded = translator.stream(sources, "source" if texts else f"{ids_file} line", beam_size,
                                               max_new_tokens, alpha, batch_size, options)
-        outputs: list[str] = []
-        for out in decoded:
-            outputs.append(json.dumps(out if settings.plain else {
-                "ids": [h.tokens for h in out], "scores": [h.score for h in out],
-                **({"token_logprobs": [list(h.token_logprobs) for h in out]} if settings.output_token_logprobs
-                   else {})}))
-            for tokens, score, *_ in [(out, None)] if settings.plain else out:
-                line = translator.text(tokens) if translator.has_tokenizer else json.dumps(tokens)
-                click.echo(f"{score:.6g}\t{line}" if settings.output_scores else line)
+        outputs = [_echo_translation(translator, settings, out) for out in decoded]
     if output_ids is not None:
         write_plain_output(output_ids, "".join(o + "\n" for o in outputs).encode(), "--output-ids")
+
+
+
+def _check_translate_inputs(texts: tuple[str, ...], ids_file: Path | None, output_ids: Path | None,
+                            token_logprobs: bool) -> None:
+    """The sources given one way, non-empty and UTF-8; --token-logprobs with a file to write them to."""
+    if bool(texts) == bool(ids_file):
+        raise InputError("give either TEXTS or --ids-file F (JSON lines of source ids), not both or neither")
+    if token_logprobs and output_ids is None:
+        raise InputError("--token-logprobs writes each token's log-probability to --output-ids (the printed lines "
+                         "hold the text alone); add --output-ids FILE")
+    if any(not t.strip() for t in texts):
+        raise InputError("empty source text; give at least one symbol")
+    _check_utf8(texts)
+
+
+def _echo_translation(translator, settings, out) -> str:
+    """Print a source's lines (its hypotheses, each after its score with --scores); returns its --output-ids line."""
+    for tokens, score, *_ in [(out, None)] if settings.plain else out:
+        line = translator.text(tokens) if translator.has_tokenizer else json.dumps(tokens)
+        click.echo(f"{score:.6g}\t{line}" if settings.output_scores else line)
+    return json.dumps(out if settings.plain else {
+        "ids": [h.tokens for h in out], "scores": [h.score for h in out],
+        **({"token_logprobs": [list(h.token_logprobs) for h in out]} if settings.output_token_logprobs else {})})
 
 
 COMMANDS = [train, translate]

@@ -63,16 +63,23 @@ def serve(out: Path, backend: str, http_port: int, grpc_port: int, metrics_port:
         click.echo(f"wrote a Triton model repository to {folder}; start it as {folder / 'README.md'} says")
         return
 
+    code = run_server(settings, _announce(settings), log=log, repository=repository)
+    click.echo(f"drained and stopped (tritonserver exit code {code})")
+    sys.exit(0 if code == 0 else 1)
+
+
+
+def _announce(settings):
+    """The callback that prints the served models and their endpoints once the server is ready."""
     def ready(models: list[str], endpoints: dict[str, str]) -> None:
-        click.echo(f"serving {', '.join(models)} from {out} ({backend}, {instances} instance(s) x {threads} thread(s))")
+        click.echo(f"serving {', '.join(models)} from {settings.out} ({settings.backend}, {settings.instances} "
+                   f"instance(s) x {settings.threads} thread(s))")
         for name, url in endpoints.items():
             click.echo(f"  {name:8} {url}")
         click.echo("ready; Ctrl-C or SIGTERM drains and stops", nl=True)
         sys.stdout.flush()
 
-    code = run_server(settings, ready, log=log, repository=repository)
-    click.echo(f"drained and stopped (tritonserver exit code {code})")
-    sys.exit(0 if code == 0 else 1)
+    return ready
 
 
 COMMANDS = [serve]

@@ -99,11 +99,7 @@ def transcribe(source: Path, audio: tuple[Path, ...], language: str | None, task
     from seq2trt.core.atomic_files import write_plain_output
     from seq2trt.runtime.transcription import open_transcriber, read_clips
 
-    if fmt in ("srt", "vtt") and len(audio) > 1:
-        raise InputError(f"--format {fmt} writes the subtitles of one file and {len(audio)} were given; give one "
-                         "AUDIO file, or use --format json for many")
-    if not max_seconds > 0:
-        raise InputError(f"--max-seconds must be a number > 0, got {max_seconds}")
+    _check_transcribe_inputs(fmt, audio, max_seconds)
     long_form = dict(condition_on_prev_tokens=condition_on_prev_tokens, temperature=temperatures(temperature),
                      compression_ratio_threshold=compression_ratio_threshold, logprob_threshold=logprob_threshold,
                      seed=seed)
@@ -119,14 +115,27 @@ def transcribe(source: Path, audio: tuple[Path, ...], language: str | None, task
                     max_new_tokens=max_new_tokens, batch_size=batch_size, names=[str(a) for a in audio],
                     progress=update, **long_form)):
                 lines.append(json.dumps(t.tokens))
-                if fmt == "text":
-                    click.echo(_text(t.text, t.tokens))
-                elif fmt == "json":
-                    click.echo(as_json(str(name), t))
-                else:
-                    click.echo(subtitles(t, fmt), nl=False)
+                _echo_transcript(fmt, name, t)
     if output_ids is not None:
         write_plain_output(output_ids, "".join(line + "\n" for line in lines).encode(), "--output-ids")
+
+
+def _check_transcribe_inputs(fmt: str, audio: tuple[Path, ...], max_seconds: float) -> None:
+    if fmt in ("srt", "vtt") and len(audio) > 1:
+        raise InputError(f"--format {fmt} writes the subtitles of one file and {len(audio)} were given; give one "
+                         "AUDIO file, or use --format json for many")
+    if not max_seconds > 0:
+        raise InputError(f"--max-seconds must be a number > 0, got {max_seconds}")
+
+
+def _echo_transcript(fmt: str, name: Path, t) -> None:
+    """One file's transcript in --format FMT: its text line, its JSON line, or its subtitles."""
+    if fmt == "text":
+        click.echo(_text(t.text, t.tokens))
+    elif fmt == "json":
+        click.echo(as_json(str(name), t))
+    else:
+        click.echo(subtitles(t, fmt), nl=False)
 
 
 def temperatures(value: str | None) -> tuple[float, ...] | None:

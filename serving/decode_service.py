@@ -11,14 +11,17 @@ A request's search options (REQUEST_OPTIONS: optional scalar inputs, each the `t
 made from the one options table, reference_model/decoding/options.py) are checked by `decode_jobs.decode_settings` /
 `choose_search`, their errors naming the request parameter:
 
-  do_sample BOOL             sample (one beam) instead of searching            translate --sample
+  sample BOOL                sample (one beam) instead of searching            translate --sample
   temperature, top_p FP32    sampling's temperature, nucleus mass              --temperature, --top-p
   top_k INT32, seed INT64    sampling's top-k (0: all), its seed               --top-k, --seed
   min_new_tokens INT32       no eos before this many tokens                    --min-new-tokens
   no_repeat_ngram_size INT32, repetition_penalty FP32                          --no-repeat-ngram-size, ...
   n_best INT32, output_scores BOOL  hypotheses a source, their scores      --n-best, --scores
-  output_token_logprobs BOOL  each hypothesis's per-token log-probabilities  --token-logprobs
+  token_logprobs BOOL        each hypothesis's per-token log-probabilities     --token-logprobs
   fast_sampling BOOL         sample by the inverse CDF (not transformers' stream)  --fast-sampling
+
+`do_sample` and `output_token_logprobs` are the deprecated spellings of `sample` and `token_logprobs` (as `num_beams`
+is of `beam_size`): still read, logged, and named as sent in the request's errors (`served_input`).
 
 Without them a request gets the model's stored settings, searched (one deterministic output), as before. A seeded
 sampling request is decoded alone, so that its output is `translate --sample --seed S` on its ids alone whatever
@@ -63,18 +66,37 @@ FLAG_INPUTS = {**{flag: o.served for o in DECODE_OPTIONS if o.served for flag in
 _FLAG = re.compile(r"--[a-z][a-z-]*")
 
 
-def beam_size_input(get) -> tuple[int | None, str]:
-    """A request's beam size and the input that gave it: `beam_size`, or its deprecated spelling `num_beams`
-    (accepted, with a warning in the server's log naming beam_size); both at once is refused."""
-    row = OPTIONS["beam_size"]
-    given = {name: scalar(get(name), name) for name in (row.served, *row.old_served)}
+def served_input(get, field: str, read=None) -> tuple[object, str]:
+    """A request's value of the option `field` (None: not sent) and the input that gave it: its served name, or a
+    deprecated spelling (`old_served`, accepted with a warning in the server's log naming the new one); both at once
+    is refused. `read` turns the input's array into the value (default `option_value`)."""
+    row, read = OPTIONS[field], read or option_value
+    given = {name: read(get(name), name) for name in (row.served, *row.old_served)}
     given = {name: value for name, value in given.items() if value is not None}
     if len(given) > 1:
-        raise InputError(f"{' and '.join(given)} are one option (the beam size); send {row.served} alone")
+        raise InputError(f"{' and '.join(given)} are one option; send {row.served} alone")
     for name in set(given) - {row.served}:
         logger.warning("request input %s is deprecated; send %s", name, row.served)
     name, value = next(iter(given.items()), (row.served, None))
     return value, name
+
+
+def beam_size_input(get) -> tuple[int | None, str]:
+    """A request's beam size and the input that gave it: `beam_size`, or its deprecated spelling `num_beams`."""
+    return served_input(get, "beam_size", scalar)
+
+
+def request_options(get) -> tuple[dict[str, object], dict[str, str]]:
+    """(a request's search options {DecodeSettings field: value}, {field: the deprecated input that gave it}) from
+    `get(input name)` (its array, or None when absent)."""
+    options, spelled = {}, {}
+    for served, (field, _) in REQUEST_OPTIONS.items():
+        value, name = served_input(get, field)
+        if value is not None:
+            options[field] = value
+        if name != served:
+            spelled[field] = name
+    return options, spelled
 
 
 def request_message(message: str) -> str:
@@ -92,10 +114,13 @@ class Job:
     # The request's search options as sorted (DecodeSettings field, value) pairs; a dict given is sorted.
     options: tuple[tuple[str, object], ...] = ()
     beam_input: str = "beam_size"  # the input that gave the beam size (num_beams: its deprecated spelling)
+    # The options the request sent by a deprecated input, as sorted (field, that input) pairs: its errors name them so.
+    spelled: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
-        if isinstance(self.options, dict):
-            object.__setattr__(self, "options", tuple(sorted(self.options.items())))
+        for name in ("options", "spelled"):
+            if isinstance(getattr(self, name), dict):
+                object.__setattr__(self, name, tuple(sorted(getattr(self, name).items())))
 
 
 class DecodeService:
@@ -142,16 +167,16 @@ class DecodeService:
         if job.beam_size is not None and not 1 <= job.beam_size <= self.max_beams:
             raise InputError(f"{job.beam_input} must be in [1, {self.max_beams}] (the export's max_batch), got "
                              f"{job.beam_size}")
+        names = {**PARAMETER_NAMES, **dict(job.spelled), "beam_size": job.beam_input}  # as the request spelled them
         # the model's stored generation options, as translate applies them; searched, one output, unless asked
         options = {"do_sample": False, "num_return_sequences": 1, **dict(job.options)}
         settings = decode_settings(self.cfg, job.max_new_tokens, job.forced_bos_id, name="max_new_tokens",
-                                   generation=self.generation, options=options, flags=PARAMETER_NAMES)
-        beams, _ = choose_search(self.generation, job.beam_size, self.alpha, settings,
-                                 flags={**PARAMETER_NAMES, "beam_size": job.beam_input})
+                                   generation=self.generation, options=options, flags=names)
+        beams, _ = choose_search(self.generation, job.beam_size, self.alpha, settings, flags=names)
         samples = settings.num_return_sequences if settings.do_sample else 1  # a sampled source takes n rows
         if samples > self.max_beams:
-            raise InputError(f"n_best with do_sample must be in [1, {self.max_beams}] (the export's max_batch: one "
-                             f"row a sample), got {samples}")
+            raise InputError(f"{names['num_return_sequences']} with {names['do_sample']} must be in "
+                             f"[1, {self.max_beams}] (the export's max_batch: one row a sample), got {samples}")
         return settings
 
     def run(self, jobs: list[Job]) -> list[list[int] | list[Hypothesis] | Exception]:

@@ -134,6 +134,21 @@ def check_inputs(request: dict, binary_bytes: int, limit: int, inputs: dict | No
     """An infer request's header: each input's name (one of `inputs`, the model's {name: (datatype, dims)} when
     known), datatype, shape (non-negative, the model's rank) and data (JSON values of the datatype, as many as the
     shape holds, or a binary part of their size); its tensors' bytes within `limit`."""
+    _check_request(request, inputs)
+    total, binary, seen = 0, 0, set()
+    for n, tensor in enumerate(request["inputs"]):
+        size, part = _check_tensor(n, tensor, limit, inputs, seen)
+        total, binary = total + size, binary + part
+    if binary != binary_bytes:
+        raise RequestRefused(400, f"the request's binary parts add up to {binary} bytes and {binary_bytes} follow "
+                                  "its JSON header (Inference-Header-Content-Length)")
+    if total > limit:
+        raise RequestRefused(413, f"the request's tensors take {total} bytes, more than a request may carry ({limit} "
+                                  "bytes; serve --max-request-mb)")
+
+
+def _check_request(request: dict, inputs: dict | None) -> None:
+    """The request's own fields: an "inputs" list, its outputs named, no input of the model sent as a parameter."""
     if not isinstance(request, dict) or not isinstance(request.get("inputs"), list) or not request["inputs"]:
         raise RequestRefused(400, 'an infer request is a JSON object whose "inputs" lists the tensors sent: '
                                   '{"inputs": [{"name", "shape", "datatype", "data"}]}')
@@ -147,61 +162,60 @@ def check_inputs(request: dict, binary_bytes: int, limit: int, inputs: dict | No
     if misplaced:  # the models read inputs only: a request parameter of an input's name would be ignored silently
         raise RequestRefused(400, f"{', '.join(misplaced)} is an input of this model, not a request parameter; send "
                                   f"it in \"inputs\" ({', '.join(f'{m} {inputs[m][0]}' for m in misplaced)} [1, 1])")
-    total, binary, seen = 0, 0, set()
-    for n, tensor in enumerate(request["inputs"]):
-        if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):
-            raise RequestRefused(400, f"input {n + 1} is not an object with a \"name\"")
-        name, dtype, shape = tensor["name"], tensor.get("datatype"), tensor.get("shape")
-        _check_fields(tensor, f"input {name!r}")
-        if name in seen:
-            raise RequestRefused(400, f"input {name!r} is given twice; send each input once")
-        seen.add(name)
-        if inputs is not None and name not in inputs:
-            raise RequestRefused(400, f"unknown input {name!r}; this model takes {', '.join(sorted(inputs))}")
-        if dtype not in ELEMENT_BYTES:
-            raise RequestRefused(400, f"input {name!r} has datatype {dtype!r}; give one of Triton's: "
-                                      f"{', '.join(ELEMENT_BYTES)}")
-        if inputs is not None and dtype != inputs[name][0]:
-            raise RequestRefused(400, f"input {name!r} is {inputs[name][0]}, not {dtype}")
-        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                                  for d in shape):
-            raise RequestRefused(400, f"input {name!r}: shape must be a list of whole numbers >= 0, got "
-                                      f"{json.dumps(shape)}")
-        if inputs is not None and len(shape) != len(inputs[name][1]) + 1:
-            raise RequestRefused(400, f"input {name!r} has shape {shape}; it takes [batch, "
-                                      f"{', '.join(map(str, inputs[name][1]))}] (-1: any length)")
-        count = _count(shape)
-        size = (ELEMENT_BYTES[dtype] or 1) * count
-        if size > limit:
-            raise RequestRefused(413, f"input {name!r}: shape {shape} holds {count} values, more than a request may "
-                                      f"carry ({limit} bytes; serve --max-request-mb)")
-        parameters = tensor.get("parameters") or {}
-        if "binary_data_size" in parameters:
-            part = parameters["binary_data_size"]
-            if not isinstance(part, int) or isinstance(part, bool) or part < 0:
-                raise RequestRefused(400, f"input {name!r}: binary_data_size must be a whole number >= 0")
-            if ELEMENT_BYTES[dtype] is not None and part != size:
-                raise RequestRefused(400, f"input {name!r}: shape {shape} of {dtype} takes {size} bytes, its binary "
-                                          f"part has {part}")
-            binary += part
-            total += part
-            continue
-        if "data" not in tensor:
-            raise RequestRefused(400, f"input {name!r} has no \"data\" (nor a binary part)")
-        if not isinstance(tensor["data"], list):  # Triton reads data as an array, a scalar is its 500
-            raise RequestRefused(400, f"input {name!r}: data must be a list of values (or of rows), got "
-                                      f"{type(tensor['data']).__name__}")
-        values = _leaves(tensor["data"], name)
-        if len(values) != count:
-            raise RequestRefused(400, f"input {name!r}: shape {shape} holds {count} values, its data {len(values)}")
-        _check_values(values, dtype, name)
-        total += size if dtype != "BYTES" else sum(len(v.encode("utf-8")) + 4 for v in values)
-    if binary != binary_bytes:
-        raise RequestRefused(400, f"the request's binary parts add up to {binary} bytes and {binary_bytes} follow "
-                                  "its JSON header (Inference-Header-Content-Length)")
-    if total > limit:
-        raise RequestRefused(413, f"the request's tensors take {total} bytes, more than a request may carry ({limit} "
-                                  "bytes; serve --max-request-mb)")
+
+
+def _check_tensor(n: int, tensor, limit: int, inputs: dict | None, seen: set) -> tuple[int, int]:
+    """Input n's header (its name added to `seen`). Returns (its bytes, the bytes of its binary part)."""
+    if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):
+        raise RequestRefused(400, f"input {n + 1} is not an object with a \"name\"")
+    name, dtype, shape = tensor["name"], tensor.get("datatype"), tensor.get("shape")
+    _check_fields(tensor, f"input {name!r}")
+    if name in seen:
+        raise RequestRefused(400, f"input {name!r} is given twice; send each input once")
+    seen.add(name)
+    _check_declared(name, dtype, shape, inputs)
+    count = _count(shape)
+    size = (ELEMENT_BYTES[dtype] or 1) * count
+    if size > limit:
+        raise RequestRefused(413, f"input {name!r}: shape {shape} holds {count} values, more than a request may "
+                                  f"carry ({limit} bytes; serve --max-request-mb)")
+    parameters = tensor.get("parameters") or {}
+    if "binary_data_size" in parameters:
+        part = parameters["binary_data_size"]
+        if not isinstance(part, int) or isinstance(part, bool) or part < 0:
+            raise RequestRefused(400, f"input {name!r}: binary_data_size must be a whole number >= 0")
+        if ELEMENT_BYTES[dtype] is not None and part != size:
+            raise RequestRefused(400, f"input {name!r}: shape {shape} of {dtype} takes {size} bytes, its binary "
+                                      f"part has {part}")
+        return part, part
+    if "data" not in tensor:
+        raise RequestRefused(400, f"input {name!r} has no \"data\" (nor a binary part)")
+    if not isinstance(tensor["data"], list):  # Triton reads data as an array, a scalar is its 500
+        raise RequestRefused(400, f"input {name!r}: data must be a list of values (or of rows), got "
+                                  f"{type(tensor['data']).__name__}")
+    values = _leaves(tensor["data"], name)
+    if len(values) != count:
+        raise RequestRefused(400, f"input {name!r}: shape {shape} holds {count} values, its data {len(values)}")
+    _check_values(values, dtype, name)
+    return (size if dtype != "BYTES" else sum(len(v.encode("utf-8")) + 4 for v in values)), 0
+
+
+def _check_declared(name: str, dtype, shape, inputs: dict | None) -> None:
+    """An input's name, datatype and shape: Triton's datatypes, whole dims >= 0, and the model's (when known)."""
+    if inputs is not None and name not in inputs:
+        raise RequestRefused(400, f"unknown input {name!r}; this model takes {', '.join(sorted(inputs))}")
+    if dtype not in ELEMENT_BYTES:
+        raise RequestRefused(400, f"input {name!r} has datatype {dtype!r}; give one of Triton's: "
+                                  f"{', '.join(ELEMENT_BYTES)}")
+    if inputs is not None and dtype != inputs[name][0]:
+        raise RequestRefused(400, f"input {name!r} is {inputs[name][0]}, not {dtype}")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                              for d in shape):
+        raise RequestRefused(400, f"input {name!r}: shape must be a list of whole numbers >= 0, got "
+                                  f"{json.dumps(shape)}")
+    if inputs is not None and len(shape) != len(inputs[name][1]) + 1:
+        raise RequestRefused(400, f"input {name!r} has shape {shape}; it takes [batch, "
+                                  f"{', '.join(map(str, inputs[name][1]))}] (-1: any length)")
 
 
 def screen(method: str, path: str, headers, body: bytes, limit: int, models: dict[str, dict] | None) -> bytes:

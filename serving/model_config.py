@@ -44,7 +44,8 @@ def input_declarations(kind: str) -> list[tuple[str, str, list[int], dict]]:
     writes them into config.pbtxt and serve's HTTP front checks requests against them (`input_specs`). generate
     takes ids, translate text; both take the optional search limits and search options (`decode_service.
     REQUEST_OPTIONS`: sampling, length floor, repetition rules, n_best, scores), all from the one options table
-    (reference_model/decoding/options.py), the beam size's deprecated spelling num_beams too."""
+    (reference_model/decoding/options.py), each with its deprecated spellings (num_beams, do_sample,
+    output_token_logprobs) declared too: Triton passes a model only the inputs its config declares."""
     from seq2trt.reference_model.decoding.options import OPTIONS
     from seq2trt.serving.decode_service import REQUEST_OPTIONS
 
@@ -59,7 +60,8 @@ def input_declarations(kind: str) -> list[tuple[str, str, list[int], dict]]:
                 ("condition_on_prev_tokens", "TYPE_BOOL", [1], optional), ("temperature", "TYPE_FP32", [-1], ragged),
                 ("compression_ratio_threshold", "TYPE_FP32", [1], optional),
                 ("logprob_threshold", "TYPE_FP32", [1], optional), ("seed", "TYPE_INT64", [1], optional)] + limits
-    limits += [(name, dtype, [1], optional) for name, (_, dtype) in REQUEST_OPTIONS.items()]
+    limits += [(name, dtype, [1], optional) for field, dtype in REQUEST_OPTIONS.values()
+               for name in (OPTIONS[field].served, *OPTIONS[field].old_served)]
     if kind == "generate":
         return [("input_ids", "TYPE_INT64", [-1], dict(allow_ragged_batch=True))] + limits
     return [("text", "TYPE_STRING", [1], {}), ("src_lang", "TYPE_STRING", [1], optional),

@@ -94,10 +94,11 @@ InferenceService with the Triton runtime); each replica is independent, no share
 TEXT_MODELS = """- `generate`: input `input_ids` INT64 [-1] (one source per request), optional `max_new_tokens` INT32 [1] and
   `beam_size` INT32 [1] (`num_beams`: deprecated) -> `output_ids` INT64 [-1]. Dynamic batching (up to {max_batch} requests,
   {delay} us queue delay); each request gets what `seq2trt translate --ids-file` gives for its ids.
-- Both models take the optional search options of `translate` as [1] inputs: `do_sample` BOOL, `temperature` FP32,
+- Both models take the optional search options of `translate` as [1] inputs: `sample` BOOL, `temperature` FP32,
   `top_k` INT32, `top_p` FP32, `seed` INT64, `min_new_tokens` INT32, `no_repeat_ngram_size` INT32,
-  `repetition_penalty` FP32, `n_best` INT32, `output_scores` BOOL, `output_token_logprobs` BOOL, `fast_sampling`
-  BOOL; with n_best > 1, output_scores or output_token_logprobs the response also holds `hypotheses` BYTES [1]
+  `repetition_penalty` FP32, `n_best` INT32, `output_scores` BOOL, `token_logprobs` BOOL, `fast_sampling` BOOL
+  (`do_sample`, `output_token_logprobs`: deprecated); with n_best > 1, output_scores or token_logprobs the response
+  also holds `hypotheses` BYTES [1]
   (JSON: "ids", "scores", "token_logprobs" when asked, and "text" from translate) and `scores` FP32 [-1].
 {translate}- `encoder`, `decoder`: the export's graphs; `generate` calls them through BLS every decoding step.
 """
@@ -162,39 +163,57 @@ def write_repository(settings: ServeSettings, folder: Path, repository_backend: 
     # A folder seq2trt did not write is refused with or without --force, and its message never suggests --force.
     refuse_existing(Path(folder), True, _WHAT, kind=is_repository, protect=protect)
     with staged_directory(Path(folder), force, _WHAT, kind=is_repository, protect=protect) as tmp:
-        for kind, graph in graphs.items():
-            (tmp / kind.value / "1").mkdir(parents=True)
-            (tmp / kind.value / "config.pbtxt").write_text(
-                graph_config(kind, cfg, manifest.dtype, repository_backend, settings.threads))
-            if repository_backend == "tensorrt_plan":
-                shutil.copyfile(graph, tmp / kind.value / "1" / "model.plan")
-            else:  # a big graph's data file comes along, hard-linked where it can be, named for model.onnx
-                copy_graph(graph, tmp / kind.value / "1" / "model.onnx", link=True)
-            if repository_backend == "python":
-                (tmp / kind.value / "1" / "model.py").write_text(
-                    "from seq2trt.serving.triton_bls import OnnxModel as TritonPythonModel  # noqa: F401\n")
+        _write_graphs(tmp, graphs, manifest, repository_backend, settings.threads)
         for kind in model_kinds(text, audio):
             parameters = {"alpha": repr(settings.alpha), "threads": str(settings.threads)}
             model = write_python_model(tmp, kind, max_batch, settings.max_queue_delay_us, settings.instances,
                                        parameters, _BLS_CODE[kind])
-            shutil.copyfile(out / "manifest.json", model / "1" / "manifest.json")
-            if audio:  # the feature extractor graph, checked against the manifest where it loads
-                copy_graph(out / FEATURES, model / "1" / FEATURES, link=True)
-            (model / "1" / "checkpoint").mkdir()
-            for name in ("vocab.json", "generation.json", "tokenizer"):
-                if (source / name).is_dir():
-                    shutil.copytree(source / name, model / "1" / "checkpoint" / name)
-                elif (source / name).exists():
-                    shutil.copyfile(source / name, model / "1" / "checkpoint" / name)
-        translate = "- `translate`: input `text` BYTES [1] (optional `src_lang`, `tgt_lang`) -> `text` BYTES [1].\n" \
-            if text else ""
-        models = (SPEECH_MODELS if audio else TEXT_MODELS).format(
-            max_batch=max_batch, delay=settings.max_queue_delay_us, translate=translate)
-        what = {"onnxruntime": f"ONNX, {settings.backend}", "tensorrt_plan": "TensorRT engines",
-                "python": f"ONNX in the Python backend, {settings.backend}"}[repository_backend]
-        (tmp / "README.md").write_text(README.format(
-            out=out.name, what=what, models=models, example=SPEECH_EXAMPLE if audio else TEXT_EXAMPLE,
-            notes=_NOTES[repository_backend].format(opset=manifest.data.get("settings", {}).get("opset", "?"))))
+            _copy_model_files(out, source, model / "1", audio)
+        _write_readme(tmp, settings, manifest, repository_backend, max_batch, text)
         (tmp / MARKER).write_text(json.dumps({"export": str(out.resolve()), "backend": settings.backend,
                                               "repository_backend": repository_backend}, indent=2) + "\n")
     return Path(folder)
+
+
+def _write_graphs(tmp: Path, graphs: dict, manifest, repository_backend: str, threads: int) -> None:
+    """Each graph's Triton model: its config and its model.onnx / model.plan (and model.py for the Python backend)."""
+    for kind, graph in graphs.items():
+        (tmp / kind.value / "1").mkdir(parents=True)
+        (tmp / kind.value / "config.pbtxt").write_text(
+            graph_config(kind, manifest.config, manifest.dtype, repository_backend, threads))
+        if repository_backend == "tensorrt_plan":
+            shutil.copyfile(graph, tmp / kind.value / "1" / "model.plan")
+        else:  # a big graph's data file comes along, hard-linked where it can be, named for model.onnx
+            copy_graph(graph, tmp / kind.value / "1" / "model.onnx", link=True)
+        if repository_backend == "python":
+            (tmp / kind.value / "1" / "model.py").write_text(
+                "from seq2trt.serving.triton_bls import OnnxModel as TritonPythonModel  # noqa: F401\n")
+
+
+def _copy_model_files(out: Path, source: Path, version: Path, audio: bool) -> None:
+    """What a Python (BLS) model reads beside its code: the manifest, the feature graph, the checkpoint's vocab,
+    generation settings and tokenizer."""
+    shutil.copyfile(out / "manifest.json", version / "manifest.json")
+    if audio:  # the feature extractor graph, checked against the manifest where it loads
+        copy_graph(out / FEATURES, version / FEATURES, link=True)
+    (version / "checkpoint").mkdir()
+    for name in ("vocab.json", "generation.json", "tokenizer"):
+        if (source / name).is_dir():
+            shutil.copytree(source / name, version / "checkpoint" / name)
+        elif (source / name).exists():
+            shutil.copyfile(source / name, version / "checkpoint" / name)
+
+
+def _write_readme(tmp: Path, settings: ServeSettings, manifest, repository_backend: str, max_batch: int,
+                  text: bool) -> None:
+    """The repository's README: its models, an example request, the backend's notes."""
+    audio = bool(getattr(manifest.config, "audio", False))
+    translate = "- `translate`: input `text` BYTES [1] (optional `src_lang`, `tgt_lang`) -> `text` BYTES [1].\n" \
+        if text else ""
+    models = (SPEECH_MODELS if audio else TEXT_MODELS).format(
+        max_batch=max_batch, delay=settings.max_queue_delay_us, translate=translate)
+    what = {"onnxruntime": f"ONNX, {settings.backend}", "tensorrt_plan": "TensorRT engines",
+            "python": f"ONNX in the Python backend, {settings.backend}"}[repository_backend]
+    (tmp / "README.md").write_text(README.format(
+        out=Path(settings.out).name, what=what, models=models, example=SPEECH_EXAMPLE if audio else TEXT_EXAMPLE,
+        notes=_NOTES[repository_backend].format(opset=manifest.data.get("settings", {}).get("opset", "?"))))

@@ -3,7 +3,7 @@ interface: initialize, execute on a dynamically batched list of requests, finali
 `decode_service.Job`; a bad one gets an error response naming the problem and the batch's others are answered.
 
 Outputs: `output_ids` INT64 [-1] (generate) or `text` BYTES [1] (translate), the best hypothesis, as ever. A
-request that asks n_best > 1, output_scores or output_token_logprobs also gets `hypotheses` BYTES [1], a JSON
+request that asks n_best > 1, output_scores or token_logprobs also gets `hypotheses` BYTES [1], a JSON
 object — generate: {"ids": [[...], ...], "scores": [...]} (and "token_logprobs": [[...], ...] when asked),
 translate's `--output-ids` line; translate: the same with "text": [...] —
 and `scores` FP32 [-1], each hypothesis's score (beam: Hugging Face's sequences_scores, GNMT's for models trained
@@ -27,8 +27,8 @@ import numpy as np
 from seq2trt.reference_model.decoding import GNMT_ALPHA, Hypothesis
 from seq2trt.core.errors import InputError, Seq2TrtError
 
-from seq2trt.serving.decode_service import (REQUEST_OPTIONS, DecodeService, Job, beam_size_input, option_value, request_message, scalar,
-                                             source_ids, text_of)
+from seq2trt.serving.decode_service import (DecodeService, Job, beam_size_input, option_value, request_message,
+                                             request_options, scalar, source_ids, text_of)
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +54,7 @@ class TritonPythonModel:
         beam_size, beam_input = beam_size_input(get)
         limits = dict(max_new_tokens=scalar(get("max_new_tokens"), "max_new_tokens"), beam_size=beam_size,
                       beam_input=beam_input)
-        options = {field: option_value(get(param), param) for param, (field, _) in REQUEST_OPTIONS.items()}
-        limits["options"] = {field: value for field, value in options.items() if value is not None}
+        limits["options"], limits["spelled"] = request_options(get)
         if self.kind == "generate":
             return Job(source_ids(get("input_ids")), **limits), None
         text = text_of(get("text"), "text")

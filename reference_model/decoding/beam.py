@@ -4,6 +4,7 @@ imported models)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Iterable
 
 import numpy as np
 
@@ -88,29 +89,8 @@ def beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndar
             encoder_state, mask = _expand(model, encoder_state, mask, K)
         V = logp.shape[-1]
         cand = (scores[:, :, None] + logp.reshape(b_live, K, V)).reshape(b_live, K * V)
-        top = np.argsort(-cand, axis=1, kind="stable")[:, : 2 * K]  # (b, 2K): enough to refill K live beams
-        new_scores = np.full((b_live, K), -np.inf)
-        origin = np.repeat(np.arange(b_live) * K, K).reshape(b_live, K)
-        new_tokens = np.full((b_live, K), settings.pad_id, dtype=np.int64)
-        done = np.zeros(b_live, dtype=bool)
-        for b in range(b_live):
-            kept = finished[sources[b]]
-            slot = 0
-            for rank, flat in enumerate(top[b]):
-                beam, token = divmod(int(flat), V)
-                score = cand[b, flat]
-                if not np.isfinite(score):
-                    break
-                if token == settings.eos_id:
-                    if rank < K:
-                        kept.add(beams[b * K + beam], score, ended=True, token_logprobs=None if beam_lp is None else
-                                 beam_lp[b * K + beam] + [float(logp[b * K + beam, token])])
-                    continue
-                new_scores[b, slot], origin[b, slot], new_tokens[b, slot] = score, b * K + beam, token
-                slot += 1
-                if slot == K:
-                    break
-            done[b] = kept.is_done(new_scores[b].max(), step + 1)
+        new_scores, origin, new_tokens, done = _gnmt_step(cand, logp, [finished[s] for s in sources], beams, beam_lp,
+                                                          settings, K, step)
         gather = origin.reshape(-1)
         if beam_lp is not None:
             chosen = logp[gather, new_tokens.reshape(-1)]
@@ -127,15 +107,52 @@ def beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.ndar
             beam_lp = None if beam_lp is None else [beam_lp[r] for r in rows]
         past = _reorder(model, past, gather, step, K)
         next_ids = new_tokens.reshape(-1, 1)
-    else:
-        for b, source in enumerate(sources):  # the length limit: live beams join their source's hypotheses
-            for k in range(K):
-                if np.isfinite(scores[b, k]):
-                    finished[source].add(beams[b * K + k], scores[b, k], ended=False,
-                                         token_logprobs=None if beam_lp is None else beam_lp[b * K + k])
+    else:  # the length limit: live beams join their source's hypotheses
+        _close([finished[s] for s in sources], scores, beams, beam_lp, K)
     if settings.plain:
         return [kept.hyps[0][1] if kept.hyps else [] for kept in finished]
     return [[Hypothesis(tokens, float(score), lp) for score, tokens, lp in kept.hyps[:n_best]] for kept in finished]
+
+
+def _gnmt_step(cand: np.ndarray, logp: np.ndarray, kept: list[_Finished], beams: list[list[int]],
+               beam_lp: list[list[float]] | None, settings: DecodeSettings, K: int, step: int):
+    """One step's choice for each live source b (`cand` (b, K*V): the beams' scores plus each continuation's
+    log-probability): eos among the K best candidates joins `kept[b]`, the best K others go on.
+    Returns (their scores (b, K), the rows they came from (b, K), their tokens (b, K), whether each source is done)."""
+    b_live, V = len(kept), logp.shape[-1]
+    top = np.argsort(-cand, axis=1, kind="stable")[:, : 2 * K]  # (b, 2K): enough to refill K live beams
+    new_scores = np.full((b_live, K), -np.inf)
+    origin = np.repeat(np.arange(b_live) * K, K).reshape(b_live, K)
+    new_tokens = np.full((b_live, K), settings.pad_id, dtype=np.int64)
+    done = np.zeros(b_live, dtype=bool)
+    for b in range(b_live):
+        slot = 0
+        for rank, flat in enumerate(top[b]):
+            beam, token = divmod(int(flat), V)
+            score = cand[b, flat]
+            if not np.isfinite(score):
+                break
+            if token == settings.eos_id:
+                if rank < K:
+                    kept[b].add(beams[b * K + beam], score, ended=True, token_logprobs=None if beam_lp is None else
+                                beam_lp[b * K + beam] + [float(logp[b * K + beam, token])])
+                continue
+            new_scores[b, slot], origin[b, slot], new_tokens[b, slot] = score, b * K + beam, token
+            slot += 1
+            if slot == K:
+                break
+        done[b] = kept[b].is_done(new_scores[b].max(), step + 1)
+    return new_scores, origin, new_tokens, done
+
+
+def _close(kept: list[_Finished], scores: np.ndarray, beams: list[list[int]], beam_lp: list[list[float]] | None,
+           K: int) -> None:
+    """At the length limit, each live source's finite beams join its hypotheses (not ended with eos)."""
+    for b, source_kept in enumerate(kept):
+        for k in range(K):
+            if np.isfinite(scores[b, k]):
+                source_kept.add(beams[b * K + k], scores[b, k], ended=False,
+                                token_logprobs=None if beam_lp is None else beam_lp[b * K + k])
 
 
 def _check_beams(settings: DecodeSettings, beam_size: int) -> int:
@@ -158,117 +175,150 @@ def hf_beam_search(model: StepModel, input_ids: np.ndarray, attention_mask: np.n
     that ends (eos, or the length limit) among the K best is scored `sum_logprobs / length ** length_penalty`,
     length counting the generated tokens with eos; `early_stopping` True stops a source once K hypotheses ended,
     False / "never" stop it when no live beam can still beat the worst kept one (HF's heuristic for each).
-    Returns the best hypothesis of each source without eos.
-
-    Two departures in how, not what: a source whose hypotheses can no longer change (Hugging Face's own test: K
-    ended with early_stopping True, or no live beam can beat the worst kept one) leaves the batch at once, its K
-    rows dropped from the model's state with the step's beam reorder (transformers keeps them running until every
-    source is done: on the demo's held-out sources at batch 8 about half the row-steps); and the K kept hypotheses
-    of a source change only in the steps where one of its K best candidates ends, so they are merged there alone,
-    source by source (the step's bookkeeping is otherwise a few array operations: on the demo model it was most of
-    a batch-1 step's time)."""
+    Returns the best hypothesis of each source without eos. How it departs from transformers (in how, not what):
+    `_HFBeams`."""
     import torch
 
     B, K, N = input_ids.shape[0], beam_size, settings.max_new_tokens
-    n_best = _check_beams(settings, beam_size)
+    beams = _HFBeams(B, K, settings, _check_beams(settings, beam_size), length_penalty, early_stopping)
     # Hugging Face's B x K rows after the first step (one row a source before it: `_prefill`, `_expand`).
     encoder_state, mask, past, next_ids = _prefill(model, input_ids, attention_mask, settings)
-    sources = np.arange(B)  # source index of each live source
     results: list[list[int]] = [[] for _ in range(B)]
-    running = np.zeros((B * K, 0), dtype=np.int64)  # generated tokens of each live beam, row b*K + k
-    running_scores = np.zeros((B, K), dtype=np.float32)
-    running_scores[:, 1:] = -1e9  # all beams start identical: expand only the first
-    # The K kept hypotheses of each live source, best first: Hugging Face's finished beams, unfilled slots at -1e9.
-    finished_scores = np.full((B, K), -1e9, dtype=np.float32)
-    is_finished = np.zeros((B, K), dtype=bool)
-    finished: list[list[list[int]]] = [[[] for _ in range(K)] for _ in range(B)]
-    # output_token_logprobs: each live beam's per-token log-probabilities beside `running`, each kept one's beside
-    # `finished` (the step's processed log-probabilities at the chosen token: compute_transition_scores).
-    want_lp = settings.output_token_logprobs
-    running_lp = np.zeros((B * K, 0), dtype=np.float32)
-    finished_lp: list[list[list[float]]] = [[[] for _ in range(K)] for _ in range(B)]
-    improvable = np.ones(B, dtype=bool)  # HF's is_early_stop_heuristic_unsatisfied
-    masked = np.float32(-1e9)
-    eos = settings.eos_id
-
-    def result(b: int) -> list:
-        cut = [tokens[: tokens.index(eos)] if eos in tokens else tokens for tokens in finished[b][:n_best]]
-        if settings.plain:
-            return cut[0]
-        lps = [tuple(lp[: len(t) + (eos in full)]) if want_lp else None
-               for t, full, lp in zip(cut, finished[b], finished_lp[b])]
-        return [Hypothesis(t, float(s), lp) for t, s, lp in zip(cut, finished_scores[b], lps)]
-
     for step in range(N):
-        b_live = len(sources)
-        live = np.arange(b_live)[:, None]
+        b_live = len(beams.sources)
         logits, past = model.step(next_ids, mask, encoder_state, past)
         logp = _log_softmax32(logits)
         if step == 0 and K > 1:
             logp = logp.repeat_interleave(K, dim=0)
             encoder_state, mask = _expand(model, encoder_state, mask, K)
-        settings.constrain(logp.numpy(), step, inplace=True, tokens=running)  # logp is this step's own array
-        step_lp = logp.numpy().copy() if want_lp else None  # before the beam scores are added in place
+        settings.constrain(logp.numpy(), step, inplace=True, tokens=beams.running)  # logp is this step's own array
+        step_lp = logp.numpy().copy() if beams.want_lp else None  # before the beam scores are added in place
         V = logp.shape[-1]
-        acc = logp.view(b_live, K, V).add_(torch.from_numpy(running_scores)[:, :, None]).view(b_live, K * V)  # in place
+        acc = logp.view(b_live, K, V).add_(torch.from_numpy(beams.running_scores)[:, :, None]).view(b_live, K * V)
         top = _top_wide(acc, 2 * K)  # (b, 2K), best first
-        top_scores = acc.numpy()[live, top]
-        top_beam, top_token = np.divmod(top, V)
+        top = (acc.numpy()[np.arange(b_live)[:, None], top], *np.divmod(top, V))  # (scores, beams, tokens)
         last = step + 1 >= N
-        ends = np.ones_like(top, dtype=bool) if last else top_token == eos  # (b, 2K)
-        # The K best continuations that did not end go on.
-        live_scores = top_scores + ends * masked
-        keep = np.argsort(-live_scores, axis=1, kind="stable")[:, :K]
-        running_scores = live_scores[live, keep]
-        origin = (top_beam[live, keep] + live * K).reshape(-1)
-        previous, running = running, np.concatenate([running[origin], top_token[live, keep].reshape(-1, 1)], 1)
-        if want_lp:
-            previous_lp = running_lp
-            running_lp = np.concatenate([running_lp[origin], step_lp[origin, top_token[live, keep].reshape(-1)][:, None]],
-                                        1)
-        # Ended ones among the K best join the kept hypotheses (a live source is never blocked: see below). Where
-        # none of a source's K best ended, every candidate scores below -1e9 and Hugging Face's merge keeps its list.
-        ends_k = ends[:, :K]
-        if last or ends_k.any():
-            ended = top_scores / np.float32((step + 1) ** length_penalty)
-            ended[:, :K] += masked * ~ends_k
-            ended[:, K:] += masked
-            for b in np.flatnonzero(ends_k.any(1)):
-                merged = np.concatenate([finished_scores[b], ended[b]])
-                best = np.argsort(-merged, kind="stable")[:K]
-                tokens = finished[b] + [None] * (2 * K)
-                done = np.concatenate([is_finished[b], np.zeros(2 * K, dtype=bool)])
-                done[K:][:K] = ends_k[b]
-                lps = finished_lp[b] + [None] * (2 * K)
-                for j in best[best >= K] - K:
-                    row = b * K + top_beam[b, j]
-                    tokens[K + j] = previous[row].tolist() + [int(top_token[b, j])]
-                    if want_lp:
-                        lps[K + j] = previous_lp[row].tolist() + [float(step_lp[row, top_token[b, j]])]
-                finished[b] = [tokens[i] if tokens[i] is not None else [] for i in best]
-                finished_lp[b] = [lps[i] if lps[i] is not None else [] for i in best]
-                finished_scores[b], is_finished[b] = merged[best], done[best]
-        # Can a live beam still beat the worst kept hypothesis? (HF's heuristic, per source.)
-        best_length = N if early_stopping == "never" and length_penalty > 0 else step + 1
-        best_running = running_scores[:, 0] / np.float32(best_length ** length_penalty)
-        worst = np.where(is_finished, finished_scores.min(1, keepdims=True), masked)
-        improvable &= (best_running[:, None] > worst).any(1)
-        # A source Hugging Face would block from now on (no new hypotheses: its result is final) leaves the batch.
-        blocked = ~improvable | (is_finished.all(1) & (early_stopping is True))
+        ends = np.ones_like(top[2], dtype=bool) if last else top[2] == settings.eos_id  # (b, 2K)
+        previous, previous_lp, origin = beams.go_on(top, ends, step_lp)
+        if last or ends[:, :K].any():
+            beams.merge_ended(top, ends[:, :K], previous, previous_lp, step_lp, step)
+        blocked = beams.blocked(step)
         if last or blocked.all():
-            for b in range(b_live):
-                results[sources[b]] = result(b)
+            beams.finish(range(b_live), results)
             break
         if blocked.any():
-            for b in np.flatnonzero(blocked):
-                results[sources[b]] = result(b)
+            beams.finish(np.flatnonzero(blocked), results)
             stay = np.flatnonzero(~blocked)
             rows, encoder_state, mask = _drop(model, stay, K, encoder_state, mask)
-            sources, running, running_scores = sources[stay], running[rows], running_scores[stay]
-            finished, finished_scores = [finished[b] for b in stay], finished_scores[stay]
-            running_lp, finished_lp = running_lp[rows], [finished_lp[b] for b in stay]
-            is_finished, improvable = is_finished[stay], improvable[stay]
+            beams.keep(stay, rows)
             origin = origin.reshape(b_live, K)[stay].reshape(-1)
         past = _reorder(model, past, origin, step, K)
-        next_ids = np.ascontiguousarray(running[:, -1:])
+        next_ids = np.ascontiguousarray(beams.running[:, -1:])
     return results
+
+
+_MASKED = np.float32(-1e9)  # Hugging Face's score of a masked candidate or an unfilled slot
+
+
+class _HFBeams:
+    """Hugging Face's beam state of the live sources (row b*K + k of beam k of live source b) and its rules.
+
+    Two departures from transformers in how, not what: a source whose hypotheses can no longer change (Hugging
+    Face's own test: K ended with early_stopping True, or no live beam can beat the worst kept one) leaves the
+    batch at once, its K rows dropped from the model's state with the step's beam reorder (transformers keeps them
+    running until every source is done: on the demo's held-out sources at batch 8 about half the row-steps); and
+    the K kept hypotheses of a source change only in the steps where one of its K best candidates ends, so they are
+    merged there alone, source by source (the step's bookkeeping is otherwise a few array operations: on the demo
+    model it was most of a batch-1 step's time)."""
+
+    def __init__(self, B: int, K: int, settings: DecodeSettings, n_best: int, length_penalty: float,
+                 early_stopping: bool | str):
+        self.K, self.settings, self.n_best = K, settings, n_best
+        self.length_penalty, self.early_stopping = length_penalty, early_stopping
+        self.sources = np.arange(B)  # source index of each live source
+        self.running = np.zeros((B * K, 0), dtype=np.int64)  # generated tokens of each live beam
+        self.running_scores = np.zeros((B, K), dtype=np.float32)
+        self.running_scores[:, 1:] = _MASKED  # all beams start identical: expand only the first
+        # The K kept hypotheses of each live source, best first: Hugging Face's finished beams, unfilled slots masked.
+        self.finished_scores = np.full((B, K), _MASKED, dtype=np.float32)
+        self.is_finished = np.zeros((B, K), dtype=bool)
+        self.finished: list[list[list[int]]] = [[[] for _ in range(K)] for _ in range(B)]
+        # output_token_logprobs: each live beam's per-token log-probabilities beside `running`, each kept one's
+        # beside `finished` (the step's processed log-probabilities at the chosen token: compute_transition_scores).
+        self.want_lp = settings.output_token_logprobs
+        self.running_lp = np.zeros((B * K, 0), dtype=np.float32)
+        self.finished_lp: list[list[list[float]]] = [[[] for _ in range(K)] for _ in range(B)]
+        self.improvable = np.ones(B, dtype=bool)  # HF's is_early_stop_heuristic_unsatisfied
+
+    def go_on(self, top, ends: np.ndarray, step_lp: np.ndarray | None):
+        """The K best of the step's 2K best continuations `top` (scores, beams, tokens) that did not end go on.
+        Returns (the beams' tokens before, their log-probabilities before, the rows the new beams came from)."""
+        top_scores, top_beam, top_token = top
+        K, live = self.K, np.arange(len(self.sources))[:, None]
+        live_scores = top_scores + ends * _MASKED
+        keep = np.argsort(-live_scores, axis=1, kind="stable")[:, :K]
+        self.running_scores = live_scores[live, keep]
+        origin = (top_beam[live, keep] + live * K).reshape(-1)
+        chosen = top_token[live, keep].reshape(-1)
+        previous, previous_lp = self.running, self.running_lp
+        self.running = np.concatenate([previous[origin], chosen[:, None]], 1)
+        if step_lp is not None:
+            self.running_lp = np.concatenate([previous_lp[origin], step_lp[origin, chosen][:, None]], 1)
+        return previous, previous_lp, origin
+
+    def merge_ended(self, top, ends_k: np.ndarray, previous: np.ndarray, previous_lp: np.ndarray,
+                    step_lp: np.ndarray | None, step: int) -> None:
+        """Ended ones among the K best join the kept hypotheses (a live source is never blocked: `blocked`). Where
+        none of a source's K best ended, every candidate scores below -1e9 and Hugging Face's merge keeps its list."""
+        (top_scores, top_beam, top_token), K = top, self.K
+        ended = top_scores / np.float32((step + 1) ** self.length_penalty)
+        ended[:, :K] += _MASKED * ~ends_k
+        ended[:, K:] += _MASKED
+        for b in np.flatnonzero(ends_k.any(1)):
+            merged = np.concatenate([self.finished_scores[b], ended[b]])
+            best = np.argsort(-merged, kind="stable")[:K]
+            tokens = self.finished[b] + [None] * (2 * K)
+            done = np.concatenate([self.is_finished[b], np.zeros(2 * K, dtype=bool)])
+            done[K:][:K] = ends_k[b]
+            lps = self.finished_lp[b] + [None] * (2 * K)
+            for j in best[best >= K] - K:
+                row = b * K + top_beam[b, j]
+                tokens[K + j] = previous[row].tolist() + [int(top_token[b, j])]
+                if step_lp is not None:
+                    lps[K + j] = previous_lp[row].tolist() + [float(step_lp[row, top_token[b, j]])]
+            self.finished[b] = [tokens[i] if tokens[i] is not None else [] for i in best]
+            self.finished_lp[b] = [lps[i] if lps[i] is not None else [] for i in best]
+            self.finished_scores[b], self.is_finished[b] = merged[best], done[best]
+
+    def blocked(self, step: int) -> np.ndarray:
+        """Which live sources Hugging Face would block from now on (no new hypotheses: their result is final):
+        K ended with early_stopping True, or no live beam can still beat the worst kept one (its heuristic)."""
+        best_length = self.settings.max_new_tokens if self.early_stopping == "never" and self.length_penalty > 0 \
+            else step + 1
+        best_running = self.running_scores[:, 0] / np.float32(best_length ** self.length_penalty)
+        worst = np.where(self.is_finished, self.finished_scores.min(1, keepdims=True), _MASKED)
+        self.improvable &= (best_running[:, None] > worst).any(1)
+        return ~self.improvable | (self.is_finished.all(1) & (self.early_stopping is True))
+
+    def keep(self, stay: np.ndarray, rows: np.ndarray) -> None:
+        """Only the live sources `stay` (their beam rows `rows`) go on."""
+        self.sources, self.running, self.running_scores = self.sources[stay], self.running[rows], \
+            self.running_scores[stay]
+        self.finished, self.finished_scores = [self.finished[b] for b in stay], self.finished_scores[stay]
+        self.running_lp, self.finished_lp = self.running_lp[rows], [self.finished_lp[b] for b in stay]
+        self.is_finished, self.improvable = self.is_finished[stay], self.improvable[stay]
+
+    def finish(self, live: Iterable[int], results: list) -> None:
+        """The results of the live sources `live` (indices among the live), into `results` by source index."""
+        for b in live:
+            results[self.sources[b]] = self.result(b)
+
+    def result(self, b: int) -> list:
+        """Live source b's best hypothesis without eos, or its n_best Hypothesis list when `settings.plain` is not."""
+        eos = self.settings.eos_id
+        cut = [tokens[: tokens.index(eos)] if eos in tokens else tokens for tokens in self.finished[b][:self.n_best]]
+        if self.settings.plain:
+            return cut[0]
+        lps = [tuple(lp[: len(t) + (eos in full)]) if self.want_lp else None
+               for t, full, lp in zip(cut, self.finished[b], self.finished_lp[b])]
+        return [Hypothesis(t, float(s), lp) for t, s, lp in zip(cut, self.finished_scores[b], lps)]

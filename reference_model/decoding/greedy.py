@@ -24,12 +24,7 @@ def greedy_decode(model: StepModel, input_ids: np.ndarray, attention_mask: np.nd
     Hypothesis list when `settings.plain` is not. Finished rows leave the batch. `on_choice` sees each step's
     scores after the model's rules (before the sampling warpers: Hugging Face's processed scores are those, then
     warped) and the tokens chosen from them."""
-    if not settings.do_sample and settings.num_return_sequences > 1:
-        raise ConfigError(f"greedy search returns one sequence a source, not num_return_sequences "
-                          f"{settings.num_return_sequences}; use beam search with as many beams, or sampling")
-    if settings.do_sample and settings.num_return_sequences > 1:  # Hugging Face's expansion: each source N times
-        n = settings.num_return_sequences
-        input_ids, attention_mask = np.repeat(input_ids, n, 0), np.repeat(attention_mask, n, 0)
+    input_ids, attention_mask = _expand_samples(settings, input_ids, attention_mask)
     B = input_ids.shape[0]
     encoder_state = model.encode(input_ids, attention_mask)
     past = model.empty_past(B)
@@ -52,11 +47,7 @@ def greedy_decode(model: StepModel, input_ids: np.ndarray, attention_mask: np.nd
         if on_step is not None:
             on_step(step, rows, logits)
         scores = settings.constrain(logits, step, tokens=generated) if constrained else logits
-        if sample is not None:
-            tokens, chosen = sample(scores, rows, totals is not None)
-        else:
-            tokens = scores.argmax(-1)  # (b,) int64
-            chosen = None if totals is None else _log_softmax32(scores).numpy()[np.arange(len(rows)), tokens]
+        tokens, chosen = _choose(scores, rows, sample, totals is not None)
         if on_choice is not None:
             on_choice(step, rows, scores, tokens)
         if totals is not None:
@@ -74,6 +65,34 @@ def greedy_decode(model: StepModel, input_ids: np.ndarray, attention_mask: np.nd
             generated = None if generated is None else generated[keep]
             encoder_state, past = model.select(encoder_state, keep), model.select(past, keep)
         next_ids = tokens[:, None]
+    return _results(settings, B, history, totals, per_token)
+
+
+def _choose(scores: np.ndarray, rows: np.ndarray, sample: _Sampler | None, want_logp: bool):
+    """(tokens (b,), each one's log-probability or None without `want_logp`): drawn, or the argmax."""
+    if sample is not None:
+        return sample(scores, rows, want_logp)
+    tokens = scores.argmax(-1)  # (b,) int64
+    return tokens, (_log_softmax32(scores).numpy()[np.arange(len(rows)), tokens] if want_logp else None)
+
+
+def _expand_samples(settings: DecodeSettings, input_ids: np.ndarray, attention_mask: np.ndarray):
+    """(input_ids, attention_mask) with each source repeated num_return_sequences times when sampling (Hugging
+    Face's expansion); more than one sequence without sampling is refused."""
+    n = settings.num_return_sequences
+    if not settings.do_sample and n > 1:
+        raise ConfigError(f"greedy search returns one sequence a source, not num_return_sequences "
+                          f"{n}; use beam search with as many beams, or sampling")
+    if settings.do_sample and n > 1:
+        input_ids, attention_mask = np.repeat(input_ids, n, 0), np.repeat(attention_mask, n, 0)
+    return input_ids, attention_mask
+
+
+def _results(settings: DecodeSettings, B: int, history: list[tuple[np.ndarray, np.ndarray]],
+             totals: np.ndarray | None, per_token: list[np.ndarray] | None) -> list:
+    """Each row's tokens without eos from the steps' (rows, tokens), or, with `totals`, each source's Hypothesis
+    list (its summed and, with `per_token`, per-token log-probabilities)."""
+    eos = settings.eos_id
     out = np.full((B, len(history)), eos, dtype=np.int64)
     for step, (step_rows, step_tokens) in enumerate(history):
         out[step_rows, step] = step_tokens

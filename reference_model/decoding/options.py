@@ -9,7 +9,9 @@ One spelling per concept: the beam count is `beam_size` everywhere (transformers
 beams", `--beam` as a switch; `beam_size` is the decoding literature's and CTranslate2's name, and already the
 searches' argument); the length penalty is `length_penalty` (transformers', CTranslate2's and bench's name; `alpha` is
 the symbol of GNMT's formula, and still names the field inside). transformers' own `num_beams` stays where it is
-transformers' API (`seq2trt.hf`, generation.json).
+transformers' API (`seq2trt.hf`, generation.json). A served request spells an option as the CLI and Python do
+(`sample`, `token_logprobs`; `do_sample`, `output_token_logprobs` and `num_beams` are its deprecated inputs), but for
+`output_scores`: `scores` is the served models' output tensor.
 """
 
 from __future__ import annotations
@@ -85,9 +87,9 @@ DECODE_OPTIONS: tuple[DecodeOption, ...] = (
                  "GNMT length penalty (alpha) of beam search for models trained here (imported ones use their own); "
                  "with --backend ort-generate, Hugging Face's length_penalty (score / length ** penalty).", True,
                  default=GNMT_ALPHA, old_flags=("--alpha",), old_kwargs=("alpha",)),
-    DecodeOption("do_sample", "sample", "--sample", "do_sample", bool, _BOOL,
+    DecodeOption("do_sample", "sample", "--sample", "sample", bool, _BOOL,
                  "Sample (one beam) instead of searching. Default: the imported model's do_sample, else search.",
-                 False, negatable=True),
+                 False, negatable=True, old_served=("do_sample",)),
     DecodeOption("temperature", "temperature", "--temperature", "temperature", float,
                  (lambda v: _finite(v) and v > 0, "a number > 0 such as 0.7"),
                  "Sampling temperature (default: the model's, else 1.0).", False, sampling=True),
@@ -113,12 +115,14 @@ DECODE_OPTIONS: tuple[DecodeOption, ...] = (
                  (lambda v: _integer(v) and v >= 1, "an integer >= 1"),
                  "Hypotheses a source: at most --beam-size, or this many samples (default: the model's "
                  "num_return_sequences, else 1).", True),
+    # Served as output_scores, not `scores`: that is the name of the served models' output tensor of the scores
+    # (FP32 [-1]), which clients read; an input of the same name would make one name two tensors of the model.
     DecodeOption("output_scores", "scores", "--scores", "output_scores", bool, _BOOL,
                  "Print each hypothesis's score (beam: Hugging Face's sequences_scores, GNMT's for models trained "
                  "here; greedy and sampling: the sum of its tokens' log-probabilities).", True),
-    DecodeOption("output_token_logprobs", "token_logprobs", "--token-logprobs", "output_token_logprobs", bool, _BOOL,
+    DecodeOption("output_token_logprobs", "token_logprobs", "--token-logprobs", "token_logprobs", bool, _BOOL,
                  "Also write each hypothesis's per-token log-probabilities to --output-ids (transformers' "
-                 "compute_transition_scores; the closing eos has one).", False),
+                 "compute_transition_scores; the closing eos has one).", False, old_served=("output_token_logprobs",)),
     DecodeOption("fast_sampling", "fast_sampling", "--fast-sampling", "fast_sampling", bool, _BOOL,
                  "With --sample: draw by the inverse CDF, one number a row and step (the same distribution; not "
                  "transformers' samples for a seed; much cheaper over a large vocabulary).", False, sampling=True),

@@ -1,8 +1,8 @@
 """The decoding options are declared once (reference_model/decoding/options.DECODE_OPTIONS) and every surface is made
 from that table: each row is a CLI flag of every verb it names, a Translator keyword, a served request input and a
 refusal of the whole-search graph where it says so, and nothing on those surfaces is missing from it (a planted
-row, or a row taken out, is caught). The deprecated spellings (`--beam`, `beam=`, `num_beams`) warn with the new
-name and give what the new spelling gives."""
+row, or a row taken out, is caught). The deprecated spellings (`--beam`, `beam=`; the served `num_beams`,
+`do_sample`, `output_token_logprobs`) warn with the new name and give what the new spelling gives."""
 
 from __future__ import annotations
 
@@ -145,19 +145,54 @@ def test_the_old_beam_keyword_warns_and_gives_the_new_keywords_result(numbers_ex
     assert got == want
 
 
-def test_the_old_served_input_is_read_and_named_as_sent(caplog):
-    from seq2trt.serving.decode_service import beam_size_input
+def _request(**inputs):
+    """A request's `get(input name)` as the served model has it: each input a [1] array of its Triton type."""
+    def array(value):
+        return np.array([value], np.bool_ if isinstance(value, bool) else np.int32)
 
-    def request(**inputs):
-        return lambda name: None if name not in inputs else np.array([inputs[name]], np.int32)
+    return lambda name: None if name not in inputs else array(inputs[name])
 
-    assert beam_size_input(request(beam_size=3)) == (3, "beam_size")
+
+@pytest.mark.parametrize("row", [o for o in DECODE_OPTIONS if o.old_served], ids=lambda o: o.field)
+def test_an_old_served_input_is_read_and_named_as_sent(row, caplog):
+    from seq2trt.serving.decode_service import served_input
+
+    value = 3 if row.kind is int else True
+    (old,) = row.old_served
+    assert served_input(_request(**{row.served: value}), row.field) == (value, row.served)
     with caplog.at_level("WARNING"):
-        assert beam_size_input(request(num_beams=3)) == (3, "num_beams")
-    assert "num_beams is deprecated; send beam_size" in caplog.text
-    assert beam_size_input(request()) == (None, "beam_size")
-    with pytest.raises(InputError, match="beam_size and num_beams are one option"):
-        beam_size_input(request(beam_size=3, num_beams=3))
+        assert served_input(_request(**{old: value}), row.field) == (value, old)
+    assert f"{old} is deprecated; send {row.served}" in caplog.text
+    assert served_input(_request(), row.field) == (None, row.served)
+    with pytest.raises(InputError, match=f"{row.served} and {old} are one option; send {row.served} alone"):
+        served_input(_request(**{row.served: value, old: value}), row.field)
+
+
+def test_the_served_names_are_the_cli_and_python_names_but_where_an_output_holds_it():
+    """One name per concept: a served input is the kwarg's name (the flag's, dashes as underscores), the served
+    spelling before kept as its alias; output_scores alone differs, `scores` being the served output tensor."""
+    from seq2trt.serving.model_config import request_outputs
+
+    outputs = {re.search(r'name: "(\w+)"', block)[1] for kind in ("generate", "translate")
+               for block in request_outputs(kind)}
+    for o in DECODE_OPTIONS:
+        if o.served is None:
+            continue
+        assert o.flag == "--" + o.kwarg.replace("_", "-") or o.old_flags, o
+        if o.kwarg in outputs:
+            assert o.served != o.kwarg and o.served not in outputs, o
+        elif o.kwarg != "n_best":  # n_best: the served name is the kwarg's (num_return_sequences is the field)
+            assert o.served == o.kwarg, f"served {o.served} is not the CLI / Python name {o.kwarg}"
+    assert OPTIONS["output_scores"].served == "output_scores" and "scores" in outputs
+
+
+def test_a_request_by_the_old_inputs_is_the_request_by_the_new_ones():
+    from seq2trt.serving.decode_service import request_options
+
+    new = request_options(_request(sample=True, token_logprobs=True, top_k=3))
+    old = request_options(_request(do_sample=True, output_token_logprobs=True, top_k=3))
+    assert new == ({"do_sample": True, "output_token_logprobs": True, "top_k": 3}, {})
+    assert old == (new[0], {"do_sample": "do_sample", "output_token_logprobs": "output_token_logprobs"})
 
 
 def test_the_old_length_penalty_spellings_warn_and_give_the_new_ones_result(numbers_export):

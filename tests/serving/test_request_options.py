@@ -101,11 +101,11 @@ def test_each_option_is_translates_flag_in_a_mixed_batch(exported, service, monk
     (dict(do_sample=True, top_p=1.5), None, "top_p must be a number in (0, 1] such as 0.9, got 1.5"),
     (dict(do_sample=True, top_k=-1), None, "top_k must be an integer >= 0"),
     (dict(do_sample=True, seed=-1), None, "seed must be an integer in [0, 2**64), got -1"),
-    (dict(temperature=0.5), None, "temperature sets how sampling draws, and this decode does not sample; add do_sample"),
+    (dict(temperature=0.5), None, "temperature sets how sampling draws, and this decode does not sample; add sample"),
     (dict(do_sample=True), 4, "beam_size 4 with sampling"),
     (dict(num_return_sequences=3), 2, "n_best 3 is more than the 2 beams searched"),
     (dict(num_return_sequences=0), None, "n_best must be an integer >= 1, got 0"),
-    (dict(do_sample=True, num_return_sequences=MAX_BATCH + 1), None, f"n_best with do_sample must be in [1, {MAX_BATCH}]"),
+    (dict(do_sample=True, num_return_sequences=MAX_BATCH + 1), None, f"n_best with sample must be in [1, {MAX_BATCH}]"),
     (dict(repetition_penalty=0.0), None, "repetition_penalty must be a number > 0"),
     (dict(no_repeat_ngram_size=-1), None, "no_repeat_ngram_size must be an integer >= 0"),
     (dict(min_new_tokens=-2), None, "min_new_tokens must be an integer >= 0"),
@@ -117,6 +117,17 @@ def test_a_bad_option_is_its_requests_error_naming_the_parameter(exported, servi
     assert "--" not in str(got[1]).split(";")[0], got[1]  # named as the request's parameter, not translate's flag
     assert got[0] == translate_ids(exported, [SOURCES[1]])[0]
     assert got[2] == translate_ids(exported, [SOURCES[2]], "--beam-size", "2")[0]
+
+
+def test_an_option_sent_by_its_deprecated_input_is_named_so(service):
+    """A request that sent do_sample (the served spelling before `sample`) reads its own input in the error."""
+    old = dict(spelled={"do_sample": "do_sample"})
+    got = service.run([Job(tuple(SOURCES[0]), options=dict(do_sample=True, num_return_sequences=MAX_BATCH + 1), **old),
+                       Job(tuple(SOURCES[0]), options=dict(temperature=0.5), **old),
+                       Job(tuple(SOURCES[0]), options=dict(temperature=0.5))])
+    assert f"n_best with do_sample must be in [1, {MAX_BATCH}]" in str(got[0]), got[0]
+    assert str(got[1]).endswith("add do_sample, or drop temperature"), got[1]
+    assert str(got[2]).endswith("add sample, or drop temperature"), got[2]
 
 
 def test_option_values_as_triton_hands_them_over():
@@ -166,7 +177,7 @@ def _served_requests(c, out):
     from .conftest import generate_inputs, text_inputs
 
     source = SOURCES[2]
-    sampled = [_input("do_sample", True, "BOOL"), _input("seed", 5, "INT64"), _input("temperature", 0.7, "FP32"),
+    sampled = [_input("sample", True, "BOOL"), _input("seed", 5, "INT64"), _input("temperature", 0.7, "FP32"),
                _input("n_best", 2, "INT32"), _input("output_scores", True, "BOOL")]
     answer = c.infer("generate", generate_inputs(source) + sampled)
     want = translate_ids(out, [source], "--sample", "--seed", "5", "--temperature", "0.7", "--n-best", "2",
