@@ -136,7 +136,7 @@ def _check_memory(source_dir: Path) -> None:
     memory.check_fits("int8 quantization", memory.quantize_peak(largest), config.physical_memory(),
                       f"{source_dir} (its largest graph: {largest / memory.GiB:,.1f} GiB)",
                       "quantize on a machine with more memory, or run the fused graphs as they are "
-                      f"(`--backend ort-fused`)", InputError)
+                      "(`--backend ort-fused`)", InputError)
 
 
 def quantize_artifacts(out: Path, settings: QuantizeSettings = QuantizeSettings(), force: bool = False,

@@ -24,6 +24,7 @@ from typing import Any, Callable
 import torch
 
 from seq2trt.hf_import import proof as hf_verify
+from seq2trt.hf_import import speech_proof
 from seq2trt.core.atomic_files import sha256_file
 from seq2trt.reference_model.checkpoint import _read_pt, _read_safetensors, load_state_dict_checked, save_checkpoint
 from seq2trt.reference_model.config import Seq2SeqConfig, beam_bytes, memory_parts, physical_memory
@@ -354,12 +355,13 @@ def import_hf(src: Path, out: Path, force: bool = False, progress: Callable[[str
     _, cfg, settings = config_from_hf(src)
     # A speech model's proof runs transformers' side first and frees its model before ours is built: one model in
     # memory at a time (a whisper-large-v3 is 6 GB of fp32 weights a copy).
-    judged = hf_verify.judge_speech(src, cfg, settings, progress) if cfg.audio else None
+    judged = speech_proof.judge_speech(src, cfg, settings, progress) if cfg.audio else None
     family, model, gen, files = load_hf_as_model(src, progress)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     progress(f"read {family}: {sum(p.numel() for p in model.parameters()) / 1e6:,.0f} M parameters, "
              f"{weights / 2**30:.2f} GiB; proving it equal to transformers' own model")
-    report = hf_verify.verify(src, model, gen, progress, judged=judged)
+    report = (speech_proof.verify_speech(judged, model, gen, progress) if cfg.audio
+              else hf_verify.verify(src, model, gen, progress))
     gc.collect()  # transformers' model, only the proof's: freed before the checkpoint's write copies ours
     adapter = FAMILIES[family]
     record = {"family": family, "source": {"path": str(src.resolve()),

@@ -52,7 +52,8 @@ def _decoders(family: str, src: Path, device: str):
 
     from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode, hf_beam_search
     from seq2trt.hf_import.importer import load_hf_as_model
-    from seq2trt.hf_import.proof import load_transformers_model, seeded_sources, whisper_generated
+    from seq2trt.hf_import.proof import load_transformers_model, seeded_sources
+    from seq2trt.hf_import.speech_proof import whisper_generated
     from seq2trt.reference_model.sources import source_kind
     from seq2trt.reference_model.speech import SpeechTokens, transcribe_features
     from seq2trt.reference_model.vocab import pad_batch

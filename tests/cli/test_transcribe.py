@@ -130,7 +130,7 @@ def test_english_only_model_transcribes_and_refuses_translate(english_only, audi
     row = json_lines(stdout_of("transcribe", english_only, audio[0], "--format", "json", "--max-new-tokens",
                                MAX_NEW))[0]
     import torch
-    from seq2trt.hf_import.proof import whisper_generated
+    from seq2trt.hf_import.speech_proof import whisper_generated
 
     features = transformers.WhisperFeatureExtractor.from_pretrained(str(src))(
         [judge_clip(audio[0])], sampling_rate=16000, return_tensors="pt")["input_features"]

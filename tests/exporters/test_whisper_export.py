@@ -25,7 +25,8 @@ from seq2trt.core import layout  # noqa: E402
 from seq2trt.reference_model.checkpoint import load_checkpoint, source_record  # noqa: E402
 from seq2trt.exporters.ort_search import generate_artifacts  # noqa: E402
 from seq2trt.core.errors import ConfigError, InputError  # noqa: E402
-from seq2trt.hf_import.proof import load_transformers_model, whisper_generated  # noqa: E402
+from seq2trt.hf_import.proof import load_transformers_model
+from seq2trt.hf_import.speech_proof import whisper_generated  # noqa: E402
 from seq2trt.reference_model.sources import source_kind  # noqa: E402
 from seq2trt.reference_model.speech import SpeechTokens, transcribe_features  # noqa: E402
 from seq2trt.runtime.registry import open_step_model  # noqa: E402

@@ -124,7 +124,7 @@ def generate_tokens(hf_model, src: Path, clips, language: str | None, beams: int
     import torch
     from transformers import WhisperFeatureExtractor
 
-    from seq2trt.hf_import.proof import whisper_generated
+    from seq2trt.hf_import.speech_proof import whisper_generated
 
     fe = WhisperFeatureExtractor.from_pretrained(str(src))
     features = torch.as_tensor(fe(list(clips), sampling_rate=16000, return_tensors="np")["input_features"])

@@ -20,7 +20,8 @@ from seq2trt.reference_model.checkpoint import load_checkpoint  # noqa: E402
 from seq2trt.reference_model.eager import EagerStepModel  # noqa: E402
 from seq2trt.core.errors import ConfigError, InputError  # noqa: E402
 from seq2trt.hf_import.importer import config_from_hf, load_hf_as_model  # noqa: E402
-from seq2trt.hf_import.proof import load_transformers_model, whisper_generated  # noqa: E402
+from seq2trt.hf_import.proof import load_transformers_model
+from seq2trt.hf_import.speech_proof import whisper_generated  # noqa: E402
 from seq2trt.reference_model.sources import AudioFeatures, source_kind  # noqa: E402
 from seq2trt.reference_model.speech import SpeechTokens, transcribe_features  # noqa: E402
 

@@ -23,7 +23,8 @@ from seq2trt.reference_model.decoding import DecodeSettings  # noqa: E402
 from seq2trt.reference_model.eager import EagerStepModel  # noqa: E402
 from seq2trt.core.errors import ConfigError, InputError  # noqa: E402
 from seq2trt.hf_import.importer import load_hf_as_model  # noqa: E402
-from seq2trt.hf_import.proof import load_transformers_model, whisper_generated  # noqa: E402
+from seq2trt.hf_import.proof import load_transformers_model
+from seq2trt.hf_import.speech_proof import whisper_generated  # noqa: E402
 from seq2trt.reference_model.speech import SpeechTokens, transcribe_features  # noqa: E402
 from seq2trt.reference_model.longform import transcribe, window_segments  # noqa: E402
 
