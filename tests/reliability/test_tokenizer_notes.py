@@ -1,11 +1,11 @@
-"""Issue 49 case 10: `seq2trt translate` of a T5 printed transformers' "You set `add_prefix_space`. The tokenizer
-needs to be converted from the slow tokenizers" on every run. A T5 tokenizer saved by transformers 4.x records
+"""Issue 49 case 10: `seq2trt translate` of a T5 printed transformers' "You set `add_prefix_space`. The tokenizer needs
+to be converted from the slow tokenizers" on every run. A T5 tokenizer saved by transformers 4.x records
 add_prefix_space in tokenizer_config.json, and 4.x's fast T5 class logs that note whenever the key is set (5.x says
-nothing). The one tokenizer loader (`hf_verify.load_tokenizer`, which translate, serve and the import use) now keeps
-transformers' notes to itself; the tokens are sentencepiece's own, as before. With a tokenizer.json beside it, 4.x's
-fast class ignores that file when add_prefix_space is set and converts the sentencepiece model through protobuf,
-which failed where the serve extra pins protobuf below sentencepiece's (the tokenizer "cannot be loaded"): the
-loader now falls back to the slow tokenizer, the one the conversion starts from, as it does without tokenizer.json."""
+nothing). The one tokenizer loader (`hf_import.text.load_tokenizer`, which translate, serve and the import use) now
+keeps transformers' notes to itself; the tokens are sentencepiece's own, as before. With a tokenizer.json beside it,
+4.x's fast class ignores that file when add_prefix_space is set and converts the sentencepiece model through protobuf,
+which failed where the serve extra pins protobuf below sentencepiece's (the tokenizer "cannot be loaded"): the loader
+now falls back to the slow tokenizer, the one the conversion starts from, as it does without tokenizer.json."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def test_loading_a_t5_tokenizer_prints_nothing_and_tokens_are_sentencepieces(t5_
     import sentencepiece as spm
 
     # a process of its own: transformers logs the note once per process (warning_once)
-    code = ("import json, sys\nfrom seq2trt.hf_import.proof import load_tokenizer\n"
+    code = ("import json, sys\nfrom seq2trt.hf_import.text import load_tokenizer\n"
             "t = load_tokenizer(__import__('pathlib').Path(sys.argv[1]))\n"
             "print(json.dumps([t(x)['input_ids'] for x in json.loads(sys.argv[2])]))\n")
     result = subprocess.run([sys.executable, "-c", code, str(t5_saved_by_4x), json.dumps(TEXTS)], capture_output=True,

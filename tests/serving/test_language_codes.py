@@ -43,7 +43,7 @@ def served_family(request, tmp_path_factory):
 
 def _pieces(root) -> list[str]:
     """Codes that are ordinary pieces of the tokenizer ("de" among them), and one that is no piece."""
-    from seq2trt.hf_import.proof import load_tokenizer
+    from seq2trt.hf_import.text import load_tokenizer
 
     vocab = load_tokenizer(root / "ckpt" / "tokenizer").get_vocab()
     spelled = [code for code in ("de", "an", "el", "fr") if code in vocab]
