@@ -8,7 +8,8 @@ from typing import Iterable
 
 import numpy as np
 
-from seq2trt.reference_model.decoding.settings import GNMT_ALPHA, DecodeSettings, Hypothesis, StepModel
+from seq2trt.reference_model.decoding.options import GNMT_ALPHA
+from seq2trt.reference_model.decoding.settings import DecodeSettings, Hypothesis, StepModel
 from seq2trt.reference_model.decoding.topk import _log_softmax32, _top_wide, length_penalty, log_softmax
 from seq2trt.core.errors import ConfigError
 

@@ -9,8 +9,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from seq2trt.reference_model.decoding.options import (GNMT_ALPHA, OPTION_RULES, SETTING_FIELDS,  # noqa: F401
-                                                      option_problem)
+from seq2trt.reference_model.decoding.options import OPTION_RULES, option_problem
 from seq2trt.core.errors import ConfigError, InputError
 
 
