@@ -120,9 +120,9 @@ SPEECH_EXAMPLE = ("`curl -X POST localhost:8000/v2/models/transcribe/infer -d "
                   "\n(a file's bytes go as `audio` in the binary tensor extension, as tritonclient sends them).")
 
 _BLS_CODE = {
-    "generate": '"""seq2trt generate over the encoder and decoder models (BLS)."""\n'
+    "generate": '"""The served generate / translate model over the encoder and decoder models (BLS)."""\n'
                 "from seq2trt.serving.triton_bls import TritonPythonModel  # noqa: F401\n",
-    "transcribe": '"""seq2trt transcribe over the encoder and decoder models (BLS)."""\n'
+    "transcribe": '"""The served transcribe model over the encoder and decoder models (BLS)."""\n'
                   "from seq2trt.serving.triton_bls import TranscribeModel as TritonPythonModel  # noqa: F401\n"}
 _BLS_CODE["translate"] = _BLS_CODE["generate"]
 
