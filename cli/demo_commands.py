@@ -12,7 +12,6 @@ from pathlib import Path
 import click
 
 
-
 def _step(title: str):
     click.secho(f"\n▶ {title}", bold=True, err=True)
     return time.perf_counter()

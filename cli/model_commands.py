@@ -144,7 +144,6 @@ def translate(source: Path, texts: tuple[str, ...], backend: str, ids_file: Path
         write_plain_output(output_ids, "".join(o + "\n" for o in outputs).encode(), "--output-ids")
 
 
-
 def _check_translate_inputs(texts: tuple[str, ...], ids_file: Path | None, output_ids: Path | None,
                             token_logprobs: bool) -> None:
     """The sources given one way, non-empty and UTF-8; --token-logprobs with a file to write them to."""

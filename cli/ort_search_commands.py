@@ -9,7 +9,6 @@ from pathlib import Path
 import click
 
 
-
 @click.command("ort-search")
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option("--int8", is_flag=True, help="Build OUT/generate/ort-int8 from the int8 graphs of `seq2trt quantize` "

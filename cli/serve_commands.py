@@ -68,7 +68,6 @@ def serve(out: Path, backend: str, http_port: int, grpc_port: int, metrics_port:
     sys.exit(0 if code == 0 else 1)
 
 
-
 def _announce(settings):
     """The callback that prints the served models and their endpoints once the server is ready."""
     def ready(models: list[str], endpoints: dict[str, str]) -> None:
