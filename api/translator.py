@@ -32,6 +32,7 @@ from seq2trt.reference_model.decoding import GNMT_ALPHA, DecodeSettings
 from seq2trt.reference_model.decoding.options import DECODE_OPTIONS, SETTING_FIELDS, renamed_kwargs, spelling
 from seq2trt.core.errors import InputError
 from seq2trt.runtime.registry import CONCURRENT_BACKENDS, DECODE_BACKENDS  # CONCURRENT: the kinds' modules say
+from seq2trt.runtime.decode_jobs import FLAGS as DECODE_FLAGS
 from seq2trt.runtime.decode_jobs import check_decode_options, check_threads, decode_job, has_tokenizer, open_decoder
 from seq2trt.runtime.transcription import (MAX_SECONDS, TRANSCRIBE_BACKENDS, TranscribedSegment, Transcriber,
                                            Transcription, check_backend, refuse_speech_model, refuse_text_model)
@@ -70,8 +71,7 @@ class Hypothesis:
 KEYWORDS = {**spelling("kwarg"), "batch_size": "batch_size", "threads": "threads", "src_lang": "src_lang",
             "tgt_lang": "tgt_lang"}
 # The same names as `seq2trt translate` spells them: the CLI is a Translator opened with spelling="flag".
-FLAGS = {**spelling("flag"), "batch_size": "--batch-size", "threads": "--threads", "src_lang": "--src-lang",
-         "tgt_lang": "--tgt-lang"}
+FLAGS = {**DECODE_FLAGS, "threads": "--threads", "src_lang": "--src-lang", "tgt_lang": "--tgt-lang"}
 
 
 class Translator:

@@ -41,7 +41,8 @@ def check_threads(threads: int, flag: str = "--threads") -> None:
                          f"{os.cpu_count() or 1} here); give a count in that range")
 
 
-FLAGS = {"alpha": "--length-penalty", "batch_size": "--batch-size"}  # how check_decode_options' messages name them: the CLI
+# How messages name the options by default: the CLI's flags (the options table's, and the batch size).
+FLAGS = {**spelling("flag"), "batch_size": "--batch-size"}
 
 
 def check_decode_options(alpha: float, batch_size: int, names: dict[str, str] = FLAGS) -> None:
@@ -131,7 +132,7 @@ def choose_search(generation: dict | None, beam: int | None, alpha: float,
     an imported model, GNMT's length penalty (`alpha`) otherwise; greedy at one beam, or sampling when `settings`
     ask it (one beam; one random stream over every batch). `beam` None: the model's num_beams, else 1. Messages name
     the options by `flags` (options.spelling: the CLI's flags by default, the API's keywords, the request inputs)."""
-    flags = {**FLAGS, **spelling("flag"), **(flags or {})}
+    flags = {**FLAGS, **(flags or {})}
     sampling = settings is not None and settings.do_sample
     if sampling and beam is not None and beam != 1:
         raise InputError(f"{flags['beam_size']} {beam} with sampling: seq2trt samples with one beam (beam sampling is "
@@ -271,7 +272,7 @@ def decode_job(opened: OpenedDecoder, backend: str, sources: Sequence[Sequence[i
     default, the Python API's keywords)."""
     step_model, cfg, folder, src_limit, max_batch = (opened.model, opened.config, opened.folder, opened.src_limit,
                                                      opened.max_batch)
-    flags = {**FLAGS, **spelling("flag"), **(flags or {})}
+    flags = {**FLAGS, **(flags or {})}
     check_sources(sources, cfg, *src_limit, origin)
     generation = generation_config(folder)
     settings = decode_settings(cfg, max_new_tokens, forced_bos_id, flags["max_new_tokens"], generation, options,
