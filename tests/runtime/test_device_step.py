@@ -279,8 +279,8 @@ def test_ort_cuda_is_one_declaration_over_the_device_step_model(numbers_export, 
     with seq2trt.Translator(root / "out", backend="ort-cuda") as cuda, \
             seq2trt.Translator(root / "out", backend="ort-fused") as fused:
         for beam in (1, 3):
-            got = [h.ids for h in cuda.translate(texts, beam=beam)]
-            assert got == [h.ids for h in fused.translate(texts, beam=beam)]
+            got = [h.ids for h in cuda.translate(texts, beam_size=beam)]
+            assert got == [h.ids for h in fused.translate(texts, beam_size=beam)]
             assert len(set(map(tuple, got))) > 1
 
 
@@ -301,8 +301,8 @@ def test_whisper_transcribes_through_the_device_step_model(tmp_path, cuda_on_the
             seq2trt.Translator(tmp_path / "out", backend="ort-fused") as fused:
         assert isinstance(cuda._opened.model, DeviceStepModel)
         for beam in (1, 3):
-            got = [r.tokens for r in cuda.transcribe(clips, 16000, beam=beam, max_new_tokens=10)]
-            assert got == [r.tokens for r in fused.transcribe(clips, 16000, beam=beam, max_new_tokens=10)]
+            got = [r.tokens for r in cuda.transcribe(clips, 16000, beam_size=beam, max_new_tokens=10)]
+            assert got == [r.tokens for r in fused.transcribe(clips, 16000, beam_size=beam, max_new_tokens=10)]
             assert all(got)
 
 
