@@ -1,11 +1,9 @@
 """Decode options and inputs of the Python API and the CLI that ended in an untyped exception, a traceback, or a wrong
 result with exit 0 (issue 49, items 6 to 8): each is refused with seq2trt's typed error naming the keyword (API) or
-the flag (CLI) and the fix, or now gives the right result. Every rule has one home, DecodeSettings
-(reference_model/decoding/settings.py); the API and the CLI name the option their own way."""
+the flag (CLI) and the fix, or now gives the right result. Every rule has one home, the options table
+(reference_model/decoding/options.py), checked by DecodeSettings; the API and the CLI name the option their own way."""
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import pytest
