@@ -8,7 +8,7 @@ file (`reference_model.audio`: channels' mean, soxr HQ). Its options are `transc
 
   language BYTES [1]       the speech's language code (default: the model's, else detected)   --language
   task BYTES [1]           transcribe, or translate into English                               --task
-  beam_size INT32 [1]      beam size, 1 greedy (default: the model's num_beams)           --beam-size
+  beam_size INT32 [1]      beam size, 1 greedy (default: the model's num_beams)                --beam-size
                            (num_beams: its deprecated spelling, accepted with a logged warning)
   max_new_tokens INT32 [1] tokens a window at most                                             --max-new-tokens
   timestamps BOOL [1]      decode timestamps: segments with their times                        --timestamps
