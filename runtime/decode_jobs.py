@@ -221,11 +221,11 @@ def unsupported_in_graph(settings: DecodeSettings) -> list[str]:
 
 def batch_rows(batch_size: int, max_batch: int | None, beams: int, flag: str = "--beam-size") -> int:
     """Sources per decoder batch: `batch_size`, fewer when beams (or samples: `flag` --n-best) x sources would pass
-    the export's max_batch."""
+    the export's max_batch; `flag` as the caller spells the option (a flag, a keyword, a request input)."""
     rows = batch_size if max_batch is None else min(batch_size, max_batch // beams)
     if rows < 1:
         raise InputError(f"{flag} {beams} needs batches of {beams} rows, over the export's max_batch {max_batch}; "
-                         f"re-export with --max-batch >= batch x {flag[2:]}, or use a smaller {flag}")
+                         f"re-export with --max-batch >= batch x {flag.lstrip('-')}, or use a smaller {flag}")
     return rows
 
 
@@ -292,5 +292,6 @@ def decode_job(opened: OpenedDecoder, backend: str, sources: Sequence[Sequence[i
         decode = generate_search(generation_config(folder), beams, alpha)
         step_model.check(1, 1, settings, beams)  # the rules built into the graph, before the first batch
     samples = settings.num_return_sequences if settings.do_sample else 0  # a sampled source takes that many rows
-    rows = batch_rows(batch_size, max_batch, *((samples, "--n-best") if samples > beams else (beams,)))
+    rows = batch_rows(batch_size, max_batch, *((samples, flags["num_return_sequences"]) if samples > beams else
+                                               (beams, flags["beam_size"])))
     return settings, decode_batches(step_model, sources, cfg.pad_id, decode, settings, rows)

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+import seq2trt
+
 pytest.importorskip("transformers", reason="the hf extra is not installed")
 
 from seq2trt.hf_import.proof import load_transformers_model  # noqa: E402
@@ -203,6 +205,11 @@ def test_samples_of_a_source_count_against_the_exports_max_batch(bart):
                     "--n-best", 25)
     assert result.exit_code == 2 and "--n-best 25 needs batches of 25 rows, over the export's max_batch 24" in \
         result.output, result.output
+    with seq2trt.Translator(bart / "out", backend="ort") as translator:  # the API names its keywords
+        for options, name in ((dict(sample=True, n_best=25), "n_best"), (dict(beam_size=25), "beam_size")):
+            with pytest.raises(seq2trt.InputError, match=rf"^{name} 25 needs batches of 25 rows, over the export's "
+                               rf"max_batch 24; re-export with --max-batch >= batch x {name}, or use a smaller {name}$"):
+                translator.generate([[4, 5, 2]], **options)
 
 
 def test_serves_decode_applies_the_stored_settings_as_translate(bart):
