@@ -1,7 +1,8 @@
-"""seq2trt as a library: one function per stage (`seq2trt.export`, `fuse`, `quantize`, `ort_search`, `build`, `validate`,
-`import_hf`, `bench`, `serve`, each returning a typed result; `serve` the running server), `seq2trt.Translator` decodes with a checkpoint or an export
-through any backend, `seq2trt.Transcriber` transcribes speech with a Whisper one (typed `Transcription`s; also
-`Translator.transcribe`), and `seq2trt.hf.Seq2TrtModelForSeq2SeqLM` lets transformers' `generate()` and `pipeline()` drive an export's graphs.
+"""seq2trt as a library: one function per stage (`seq2trt.export`, `fuse`, `quantize`, `ort_search`, `build`,
+`validate`, `import_hf`, `bench`, `serve`, each returning a typed result; `serve` the running server),
+`seq2trt.Translator` decodes with a checkpoint or an export through any backend, `seq2trt.Transcriber` transcribes
+speech with a Whisper one (typed `Transcription`s; also `Translator.transcribe`), and
+`seq2trt.hf.Seq2TrtModelForSeq2SeqLM` lets transformers' `generate()` and `pipeline()` drive an export's graphs.
 
 The stages' subpackages (`seq2trt.reference_model`, `seq2trt.exporters`, `seq2trt.validation`, ...) install
 beside this one. Names load on first use, so `import seq2trt` costs nothing until one is touched.

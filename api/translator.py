@@ -277,19 +277,19 @@ class Translator:
                    compression_ratio_threshold: float | None = None, logprob_threshold: float | None = None,
                    seed: int | None = None, **deprecated: Any) -> list[Transcription]:
         """Transcribe speech with a Whisper model: one Transcription per clip, in order (a list of one for one clip).
-        `audio`: a file path (WAV, FLAC, OGG; any rate and channels), a float array of samples (n,) or
-        (n, channels) at `sampling_rate` Hz (required for arrays; mixed to mono and resampled to 16 kHz as
-        files are), or a list of either. `language`: its code ("en"; None: the model's, else detected per clip);
-        `task`: "transcribe" or "translate" (into English; multilingual models); `timestamps`: segments cut at
-        the decoded timestamps; `beam_size` (None: the model's num_beams; `beam=`: its deprecated spelling);
-        `max_new_tokens`: tokens a window generates at most, eos included; `max_seconds`: longest clip accepted
-        (None: any); `progress(done, total)`: after each batch of `batch_size` clips. transformers' long-form
-        options, as its `generate` takes them (defaults: none): `condition_on_prev_tokens` (each window after a
-        clip's first decoded after its previous text), `temperature` (a number, or a list such as (0.0, 0.2, 0.4, 0.6, 0.8, 1.0):
-        a window failing `compression_ratio_threshold` or `logprob_threshold` is decoded again at the next one,
-        sampling), `seed` (each batch's draws: `torch.manual_seed(seed)` before generate; batch_size 1 reproduces
-        generate's for each clip). Every clip and option is checked before the first is decoded. Raises
-        InputError for a text model (use `translate`)."""
+        `audio`: a file path (WAV, FLAC, OGG; any rate and channels), a float array of samples (n,) or (n, channels) at
+        `sampling_rate` Hz (required for arrays; mixed to mono and resampled to 16 kHz as files are), or a list of
+        either. `language`: its code ("en"; None: the model's, else detected per clip); `task`: "transcribe" or
+        "translate" (into English; multilingual models); `timestamps`: segments cut at the decoded timestamps;
+        `beam_size` (None: the model's num_beams; `beam=`: its deprecated spelling); `max_new_tokens`: tokens a window
+        generates at most, eos included; `max_seconds`: longest clip accepted (None: any); `progress(done, total)`:
+        after each batch of `batch_size` clips. transformers' long-form options, as its `generate` takes them (defaults:
+        none): `condition_on_prev_tokens` (each window after a clip's first decoded after its previous text),
+        `temperature` (a number, or a list such as (0.0, 0.2, 0.4, 0.6, 0.8, 1.0): a window failing
+        `compression_ratio_threshold` or `logprob_threshold` is decoded again at the next one, sampling), `seed` (each
+        batch's draws: `torch.manual_seed(seed)` before generate; batch_size 1 reproduces generate's for each clip).
+        Every clip and option is checked before the first is decoded. Raises InputError for a text model (use
+        `translate`)."""
         if self._closed:
             raise InputError("this Translator is closed; open a new one")
         refuse_text_model(self.config, self.path)

@@ -36,11 +36,11 @@ from seq2trt.validation.bench.settings import BENCH_DEFAULT, KNOWN_BACKENDS, SEA
 @click.option("--checkpoint", type=click.Path(path_type=Path), default=None,
               help="The checkpoint OUT was exported from (default: the one its manifest names).")
 @click.option("--search", type=click.Choice(SEARCHES), default="greedy", show_default=True,
-              help="greedy: forced length (above); beam: a real beam search of --beam-size K on held-out sources, at most "
-                   "--new-tokens, every backend (CTranslate2 too) with --length-penalty (score / length ** penalty). "
-                   "Exports for beam need max_batch >= B x K. sample: forced-length sampling with --temperature, "
-                   "--top-k, --top-p (CTranslate2: sampling_temperature/topk/topp), each backend's greedy decode of "
-                   "the same rows timed in the same turn: sampling's extra cost per step.")
+              help="greedy: forced length (above); beam: a real beam search of --beam-size K on held-out sources, at "
+                   "most --new-tokens, every backend (CTranslate2 too) with --length-penalty (score / length ** "
+                   "penalty). Exports for beam need max_batch >= B x K. sample: forced-length sampling with "
+                   "--temperature, --top-k, --top-p (CTranslate2: sampling_temperature/topk/topp), each backend's "
+                   "greedy decode of the same rows timed in the same turn: sampling's extra cost per step.")
 @click.option("--beam-size", "beam", type=int, default=4, show_default=True, help="Beam size of --search beam.")
 @renamed_flag("--beam", "--beam-size", "beam")
 @click.option("--length-penalty", type=float, default=GNMT_ALPHA, show_default=True, help="Length penalty of --search beam.")

@@ -112,10 +112,10 @@ def _refuse_generate_dtype(out: Path, backend: str) -> None:
 
     dtype = read_manifest(out).dtype
     if dtype != "fp32":
-        raise InputError(f"--backend {backend} runs ONNX Runtime's BeamSearch, which takes float32 graphs, and the graphs "
-                         f"of {out} are {dtype} (`seq2trt ort-search` refuses them too); translate it with --backend ort, "
-                         f"ort-fused (after `seq2trt fuse {out} --target ort`), tensorrt, tensorrt-rtx or eager, or "
-                         f"export with --dtype fp32 into another folder for {backend}")
+        raise InputError(f"--backend {backend} runs ONNX Runtime's BeamSearch, which takes float32 graphs, and the "
+                         f"graphs of {out} are {dtype} (`seq2trt ort-search` refuses them too); translate it with "
+                         f"--backend ort, ort-fused (after `seq2trt fuse {out} --target ort`), tensorrt, tensorrt-rtx "
+                         f"or eager, or export with --dtype fp32 into another folder for {backend}")
 
 
 def check_sources(sources: Sequence[Sequence[int]], cfg, max_src_len: int, limit_name: str, origin: str,
@@ -146,8 +146,8 @@ def choose_search(generation: dict | None, beam: int | None, alpha: float,
     if not sampling and n_best > beams:
         n_flag = flags["num_return_sequences"]
         raise InputError(f"{n_flag} {n_best} is more than the {beams} beam{'s' * (beams > 1)} searched: a beam search "
-                         f"returns at most its beams; pass {flags['beam_size']} {n_best} or more, {flags['do_sample']}, or "
-                         f"a smaller {n_flag}")
+                         f"returns at most its beams; pass {flags['beam_size']} {n_best} or more, "
+                         f"{flags['do_sample']}, or a smaller {n_flag}")
     if beams == 1:
         if sampling:
             generator = settings.generator()

@@ -108,8 +108,8 @@ class GenerateModel:
                              "many sequences as beams")
         if settings.output_scores and num_beams == 1:
             raise InputError("scores with one beam: ONNX Runtime's greedy search in generate.onnx scores its sequence "
-                             "otherwise than seq2trt's greedy search (the sum of log-probabilities); use --beam-size >= 2 "
-                             "(Hugging Face's sequences_scores), or --backend ort for greedy scores")
+                             "otherwise than seq2trt's greedy search (the sum of log-probabilities); use --beam-size "
+                             ">= 2 (Hugging Face's sequences_scores), or --backend ort for greedy scores")
         if differ:
             raise InputError(f"generate.onnx applies the decoding rules it was built with; asked for others {differ} "
                              "(built, asked): use --backend ort-fused for these")

@@ -1,9 +1,9 @@
 """The TensorRT backend: one engine of the graph contract behind the shared `Runner` interface.
 
 `TensorRTRunner(plan, cfg, kind, dtype, limits, flavour, build_info)`: on activation it imports the flavour
-(`exporters.tensorrt.trt_compat`), registers the attention plugin (plugin engines need its creator at
-deserialization), checks that the engine can run here (`trt_compat.check_engine`: flavour, version, compute capability, with a
-message saying how to rebuild), deserializes it and makes one execution context and one CUDA stream.
+(`exporters.tensorrt.trt_compat`), registers the attention plugin (plugin engines need its creator at deserialization),
+checks that the engine can run here (`trt_compat.check_engine`: flavour, version, compute capability, with a message
+saying how to rebuild), deserializes it and makes one execution context and one CUDA stream.
 `infer(feed)` takes numpy like every runner; `infer_device(feed)` takes and returns torch CUDA tensors, so a
 decoding loop can feed the present K/V back as the next past without a host round trip. Shapes outside the
 engine's optimization profile are refused before TensorRT sees them, with the limits named.

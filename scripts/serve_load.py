@@ -41,7 +41,8 @@ def run(url: str, srcs: list[list[int]], clients: int, per_client: int, beam: in
         c = http.InferenceServerClient(url, network_timeout=300)
         for r in range(per_client):
             ids = np.array([srcs[(k * per_client + r) % len(srcs)]], dtype=np.int64)
-            inputs = [http.InferInput("input_ids", list(ids.shape), "INT64"), http.InferInput("beam_size", [1, 1], "INT32")]
+            inputs = [http.InferInput("input_ids", list(ids.shape), "INT64"),
+                      http.InferInput("beam_size", [1, 1], "INT32")]
             inputs[0].set_data_from_numpy(ids)
             inputs[1].set_data_from_numpy(np.array([[beam]], dtype=np.int32))
             start = time.perf_counter()

@@ -208,7 +208,8 @@ def test_samples_of_a_source_count_against_the_exports_max_batch(bart):
     with seq2trt.Translator(bart / "out", backend="ort") as translator:  # the API names its keywords
         for options, name in ((dict(sample=True, n_best=25), "n_best"), (dict(beam_size=25), "beam_size")):
             with pytest.raises(seq2trt.InputError, match=rf"^{name} 25 needs batches of 25 rows, over the export's "
-                               rf"max_batch 24; re-export with --max-batch >= batch x {name}, or use a smaller {name}$"):
+                               rf"max_batch 24; re-export with --max-batch >= batch x {name}, or use a smaller "
+                               rf"{name}$"):
                 translator.generate([[4, 5, 2]], **options)
 
 

@@ -77,9 +77,9 @@ class Bench:
                              "re-export with a larger --max-batch or lower --batch-sizes")
         rows = [b * settings.beam for b in settings.batch_sizes if settings.search == "beam"]
         if rows and max(rows) > self.limits.max_batch:
-            raise InputError(f"--search beam --beam-size {settings.beam} at batch {max(settings.batch_sizes)} runs {max(rows)} "
-                             f"rows, over the export's max_batch {self.limits.max_batch}: exports for beam need "
-                             "max_batch >= B x K; re-export with a larger --max-batch or lower --batch-sizes")
+            raise InputError(f"--search beam --beam-size {settings.beam} at batch {max(settings.batch_sizes)} runs "
+                             f"{max(rows)} rows, over the export's max_batch {self.limits.max_batch}: exports for beam "
+                             "need max_batch >= B x K; re-export with a larger --max-batch or lower --batch-sizes")
         rows = max(settings.batch_sizes) * settings.n_best
         if settings.search == "sample" and rows > self.limits.max_batch:
             raise InputError(f"--search sample --n-best {settings.n_best} at batch {max(settings.batch_sizes)} runs "

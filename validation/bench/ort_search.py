@@ -1,6 +1,7 @@
-"""`seq2trt bench` backends `ort-generate`, `ort-generate-int8` (`seq2trt ort-search --int8`) and `ort-generate-cuda`: generate.onnx (ONNX Runtime's BeamSearch, the whole search in one session
-run) behind bench's timing interface (bench_backends). Greedy runs are forced-length like every backend's (eos
-masked until `new_tokens` by BeamSearch's min_length); beam runs search for real (eos stops a hypothesis).
+"""`seq2trt bench` backends `ort-generate`, `ort-generate-int8` (`seq2trt ort-search --int8`) and `ort-generate-cuda`:
+generate.onnx (ONNX Runtime's BeamSearch, the whole search in one session run) behind bench's timing interface
+(bench_backends). Greedy runs are forced-length like every backend's (eos masked until `new_tokens` by BeamSearch's
+min_length); beam runs search for real (eos stops a hypothesis).
 It has no separate encoder or step call: those curves are not timed for it.
 """
 

@@ -90,8 +90,8 @@ class BenchSettings:
                              "per process, so one bench run measures 1 and at most one other count; run the bench "
                              "once per count (e.g. --threads 1,2 then --threads 4 into another copy)")
         if self.search not in SEARCHES or self.beam < 1:
-            raise InputError(f"--search must be one of {', '.join(SEARCHES)} and --beam-size >= 1, got {self.search!r} and "
-                             f"{self.beam}")
+            raise InputError(f"--search must be one of {', '.join(SEARCHES)} and --beam-size >= 1, got "
+                             f"{self.search!r} and {self.beam}")
         if not (self.temperature > 0 and self.top_k >= 0 and 0 < self.top_p <= 1 and self.n_best >= 1):
             raise InputError(f"--temperature must be > 0, --top-k >= 0, --top-p in (0, 1] and --n-best >= 1, got "
                              f"{self.temperature}, {self.top_k}, {self.top_p} and {self.n_best}")
