@@ -147,7 +147,7 @@ def speech_request(rng: random.Random) -> tuple[str, dict]:
     inputs = [_tensor("samples", clip, "FP32"), _tensor("sampling_rate", rate, "INT32"),
               _tensor("max_new_tokens", rng.choice([1, 3, 6]), "INT32")]
     if rng.random() < 0.3:
-        inputs.append(_tensor("num_beams", rng.choice([1, 2, 4, 5, 0]), "INT32"))
+        inputs.append(_tensor("beam_size", rng.choice([1, 2, 4, 5, 0]), "INT32"))
     if rng.random() < 0.3:
         inputs.append({"name": "language", "shape": [1, 1], "datatype": "BYTES",
                        "data": [rng.choice(["en", "de", "fr", "xx", ""])]})
@@ -163,14 +163,14 @@ def speech_expected(reference, doc: dict):
     from seq2trt.core.errors import Seq2TrtError
 
     given = {t["name"]: t["data"] for t in doc["inputs"]}
-    options = dict(max_new_tokens=given["max_new_tokens"][0], beam=given.get("num_beams", [None])[0],
+    options = dict(max_new_tokens=given["max_new_tokens"][0], beam=given.get("beam_size", [None])[0],
                    language=(given.get("language") or [None])[0] or None,
                    timestamps=bool(given.get("timestamps", [False])[0]))
     try:
         clip = prepare_audio(np.asarray(given["samples"], np.float32), given["sampling_rate"][0])
         reference.check(options["language"], None, options["beam"], options["max_new_tokens"], 1)
         if options["beam"] is not None and options["beam"] > 4:
-            return "num_beams over the export's max_batch"
+            return "beam_size over the export's max_batch"
         t = next(reference.transcribe([clip], **options))
     except Seq2TrtError as exc:
         return str(exc)
@@ -237,12 +237,12 @@ def text_request(rng: random.Random) -> tuple[str, str, dict]:
     """A drawn generate or translate request: a source of drawn length and values, drawn options."""
     options = []
     if rng.random() < 0.4:
-        options.append(_tensor("num_beams", rng.choice([1, 2, 4, 0, 17]), "INT32"))
+        options.append(_tensor("beam_size", rng.choice([1, 2, 4, 0, 17]), "INT32"))
     if rng.random() < 0.4:
         options.append(_tensor("max_new_tokens", rng.choice([1, 4, 15, 0, 100]), "INT32"))
     if rng.random() < 0.2:
         options.append(_tensor("temperature", rng.choice([0.7, 0.0, -1.0, 3e38]), "FP32"))
-        options.append({"name": "do_sample", "shape": [1, 1], "datatype": "BOOL", "data": [True]})
+        options.append({"name": "sample", "shape": [1, 1], "datatype": "BOOL", "data": [True]})
         options.append(_tensor("seed", rng.randrange(100), "INT64"))
     if rng.random() < 0.5:
         text = rng.choice(["7", "40213", "999999", "120", "5061", "", "twelve", "1" * 30])
@@ -278,9 +278,9 @@ def test_served_text_requests(text, outcomes):
         if status != 200 or "damaged" in label:
             continue
         given = {t["name"]: t["data"] for t in doc["inputs"]}
-        if "do_sample" in given:
+        if "sample" in given:
             continue
-        flags = [a for name, flag in (("num_beams", "--beam-size"), ("max_new_tokens", "--max-new-tokens"))
+        flags = [a for name, flag in (("beam_size", "--beam-size"), ("max_new_tokens", "--max-new-tokens"))
                  if name in given for a in (flag, str(given[name][0]))]
         if model == "generate":
             ids = out.parent / f"ids-{label.split()[0].replace(':', '-')}.jsonl"
