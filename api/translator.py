@@ -45,7 +45,7 @@ Audio = Union[str, Path, np.ndarray]  # a WAV/FLAC/OGG file, or float samples (n
 # What a refusal of bytes adds: the API reads files and arrays, not encoded audio in memory.
 _BYTES_HINT = " (encoded audio: write them to a file, or decode them with soundfile.read(io.BytesIO(data)))"
 
-# The keyword options of translate/generate beyond their named parameters (beam_size, max_new_tokens, alpha,
+# The keyword options of translate/generate beyond their named parameters (beam_size, max_new_tokens, length_penalty,
 # scores, n_best) -> the DecodeSettings field each sets: a view of the one options table (options.DECODE_OPTIONS).
 _NAMED = ("scores", "n_best")
 SEARCH_OPTIONS = {o.kwarg: o.field for o in DECODE_OPTIONS if o.field in SETTING_FIELDS and o.kwarg not in _NAMED}
