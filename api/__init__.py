@@ -28,8 +28,8 @@ _HOMES = {"Translator": "seq2trt.translator", "Transcriber": "seq2trt.transcribe
           **{name: "seq2trt.core.errors" for name in __all__ if name.endswith(("Error", "Failed"))}}
 
 if TYPE_CHECKING:
-    from seq2trt.core.errors import (ArtifactError, CheckFailed, CheckpointError, ConfigError,
-                                                DependencyError, InputError, Seq2TrtError)
+    from seq2trt.core.errors import (ArtifactError, CheckFailed, CheckpointError, ConfigError, DependencyError,
+                                     InputError, Seq2TrtError)
     from seq2trt.runtime.registry import DECODE_BACKENDS
 
     from seq2trt.stages import (BenchResult, BuildResult, ExportResult, FuseResult, GenerateResult, ImportResult,

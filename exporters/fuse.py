@@ -41,7 +41,7 @@ from seq2trt.core.layout import FUSION_JSON
 from seq2trt.exporters.artifact_checks import check_derived_graphs, load_graph
 from seq2trt.exporters.fold_elementwise import fold_norms_and_activations
 from seq2trt.exporters.fuse_ort import (MS_DOMAIN, fold_attention_scale, fold_constant_transposes,
-                                       fold_projections_into_attention, ort_nodes)
+                                        fold_projections_into_attention, ort_nodes)
 from seq2trt.exporters.manifest import Manifest, verify
 
 logger = logging.getLogger(__name__)

@@ -26,8 +26,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from seq2trt.core.atomic_files import (atomic_write_bytes, current_umask, raise_write_error, sha256_file,
-                                                  write_error)
+from seq2trt.core.atomic_files import (atomic_write_bytes, current_umask, raise_write_error, sha256_file, write_error)
 from seq2trt.core.errors import ArtifactError, ConfigError
 
 logger = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 from seq2trt.reference_model.config import PRESETS, Seq2SeqConfig, preset
 from seq2trt.core.errors import (ArtifactError, CheckFailed, CheckpointError, ConfigError, DependencyError, InputError,
-                     Seq2TrtError)
+                                 Seq2TrtError)
 
 
 def __getattr__(name: str):

@@ -16,9 +16,8 @@ from seq2trt.exporters.manifest import checkpoint_folder
 from seq2trt.core import layout
 from seq2trt.reference_model.checkpoint import generation_config
 from seq2trt.reference_model.decoding import (DecodeSettings, beam_search, greedy_decode, hf_beam_search,
-                                                length_penalty_problem, option_problem)
-from seq2trt.reference_model.decoding.options import (DECODE_OPTIONS, GRAPH_REFUSED_GENERATION, SAMPLING_ONLY,
-                                                      spelling)
+                                              length_penalty_problem, option_problem)
+from seq2trt.reference_model.decoding.options import (DECODE_OPTIONS, GRAPH_REFUSED_GENERATION, SAMPLING_ONLY, spelling)
 from seq2trt.reference_model.config import beam_bytes, physical_memory
 from seq2trt.core.errors import InputError
 from seq2trt.reference_model.vocab import pad_batch

@@ -24,8 +24,7 @@ import numpy as np
 from seq2trt.core import layout
 from seq2trt.core.errors import InputError
 from seq2trt.hf_import.families.whisper import FEATURE_EXTRACTOR
-from seq2trt.runtime.decode_jobs import (OpenedDecoder, batch_rows, check_beam_memory, generation_config,
-                                        open_decoder)
+from seq2trt.runtime.decode_jobs import (OpenedDecoder, batch_rows, check_beam_memory, generation_config, open_decoder)
 from seq2trt.runtime.registry import names
 
 logger = logging.getLogger(__name__)

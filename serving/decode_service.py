@@ -43,8 +43,8 @@ from seq2trt.reference_model.decoding import GNMT_ALPHA, DecodeSettings, Hypothe
 from seq2trt.reference_model.decoding.options import DECODE_OPTIONS, OPTIONS, SETTING_FIELDS, spelling
 from seq2trt.core.errors import InputError
 
-from seq2trt.runtime.decode_jobs import (batch_rows, check_sources, choose_search, decode_batches, decode_settings, generation_config,
-                          has_tokenizer, open_decoder, OpenedDecoder)
+from seq2trt.runtime.decode_jobs import (batch_rows, check_sources, choose_search, decode_batches, decode_settings,
+                                         generation_config, has_tokenizer, open_decoder, OpenedDecoder)
 from seq2trt.runtime.transcription import refuse_speech_model
 
 logger = logging.getLogger(__name__)

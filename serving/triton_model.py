@@ -28,7 +28,7 @@ from seq2trt.reference_model.decoding import GNMT_ALPHA, Hypothesis
 from seq2trt.core.errors import InputError, Seq2TrtError
 
 from seq2trt.serving.decode_service import (DecodeService, Job, beam_size_input, option_value, request_message,
-                                             request_options, scalar, source_ids, text_of)
+                                            request_options, scalar, source_ids, text_of)
 
 logger = logging.getLogger(__name__)
 

@@ -161,4 +161,4 @@ SUPPORTED_LAYERS = ("it reads an encoder-decoder whose layers are BART's (Marian
 
 # Each module registers its adapter; this order is the order an unknown model type's refusal names them.
 from seq2trt.hf_import.families import (marian, bart, mbart, m2m_100, pegasus, fsmt, t5,  # noqa: E402, F401
-                                                 whisper)
+                                        whisper)

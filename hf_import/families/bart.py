@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from seq2trt.hf_import.families import COMMON_TOKENIZER_FILES, register
-from seq2trt.hf_import.families.bart_like import (EMBED_NORMS, LAYER_RENAMES, LEARNED_POSITIONS,
-                                                           BartLikeAdapter)
+from seq2trt.hf_import.families.bart_like import (EMBED_NORMS, LAYER_RENAMES, LEARNED_POSITIONS, BartLikeAdapter)
 
 
 @register

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from seq2trt.core.errors import ConfigError
 from seq2trt.hf_import.families import (ACTIVATIONS, COMMON_TOKENIZER_FILES, FamilyAdapter, register,
-                                                 transformers_major)
+                                        transformers_major)
 from seq2trt.hf_import.families.values import flag, integer, show
 
 DEFAULT_MAX_LEN = 512  # source and target tokens (eos / the start token included) when config.json names no limit

@@ -28,8 +28,8 @@ from seq2trt.core.errors import CheckFailed, DependencyError, InputError
 from seq2trt.validation.bench import backends as bb
 from seq2trt.validation.bench import prepare as bench_prepare
 from seq2trt.runtime import registry
-from seq2trt.validation.bench.settings import (TEXT_SRC_LEN, BenchSettings, Sampling, available_backends,
-                                              runnable, unavailable)
+from seq2trt.validation.bench.settings import (TEXT_SRC_LEN, BenchSettings, Sampling, available_backends, runnable,
+                                               unavailable)
 
 logger = logging.getLogger(__name__)
 
