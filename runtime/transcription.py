@@ -204,8 +204,9 @@ class Transcriber:
         if max_new_tokens is not None:  # every language's prompt is as long: any one measures the room left
             generation_limit(self.config, self.speech.prompt(code or next(iter(self.speech.languages), None), task),
                              max_new_tokens, name=name, decoder=self.decoder)
-        check_beam_memory(self.config, self.beams(beam), "beam size")  # a hang or a huge allocation otherwise
-        return batch_rows(batch_size, self.opened.max_batch, self.beams(beam))
+        beam_name = "--beam-size" if name.startswith("--") else "beam_size"  # the CLI's flag, else the keyword
+        check_beam_memory(self.config, self.beams(beam), beam_name)  # a hang or a huge allocation otherwise
+        return batch_rows(batch_size, self.opened.max_batch, self.beams(beam), beam_name)
 
     def check_timestamps(self, clips: Sequence[np.ndarray], timestamps: bool) -> None:
         """Refuse, before any decode, timestamps or a clip past 30 s (long-form decodes with timestamps) on a model

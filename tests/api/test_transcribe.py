@@ -107,7 +107,7 @@ def test_refusals(whisper, audio, tmp_path, make_model):
         translator.transcribe(audio[1:2], max_seconds=1)
     with pytest.raises(InputError, match="does not exist"):
         translator.transcribe(tmp_path / "missing.wav")
-    with pytest.raises(InputError, match="beam size 10000000 needs about .* GiB"):  # a hang past 300 s before
+    with pytest.raises(InputError, match="beam_size 10000000 needs about .* GiB"):  # a hang past 300 s before
         translator.transcribe(audio[:1], beam_size=10 ** 7)
     # transcribe(None) raised a TypeError, transcribe(bytes) called the first byte "audio 1 is a int"
     with pytest.raises(InputError, match="^audio is a NoneType; give a file path"):
