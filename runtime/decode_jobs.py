@@ -285,11 +285,13 @@ def decode_job(opened: OpenedDecoder, backend: str, sources: Sequence[Sequence[i
 
         missing = unsupported_in_graph(settings)
         if missing:
-            raise InputError(f"--backend {backend} runs ONNX Runtime's BeamSearch graph, which does not apply "
-                             f"{', '.join(missing)} (from the flags or the model's generation settings); use --backend "
-                             "ort (the same graphs through seq2trt's search), or leave those options at their defaults")
+            given = "--backend " if flags["beam_size"].startswith("--") else "backend="  # CLI, or Python API
+            raise InputError(f"{given}{backend} runs ONNX Runtime's BeamSearch graph, which does not apply "
+                             f"{', '.join(missing)} (from the options or the model's generation settings); use "
+                             f"{given}ort (the same graphs through seq2trt's search), or leave those options at their "
+                             "defaults")
         decode = generate_search(generation_config(folder), beams, alpha)
-        step_model.check(1, 1, settings, beams)  # the rules built into the graph, before the first batch
+        step_model.check(1, 1, settings, beams, flags)  # the rules built into the graph, before the first batch
     samples = settings.num_return_sequences if settings.do_sample else 0  # a sampled source takes that many rows
     rows = batch_rows(batch_size, max_batch, *((samples, flags["num_return_sequences"]) if samples > beams else
                                                (beams, flags["beam_size"])))

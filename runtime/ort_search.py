@@ -61,9 +61,13 @@ class GenerateModel:
     def _rebuild(self) -> str:
         return f"seq2trt ort-search {self.out}" + (" --int8" if self.int8 else "")
 
-    def check(self, batch: int, src_len: int, settings: DecodeSettings, num_beams: int) -> None:
+    def check(self, batch: int, src_len: int, settings: DecodeSettings, num_beams: int,
+              flags: dict[str, str] | None = None) -> None:
         """Refuse what the graph cannot do as asked: more rows or positions than the export serves, or decoding
-        rules other than the ones built into the graph."""
+        rules other than the ones built into the graph. `flags`: how the caller spells the options (options.spelling;
+        the CLI's flags by default), so the advice names the Python API's keywords to an API caller."""
+        beam = (flags or {}).get("beam_size", "--beam-size")
+        backend = "--backend " if beam.startswith("--") else "backend="
         if num_beams < 1:
             raise InputError(f"num_beams must be >= 1, got {num_beams}")
         if batch * num_beams > self.limits.max_batch:
@@ -87,18 +91,18 @@ class GenerateModel:
         if settings.repetition_penalty != 1.0 and num_beams == 1:
             raise InputError(f"repetition_penalty {settings.repetition_penalty} with one beam: ONNX Runtime's greedy "
                              "search in generate.onnx does not penalise as Hugging Face's greedy search (on the raw "
-                             "logits) does; use --beam-size >= 2, or --backend ort for greedy")
+                             f"logits) does; use {beam} >= 2, or {backend}ort for greedy")
         if len(settings.start) != 1 and (settings.min_length or settings.repetition_penalty != 1.0
                                          or settings.no_repeat_ngram_size):
             raise InputError("generate.onnx's sequences begin with the one start token; min_length, "
                              "repetition_penalty and no_repeat_ngram_size with a longer decoder prompt are not applied "
-                             "there: use --backend ort")
+                             f"there: use {backend}ort")
         ngram = built.get("no_repeat_ngram_size", 0)  # graphs built before it was recorded hold 0
         if settings.no_repeat_ngram_size != ngram:
             raise InputError(f"this generate.onnx bans repeated n-grams of size {ngram} (no_repeat_ngram_size, fixed "
                              f"when the graph is built), and this decode asks {settings.no_repeat_ngram_size}; re-run "
                              f"`{self._rebuild} --no-repeat-ngram-size {settings.no_repeat_ngram_size} --force`, "
-                             "or use --backend ort")
+                             f"or use {backend}ort")
         n_best = settings.num_return_sequences
         if (n_best != 1 or settings.output_scores) and "num_return_sequences" not in built:
             raise InputError("this generate.onnx was built before n-best lists and scores were outputs; re-run "
@@ -108,11 +112,11 @@ class GenerateModel:
                              "many sequences as beams")
         if settings.output_scores and num_beams == 1:
             raise InputError("scores with one beam: ONNX Runtime's greedy search in generate.onnx scores its sequence "
-                             "otherwise than seq2trt's greedy search (the sum of log-probabilities); use --beam-size "
-                             ">= 2 (Hugging Face's sequences_scores), or --backend ort for greedy scores")
+                             "otherwise than seq2trt's greedy search (the sum of log-probabilities); use "
+                             f"{beam} >= 2 (Hugging Face's sequences_scores), or {backend}ort for greedy scores")
         if differ:
             raise InputError(f"generate.onnx applies the decoding rules it was built with; asked for others {differ} "
-                             "(built, asked): use --backend ort-fused for these")
+                             f"(built, asked): use {backend}ort-fused for these")
 
     def decode(self, input_ids: np.ndarray, attention_mask: np.ndarray, settings: DecodeSettings, num_beams: int = 1,
                length_penalty: float = 1.0, forced_length: bool = False) -> list[list[int]] | list[list[Hypothesis]]:

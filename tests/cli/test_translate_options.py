@@ -157,6 +157,13 @@ def test_ort_generate_refuses_the_options_its_graph_does_not_apply(bart):
     for applied in ("min_length", "no_repeat_ngram_size", "num_return_sequences"):
         assert applied not in line  # applied in the graph (below)
     assert "--backend ort" in line and len(line.splitlines()) == 1
+    # the Python API is told its keywords, not the CLI's flags (this graph applies no sampling; greedy scores differ)
+    with seq2trt.Translator(bart / "out", backend="ort-generate") as translator:
+        with pytest.raises(seq2trt.InputError, match=r"^backend=ort-generate runs .* use backend=ort \(") as raised:
+            translator.generate(SOURCES, sample=True, seed=3)
+        assert "--" not in str(raised.value)
+        with pytest.raises(seq2trt.InputError, match=r"use beam_size >= 2 .* or backend=ort for greedy scores"):
+            translator.generate(SOURCES, beam_size=1, scores=True)
 
 
 def test_ort_generate_applies_the_stored_settings_n_best_and_scores_as_transformers(bart):
