@@ -298,3 +298,35 @@ def test_a_big_models_proof_runs_on_fewer_inputs_and_records_it(make_hf_model, t
     assert json.loads((tmp_path / "big" / "import.json").read_text())["verification"]["scope"] == proof["scope"]
     assert any(f"the proof runs on {want} input(s) a set" in m for m in messages), messages
     assert any(m.startswith("comparing ") for m in messages) and any("beam" in m for m in messages)
+
+
+def test_a_text_import_holds_one_model_at_a_time(make_hf_model, tmp_path, monkeypatch):
+    """A text model's proof runs transformers' side first and frees its model before ours is built (the 2.3 GB
+    Marian's import held both): when our model starts loading, transformers' is gone, and the proof still compares
+    the step logits and the tokens of every source."""
+    import gc
+    import weakref
+
+    from seq2trt.hf_import import proof as hf_verify
+
+    src = make_hf_model(tmp_path / "hf", "bart", generation=dict(num_beams=2, max_length=12))
+    loaded, alive = [], []
+    real_transformers, real_ours = hf_verify.load_transformers_model, hf_import.load_hf_as_model
+
+    def transformers_model(*args, **kwargs):
+        model = real_transformers(*args, **kwargs)
+        loaded.append(weakref.ref(model))
+        return model
+
+    def ours(*args, **kwargs):
+        gc.collect()
+        alive.append([ref() is not None for ref in loaded])
+        return real_ours(*args, **kwargs)
+
+    monkeypatch.setattr(hf_verify, "load_transformers_model", transformers_model)
+    monkeypatch.setattr(hf_import, "load_hf_as_model", ours)
+    record = hf_import.import_hf(src, tmp_path / "ckpt")
+    verification = record["verification"]
+    assert alive == [[False]] and verification["passed"]
+    assert verification["seeded"]["greedy_equal"] == verification["seeded"]["sources"] == 8
+    assert verification["seeded"]["step_logits_compared"] > 0
