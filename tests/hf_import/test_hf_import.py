@@ -22,7 +22,7 @@ from seq2trt.hf_import.families import ACTIVATIONS, FAMILIES  # noqa: E402
 from seq2trt.hf_import.proof import load_transformers_model, seeded_sources  # noqa: E402
 from seq2trt.reference_model.vocab import pad_batch  # noqa: E402
 
-from helpers.hf_models import hf_rows  # noqa: E402
+from helpers.hf_models import hf_rows, import_watching_models  # noqa: E402
 
 # (family, config options, generation settings): post-/pre-LN, every activation, tied/untied, scale on/off,
 # shared/separate vocabularies, forced bos, suppressed ids, the three early-stopping modes and length penalties.
@@ -304,28 +304,8 @@ def test_a_text_import_holds_one_model_at_a_time(make_hf_model, tmp_path, monkey
     """A text model's proof runs transformers' side first and frees its model before ours is built (the 2.3 GB
     Marian's import held both): when our model starts loading, transformers' is gone, and the proof still compares
     the step logits and the tokens of every source."""
-    import gc
-    import weakref
-
-    from seq2trt.hf_import import proof as hf_verify
-
     src = make_hf_model(tmp_path / "hf", "bart", generation=dict(num_beams=2, max_length=12))
-    loaded, alive = [], []
-    real_transformers, real_ours = hf_verify.load_transformers_model, hf_import.load_hf_as_model
-
-    def transformers_model(*args, **kwargs):
-        model = real_transformers(*args, **kwargs)
-        loaded.append(weakref.ref(model))
-        return model
-
-    def ours(*args, **kwargs):
-        gc.collect()
-        alive.append([ref() is not None for ref in loaded])
-        return real_ours(*args, **kwargs)
-
-    monkeypatch.setattr(hf_verify, "load_transformers_model", transformers_model)
-    monkeypatch.setattr(hf_import, "load_hf_as_model", ours)
-    record = hf_import.import_hf(src, tmp_path / "ckpt")
+    record, alive = import_watching_models(src, tmp_path / "ckpt", monkeypatch)
     verification = record["verification"]
     assert alive == [[False]] and verification["passed"]
     assert verification["seeded"]["greedy_equal"] == verification["seeded"]["sources"] == 8
