@@ -2,10 +2,10 @@
 registered adapter (`families`).
 
 `import_hf` reads the source directory without any network access (`.bin` weights through
-`torch.load(weights_only=True)`), builds our model, has `proof.judge` / `proof.verify` prove it equal to transformers' own model
-and `generate` on the same directory, and only then writes the checkpoint: config.json + model.safetensors, the
-source's tokenizer files under `tokenizer/`, its generation settings in `generation.json` and the proof in
-`import.json`.
+`torch.load(weights_only=True)`), has `proof.judge` run transformers' own model and `generate` on the same directory,
+builds our model, has `proof.verify` prove it equal to transformers' outputs, and only then writes the checkpoint:
+config.json + model.safetensors, the source's tokenizer files under `tokenizer/`, its generation settings in
+`generation.json` and the proof in `import.json`.
 """
 
 from __future__ import annotations

@@ -207,7 +207,7 @@ def _our_side(model: Seq2SeqTransformer, theirs: dict[str, Any], gen: dict[str, 
                                 on_step=lambda step, rows, logits: recorded.append((step, rows.copy(), logits.copy())))
     theirs_greedy, theirs_beam = theirs["greedy"], theirs["beam"]
     compared, logit_err, logit_rel = _step_logits(recorded, ours_greedy, theirs_greedy, theirs["logits"], cfg.eos_id)
-    del recorded
+    recorded.clear()  # our step logits over the whole vocabulary: not needed past here
 
     progress(f"our beam search ({BEAM_SIZE} beams)")
     ours_beam = hf_beam_search(step_model, ids, mask, settings, BEAM_SIZE, gen["length_penalty"], gen["early_stopping"])
