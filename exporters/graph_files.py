@@ -140,13 +140,12 @@ def widen_external(graph: onnx.GraphProto, types: set[int]) -> set[str]:
     return names
 
 
-def tensor_bytes(model: onnx.ModelProto) -> int:
-    """Bytes of every tensor of the graph, stored inline or external (subgraphs included)."""
-    total = 0
-    for tensor in _all_tensors(model):
-        info = _external(tensor)
-        total += int(info.get("length", 0)) if info is not None else len(tensor.raw_data) or _field_bytes(tensor)
-    return total
+def tensor_bytes(model: onnx.ModelProto, largest: bool = False) -> int:
+    """Bytes of every tensor of the graph, stored inline or external (subgraphs included); `largest`: of its
+    largest tensor."""
+    sizes = [int(info.get("length", 0)) if (info := _external(tensor)) is not None
+             else len(tensor.raw_data) or _field_bytes(tensor) for tensor in _all_tensors(model)]
+    return (max(sizes, default=0) if largest else sum(sizes))
 
 
 def _field_bytes(tensor: onnx.TensorProto) -> int:

@@ -129,11 +129,15 @@ def quantize_graph(source: Path, target: Path, settings: QuantizeSettings,
 
 
 def _check_memory(source_dir: Path) -> None:
-    """Refuse before any work a graph the quantizer could not hold (memory.quantize_peak of the largest graph)."""
+    """Refuse before any work a graph the quantizer could not hold (memory.quantize_peak of the largest graph and
+    the largest tensor)."""
     from seq2trt.reference_model import config, memory
 
     largest = max(memory.files_bytes(graph_files.graph_files(source_dir / kind.filename)) for kind in spec.GraphKind)
-    memory.check_fits("int8 quantization", memory.quantize_peak(largest), config.physical_memory(),
+    fix = "re-fuse the graphs (`seq2trt fuse OUT --target ort --force`)"
+    tensor = max(graph_files.tensor_bytes(graph_files.load_structure(source_dir / kind.filename, fix), largest=True)
+                 for kind in spec.GraphKind)
+    memory.check_fits("int8 quantization", memory.quantize_peak(largest, tensor), config.physical_memory(),
                       f"{source_dir} (its largest graph: {largest / memory.GiB:,.1f} GiB)",
                       "quantize on a machine with more memory, or run the fused graphs as they are "
                       "(`--backend ort-fused`)", InputError)

@@ -2,10 +2,10 @@
 registered adapter (`families`).
 
 `import_hf` reads the source directory without any network access (`.bin` weights through
-`torch.load(weights_only=True)`), builds our model, has `proof.verify` prove it equal to transformers' own model
-and `generate` on the same directory, and only then writes the checkpoint: config.json + model.safetensors, the
-source's tokenizer files under `tokenizer/`, its generation settings in `generation.json` and the proof in
-`import.json`.
+`torch.load(weights_only=True)`), has `proof.judge` run transformers' own model and `generate` on the same directory,
+builds our model, has `proof.verify` prove it equal to transformers' outputs, and only then writes the checkpoint:
+config.json + model.safetensors, the source's tokenizer files under `tokenizer/`, its generation settings in
+`generation.json` and the proof in `import.json`.
 """
 
 from __future__ import annotations
@@ -328,20 +328,28 @@ def _few(keys: list[str], n: int = 4) -> str:
     return ", ".join(keys[:n]) + (f" and {len(keys) - n} more" if len(keys) > n else "")
 
 
-def load_hf_as_model(src: Path, progress: Callable[[str], None] = lambda msg: None
-                     ) -> tuple[str, Seq2SeqTransformer, dict[str, Any], list[Path]]:
-    """(family, our eager model with the source's weights, generation settings, weight files read); `progress`
-    hears when the checked config's weights start to be read (a refused config prints nothing before its error)."""
+def _checked_weights(src: Path, progress: Callable[[str], None] = lambda msg: None, say: str = "reading"
+                     ) -> tuple[str, Seq2SeqConfig, dict[str, Any], dict[str, torch.Tensor], list[Path]]:
+    """(family, our config, generation settings, the source's weights on our names, weight files read), every check
+    of the source's config and weights made; `say` begins the progress line."""
     src = Path(src)
     check_source_dir(src)
     family, cfg, gen = config_from_hf(src)
     adapter = FAMILIES[family]
-    progress(f"reading the {family} model's weights")
+    progress(f"{say} the {family} model's weights")
     hf_state, files = read_hf_weights(src)
     cfg = untie_head(adapter, cfg, hf_state)
     state = map_weights(adapter, cfg, hf_state)
     del hf_state  # what map_weights transformed goes now; the rest lives on in `state` until copied into the model
     _check_sizes(adapter, src, cfg, state, files)
+    return family, cfg, gen, state, files
+
+
+def load_hf_as_model(src: Path, progress: Callable[[str], None] = lambda msg: None
+                     ) -> tuple[str, Seq2SeqTransformer, dict[str, Any], list[Path]]:
+    """(family, our eager model with the source's weights, generation settings, weight files read); `progress`
+    hears when the checked config's weights start to be read (a refused config prints nothing before its error)."""
+    family, cfg, gen, state, files = _checked_weights(src, progress)
     model = Seq2SeqTransformer(cfg)
     load_state_dict_checked(model, state, str(src))
     return family, model.eval(), gen, files
@@ -353,16 +361,21 @@ def import_hf(src: Path, out: Path, force: bool = False, progress: Callable[[str
     src = Path(src)
     check_source_dir(src)
     _, cfg, settings = config_from_hf(src)
-    # A speech model's proof runs transformers' side first and frees its model before ours is built: one model in
-    # memory at a time (a whisper-large-v3 is 6 GB of fp32 weights a copy).
-    judged = speech_proof.judge_speech(src, cfg, settings, progress) if cfg.audio else None
+    # The proof runs transformers' side first and frees its model before ours is built: one model in memory at a
+    # time (a whisper-large-v3 is 6 GB of fp32 weights a copy).
+    if cfg.audio:
+        judged = speech_proof.judge_speech(src, cfg, settings, progress)
+    else:  # so is a text model's, after the source's weights pass our checks (read, checked and let go: its errors
+        # stay ours, not transformers' loader's); its config is the one ours is built from (a head untied)
+        judged = hf_verify.judge(src, _checked_weights(src, progress, "checking")[1], settings, progress)
     family, model, gen, files = load_hf_as_model(src, progress)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     progress(f"read {family}: {sum(p.numel() for p in model.parameters()) / 1e6:,.0f} M parameters, "
              f"{weights / 2**30:.2f} GiB; proving it equal to transformers' own model")
     report = (speech_proof.verify_speech(judged, model, gen, progress) if cfg.audio
-              else hf_verify.verify(src, model, gen, progress))
-    gc.collect()  # transformers' model, only the proof's: freed before the checkpoint's write copies ours
+              else hf_verify.verify(judged, model, gen, progress))
+    del judged
+    gc.collect()  # the float64 re-judge's transformers model, if one ran: freed before the checkpoint's write
     adapter = FAMILIES[family]
     record = {"family": family, "source": {"path": str(src.resolve()),
                                            "weights_sha256": {f.name: sha256_file(f) for f in files}},

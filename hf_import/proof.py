@@ -8,7 +8,8 @@ length penalty and early stopping) against `generate` itself; and the model's ow
 max_new_tokens) as transformers resolves it, the searches run to it on both sides when it is short. Where the
 fixed tolerance is exceeded, the bound becomes twice transformers' own float32 error on those sources, measured
 against its float64 run (`_judge_own_error`: an ill-conditioned model's rounding is not an import error). The
-figures become the checkpoint's import.json.
+figures become the checkpoint's import.json. transformers' side runs first (`judge`: its model loaded, run and
+freed), then ours is judged against its outputs (`verify`), so that one model is in memory at a time.
 """
 
 from __future__ import annotations
@@ -158,36 +159,55 @@ def compare(hf_model, model: Seq2SeqTransformer, sources: list[list[int]], gen: 
             max_new_tokens: int | None, progress: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     """Encoder states, step logits, greedy and beam tokens of ours vs transformers on `sources`; `max_new_tokens`
     None: each side's default length (transformers' generation config, our checkpoint's config); `progress` hears
-    each step (a big model's take minutes)."""
-    cfg = model.cfg
+    each step (a big model's take minutes). transformers' side runs first (`_their_side`), so that the import may
+    free its model before ours is built (`judge`)."""
+    return _our_side(model, _their_side(hf_model, model.cfg, sources, gen, max_new_tokens, progress), gen,
+                     max_new_tokens, progress)
+
+
+def _their_side(hf_model, cfg, sources: list[list[int]], gen: dict[str, Any], max_new_tokens: int | None,
+                progress: Callable[[str], None]) -> dict[str, Any]:
+    """What transformers' model computes for `compare` on `sources`: its encoder states, the tokens and step logits
+    of generate's greedy search and its beam tokens; no reference to the model."""
     ids, mask = pad_batch(sources, cfg.pad_id)
     t_ids, t_mask = torch.as_tensor(ids), torch.as_tensor(mask)
-    # The model's own generation options apply on both sides (transformers takes them from generation_config.json);
-    # the proof runs the deterministic searches, one sequence a source.
-    settings = dataclasses.replace(DecodeSettings.for_model(cfg, max_new_tokens, gen), do_sample=False,
-                                   num_return_sequences=1)
-    step_model = EagerStepModel(model)
-    progress("encoder states, both models")
+    progress("transformers' encoder states")
     with torch.inference_mode(), _transformers_runs():
-        theirs_enc = hf_model.get_encoder()(input_ids=t_ids, attention_mask=t_mask).last_hidden_state.numpy()
-    with torch.inference_mode():
-        ours_enc = model.encode(t_ids, t_mask).numpy()
-    valid = mask.astype(bool)
-    enc_err, enc_rel = _scaled_err(ours_enc[valid], theirs_enc[valid])
-
-    recorded: list[tuple[int, np.ndarray, np.ndarray]] = []
-    progress("our greedy search")
-    ours_greedy = greedy_decode(step_model, ids, mask, settings,
-                                on_step=lambda step, rows, logits: recorded.append((step, rows.copy(), logits.copy())))
+        enc = hf_model.get_encoder()(input_ids=t_ids, attention_mask=t_mask).last_hidden_state.numpy()
     common = dict(input_ids=t_ids, attention_mask=t_mask, do_sample=False, num_return_sequences=1,
                   **({} if max_new_tokens is None else {"max_new_tokens": max_new_tokens}))
     with torch.inference_mode(), _transformers_runs():
         progress("transformers' generate: greedy, then beam")
         greedy = hf_model.generate(**common, num_beams=1, output_logits=True, return_dict_in_generate=True)
-        theirs_beam = _generated(hf_model.generate(**common, num_beams=BEAM_SIZE, length_penalty=gen["length_penalty"],
-                                                   early_stopping=gen["early_stopping"]), cfg.eos_id)
-    theirs_greedy = _generated(greedy.sequences, cfg.eos_id)
-    compared, logit_err, logit_rel = _step_logits(recorded, ours_greedy, theirs_greedy, greedy.logits, cfg.eos_id)
+        beam = _generated(hf_model.generate(**common, num_beams=BEAM_SIZE, length_penalty=gen["length_penalty"],
+                                            early_stopping=gen["early_stopping"]), cfg.eos_id)
+    return {"sources": sources, "encoder": enc, "greedy": _generated(greedy.sequences, cfg.eos_id),
+            "logits": greedy.logits, "beam": beam}
+
+
+def _our_side(model: Seq2SeqTransformer, theirs: dict[str, Any], gen: dict[str, Any], max_new_tokens: int | None,
+              progress: Callable[[str], None]) -> dict[str, Any]:
+    """Our side of `compare`, judged against transformers' outputs `theirs` (`_their_side`)."""
+    cfg, sources = model.cfg, theirs["sources"]
+    ids, mask = pad_batch(sources, cfg.pad_id)
+    # The model's own generation options apply on both sides (transformers takes them from generation_config.json);
+    # the proof runs the deterministic searches, one sequence a source.
+    settings = dataclasses.replace(DecodeSettings.for_model(cfg, max_new_tokens, gen), do_sample=False,
+                                   num_return_sequences=1)
+    step_model = EagerStepModel(model)
+    progress("our encoder states")
+    with torch.inference_mode():
+        ours_enc = model.encode(torch.as_tensor(ids), torch.as_tensor(mask)).numpy()
+    valid = mask.astype(bool)
+    enc_err, enc_rel = _scaled_err(ours_enc[valid], theirs["encoder"][valid])
+
+    recorded: list[tuple[int, np.ndarray, np.ndarray]] = []
+    progress("our greedy search")
+    ours_greedy = greedy_decode(step_model, ids, mask, settings,
+                                on_step=lambda step, rows, logits: recorded.append((step, rows.copy(), logits.copy())))
+    theirs_greedy, theirs_beam = theirs["greedy"], theirs["beam"]
+    compared, logit_err, logit_rel = _step_logits(recorded, ours_greedy, theirs_greedy, theirs["logits"], cfg.eos_id)
+    recorded.clear()  # our step logits over the whole vocabulary: not needed past here
 
     progress(f"our beam search ({BEAM_SIZE} beams)")
     ours_beam = hf_beam_search(step_model, ids, mask, settings, BEAM_SIZE, gen["length_penalty"], gen["early_stopping"])
@@ -227,13 +247,12 @@ def _announce_scope(cfg, count: int, progress: Callable[[str], None]) -> dict[st
     return scope
 
 
-def verify(src: Path, model: Seq2SeqTransformer, gen: dict[str, Any], progress: Callable[[str], None] = lambda m: None,
-           count: int = 8, max_new_tokens: int = 24) -> dict[str, Any]:
-    """The import's proof of a text model: `compare` on seeded sources, and on tokenizer-made texts when there is a
-    tokenizer (a speech model's: speech_proof.py)."""
-    import transformers
-
-    cfg = model.cfg
+def judge(src: Path, cfg, gen: dict[str, Any], progress: Callable[[str], None] = lambda m: None,
+          count: int = 8, max_new_tokens: int = 24) -> dict[str, Any]:
+    """transformers' side of a text model's proof (a speech model's: speech_proof.py), on seeded sources and on
+    tokenizer-made texts when there is a tokenizer (`proof_scope`'s count a set). Its model is loaded here and freed
+    on return, so that the import can build ours after it: one model in memory at a time, not two. `cfg`: our
+    model's config as the import reads it (its head untied where transformers unties it)."""
     scope = _announce_scope(cfg, count, progress)
     count = scope["sources_per_set"]
     progress("loading transformers' model")
@@ -249,21 +268,38 @@ def verify(src: Path, model: Seq2SeqTransformer, gen: dict[str, Any], progress: 
             _, sets["texts"] = text_sources(tokenizer, cfg, count)
         except Exception as exc:  # a tokenizer that loads lazily fails here instead (a garbage sentencepiece model)
             raise _bad_tokenizer(src, exc) from None
+    theirs = {}
+    with quiet_transformers():  # generate's notes on the source's settings (both max_length and max_new_tokens...)
+        for name, sources in sets.items():
+            progress(f"transformers' side of {len(sources)} {name} sources")
+            theirs[name] = _their_side(hf_model, cfg, sources, gen, new_tokens, progress)
+    return {"src": src, "scope": scope, "new_tokens": new_tokens, "theirs": theirs,
+            "limit_failure": _limit_failure(hf_model, cfg)}
+
+
+def verify(judged: dict[str, Any], model: Seq2SeqTransformer, gen: dict[str, Any],
+           progress: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+    """The import's proof of a text model: our side of `compare` against transformers' (`judge`), set by set; a set
+    that fails in float32 is judged again against transformers' own float32 error (`_judge_own_error`)."""
+    import transformers
+
+    own, new_tokens = model.cfg.max_new_tokens, judged["new_tokens"]
     report: dict[str, Any] = {"transformers": transformers.__version__, "beam_size": BEAM_SIZE,
                               "max_new_tokens": new_tokens if new_tokens is not None else f"the model's own ({own})",
                               "model_max_new_tokens": own, "tolerance_scaled": LOGIT_TOLERANCE,
                               "length_penalty": gen["length_penalty"], "early_stopping": gen["early_stopping"],
                               "options": {k: gen.get(k) for k in GENERATION_OPTIONS if gen.get(k) is not None},
-                              "scope": scope}
-    failures = [] if (limit := _limit_failure(hf_model, cfg)) is None else [limit]
+                              "scope": judged["scope"]}
+    failures = [] if judged["limit_failure"] is None else [judged["limit_failure"]]
     in_fp32: dict[str, list[str]] = {}
-    with quiet_transformers():  # generate's notes on the source's settings (both max_length and max_new_tokens...)
-        for name, sources in sets.items():
-            progress(f"comparing {len(sources)} {name} sources with transformers")
-            report[name] = compare(hf_model, model, sources, gen, new_tokens, progress)
-            in_fp32[name] = _failures(name, report[name], LOGIT_TOLERANCE)
-        if any(in_fp32.values()):
-            _judge_own_error(hf_model, model, sets, gen, new_tokens, report, in_fp32, progress)
+    for name, theirs in judged["theirs"].items():
+        progress(f"comparing {len(theirs['sources'])} {name} sources with transformers")
+        report[name] = _our_side(model, theirs, gen, new_tokens, progress)
+        in_fp32[name] = _failures(name, report[name], LOGIT_TOLERANCE)
+    if any(in_fp32.values()):
+        sets = {name: theirs["sources"] for name, theirs in judged["theirs"].items()}
+        with quiet_transformers():
+            _judge_own_error(judged["src"], model, sets, new_tokens, report, in_fp32, progress)
     for found in in_fp32.values():
         failures += found
     report["failures"], report["passed"] = failures, not failures
@@ -285,9 +321,8 @@ def _failures(name: str, result: dict[str, Any], tolerance: float | dict[str, fl
     return failures
 
 
-def _judge_own_error(hf_model, model: Seq2SeqTransformer, sets: dict[str, list[list[int]]], gen: dict[str, Any],
-                     new_tokens: int | None, report: dict[str, Any], in_fp32: dict[str, list[str]],
-                     progress: Callable[[str], None]) -> None:
+def _judge_own_error(src: Path, model: Seq2SeqTransformer, sets: dict[str, list[list[int]]], new_tokens: int | None,
+                     report: dict[str, Any], in_fp32: dict[str, list[str]], progress: Callable[[str], None]) -> None:
     """A set that failed in float32 is judged again with a bound from the judge's own float32 error on it.
 
     A deep model with large weights (T5's attention is unscaled) amplifies float32 rounding past any fixed
@@ -300,12 +335,13 @@ def _judge_own_error(hf_model, model: Seq2SeqTransformer, sets: dict[str, list[l
     max(LOGIT_TOLERANCE, 2e) of transformers'. The figures (e, the bound, the float32 errors) stay in the report.
     Updates `in_fp32` with what still fails.
 
-    transformers' model is converted to float64 in place, after its float32 runs (one parameter at a time: no
-    float32 copy is kept beside it), so the judge holds ours, its float64 model and no deep copy; it is left in
-    float64, as nothing runs it afterwards."""
+    transformers' model is loaded again here (the proof's own was freed before ours was built) and converted to
+    float64 in place, after its float32 runs (one parameter at a time: no float32 copy is kept beside it), so the
+    judge holds ours, its float64 model and no deep copy; it is freed on return."""
     progress("float32 disagrees with transformers beyond the fixed tolerance: measuring transformers' own float32 "
              "error on these sources (its float64 run)")
     failing = [name for name, found in in_fp32.items() if found]
+    hf_model = load_transformers_model(src)
     runs32 = {name: _judge_run(hf_model, sets[name], model.cfg.pad_id, new_tokens) for name in failing}
     hf_model.double()
     for name in failing:

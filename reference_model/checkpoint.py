@@ -81,13 +81,24 @@ def _save_weights(save_file: Callable, state: dict[str, torch.Tensor], path: Pat
         raise error from exc
 
 
+BLOCK_BYTES = 64 * 2**20  # a checkpoint tensor is checked and copied into the model this many bytes at a time
+
+
 def _pieces(state: Mapping[str, torch.Tensor], key: str):
-    """(shape, (first row, rows) pieces) of one tensor: the whole tensor from a dict, row blocks of ~64 MiB from a
-    `LazySafetensors` (read straight from the file: no whole copy of a 2 GB embedding beside the model's)."""
+    """(shape, (first row, rows) pieces) of one tensor in row blocks of ~64 MiB: read straight from the file from a
+    `LazySafetensors`, views of a dict's tensor (a Hugging Face source's, mapped from its file by safetensors), so
+    that the finiteness check's mask and the pages read are one block's, not a 2 GB embedding's."""
     if isinstance(state, LazySafetensors):
         return state.shape(key), state.row_blocks(key)
     tensor = state[key]
-    return tuple(tensor.shape), iter([(0, tensor)])
+    rows = _block_rows(tuple(tensor.shape), BLOCK_BYTES)
+    return tuple(tensor.shape), iter([(0, tensor)] if tensor.dim() < 2 else
+                                     ((start, tensor[start:start + rows]) for start in range(0, len(tensor), rows)))
+
+
+def _block_rows(shape: tuple[int, ...], block_bytes: int) -> int:
+    """Rows of a (rows, ...) fp32 tensor in a block of `block_bytes`."""
+    return max(1, block_bytes // max(1, 4 * int(torch.tensor(shape[1:]).prod())))
 
 
 class LazySafetensors(Mapping):
@@ -115,14 +126,14 @@ class LazySafetensors(Mapping):
     def shape(self, key: str) -> tuple[int, ...]:
         return tuple(self._file.get_slice(key).get_shape())
 
-    def row_blocks(self, key: str, block_bytes: int = 64 * 2**20):
+    def row_blocks(self, key: str, block_bytes: int | None = None):
         """(first row, rows) blocks of one tensor, each read when reached."""
         shape = self.shape(key)
         if len(shape) < 2:
             yield 0, self[key]
             return
         part = self._file.get_slice(key)
-        rows = max(1, block_bytes // max(1, 4 * int(torch.tensor(shape[1:]).prod())))
+        rows = _block_rows(shape, block_bytes or BLOCK_BYTES)
         for start in range(0, shape[0], rows):
             try:
                 block = part[start:start + rows]

@@ -12,7 +12,8 @@ GiB = 2**30
 
 
 def import_peak(weights: int) -> int:
-    """The import holds our model and transformers' own at once during the proof (its activations are bounded by
+    """The import holds one model at a time in its proof (transformers' side runs first and is freed), but building
+    ours holds the source's tensors read and our model they are copied into (the proof's activations are bounded by
     hf_verify.proof_scope and small beside them)."""
     return 2 * weights
 
@@ -24,10 +25,12 @@ def export_peak(weights: int, dtype_bytes: int) -> int:
     return weights + (0 if dtype_bytes == 4 else narrow) + narrow
 
 
-def quantize_peak(graph_bytes: int) -> int:
+def quantize_peak(graph_bytes: int, largest_tensor: int = 0) -> int:
     """ONNX Runtime's dynamic quantizer holds, for one graph, the graph it loaded, a deep copy that it saves and
-    loads again for shape inference (ONNXQuantizer.__init__), that reloaded copy, and the int8 weights (a quarter)."""
-    return graph_bytes * 13 // 4
+    loads again for shape inference (ONNXQuantizer.__init__), that reloaded copy, and the int8 weights (a quarter).
+    onnx.load reads each external tensor into a buffer before copying it into the graph: one more copy of the
+    largest tensor while the reload holds the rest (a Marian's embedding is most of its graph)."""
+    return graph_bytes * 13 // 4 + largest_tensor
 
 
 def check_fits(stage: str, need: int, total: int, subject: str, way_out: str,

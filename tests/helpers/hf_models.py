@@ -128,3 +128,29 @@ def hf_rows(hf_model, ids, mask, new_tokens: int, eos: int, **kwargs) -> list[li
     """`hf_generate`'s rows of a deterministic search (no sampling), one row a source unless `kwargs` say otherwise."""
     return hf_generate(hf_model, ids, mask, new_tokens, eos, **{"do_sample": False, "num_return_sequences": 1,
                                                                  **kwargs})[0]
+
+
+def import_watching_models(src, out, monkeypatch):
+    """`import_hf(src, out)` with each model transformers loads watched: (the import record, for each time our model
+    started loading, whether each transformers model loaded so far was still alive)."""
+    import gc
+    import weakref
+
+    from seq2trt.hf_import import importer as hf_import, proof as hf_verify
+
+    loaded, alive = [], []
+    real_transformers, real_ours = hf_verify.load_transformers_model, hf_import.load_hf_as_model
+
+    def transformers_model(*args, **kwargs):
+        model = real_transformers(*args, **kwargs)
+        loaded.append(weakref.ref(model))
+        return model
+
+    def ours(*args, **kwargs):
+        gc.collect()
+        alive.append([ref() is not None for ref in loaded])
+        return real_ours(*args, **kwargs)
+
+    monkeypatch.setattr(hf_verify, "load_transformers_model", transformers_model)
+    monkeypatch.setattr(hf_import, "load_hf_as_model", ours)
+    return hf_import.import_hf(src, out), alive

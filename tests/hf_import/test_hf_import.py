@@ -22,7 +22,7 @@ from seq2trt.hf_import.families import ACTIVATIONS, FAMILIES  # noqa: E402
 from seq2trt.hf_import.proof import load_transformers_model, seeded_sources  # noqa: E402
 from seq2trt.reference_model.vocab import pad_batch  # noqa: E402
 
-from helpers.hf_models import hf_rows  # noqa: E402
+from helpers.hf_models import hf_rows, import_watching_models  # noqa: E402
 
 # (family, config options, generation settings): post-/pre-LN, every activation, tied/untied, scale on/off,
 # shared/separate vocabularies, forced bos, suppressed ids, the three early-stopping modes and length penalties.
@@ -298,3 +298,15 @@ def test_a_big_models_proof_runs_on_fewer_inputs_and_records_it(make_hf_model, t
     assert json.loads((tmp_path / "big" / "import.json").read_text())["verification"]["scope"] == proof["scope"]
     assert any(f"the proof runs on {want} input(s) a set" in m for m in messages), messages
     assert any(m.startswith("comparing ") for m in messages) and any("beam" in m for m in messages)
+
+
+def test_a_text_import_holds_one_model_at_a_time(make_hf_model, tmp_path, monkeypatch):
+    """A text model's proof runs transformers' side first and frees its model before ours is built (the 2.3 GB
+    Marian's import held both): when our model starts loading, transformers' is gone, and the proof still compares
+    the step logits and the tokens of every source."""
+    src = make_hf_model(tmp_path / "hf", "bart", generation=dict(num_beams=2, max_length=12))
+    record, alive = import_watching_models(src, tmp_path / "ckpt", monkeypatch)
+    verification = record["verification"]
+    assert alive == [[False]] and verification["passed"]
+    assert verification["seeded"]["greedy_equal"] == verification["seeded"]["sources"] == 8
+    assert verification["seeded"]["step_logits_compared"] > 0

@@ -223,26 +223,8 @@ def test_no_speech_threshold_in_the_generation_config_is_named_at_import(tmp_pat
 def test_the_import_holds_one_model_at_a_time(tmp_path, monkeypatch):
     """A speech model's proof runs transformers' side first and frees its model before ours is built (a
     whisper-large-v3 is 6 GB of fp32 weights a copy): when our model starts loading, transformers' is gone."""
-    import gc
-    import weakref
-
-    from seq2trt.hf_import import importer as hf_import, proof as hf_verify
+    from helpers.hf_models import import_watching_models
 
     src = whisper_model_dir(tmp_path / "hf", config={}, multilingual=True)
-    loaded, alive = [], []
-    real_transformers, real_ours = hf_verify.load_transformers_model, hf_import.load_hf_as_model
-
-    def transformers_model(*args, **kwargs):
-        model = real_transformers(*args, **kwargs)
-        loaded.append(weakref.ref(model))
-        return model
-
-    def ours(*args, **kwargs):
-        gc.collect()
-        alive.append([ref() is not None for ref in loaded])
-        return real_ours(*args, **kwargs)
-
-    monkeypatch.setattr(hf_verify, "load_transformers_model", transformers_model)
-    monkeypatch.setattr(hf_import, "load_hf_as_model", ours)
-    record = hf_import.import_hf(src, tmp_path / "ckpt")
+    record, alive = import_watching_models(src, tmp_path / "ckpt", monkeypatch)
     assert alive == [[False]] and record["verification"]["passed"]

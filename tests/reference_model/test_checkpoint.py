@@ -116,3 +116,22 @@ def test_sizes_are_checked_before_the_model_is_built(saved, monkeypatch, key, va
     monkeypatch.setattr(checkpoint, "Seq2SeqTransformer", lambda cfg: pytest.fail("the model was built"))
     with pytest.raises(CheckpointError, match=message):
         load_checkpoint(path)
+
+
+def test_a_dicts_tensors_are_checked_and_copied_in_row_blocks(saved, monkeypatch):
+    """A state dict's tensors (a Hugging Face source's, mapped from its file) are checked and copied a row block at a
+    time, not whole (a 2 GB embedding's finiteness mask and pages): every block is copied, and a NaN in the last
+    block of the embedding is still found."""
+    from seq2trt.reference_model import checkpoint
+    from seq2trt.reference_model.model import Seq2SeqTransformer
+
+    model, _ = saved
+    row_bytes = 4 * model.cfg.d_model
+    monkeypatch.setattr(checkpoint, "BLOCK_BYTES", 3 * row_bytes)  # 3 rows a block
+    state = {k: v.clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    loaded = Seq2SeqTransformer(model.cfg)
+    checkpoint.load_state_dict_checked(loaded, dict(state), "state")
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
+    state["tgt_embed.weight"][-1, 0] = float("nan")
+    with pytest.raises(CheckpointError, match=r"NaN or infinite weights in 1 tensor\(s\): tgt_embed.weight"):
+        checkpoint.load_state_dict_checked(Seq2SeqTransformer(model.cfg), state, "state")

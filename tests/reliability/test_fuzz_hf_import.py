@@ -39,7 +39,7 @@ def _sharded_source(make_hf_model, root):
 
 def test_damaged_hf_source(make_hf_model, fuzz, outcomes, tmp_path, monkeypatch):
     # The proof on fewer, shorter sources: the fuzz judges how the files are read, not the proof's breadth.
-    monkeypatch.setattr(hf_verify, "verify", functools.partial(hf_verify.verify, count=2, max_new_tokens=6))
+    monkeypatch.setattr(hf_verify, "judge", functools.partial(hf_verify.judge, count=2, max_new_tokens=6))
     monkeypatch.setattr(hf_import, "physical_memory", lambda: 16 * 2**30)  # the same cases on every machine
     src = _sharded_source(make_hf_model, tmp_path)
     originals = {name: (src / name).read_text() for name in FILES}
