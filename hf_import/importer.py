@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from seq2trt.hf_import import proof as hf_verify
+from seq2trt.hf_import import proof
 from seq2trt.hf_import import speech_proof
 from seq2trt.core.atomic_files import sha256_file
 from seq2trt.reference_model.checkpoint import _read_pt, _read_safetensors, load_state_dict_checked, save_checkpoint
@@ -31,7 +31,6 @@ from seq2trt.reference_model.config import Seq2SeqConfig, beam_bytes, memory_par
 from seq2trt.core.errors import CheckFailed, CheckpointError, ConfigError
 from seq2trt.hf_import.families import (FAMILIES, REFUSED, SUPPORTED_LAYERS, FamilyAdapter, adapter_for,
                                                  transformers_major)
-from seq2trt.hf_import.families import tokenizer_files  # noqa: F401  (callers import it from here)
 from seq2trt.hf_import.families.generation import generation_settings
 from seq2trt.hf_import.families.values import integer, read_json, show, token_ids, unreadable
 from seq2trt.core.layout import GENERATION, IMPORT_RECORD, TOKENIZER_DIR
@@ -367,13 +366,13 @@ def import_hf(src: Path, out: Path, force: bool = False, progress: Callable[[str
         judged = speech_proof.judge_speech(src, cfg, settings, progress)
     else:  # so is a text model's, after the source's weights pass our checks (read, checked and let go: its errors
         # stay ours, not transformers' loader's); its config is the one ours is built from (a head untied)
-        judged = hf_verify.judge(src, _checked_weights(src, progress, "checking")[1], settings, progress)
+        judged = proof.judge(src, _checked_weights(src, progress, "checking")[1], settings, progress)
     family, model, gen, files = load_hf_as_model(src, progress)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     progress(f"read {family}: {sum(p.numel() for p in model.parameters()) / 1e6:,.0f} M parameters, "
              f"{weights / 2**30:.2f} GiB; proving it equal to transformers' own model")
     report = (speech_proof.verify_speech(judged, model, gen, progress) if cfg.audio
-              else hf_verify.verify(judged, model, gen, progress))
+              else proof.verify(judged, model, gen, progress))
     del judged
     gc.collect()  # the float64 re-judge's transformers model, if one ran: freed before the checkpoint's write
     adapter = FAMILIES[family]

@@ -28,7 +28,7 @@ from seq2trt.reference_model.eager import EagerStepModel
 from seq2trt.core.errors import CheckpointError, DependencyError, first_line
 from seq2trt.reference_model.model import Seq2SeqTransformer
 from seq2trt.core.numerics import FP32_LOGIT_TOLERANCE, magnitude, scaled_error
-from seq2trt.hf_import.text import _bad_tokenizer, load_tokenizer, quiet_transformers  # noqa: F401 (re-exported)
+from seq2trt.hf_import.text import _bad_tokenizer, load_tokenizer, quiet_transformers
 from seq2trt.reference_model.vocab import pad_batch
 
 logger = logging.getLogger(__name__)

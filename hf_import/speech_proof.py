@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from seq2trt.hf_import import proof
+from seq2trt.hf_import.text import load_tokenizer, quiet_transformers
 from seq2trt.reference_model.decoding import DecodeSettings, greedy_decode
 from seq2trt.reference_model.eager import EagerStepModel
 from seq2trt.reference_model.model import Seq2SeqTransformer
@@ -126,7 +127,7 @@ def judge_speech(src: Path, cfg, gen: dict[str, Any], progress: Callable[[str], 
     from seq2trt.reference_model.sources import source_kind
 
     scope = proof._announce_scope(cfg, count, progress)
-    tokenizer = proof.load_tokenizer(src)
+    tokenizer = load_tokenizer(src)
     if tokenizer is not None:
         proof.check_tokenizer_ids(src, tokenizer, cfg)
     from seq2trt.reference_model.logmel import FeatureParams
@@ -138,7 +139,7 @@ def judge_speech(src: Path, cfg, gen: dict[str, Any], progress: Callable[[str], 
                             f"it to transcribe with the default extractor for {cfg.n_mels} mel bins")
     features = np.stack(source_kind(cfg).random(np.random.default_rng(0), scope["sources_per_set"]))
     progress(f"comparing {len(features)} seeded feature batches with transformers; loading transformers' model")
-    with proof.quiet_transformers():
+    with quiet_transformers():
         hf_model = proof.load_transformers_model(src, speech=True)
         return _their_speech(hf_model, cfg, features, gen, max_new_tokens, progress) | {"scope": scope}
 

@@ -14,7 +14,7 @@ GiB = 2**30
 def import_peak(weights: int) -> int:
     """The import holds one model at a time in its proof (transformers' side runs first and is freed), but building
     ours holds the source's tensors read and our model they are copied into (the proof's activations are bounded by
-    hf_verify.proof_scope and small beside them)."""
+    proof.proof_scope and small beside them)."""
     return 2 * weights
 
 
