@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 
 from seq2trt.core.atomic_files import (atomic_write_bytes, current_umask, raise_write_error, sha256_file, write_error)
-from seq2trt.core.errors import ArtifactError, ConfigError
+from seq2trt.core.errors import ArtifactError, ConfigError, first_line
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +109,12 @@ def check_data(graph: Path, model: onnx.ModelProto, fix: str) -> None:
 def load_structure(graph: Path, fix: str) -> onnx.ModelProto:
     """The graph without its external data (tensors stay references into `data_name(graph)`, checked present
     and long enough): what every reader loads, whatever the graph's size."""
-    model = onnx.load(str(graph), load_external_data=False)
+    try:
+        model = onnx.load(str(graph), load_external_data=False)
+    except OSError:
+        raise
+    except Exception as exc:  # protobuf's DecodeError and the like: the file is not a valid model
+        raise ArtifactError(f"{graph} is not a valid ONNX model ({first_line(exc)}); {fix}") from exc
     check_data(graph, model, fix)
     return model
 
