@@ -17,7 +17,8 @@ from seq2trt.core import layout
 from seq2trt.reference_model.checkpoint import generation_config
 from seq2trt.reference_model.decoding import (DecodeSettings, beam_search, greedy_decode, hf_beam_search,
                                               length_penalty_problem, option_problem)
-from seq2trt.reference_model.decoding.options import (DECODE_OPTIONS, GRAPH_REFUSED_GENERATION, SAMPLING_ONLY, spelling)
+from seq2trt.reference_model.decoding.options import (DECODE_OPTIONS, GRAPH_REFUSED_GENERATION, SAMPLING_ONLY,
+                                                      backend_name, spelling)
 from seq2trt.reference_model.config import beam_bytes, physical_memory
 from seq2trt.core.errors import InputError
 from seq2trt.reference_model.vocab import pad_batch
@@ -285,7 +286,7 @@ def decode_job(opened: OpenedDecoder, backend: str, sources: Sequence[Sequence[i
 
         missing = unsupported_in_graph(settings)
         if missing:
-            given = "--backend " if flags["beam_size"].startswith("--") else "backend="  # CLI, or Python API
+            given = backend_name(flags)
             raise InputError(f"{given}{backend} runs ONNX Runtime's BeamSearch graph, which does not apply "
                              f"{', '.join(missing)} (from the options or the model's generation settings); use "
                              f"{given}ort (the same graphs through seq2trt's search), or leave those options at their "

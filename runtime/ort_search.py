@@ -19,6 +19,7 @@ from seq2trt.exporters import ort_session, spec
 from seq2trt.exporters.ort_search import FILENAME, generate_dir, verify_generate
 from seq2trt.exporters.manifest import Manifest
 from seq2trt.reference_model.decoding import DecodeSettings, Hypothesis
+from seq2trt.reference_model.decoding.options import backend_name, spelling
 from seq2trt.core.errors import InputError
 
 logger = logging.getLogger(__name__)
@@ -66,8 +67,8 @@ class GenerateModel:
         """Refuse what the graph cannot do as asked: more rows or positions than the export serves, or decoding
         rules other than the ones built into the graph. `flags`: how the caller spells the options (options.spelling;
         the CLI's flags by default), so the advice names the Python API's keywords to an API caller."""
-        beam = (flags or {}).get("beam_size", "--beam-size")
-        backend = "--backend " if beam.startswith("--") else "backend="
+        flags = flags or spelling("flag")
+        beam, backend = flags["beam_size"], backend_name(flags)
         if num_beams < 1:
             raise InputError(f"num_beams must be >= 1, got {num_beams}")
         if batch * num_beams > self.limits.max_batch:

@@ -25,6 +25,7 @@ from seq2trt.core import layout
 from seq2trt.core.errors import InputError
 from seq2trt.hf_import.families.whisper import FEATURE_EXTRACTOR
 from seq2trt.runtime.decode_jobs import (OpenedDecoder, batch_rows, check_beam_memory, generation_config, open_decoder)
+from seq2trt.reference_model.decoding.options import spelling
 from seq2trt.runtime.registry import names
 
 logger = logging.getLogger(__name__)
@@ -204,7 +205,7 @@ class Transcriber:
         if max_new_tokens is not None:  # every language's prompt is as long: any one measures the room left
             generation_limit(self.config, self.speech.prompt(code or next(iter(self.speech.languages), None), task),
                              max_new_tokens, name=name, decoder=self.decoder)
-        beam_name = "--beam-size" if name.startswith("--") else "beam_size"  # the CLI's flag, else the keyword
+        beam_name = spelling("flag" if name.startswith("--") else "kwarg")["beam_size"]  # as `name` is spelled
         check_beam_memory(self.config, self.beams(beam), beam_name)  # a hang or a huge allocation otherwise
         return batch_rows(batch_size, self.opened.max_batch, self.beams(beam), beam_name)
 

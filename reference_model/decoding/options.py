@@ -147,6 +147,12 @@ def spelling(surface: str) -> dict[str, str]:
     return {o.field: getattr(o, surface) for o in DECODE_OPTIONS}
 
 
+def backend_name(flags: dict[str, str]) -> str:
+    """How the caller whose options `flags` spells (a `spelling`) names the backend in advice: the CLI's
+    `--backend ` or the Python API's `backend=`."""
+    return "--backend " if flags["beam_size"].startswith("--") else "backend="
+
+
 def renamed_kwargs(given: dict[str, Any], stacklevel: int = 3) -> dict[str, Any]:
     """`given` keywords with the deprecated spellings (`old_kwargs`) renamed to the current ones, each warned as a
     FutureWarning naming its new name; one option given by both spellings is refused."""
